@@ -1,0 +1,10 @@
+//! Kernels by op family, plus the helpers they share (broadcast indexing, axis walks).
+
+pub mod elementwise;
+pub mod index;
+pub mod layout;
+pub mod linalg;
+pub mod norm;
+pub mod reduce;
+pub mod source;
+pub mod util;
