@@ -181,6 +181,7 @@ pub fn eval_op(op: &Op, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>, S
         Op::Reduce(o) => kernels::reduce::eval(o, args, cx),
         Op::Norm(o) => kernels::norm::eval(o, args, cx),
         Op::Linalg(o) => kernels::linalg::eval(o, args, cx),
+        Op::Nn(o) => kernels::nn::eval(o, args, cx),
         Op::Layout(o) => kernels::layout::eval(o, args, cx),
         Op::Index(o) => kernels::index::eval(o, args, cx),
         Op::Source(o) => kernels::source::eval(o, args, cx),

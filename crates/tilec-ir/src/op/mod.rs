@@ -11,6 +11,7 @@ mod elementwise;
 mod index;
 mod layout;
 mod linalg;
+mod nn;
 mod norm;
 mod reduce;
 mod source;
@@ -19,6 +20,7 @@ pub use elementwise::*;
 pub use index::*;
 pub use layout::*;
 pub use linalg::*;
+pub use nn::*;
 pub use norm::*;
 pub use reduce::*;
 pub use source::*;
@@ -41,6 +43,7 @@ pub enum Op {
     Reduce(ReduceOp),
     Norm(NormOp),
     Linalg(LinalgOp),
+    Nn(NnOp),
     Layout(LayoutOp),
     Index(IndexOp),
     Source(SourceOp),
@@ -71,6 +74,7 @@ impl Op {
             Op::Reduce(o) => o.name(),
             Op::Norm(o) => o.name(),
             Op::Linalg(o) => o.name(),
+            Op::Nn(o) => o.name(),
             Op::Layout(o) => o.name(),
             Op::Index(o) => o.name(),
             Op::Source(o) => o.name(),
@@ -102,6 +106,7 @@ impl Op {
             Op::Reduce(o) => o.infer(inputs, cx),
             Op::Norm(o) => o.infer(inputs, cx),
             Op::Linalg(o) => o.infer(inputs, cx),
+            Op::Nn(o) => o.infer(inputs, cx),
             Op::Layout(o) => o.infer(inputs, cx),
             Op::Index(o) => o.infer(inputs, cx),
             Op::Source(o) => o.infer(inputs, cx),
@@ -121,6 +126,7 @@ impl Op {
             Op::Reduce(o) => format!("{o:?}"),
             Op::Norm(o) => format!("{o:?}"),
             Op::Linalg(o) => format!("{o:?}"),
+            Op::Nn(o) => format!("{o:?}"),
             Op::Layout(o) => format!("{o:?}"),
             Op::Index(o) => format!("{o:?}"),
             Op::Source(o) => format!("{o:?}"),

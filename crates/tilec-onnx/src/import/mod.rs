@@ -15,6 +15,7 @@ mod elementwise;
 mod index;
 mod layout;
 mod linalg;
+mod nn;
 mod norm;
 mod reduce;
 mod source;
@@ -96,6 +97,7 @@ fn lookup(op_type: &str) -> Option<MapFn> {
         .or_else(|| reduce::lookup(op_type))
         .or_else(|| norm::lookup(op_type))
         .or_else(|| linalg::lookup(op_type))
+        .or_else(|| nn::lookup(op_type))
         .or_else(|| layout::lookup(op_type))
         .or_else(|| index::lookup(op_type))
         .or_else(|| source::lookup(op_type))

@@ -4,6 +4,7 @@ pub mod elementwise;
 pub mod index;
 pub mod layout;
 pub mod linalg;
+pub mod nn;
 pub mod norm;
 pub mod reduce;
 pub mod source;
