@@ -279,3 +279,142 @@ fn map_loss(cx: &mut NodeCx, softmax: bool) -> Result<Vec<ValueId>, ImportError>
         vec![loss]
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::attribute_proto::AttributeType;
+    use crate::proto::tensor_proto::DataType;
+    use crate::proto::tensor_shape_proto::{dimension, Dimension};
+    use crate::proto::{
+        type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use crate::{import_model, ImportOptions};
+    use tilec_ir::op::{LayoutOp, NormOp, ReduceKind, ReduceOp};
+    use tilec_ir::{Dim, Op};
+
+    fn vi(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|d| Dimension {
+                value: Some(match d {
+                    Some(v) => dimension::Value::DimValue(*v),
+                    None => dimension::Value::DimParam("N".into()),
+                }),
+                denotation: String::new(),
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: DataType::Float as i32,
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                denotation: String::new(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn int_attr(name: &str, v: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: AttributeType::Int as i32,
+            i: v,
+            ..Default::default()
+        }
+    }
+
+    fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: AttributeType::Ints as i32,
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// One node `op(x) -> y` with x of shape [N, 3, 4].
+    fn model(op: &str, opset: i64, attrs: Vec<AttributeProto>) -> ModelProto {
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+            graph: Some(GraphProto {
+                name: "g".into(),
+                node: vec![NodeProto {
+                    op_type: op.into(),
+                    name: "n".into(),
+                    input: vec!["x".into()],
+                    output: vec!["y".into()],
+                    attribute: attrs,
+                    ..Default::default()
+                }],
+                input: vec![vi("x", &[None, Some(3), Some(4)])],
+                output: vec![vi("y", &[None, Some(3), Some(4)])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ops(m: &ModelProto) -> Vec<Op> {
+        let g = import_model(m, &ImportOptions::default()).unwrap();
+        g.nodes().iter().map(|n| n.op.clone()).collect()
+    }
+
+    #[test]
+    fn old_softmax_coerces_to_2d_around_axis() {
+        let o = ops(&model("Softmax", 11, vec![int_attr("axis", 1)]));
+        assert_eq!(o.len(), 3, "{o:?}");
+        match &o[0] {
+            Op::Layout(LayoutOp::Reshape { shape }) => {
+                assert!(matches!(shape[0], Dim::Sym(_)));
+                assert_eq!(shape[1], Dim::Fixed(12));
+            }
+            other => panic!("expected reshape, got {other:?}"),
+        }
+        assert_eq!(o[1], Op::Norm(NormOp::Softmax { axis: 1 }));
+        assert!(matches!(&o[2], Op::Layout(LayoutOp::Reshape { shape }) if shape.len() == 3));
+        // The last axis needs no reshape; opset 13 is per-axis with default -1.
+        assert_eq!(
+            ops(&model("LogSoftmax", 11, vec![int_attr("axis", -1)])),
+            vec![Op::Norm(NormOp::LogSoftmax { axis: 2 })]
+        );
+        assert_eq!(
+            ops(&model("Hardmax", 13, vec![int_attr("axis", 1)])),
+            vec![Op::Norm(NormOp::Hardmax { axis: 1 })]
+        );
+    }
+
+    #[test]
+    fn reduce_axes_attribute_is_normalized() {
+        let o = ops(&model(
+            "ReduceMean",
+            13,
+            vec![ints_attr("axes", &[-1, 0]), int_attr("keepdims", 0)],
+        ));
+        assert_eq!(
+            o,
+            vec![Op::Reduce(ReduceOp::Reduce {
+                kind: ReduceKind::Mean,
+                axes: vec![0, 2],
+                keepdims: false
+            })]
+        );
+        let o = ops(&model("ReduceL2", 13, vec![]));
+        assert_eq!(
+            o,
+            vec![Op::Reduce(ReduceOp::Reduce {
+                kind: ReduceKind::L2,
+                axes: vec![0, 1, 2],
+                keepdims: true
+            })]
+        );
+        let bad = model("ReduceMax", 13, vec![ints_attr("axes", &[1, -2])]);
+        assert!(import_model(&bad, &ImportOptions::default()).is_err());
+    }
+}
