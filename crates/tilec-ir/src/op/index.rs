@@ -397,7 +397,11 @@ impl OpInfo for IndexOp {
                     return Err(bad());
                 }
                 for k in 0..p.rank() {
-                    let ok = if k == *axis { dim_at_most(u.shape[k], p.shape[k]) } else { dims_compatible(u.shape[k], p.shape[k]) };
+                    let ok = if k == *axis {
+                        dim_at_most(u.shape[k], p.shape[k])
+                    } else {
+                        dims_compatible(u.shape[k], p.shape[k])
+                    };
                     if !ok {
                         return Err(bad());
                     }

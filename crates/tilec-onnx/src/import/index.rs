@@ -215,14 +215,22 @@ fn map_nms(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         None => 0.0,
         Some(_) => {
             let v = cx.const_floats(3, "iou_threshold")?;
-            if v.is_empty() { 0.0 } else { one(&v, "iou_threshold")? as f32 }
+            if v.is_empty() {
+                0.0
+            } else {
+                one(&v, "iou_threshold")? as f32
+            }
         }
     };
     let score_threshold = match cx.input(4) {
         None => None,
         Some(_) => {
             let v = cx.const_floats(4, "score_threshold")?;
-            if v.is_empty() { None } else { Some(one(&v, "score_threshold")? as f32) }
+            if v.is_empty() {
+                None
+            } else {
+                Some(one(&v, "score_threshold")? as f32)
+            }
         }
     };
     let count = fresh_count(cx, "nms");
@@ -257,15 +265,15 @@ fn map_roi_align(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         "half_pixel" => true,
         "output_half_pixel" => false,
         m => {
-            return Err(cx.invalid(format!(
-                "coordinate_transformation_mode must be half_pixel or output_half_pixel, got '{m}'"
-            )))
+            return Err(cx
+                .invalid(format!("coordinate_transformation_mode must be half_pixel or output_half_pixel, got '{m}'")))
         }
     };
     let output_height = positive(cx, "output_height", 1)?;
     let output_width = positive(cx, "output_width", 1)?;
     let sr = cx.attr_i("sampling_ratio", 0)?;
-    let sampling_ratio = usize::try_from(sr).map_err(|_| cx.invalid(format!("sampling_ratio must be >= 0, got {sr}")))?;
+    let sampling_ratio =
+        usize::try_from(sr).map_err(|_| cx.invalid(format!("sampling_ratio must be >= 0, got {sr}")))?;
     let spatial_scale = cx.attr_f("spatial_scale", 1.0)?;
     let op = IndexOp::RoiAlign { mode, output_height, output_width, sampling_ratio, spatial_scale, half_pixel };
     Ok(vec![cx.emit1(index(op), &[x, rois, bi])?])
@@ -280,4 +288,124 @@ fn map_max_roi_pool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     };
     let spatial_scale = cx.attr_f("spatial_scale", 1.0)?;
     Ok(vec![cx.emit1(index(IndexOp::MaxRoiPool { pooled_h, pooled_w, spatial_scale }), &[x, rois])?])
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::import::{import_model, ImportError, ImportOptions};
+    use crate::proto::tensor_proto::DataType;
+    use crate::proto::tensor_shape_proto::{dimension, Dimension};
+    use crate::proto::{
+        type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
+        ValueInfoProto,
+    };
+    use tilec_ir::op::IndexOp;
+    use tilec_ir::{Dim, Op};
+
+    fn vi(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|d| Dimension {
+                value: Some(match d {
+                    Some(v) => dimension::Value::DimValue(*v),
+                    None => dimension::Value::DimParam("N".into()),
+                }),
+                denotation: String::new(),
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: DataType::Float as i32,
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                denotation: String::new(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ints(name: &str, v: &[i64]) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: vec![v.len() as i64],
+            data_type: DataType::Int64 as i32,
+            int64_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+        NodeProto {
+            op_type: op.into(),
+            name: outputs[0].into(),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn model(nodes: Vec<NodeProto>, init: Vec<TensorProto>, outputs: &[&str]) -> ModelProto {
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 13 }],
+            graph: Some(GraphProto {
+                name: "g".into(),
+                node: nodes,
+                initializer: init,
+                input: vec![
+                    vi("x", &[None, Some(3)]),
+                    vi("boxes", &[Some(1), None, Some(4)]),
+                    vi("scores", &[Some(1), Some(2), None]),
+                ],
+                output: outputs.iter().map(|o| vi(o, &[])).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gather_folds_known_ints_and_counts_verify() {
+        let m = model(
+            vec![
+                node("Gather", &["shp", "i"], &["m"]),
+                node("NonMaxSuppression", &["boxes", "scores", "m"], &["sel"]),
+                node("NonZero", &["x"], &["nz"]),
+                node("Unique", &["x"], &["y", "idx", "inv", "cnt"]),
+            ],
+            vec![ints("shp", &[5, 7]), ints("i", &[-1])],
+            &["sel", "nz", "y", "inv"],
+        );
+        let g = import_model(&m, &ImportOptions::default()).unwrap();
+        tilec_ir::verify(&g).unwrap();
+        let nms = g.nodes().iter().find(|n| n.name == "sel").unwrap();
+        match &nms.op {
+            Op::Index(IndexOp::NonMaxSuppression { max_output_boxes_per_class, .. }) => {
+                assert_eq!(*max_output_boxes_per_class, 7)
+            }
+            o => panic!("unexpected {o:?}"),
+        }
+        let nz = g.nodes().iter().find(|n| n.name == "nz").unwrap();
+        let ty = &g.value(nz.outputs[0]).ty;
+        assert_eq!(ty.shape[0], Dim::Fixed(2));
+        assert!(matches!(ty.shape[1], Dim::Sym(_)));
+        // Two data-dependent ops get distinct symbols.
+        let un = g.nodes().iter().find(|n| n.name == "y").unwrap();
+        assert_ne!(g.value(un.outputs[0]).ty.shape[0], ty.shape[1]);
+    }
+
+    #[test]
+    fn out_of_range_constant_index_is_an_error() {
+        let m = model(
+            vec![node("Gather", &["shp", "i"], &["m"]), node("NonMaxSuppression", &["boxes", "scores", "m"], &["sel"])],
+            vec![ints("shp", &[5, 7]), ints("i", &[2])],
+            &["sel"],
+        );
+        match import_model(&m, &ImportOptions::default()) {
+            Err(ImportError::Invalid { msg, .. }) => assert!(msg.contains("out of range"), "{msg}"),
+            r => panic!("expected an invalid-node error, got {r:?}"),
+        }
+    }
 }

@@ -73,10 +73,7 @@ fn index_values(t: &Tensor, what: &str) -> Result<Vec<i64>, String> {
         return Err(format!("{what} must be integers, got {}", t.dtype()));
     }
     if let Some(v) = t.as_slice::<u64>() {
-        return v
-            .iter()
-            .map(|&x| i64::try_from(x).map_err(|_| format!("{what}: index {x} out of range")))
-            .collect();
+        return v.iter().map(|&x| i64::try_from(x).map_err(|_| format!("{what}: index {x} out of range"))).collect();
     }
     Ok(t.to_i64_vec())
 }
@@ -135,7 +132,12 @@ fn scatter(data: &Tensor, updates: &Tensor, pairs: &[(usize, usize)], red: Scatt
     if data.dtype() != updates.dtype() {
         return Err(format!("updates dtype {} differs from data dtype {}", updates.dtype(), data.dtype()));
     }
-    fn go<T: Element>(out: &mut [T], upd: &TensorData, pairs: &[(usize, usize)], red: ScatterReduction) -> Result<(), String> {
+    fn go<T: Element>(
+        out: &mut [T],
+        upd: &TensorData,
+        pairs: &[(usize, usize)],
+        red: ScatterReduction,
+    ) -> Result<(), String> {
         let upd = T::slice(upd).ok_or("internal: dtype mismatch")?;
         let float = T::DTYPE.is_float();
         let unsigned = T::DTYPE == DType::U64;
@@ -363,7 +365,13 @@ fn scatter_nd(data: &Tensor, indices: &Tensor, updates: &Tensor, red: ScatterRed
     scatter(data, updates, &pairs, red)
 }
 
-fn tensor_scatter(past: &Tensor, update: &Tensor, write: &Tensor, axis: usize, circular: bool) -> Result<Tensor, String> {
+fn tensor_scatter(
+    past: &Tensor,
+    update: &Tensor,
+    write: &Tensor,
+    axis: usize,
+    circular: bool,
+) -> Result<Tensor, String> {
     let (ps, us) = (past.shape(), update.shape());
     if axis == 0 || axis >= ps.len() || us.len() != ps.len() {
         return Err(format!("bad shapes {ps:?} / {us:?} for axis {axis}"));
@@ -385,7 +393,7 @@ fn tensor_scatter(past: &Tensor, update: &Tensor, write: &Tensor, axis: usize, c
     for p in 0..prefix {
         let b = p / per_batch.max(1);
         for s in 0..len {
-            let mut pos = w[b] + s as i64;
+            let mut pos = w[b].saturating_add(s as i64);
             if circular && max_len > 0 {
                 pos = pos.rem_euclid(max_len as i64);
             }
@@ -417,8 +425,12 @@ fn one_hot(indices: &Tensor, values: &Tensor, axis: usize, depth: usize) -> Resu
     let idx = indices.to_i64_vec();
     let outer: usize = indices.shape()[..axis].iter().product();
     let inner: usize = indices.shape()[axis..].iter().product();
-    let d = depth as i64;
-    let mut map = Vec::with_capacity(outer * depth * inner);
+    let d = i64::try_from(depth).map_err(|_| format!("depth {depth} too large"))?;
+    let total = outer
+        .checked_mul(depth)
+        .and_then(|x| x.checked_mul(inner))
+        .ok_or_else(|| format!("one-hot output of depth {depth} is too large"))?;
+    let mut map = Vec::with_capacity(total);
     for o in 0..outer {
         for k in 0..d {
             for i in 0..inner {
@@ -577,7 +589,7 @@ fn unique(x: &Tensor, axis: Option<usize>, sorted: bool) -> Result<Vec<Tensor>, 
     };
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| cmp(a, b)); // stable: equal items keep input order
-    // Groups in sorted order: (first occurrence, members).
+                                       // Groups in sorted order: (first occurrence, members).
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for &i in &order {
         match groups.last_mut() {
@@ -680,8 +692,7 @@ fn nms(
         let bbox = |i: usize| &bx[(b * n + i) * 4..(b * n + i) * 4 + 4];
         for c in 0..nc {
             let cs = &sc[(b * nc + c) * n..(b * nc + c + 1) * n];
-            let mut cand: Vec<usize> =
-                (0..n).filter(|&i| score_threshold.map(|t| cs[i] > t).unwrap_or(true)).collect();
+            let mut cand: Vec<usize> = (0..n).filter(|&i| score_threshold.map(|t| cs[i] > t).unwrap_or(true)).collect();
             // Highest score first; ties by lower box index.
             cand.sort_by(|&i, &j| cs[j].partial_cmp(&cs[i]).unwrap_or(Ordering::Equal).then(i.cmp(&j)));
             let mut selected: Vec<usize> = Vec::new();
@@ -772,7 +783,12 @@ fn roi_align(x: &Tensor, rois: &Tensor, batch_indices: &Tensor, p: &RoiAlignPara
         let gw = if p.sampling_ratio > 0 { p.sampling_ratio } else { (rw / ow as f64).ceil().max(0.0) as usize };
         let count = (gh * gw).max(1) as f64;
         // Sample points shared by all channels: per output cell, gh*gw samples.
-        let mut pre = Vec::with_capacity(oh * ow * gh * gw);
+        let total = oh
+            .checked_mul(ow)
+            .and_then(|x| x.checked_mul(gh))
+            .and_then(|x| x.checked_mul(gw))
+            .ok_or_else(|| format!("roi {n}: too many sampling points ({gh} x {gw} per bin)"))?;
+        let mut pre = Vec::with_capacity(total);
         for ph in 0..oh {
             for pw in 0..ow {
                 for iy in 0..gh {
@@ -791,11 +807,19 @@ fn roi_align(x: &Tensor, rois: &Tensor, batch_indices: &Tensor, p: &RoiAlignPara
                 let samples = &pre[cell * per..(cell + 1) * per];
                 let v = match p.mode {
                     RoiPoolMode::Avg => {
-                        samples.iter().map(|s| s.iter().map(|&(i, wt)| wt * plane.get(i).copied().unwrap_or(0.0)).sum::<f64>()).sum::<f64>() / count
+                        samples
+                            .iter()
+                            .map(|s| s.iter().map(|&(i, wt)| wt * plane.get(i).copied().unwrap_or(0.0)).sum::<f64>())
+                            .sum::<f64>()
+                            / count
                     }
                     RoiPoolMode::Max => samples
                         .iter()
-                        .map(|s| s.iter().map(|&(i, wt)| wt * plane.get(i).copied().unwrap_or(0.0)).fold(f64::NEG_INFINITY, f64::max))
+                        .map(|s| {
+                            s.iter()
+                                .map(|&(i, wt)| wt * plane.get(i).copied().unwrap_or(0.0))
+                                .fold(f64::NEG_INFINITY, f64::max)
+                        })
                         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
                         .unwrap_or(0.0),
                 };
@@ -825,17 +849,17 @@ fn max_roi_pool(x: &Tensor, rois: &Tensor, ph_n: usize, pw_n: usize, scale: f64)
         let b = b as usize;
         let (sw, sh) = ((ro[1] * scale).round() as i64, (ro[2] * scale).round() as i64);
         let (ew, eh) = ((ro[3] * scale).round() as i64, (ro[4] * scale).round() as i64);
-        let rh = (eh - sh + 1).max(1) as f64;
-        let rw = (ew - sw + 1).max(1) as f64;
+        let rh = eh.saturating_sub(sh).saturating_add(1).max(1) as f64;
+        let rw = ew.saturating_sub(sw).saturating_add(1).max(1) as f64;
         let (bh, bw) = (rh / ph_n as f64, rw / pw_n as f64);
         for ch in 0..c {
             let plane = &xv[(b * c + ch) * h * w..(b * c + ch + 1) * h * w];
             for ph in 0..ph_n {
-                let hs = ((ph as f64 * bh).floor() as i64 + sh).clamp(0, h as i64) as usize;
-                let he = (((ph + 1) as f64 * bh).ceil() as i64 + sh).clamp(0, h as i64) as usize;
+                let hs = ((ph as f64 * bh).floor() as i64).saturating_add(sh).clamp(0, h as i64) as usize;
+                let he = (((ph + 1) as f64 * bh).ceil() as i64).saturating_add(sh).clamp(0, h as i64) as usize;
                 for pw in 0..pw_n {
-                    let ws = ((pw as f64 * bw).floor() as i64 + sw).clamp(0, w as i64) as usize;
-                    let we = (((pw + 1) as f64 * bw).ceil() as i64 + sw).clamp(0, w as i64) as usize;
+                    let ws = ((pw as f64 * bw).floor() as i64).saturating_add(sw).clamp(0, w as i64) as usize;
+                    let we = (((pw + 1) as f64 * bw).ceil() as i64).saturating_add(sw).clamp(0, w as i64) as usize;
                     let mut m = if he <= hs || we <= ws { 0.0 } else { f64::NEG_INFINITY };
                     for yy in hs..he {
                         for xx in ws..we {
