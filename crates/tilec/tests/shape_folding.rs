@@ -4,9 +4,9 @@
 
 use tilec_ir::{Dim, Op, Tensor};
 use tilec_onnx::proto::{
-    tensor_proto::DataType, tensor_shape_proto::dimension::Value as DimV, tensor_shape_proto::Dimension,
-    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_proto::DataType, tensor_shape_proto::dimension::Value as DimV, tensor_shape_proto::Dimension, type_proto,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
 };
 use tilec_onnx::{import_model, ImportOptions};
 
@@ -109,5 +109,44 @@ fn shape_chain_folds_to_a_symbolic_reshape() {
         assert_eq!(outs[0].shape(), &[b, 12]);
         assert_eq!(outs[0].as_slice::<f32>().unwrap(), &vals[..]);
         assert_eq!(outs[1].to_i64_vec(), vec![b as i64, 12]);
+    }
+}
+
+/// ids = range(0, x.shape[0], 1); ones = ConstantOfShape(x.shape).
+#[test]
+fn range_and_constant_of_shape_over_a_symbolic_dim() {
+    let one_f32 =
+        TensorProto { dims: vec![1], data_type: DataType::Float as i32, float_data: vec![1.0], ..Default::default() };
+    let value = AttributeProto { name: "value".into(), r#type: 4, t: Some(one_f32), ..Default::default() };
+    let graph = GraphProto {
+        name: "range".into(),
+        node: vec![
+            node("Shape", &["x"], &["shp"], vec![]),
+            node("Gather", &["shp", "zero"], &["b"], vec![int_attr("axis", 0)]),
+            node("Range", &["zero", "b", "one"], &["ids"], vec![]),
+            node("ConstantOfShape", &["shp"], &["ones"], vec![value]),
+        ],
+        initializer: vec![i64_tensor("zero", &[], &[0]), i64_tensor("one", &[], &[1])],
+        input: vec![value_info("x", DataType::Float, &[DimV::DimParam("batch".into()), DimV::DimValue(2)])],
+        output: vec![value_info("ids", DataType::Int64, &[]), value_info("ones", DataType::Float, &[])],
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 13 }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    let g = import_model(&m, &ImportOptions::default()).expect("import");
+    tilec_ir::verify(&g).expect("verify");
+    let batch = Dim::Sym(tilec_ir::SymbolId(g.syms.symbols.iter().position(|s| s.name == "batch").unwrap() as u32));
+    assert_eq!(g.value(g.outputs()[0]).ty.shape, vec![batch]);
+    assert_eq!(g.value(g.outputs()[1]).ty.shape, vec![batch, Dim::Fixed(2)]);
+    for b in [2usize, 5] {
+        let x = Tensor::from_vec(vec![b, 2], vec![0.0f32; 2 * b]).unwrap();
+        let outs = tilec_ref::run(&g, vec![x]).expect("run");
+        assert_eq!(outs[0].to_i64_vec(), (0..b as i64).collect::<Vec<_>>());
+        assert_eq!(outs[1].shape(), &[b, 2]);
+        assert!(outs[1].to_f64_vec().iter().all(|&v| v == 1.0));
     }
 }

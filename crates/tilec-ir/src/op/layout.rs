@@ -119,10 +119,15 @@ fn slice_sym(d: Dim, start: i64, end: i64, step: i64, cx: &mut InferCtx) -> Resu
     if step <= 0 {
         return Err("a negative-step slice of a symbolic dimension is not supported".into());
     }
-    // Effective clamped position in [0, d] of an index.
+    // Effective clamped position in [0, d] of an index (sizes are non-negative, so
+    // 0 and "past the end" need no symbol).
     let pos = |v: i64, cx: &mut InferCtx| -> Dim {
-        if v >= 0 {
-            cx.syms.derive(SymExpr::Min(d, Dim::Fixed(v.min(i64::MAX / 2) as usize)))
+        if v == 0 {
+            Dim::Fixed(0)
+        } else if v >= i64::MAX / 2 {
+            d
+        } else if v > 0 {
+            cx.syms.derive(SymExpr::Min(d, Dim::Fixed(v as usize)))
         } else {
             let k = v.checked_neg().unwrap_or(i64::MAX).min(i64::MAX / 2) as usize;
             let m = cx.syms.derive(SymExpr::Min(d, Dim::Fixed(k)));
@@ -131,8 +136,12 @@ fn slice_sym(d: Dim, start: i64, end: i64, step: i64, cx: &mut InferCtx) -> Resu
     };
     let (s, e) = (pos(start, cx), pos(end, cx));
     // max(e - s, 0) = e - min(s, e)
-    let m = cx.syms.derive(SymExpr::Min(s, e));
-    let len = cx.syms.derive(SymExpr::Sub(e, m));
+    let len = if s == Dim::Fixed(0) {
+        e
+    } else {
+        let m = cx.syms.derive(SymExpr::Min(s, e));
+        cx.syms.derive(SymExpr::Sub(e, m))
+    };
     Ok(if step == 1 { len } else { cx.syms.derive(SymExpr::CeilDiv(len, Dim::Fixed(step as usize))) })
 }
 
@@ -408,6 +417,8 @@ mod tests {
         use std::collections::HashMap;
         let mut syms = SymbolTable::default();
         let b = syms.free("b");
+        let whole = slice_sym(Dim::Sym(b), 0, i64::MAX, 1, &mut InferCtx { syms: &mut syms }).unwrap();
+        assert_eq!(whole, Dim::Sym(b), "x[0:] keeps the symbol itself");
         for (start, end) in [(0, i64::MAX), (1, i64::MAX), (-2, i64::MAX), (0, -1), (2, 4), (-3, -1)] {
             for step in [1, 2] {
                 let d = slice_sym(Dim::Sym(b), start, end, step, &mut InferCtx { syms: &mut syms }).unwrap();

@@ -54,13 +54,21 @@ fn rank_of(cx: &NodeCx, v: ValueId) -> usize {
 fn norm_axes(cx: &NodeCx, axes: &[i64], rank: usize) -> Result<Vec<usize>, ImportError> {
     let mut out = Vec::with_capacity(axes.len());
     for &a in axes {
-        let n = norm_axis(a, rank).map_err(|e| cx.invalid(e))?;
+        let n = axis_in(cx, a, rank)?;
         if out.contains(&n) {
             return Err(cx.invalid(format!("axis {a} is repeated")));
         }
         out.push(n);
     }
     Ok(out)
+}
+
+/// A possibly negative axis of a tensor of `rank` (which must be at least 1).
+fn axis_in(cx: &NodeCx, a: i64, rank: usize) -> Result<usize, ImportError> {
+    if rank == 0 {
+        return Err(cx.invalid(format!("axis {a} of a scalar")));
+    }
+    norm_axis(a, rank).map_err(|e| cx.invalid(e))
 }
 
 /// Axes from the `axes` attribute (before `input_from`) or input `idx` (from it on).
@@ -267,7 +275,7 @@ fn map_transpose(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             let mut seen = vec![false; r];
             let mut out = Vec::with_capacity(r);
             for &v in &p {
-                let a = norm_axis(v, r).map_err(|e| cx.invalid(e))?;
+                let a = axis_in(cx, v, r)?;
                 if seen[a] {
                     return Err(cx.invalid(format!("perm {p:?} is not a permutation")));
                 }
@@ -304,7 +312,7 @@ fn map_concat(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
 fn map_split(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let x = cx.req_input(0)?;
     let shape = cx.ty(x).shape.clone();
-    let axis = norm_axis(cx.attr_i("axis", 0)?, shape.len()).map_err(|e| cx.invalid(e))?;
+    let axis = axis_in(cx, cx.attr_i("axis", 0)?, shape.len())?;
     let d = shape[axis];
     let split = if cx.opset < 13 {
         match cx.attr_ints("split")? {
@@ -358,6 +366,13 @@ fn map_split(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
                         }
                         vec![Dim::Fixed(len / n); n]
                     }
+                }
+                s if cx.attr_i_opt("num_outputs")?.is_some() => {
+                    let chunk = derive(cx, SymExpr::CeilDiv(s, Dim::Fixed(n)));
+                    let head = derive(cx, SymExpr::Mul(chunk, Dim::Fixed(n - 1)));
+                    let mut v = vec![chunk; n - 1];
+                    v.push(derive(cx, SymExpr::Sub(s, head)));
+                    v
                 }
                 s => {
                     let chunk = derive(cx, SymExpr::Div(s, Dim::Fixed(n)));
@@ -660,7 +675,7 @@ fn resize_common(
     cx: &mut NodeCx,
     x: ValueId,
     scales_in: Option<Vec<f64>>,
-    sizes_in: Option<Vec<i64>>,
+    sizes_in: Option<Vec<ShapeElem>>,
     roi_in: Vec<f64>,
     legacy: bool,
 ) -> Result<Vec<ValueId>, ImportError> {
@@ -710,15 +725,23 @@ fn resize_common(
             return Err(cx.invalid(format!("{} sizes for {k} axes", sz.len())));
         }
         let mut fixed_in = Vec::with_capacity(k);
-        for &a in &axes {
-            fixed_in.push(shape[a].fixed().ok_or_else(|| cx.unsupported("resize of a symbolic dim by sizes"))? as f64);
-        }
         for (i, &a) in axes.iter().enumerate() {
-            if sz[i] < 0 {
-                return Err(cx.invalid(format!("negative size {}", sz[i])));
+            match (sz[i], shape[a]) {
+                // A symbolic size equal to the input's dim: this axis is not resized.
+                (ShapeElem::Sym(s), d) if d == Dim::Sym(s) => {
+                    if policy != "stretch" {
+                        return Err(cx.unsupported("keep_aspect_ratio_policy with symbolic sizes"));
+                    }
+                    fixed_in.push(f64::NAN);
+                }
+                (ShapeElem::Int(n), Dim::Fixed(d)) if n >= 0 => {
+                    scales[a] = n as f64 / d as f64;
+                    sizes[a] = Dim::Fixed(n as usize);
+                    fixed_in.push(d as f64);
+                }
+                (ShapeElem::Int(n), _) if n < 0 => return Err(cx.invalid(format!("negative size {n}"))),
+                _ => return Err(cx.unsupported("resize of a symbolic dim by sizes")),
             }
-            scales[a] = sz[i] as f64 / fixed_in[i];
-            sizes[a] = Dim::Fixed(sz[i] as usize);
         }
         if policy != "stretch" {
             let it = axes.iter().map(|&a| scales[a]);
@@ -801,7 +824,7 @@ fn map_resize(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let roi = opt_floats(cx, 1, "roi")?.unwrap_or_default();
     let scales = opt_floats(cx, 2, "scales")?;
     let sizes = if cx.input(3).is_some() {
-        let s = cx.const_ints(3, "sizes")?;
+        let s = cx.shape_input(3, "sizes")?;
         if s.is_empty() {
             None
         } else {

@@ -2,7 +2,7 @@
 
 use super::{ImportError, MapFn, NodeCx, ShapeElem};
 use tilec_ir::op::SourceOp;
-use tilec_ir::{Dim, Op, Tensor, ValueId};
+use tilec_ir::{Dim, Op, SymExpr, Tensor, ValueId};
 
 pub(super) fn lookup(op_type: &str) -> Option<MapFn> {
     Some(match op_type {
@@ -58,7 +58,18 @@ fn map_range(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         let t = range_const(&a, &b, &c).map_err(|e| cx.invalid(e))?;
         return Ok(vec![cx.constant(t)]);
     }
-    let len = Dim::Sym(cx.graph_mut().syms.fresh("range"));
+    // `range(k, n, 1)` over a known (symbolic) size n has n - k elements (k <= n): the
+    // position ids of transformer exports. Otherwise the length is data-dependent.
+    let one = |c: Option<Vec<ShapeElem>>| c.and_then(|v| if v.len() == 1 { Some(v[0]) } else { None });
+    let len = match (one(cx.contents(0)), one(cx.contents(1)), one(cx.contents(2))) {
+        (Some(ShapeElem::Int(0)), Some(ShapeElem::Sym(n)), Some(ShapeElem::Int(1))) => Dim::Sym(n),
+        (Some(ShapeElem::Int(k)), Some(ShapeElem::Sym(n)), Some(ShapeElem::Int(1))) if k > 0 => {
+            let syms = &mut cx.graph_mut().syms;
+            let m = syms.derive(SymExpr::Min(Dim::Sym(n), Dim::Fixed(k as usize)));
+            syms.derive(SymExpr::Sub(Dim::Sym(n), m))
+        }
+        _ => Dim::Sym(cx.graph_mut().syms.fresh("range")),
+    };
     Ok(vec![cx.emit1(Op::Source(SourceOp::Range { len }), &[s, l, d])?])
 }
 
