@@ -490,3 +490,162 @@ fn fold_elem(cx: &mut NodeCx, op: &BinaryOp, x: ShapeElem, y: ShapeElem) -> Opti
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Importer;
+    use super::*;
+    use crate::proto::{AttributeProto, ModelProto, NodeProto};
+    use std::collections::HashMap;
+    use tilec_ir::{Graph, TensorType};
+
+    fn node(op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+        NodeProto {
+            op_type: op.into(),
+            name: format!("{op}_node"),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            attribute: attrs,
+            ..Default::default()
+        }
+    }
+
+    fn attr_f(name: &str, f: f32) -> AttributeProto {
+        AttributeProto { name: name.into(), r#type: 1, f, ..Default::default() }
+    }
+
+    /// An importer with the given inputs (name, type, known contents) and constants.
+    fn importer(
+        opset: i64,
+        inputs: &[(&str, TensorType, Option<Vec<ShapeElem>>)],
+        consts: &[(&str, Tensor)],
+    ) -> Importer {
+        let mut imp = Importer {
+            graph: Graph::new("t"),
+            names: HashMap::new(),
+            contents: HashMap::new(),
+            opsets: HashMap::from([(String::new(), opset)]),
+            node_counter: 0,
+        };
+        for (name, ty, c) in inputs {
+            let v = imp.graph.add_input(name, ty.clone());
+            imp.names.insert(name.to_string(), v);
+            if let Some(c) = c {
+                imp.contents.insert(v, c.clone());
+            }
+        }
+        for (name, t) in consts {
+            let v = imp.graph.add_const(name, t.clone());
+            imp.names.insert(name.to_string(), v);
+        }
+        imp
+    }
+
+    fn run(imp: &mut Importer, nodes: &[NodeProto]) {
+        let model = ModelProto::default();
+        for (i, n) in nodes.iter().enumerate() {
+            imp.import_node(n, i, &model).unwrap();
+        }
+    }
+
+    fn ops(imp: &Importer) -> Vec<&'static str> {
+        imp.graph.nodes().iter().map(|n| n.op.name()).collect()
+    }
+
+    #[test]
+    fn clip_decomposes_into_max_min() {
+        let x = TensorType::fixed(DType::F32, &[2, 3]);
+        let lo = Tensor::scalar(0.0f32);
+        let mut imp = importer(13, &[("x", x.clone(), None)], &[("lo", lo)]);
+        run(&mut imp, &[node("Clip", &["x", "lo"], &["y"], vec![])]);
+        assert_eq!(ops(&imp), vec!["max"]);
+        // Opset 6: bounds are attributes.
+        let mut imp = importer(6, &[("x", x, None)], &[]);
+        run(&mut imp, &[node("Clip", &["x"], &["y"], vec![attr_f("min", -1.0), attr_f("max", 1.0)])]);
+        assert_eq!(ops(&imp), vec!["max", "min"]);
+        let y = imp.names["y"];
+        assert_eq!(imp.graph.value(y).ty, TensorType::fixed(DType::F32, &[2, 3]));
+    }
+
+    #[test]
+    fn variadic_ops_chain_and_mean_divides() {
+        let ty = TensorType::fixed(DType::F16, &[3]);
+        let ins = [("a", ty.clone(), None), ("b", ty.clone(), None), ("c", ty, None)];
+        let mut imp = importer(13, &ins, &[]);
+        run(&mut imp, &[node("Mean", &["a", "b", "c"], &["m"], vec![]), node("Max", &["a"], &["x"], vec![])]);
+        assert_eq!(ops(&imp), vec!["add", "add", "div"]);
+        // One input is the input itself.
+        assert_eq!(imp.names["x"], imp.names["a"]);
+        let div = &imp.graph.nodes()[2];
+        let n = imp.graph.const_value(div.inputs[1]).unwrap();
+        assert_eq!(n.to_f64_vec(), vec![3.0]);
+        assert_eq!(n.dtype(), DType::F16);
+    }
+
+    #[test]
+    fn quantize_materializes_a_zero_point_and_normalizes_axis() {
+        let x = TensorType::fixed(DType::F32, &[2, 4]);
+        let scale = Tensor::from_vec(vec![4], vec![1.0f32; 4]).unwrap();
+        let mut imp = importer(21, &[("x", x, None)], &[("s", scale)]);
+        let axis = AttributeProto { name: "axis".into(), r#type: 2, i: -1, ..Default::default() };
+        run(&mut imp, &[node("QuantizeLinear", &["x", "s"], &["y"], vec![axis])]);
+        let n = &imp.graph.nodes()[0];
+        assert_eq!(n.op, Op::Quant(QuantOp::QuantizeLinear { axis: 1, block_size: 0, saturate: true, to: DType::U8 }));
+        assert_eq!(imp.graph.const_value(n.inputs[2]).unwrap().dtype(), DType::U8);
+    }
+
+    #[test]
+    fn shape_arithmetic_folds_symbolically() {
+        let s_ty = TensorType::fixed(DType::I64, &[2]);
+        let mut imp2 = importer(
+            13,
+            &[("s", s_ty, None)],
+            &[
+                ("two", Tensor::from_vec(vec![1], vec![2i64]).unwrap()),
+                ("neg", Tensor::from_vec(vec![2], vec![-1i64, 3]).unwrap()),
+                ("ones", Tensor::from_vec(vec![2], vec![1i64, 1]).unwrap()),
+            ],
+        );
+        // `s` holds the shape [N, 3] of some tensor with a symbolic batch N.
+        let n = imp2.graph.syms.free("N");
+        imp2.contents.insert(imp2.names["s"], vec![ShapeElem::Sym(n), ShapeElem::Int(3)]);
+        run(
+            &mut imp2,
+            &[
+                node("Mul", &["s", "two"], &["m"], vec![]),
+                node("Equal", &["s", "neg"], &["e"], vec![]),
+                node("Where", &["e", "ones", "s"], &["w"], vec![]),
+                node(
+                    "Cast",
+                    &["m"],
+                    &["c"],
+                    vec![AttributeProto { name: "to".into(), r#type: 2, i: 6, ..Default::default() }],
+                ),
+            ],
+        );
+        let get = |name: &str| imp2.contents.get(&imp2.names[name]).cloned();
+        let m = get("m").unwrap();
+        assert_eq!(m[1], ShapeElem::Int(6));
+        let ShapeElem::Sym(d) = m[0] else { panic!("expected a symbolic product, got {m:?}") };
+        let bound = HashMap::from([(n, 5usize)]);
+        assert_eq!(imp2.graph.syms.eval(Dim::Sym(d), &bound), Some(10));
+        // A dimension never equals -1; 3 == 3.
+        assert_eq!(get("e").unwrap(), vec![ShapeElem::Int(0), ShapeElem::Int(1)]);
+        assert_eq!(get("w").unwrap(), vec![ShapeElem::Sym(n), ShapeElem::Int(1)]);
+        assert_eq!(get("c").unwrap(), m);
+    }
+
+    #[test]
+    fn dropout_training_with_ratio_is_unsupported() {
+        let x = TensorType::fixed(DType::F32, &[2]);
+        let consts = [("r", Tensor::scalar(0.5f32)), ("t", Tensor::scalar(true))];
+        let mut imp = importer(13, &[("x", x.clone(), None)], &consts);
+        let err = imp.import_node(&node("Dropout", &["x", "r", "t"], &["y"], vec![]), 0, &ModelProto::default());
+        assert!(matches!(err, Err(ImportError::Unsupported { .. })), "{err:?}");
+        let mut imp = importer(13, &[("x", x, None)], &[]);
+        run(&mut imp, &[node("Dropout", &["x"], &["y", "mask"], vec![])]);
+        assert_eq!(imp.names["y"], imp.names["x"]);
+        let mask = imp.graph.const_value(imp.names["mask"]).unwrap();
+        assert_eq!(mask.as_slice::<bool>().unwrap(), &[true, true]);
+    }
+}

@@ -835,3 +835,228 @@ pub fn quant(op: &QuantOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         QuantOp::DynamicQuantizeLinear => dynamic_quantize(arg(args, 0, "x")?),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
+        Tensor::from_vec(shape.to_vec(), v).unwrap()
+    }
+
+    fn bin(op: BinaryOp, a: &Tensor, b: &Tensor) -> Tensor {
+        binary(&op, &[a, b]).unwrap().remove(0)
+    }
+
+    #[test]
+    fn erf_matches_known_values() {
+        // erf values from tables (15+ digits).
+        let cases = [
+            (0.0, 0.0),
+            (0.1, 0.112_462_916_018_284_9),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.0, 0.999_977_909_503_001_4),
+            (5.0, 0.999_999_999_998_462_5),
+        ];
+        for (x, want) in cases {
+            assert!((erf(x) - want).abs() <= 1e-15, "erf({x}) = {}, want {want}", erf(x));
+            assert!((erf(-x) + want).abs() <= 1e-15);
+        }
+        assert_eq!(erf(7.0), 1.0);
+        assert!(erf(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn narrow_float_rounding_is_single_rounding() {
+        // 1 + 2^-11 is exactly halfway between two f16 values: ties to even (1.0); a hair
+        // above must round up even though the excess is far below f32 precision.
+        let half = 1.0 + 2f64.powi(-11);
+        assert_eq!(f16::from_f64r(half).to_f64(), 1.0);
+        assert_eq!(f16::from_f64r(half + 2f64.powi(-40)).to_f64(), 1.0 + 2f64.powi(-10));
+        let bhalf = 1.0 + 2f64.powi(-8);
+        assert_eq!(bf16::from_f64r(bhalf).to_f64(), 1.0);
+        assert_eq!(bf16::from_f64r(bhalf + 2f64.powi(-45)).to_f64(), 1.0 + 2f64.powi(-7));
+        assert_eq!(bf16::from_f64r(-bhalf - 2f64.powi(-45)).to_f64(), -(1.0 + 2f64.powi(-7)));
+        // Exact values stay exact.
+        for x in [0.0, -0.0, 1.5, -65504.0, 6.103_515_625e-5] {
+            assert_eq!(f16::from_f64r(x).to_f64(), x);
+        }
+    }
+
+    #[test]
+    fn integer_arithmetic_is_exact_and_c_like() {
+        let a = t(&[4], vec![7i32, -7, 7, -7]);
+        let b = t(&[4], vec![2i32, 2, -2, -2]);
+        assert_eq!(bin(BinaryOp::Div, &a, &b).to_i64_vec(), vec![3, -3, -3, 3]);
+        assert_eq!(bin(BinaryOp::Mod { fmod: false }, &a, &b).to_i64_vec(), vec![1, 1, -1, -1]);
+        assert_eq!(bin(BinaryOp::Mod { fmod: true }, &a, &b).to_i64_vec(), vec![1, -1, 1, -1]);
+        // Division by zero gives 0, not a panic.
+        let z = t(&[1], vec![0i32]);
+        assert_eq!(bin(BinaryOp::Div, &a, &z).to_i64_vec(), vec![0; 4]);
+        assert_eq!(bin(BinaryOp::Mod { fmod: false }, &a, &z).to_i64_vec(), vec![0; 4]);
+        // u64 beyond 2^63 (and i64 beyond 2^53) stay exact.
+        let big = t(&[2], vec![u64::MAX - 1, 1u64 << 63]);
+        let one = t(&[], vec![1u64]);
+        let s = bin(BinaryOp::Add, &big, &one);
+        assert_eq!(s.as_slice::<u64>().unwrap(), &[u64::MAX, (1u64 << 63) + 1]);
+        assert_eq!(bin(BinaryOp::Add, &s, &one).as_slice::<u64>().unwrap()[0], 0); // wraps
+        let q = bin(BinaryOp::Div, &big, &t(&[], vec![3u64]));
+        assert_eq!(q.as_slice::<u64>().unwrap(), &[(u64::MAX - 1) / 3, (1u64 << 63) / 3]);
+        let gt = bin(BinaryOp::Greater, &big, &one);
+        assert_eq!(gt.as_slice::<bool>().unwrap(), &[true, true]);
+        let i = t(&[1], vec![(1i64 << 53) + 1]);
+        let r = bin(BinaryOp::Mul, &i, &t(&[1], vec![3i64]));
+        assert_eq!(r.to_i64_vec(), vec![3 * ((1i64 << 53) + 1)]);
+        // i8 overflow wraps.
+        let m = bin(BinaryOp::Mul, &t(&[1], vec![100i8]), &t(&[1], vec![3i8]));
+        assert_eq!(m.to_i64_vec(), vec![44]);
+    }
+
+    #[test]
+    fn shifts_follow_onnx_reference() {
+        let x = t(&[4], vec![-16i8, 16, 1, -1]);
+        let s = t(&[4], vec![2i8, 8, -1, 9]);
+        assert_eq!(bin(BinaryOp::BitShiftRight, &x, &s).to_i64_vec(), vec![-4, 0, 0, -1]);
+        assert_eq!(bin(BinaryOp::BitShiftLeft, &x, &s).to_i64_vec(), vec![-64, 0, 0, 0]);
+        let u = t(&[2], vec![0x81u8, 3]);
+        let us = t(&[2], vec![1u8, 7]);
+        assert_eq!(bin(BinaryOp::BitShiftLeft, &u, &us).to_i64_vec(), vec![2, 128]);
+        assert_eq!(bin(BinaryOp::BitShiftRight, &u, &us).to_i64_vec(), vec![0x40, 0]);
+    }
+
+    #[test]
+    fn float_mod_and_minmax_follow_numpy() {
+        let a = t(&[4], vec![5.0f32, -5.0, 5.0, 6.0]);
+        let b = t(&[4], vec![-3.0f32, 3.0, f32::INFINITY, 3.0]);
+        let m = bin(BinaryOp::Mod { fmod: false }, &a, &b);
+        assert_eq!(m.as_slice::<f32>().unwrap()[..3], [-1.0, 1.0, 5.0]);
+        // A zero result takes the divisor's sign.
+        assert!(m.as_slice::<f32>().unwrap()[3] == 0.0);
+        let n = t(&[2], vec![f32::NAN, 1.0]);
+        let mx = bin(BinaryOp::Max, &n, &t(&[], vec![0.0f32]));
+        assert!(mx.as_slice::<f32>().unwrap()[0].is_nan());
+        assert_eq!(mx.as_slice::<f32>().unwrap()[1], 1.0);
+    }
+
+    #[test]
+    fn pow_keeps_the_base_type() {
+        let base = t(&[3], vec![2i32, 3, -2]);
+        let e = t(&[3], vec![10i64, 0, 3]);
+        assert_eq!(bin(BinaryOp::Pow, &base, &e).to_i64_vec(), vec![1024, 1, -8]);
+        let ef = t(&[3], vec![0.5f32, 2.0, 2.0]);
+        let r = bin(BinaryOp::Pow, &base, &ef);
+        assert_eq!(r.dtype(), DType::I32);
+        assert_eq!(r.to_i64_vec(), vec![1, 9, 4]);
+        let fb = t(&[2], vec![2.0f32, 4.0]);
+        let r = bin(BinaryOp::Pow, &fb, &t(&[], vec![3u64]));
+        assert_eq!(r.as_slice::<f32>().unwrap(), &[8.0, 64.0]);
+    }
+
+    #[test]
+    fn where_broadcasts_three_ways_like_a_naive_loop() {
+        let c = t(&[2, 1, 3], vec![true, false, true, false, false, true]);
+        let x = t(&[4, 1], (0..4).map(|i| i as i64).collect());
+        let y = t(&[1], vec![-1i64]);
+        let out = where_(&[&c, &x, &y]).unwrap().remove(0);
+        assert_eq!(out.shape(), &[2, 4, 3]);
+        let v = out.to_i64_vec();
+        let cv = c.as_slice::<bool>().unwrap();
+        for i in 0..2 {
+            for j in 0..4 {
+                for k in 0..3 {
+                    let want = if cv[i * 3 + k] { j as i64 } else { -1 };
+                    assert_eq!(v[(i * 4 + j) * 3 + k], want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cast_semantics() {
+        let f = t(&[6], vec![-1.7f32, 2.9, f32::NAN, 0.0, 1e9, -0.0]);
+        assert_eq!(cast_tensor(&f, DType::I32, true).unwrap().to_i64_vec(), vec![-1, 2, 0, 0, 1_000_000_000, 0]);
+        let b = cast_tensor(&f, DType::Bool, true).unwrap();
+        assert_eq!(b.as_slice::<bool>().unwrap(), &[true, true, true, false, true, false]);
+        // u64 above 2^63 converts by value.
+        let u = t(&[1], vec![u64::MAX]);
+        assert_eq!(cast_tensor(&u, DType::F32, true).unwrap().as_slice::<f32>().unwrap(), &[u64::MAX as f32]);
+        assert_eq!(cast_tensor(&u, DType::I8, true).unwrap().to_i64_vec(), vec![-1]);
+        // fp8: saturation clamps to the largest finite value; without it e4m3 gives NaN.
+        let big = t(&[2], vec![1000.0f32, f32::NEG_INFINITY]);
+        let s = cast_tensor(&big, DType::F8E4M3, true).unwrap();
+        assert_eq!(s.to_f64_vec(), vec![448.0, -448.0]);
+        let ns = cast_tensor(&big, DType::F8E4M3, false).unwrap();
+        assert!(ns.to_f64_vec().iter().all(|x| x.is_nan()));
+        let e5 = cast_tensor(&big, DType::F8E5M2, false).unwrap();
+        assert_eq!(e5.to_f64_vec(), vec![1024.0, f64::NEG_INFINITY]);
+        let huge = t(&[1], vec![1e5f32]);
+        assert_eq!(cast_tensor(&huge, DType::F8E5M2, false).unwrap().to_f64_vec(), vec![f64::INFINITY]);
+        assert_eq!(cast_tensor(&huge, DType::F8E5M2, true).unwrap().to_f64_vec(), vec![57344.0]);
+        // bool to float.
+        let bb = t(&[2], vec![true, false]);
+        assert_eq!(cast_tensor(&bb, DType::F16, true).unwrap().to_f64_vec(), vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn blocked_param_index_matches_naive() {
+        let xs = [2, 5, 3];
+        let (axis, block) = (1, 2);
+        let ps = [2, 3, 3];
+        let m = param_index(&xs, &ps, axis, block, "scale").unwrap();
+        let mut k = 0;
+        for i in 0..2 {
+            for j in 0..5 {
+                for l in 0..3 {
+                    assert_eq!(m[k], (i * 3 + j / block) * 3 + l);
+                    k += 1;
+                }
+            }
+        }
+        let per_axis = param_index(&xs, &[5], 1, 0, "scale").unwrap();
+        assert_eq!(&per_axis[..7], &[0, 0, 0, 1, 1, 1, 2]);
+        assert!(param_index(&xs, &[4], 1, 0, "scale").is_err());
+        assert!(param_index(&xs, &[2, 2, 3], 1, 2, "scale").is_err());
+    }
+
+    #[test]
+    fn quantize_rounds_half_to_even_and_saturates() {
+        let x = t(&[6], vec![0.5f32, 1.5, 2.5, -0.5, 1000.0, -1000.0]);
+        let s = t(&[], vec![1.0f32]);
+        let z = t(&[], vec![10u8]);
+        let op = QuantOp::QuantizeLinear { axis: 0, block_size: 0, saturate: true, to: DType::U8 };
+        let y = quant(&op, &[&x, &s, &z]).unwrap().remove(0);
+        assert_eq!(y.to_i64_vec(), vec![10, 12, 12, 10, 255, 0]);
+        let dq = QuantOp::DequantizeLinear { axis: 0, block_size: 0, to: DType::F32 };
+        let back = quant(&dq, &[&y, &t(&[], vec![0.5f32]), &z]).unwrap().remove(0);
+        assert_eq!(back.as_slice::<f32>().unwrap(), &[0.0, 1.0, 1.0, 0.0, 122.5, -5.0]);
+    }
+
+    #[test]
+    fn dynamic_quantize_covers_the_range() {
+        let x = t(&[4], vec![0.0f32, 2.0, -3.0, 1.0]);
+        let r = quant(&QuantOp::DynamicQuantizeLinear, &[&x]).unwrap();
+        let scale = r[1].as_slice::<f32>().unwrap()[0];
+        assert_eq!(scale, 5.0 / 255.0);
+        assert_eq!(r[2].to_i64_vec(), vec![153]);
+        assert_eq!(r[0].to_i64_vec(), vec![153, 255, 0, 204]);
+    }
+
+    #[test]
+    fn unary_int_and_bitcast() {
+        let x = t(&[3], vec![-128i8, -3, 5]);
+        let a = unary(&UnaryOp::Abs, &[&x]).unwrap().remove(0);
+        assert_eq!(a.to_i64_vec(), vec![-128, 3, 5]); // wraps like numpy
+        let r = unary(&UnaryOp::Relu, &[&x]).unwrap().remove(0);
+        assert_eq!(r.to_i64_vec(), vec![0, 0, 5]);
+        let u = t(&[1], vec![5u8]);
+        assert_eq!(unary(&UnaryOp::BitwiseNot, &[&u]).unwrap()[0].to_i64_vec(), vec![250]);
+        let f = t(&[1], vec![1.0f32]);
+        let bc = unary(&UnaryOp::BitCast { to: DType::I32 }, &[&f]).unwrap().remove(0);
+        assert_eq!(bc.to_i64_vec(), vec![0x3f80_0000]);
+        assert!(unary(&UnaryOp::BitCast { to: DType::I64 }, &[&f]).is_err());
+        let rnd = unary(&UnaryOp::Round, &[&t(&[4], vec![0.5f32, 1.5, 2.5, -2.5])]).unwrap().remove(0);
+        assert_eq!(rnd.as_slice::<f32>().unwrap(), &[0.0, 2.0, 2.0, -2.0]);
+    }
+}
