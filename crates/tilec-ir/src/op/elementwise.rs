@@ -159,7 +159,7 @@ impl OpInfo for UnaryOp {
                 }
                 *to
             }
-            Abs | Neg | Sign | Relu => {
+            Abs | Neg | Sign | Relu | Shrink { .. } => {
                 if dt == DType::Bool {
                     return Err("expects a numeric type, got bool".into());
                 }

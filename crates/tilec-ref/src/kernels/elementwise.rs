@@ -440,7 +440,7 @@ pub fn unary(op: &UnaryOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
                 UnaryOp::Shrink { .. } => {
                     // Integer Shrink: exact through f64 for the values it sees.
                     let f = float_unary_fn(op).ok_or("shrink")?;
-                    let v: Vec<f64> = x.to_f64_vec().into_iter().map(|e| f(e)).collect();
+                    let v: Vec<f64> = x.to_f64_vec().into_iter().map(f).collect();
                     return Ok(vec![tensor(shape, f64s_to_data(dt, &v, true))?]);
                 }
                 _ => return Err(format!("{} does not apply to {dt}", op_name(op))),
@@ -499,7 +499,7 @@ fn zip_map<A: Copy, B: Copy, O>(a: &[A], b: &[B], bc: &Bcast, f: impl Fn(A, B) -
 
 // ---- binary ----
 
-fn same<'a, T: Element>(b: &'a Tensor) -> Result<&'a [T], String> {
+fn same<T: Element>(b: &Tensor) -> Result<&[T], String> {
     T::slice(b.data()).ok_or_else(|| format!("operand dtypes differ: {} vs {}", T::DTYPE, b.dtype()))
 }
 
@@ -1056,6 +1056,8 @@ mod tests {
         let bc = unary(&UnaryOp::BitCast { to: DType::I32 }, &[&f]).unwrap().remove(0);
         assert_eq!(bc.to_i64_vec(), vec![0x3f80_0000]);
         assert!(unary(&UnaryOp::BitCast { to: DType::I64 }, &[&f]).is_err());
+        let sh = unary(&UnaryOp::Shrink { lambd: 1.5, bias: 1.0 }, &[&t(&[3], vec![-3i32, 1, 3])]).unwrap().remove(0);
+        assert_eq!(sh.to_i64_vec(), vec![-2, 0, 2]);
         let rnd = unary(&UnaryOp::Round, &[&t(&[4], vec![0.5f32, 1.5, 2.5, -2.5])]).unwrap().remove(0);
         assert_eq!(rnd.as_slice::<f32>().unwrap(), &[0.0, 2.0, 2.0, -2.0]);
     }
