@@ -16,13 +16,28 @@ pub enum RnnAct {
     Tanh,
     Sigmoid,
     /// `alpha * x + beta`.
-    Affine { alpha: f32, beta: f32 },
-    LeakyRelu { alpha: f32 },
-    ThresholdedRelu { alpha: f32 },
+    Affine {
+        alpha: f32,
+        beta: f32,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
+    ThresholdedRelu {
+        alpha: f32,
+    },
     /// `alpha * tanh(beta * x)`.
-    ScaledTanh { alpha: f32, beta: f32 },
-    HardSigmoid { alpha: f32, beta: f32 },
-    Elu { alpha: f32 },
+    ScaledTanh {
+        alpha: f32,
+        beta: f32,
+    },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    Elu {
+        alpha: f32,
+    },
     Softsign,
     Softplus,
 }
@@ -175,7 +190,12 @@ pub enum NnOp {
     },
     /// Rotary position embedding. Inputs: x (`[B, H, S, D]` or `[B, S, H*D]`), cos_cache,
     /// sin_cache, then position_ids if `has_position_ids`.
-    RotaryEmbedding { interleaved: bool, rotary_dim: usize, num_heads: usize, has_position_ids: bool },
+    RotaryEmbedding {
+        interleaved: bool,
+        rotary_dim: usize,
+        num_heads: usize,
+        has_position_ids: bool,
+    },
     /// `swish(a, alpha) * b`. Inputs: a, b (same shape).
     SwiGlu { alpha: f32 },
     /// RNN/GRU/LSTM layer. Inputs: x, w, r, b (materialized), then sequence_lens
@@ -195,13 +215,27 @@ pub enum NnOp {
         has_initial_c: bool,
     },
     /// Inputs: x `[N, C, d...]`, grid `[N, o..., nd]`.
-    GridSample { mode: GridSampleMode, padding: GridPadding, align_corners: bool },
+    GridSample {
+        mode: GridSampleMode,
+        padding: GridPadding,
+        align_corners: bool,
+    },
     /// Input: theta `[N, 2, 3]` or `[N, 3, 4]`; `size` is the output image size (N, C, spatial...).
     AffineGrid { align_corners: bool, size: Vec<Dim> },
     /// Discrete Fourier transform along `axis` of x `[..., 1|2]` (real or complex last dim).
-    Dft { axis: usize, inverse: bool, onesided: bool, length: usize },
+    Dft {
+        axis: usize,
+        inverse: bool,
+        onesided: bool,
+        length: usize,
+    },
     /// Short-time Fourier transform. Inputs: signal `[B, L, 1|2]`, then window if `has_window`.
-    Stft { frame_step: usize, frame_length: usize, onesided: bool, has_window: bool },
+    Stft {
+        frame_step: usize,
+        frame_length: usize,
+        onesided: bool,
+        has_window: bool,
+    },
     /// Linear attention recurrence. Inputs: query, key, value, then past_state if
     /// `has_past`, decay if the rule gates, beta if the rule has delta correction.
     /// Outputs: output, present_state.
@@ -275,7 +309,14 @@ impl OpInfo for NnOp {
 
     fn infer(&self, inputs: &[&TensorType], cx: &mut InferCtx) -> Result<Vec<TensorType>, String> {
         match self {
-            NnOp::Attention { q_num_heads, kv_num_heads, has_mask, has_past, has_nonpad, .. } => {
+            NnOp::Attention {
+                q_num_heads,
+                kv_num_heads,
+                has_mask,
+                has_past,
+                has_nonpad,
+                ..
+            } => {
                 let n = 3 + *has_mask as usize + 2 * *has_past as usize + *has_nonpad as usize;
                 expect_arity(inputs, n)?;
                 let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
@@ -353,7 +394,12 @@ impl OpInfo for NnOp {
                     TensorType::new(dt, vec![batch, hq, sq, total]),
                 ])
             }
-            NnOp::RotaryEmbedding { num_heads, has_position_ids, rotary_dim, .. } => {
+            NnOp::RotaryEmbedding {
+                num_heads,
+                has_position_ids,
+                rotary_dim,
+                ..
+            } => {
                 expect_arity(inputs, 3 + *has_position_ids as usize)?;
                 let x = inputs[0];
                 expect_float(x, "input")?;
@@ -364,7 +410,12 @@ impl OpInfo for NnOp {
                     3 => {
                         div_dim(x.shape[2], *num_heads, "hidden size", cx.syms)?;
                     }
-                    _ => return Err(format!("input must have rank 3 or 4, got {}", fmt_dims(&x.shape, cx.syms))),
+                    _ => {
+                        return Err(format!(
+                            "input must have rank 3 or 4, got {}",
+                            fmt_dims(&x.shape, cx.syms)
+                        ))
+                    }
                 }
                 if rotary_dim % 2 != 0 {
                     return Err(format!("rotary_embedding_dim must be even, got {rotary_dim}"));
@@ -372,7 +423,11 @@ impl OpInfo for NnOp {
                 if *has_position_ids {
                     let p = inputs[3];
                     if !p.dtype.is_int() || p.rank() != 2 {
-                        return Err(format!("position_ids must be a 2-D integer tensor, got {} rank {}", p.dtype, p.rank()));
+                        return Err(format!(
+                            "position_ids must be a 2-D integer tensor, got {} rank {}",
+                            p.dtype,
+                            p.rank()
+                        ));
                     }
                     expect_rank(inputs[1], 2, "cos_cache", cx.syms)?;
                 } else {
@@ -393,9 +448,22 @@ impl OpInfo for NnOp {
                 }
                 Ok(vec![inputs[0].clone()])
             }
-            NnOp::Rnn { cell, direction, hidden_size, batch_first, acts, has_seq_lens, has_initial_h, has_initial_c, .. } => {
+            NnOp::Rnn {
+                cell,
+                direction,
+                hidden_size,
+                batch_first,
+                acts,
+                has_seq_lens,
+                has_initial_h,
+                has_initial_c,
+                ..
+            } => {
                 let is_lstm = matches!(cell, RnnCell::Lstm { .. });
-                let n = 4 + *has_seq_lens as usize + *has_initial_h as usize + if is_lstm { 1 + *has_initial_c as usize } else { 0 };
+                let n = 4
+                    + *has_seq_lens as usize
+                    + *has_initial_h as usize
+                    + if is_lstm { 1 + *has_initial_c as usize } else { 0 };
                 expect_arity(inputs, n)?;
                 let (x, w, r, b) = (inputs[0], inputs[1], inputs[2], inputs[3]);
                 expect_float(x, "X")?;
@@ -409,7 +477,11 @@ impl OpInfo for NnOp {
                 let h = *hidden_size;
                 let g = cell.gates();
                 if acts.len() != d * cell.n_acts() {
-                    return Err(format!("expected {} activations, got {}", d * cell.n_acts(), acts.len()));
+                    return Err(format!(
+                        "expected {} activations, got {}",
+                        d * cell.n_acts(),
+                        acts.len()
+                    ));
                 }
                 let want_w = [Dim::Fixed(d), Dim::Fixed(g * h)];
                 if w.shape[..2] != want_w || r.shape != [Dim::Fixed(d), Dim::Fixed(g * h), Dim::Fixed(h)] {
@@ -420,7 +492,11 @@ impl OpInfo for NnOp {
                     ));
                 }
                 if b.shape != [Dim::Fixed(d), Dim::Fixed(2 * g * h)] {
-                    return Err(format!("B must be [{d}, {}], got {}", 2 * g * h, fmt_dims(&b.shape, cx.syms)));
+                    return Err(format!(
+                        "B must be [{d}, {}], got {}",
+                        2 * g * h,
+                        fmt_dims(&b.shape, cx.syms)
+                    ));
                 }
                 if x.shape[2] != w.shape[2] {
                     return Err(format!(
@@ -429,7 +505,11 @@ impl OpInfo for NnOp {
                         fmt_dims(&w.shape, cx.syms)
                     ));
                 }
-                let (seq, batch) = if *batch_first { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
+                let (seq, batch) = if *batch_first {
+                    (x.shape[1], x.shape[0])
+                } else {
+                    (x.shape[0], x.shape[1])
+                };
                 let mut idx = 4;
                 if *has_seq_lens {
                     let s = inputs[idx];
@@ -438,20 +518,31 @@ impl OpInfo for NnOp {
                     }
                     idx += 1;
                 }
-                let state_shape =
-                    if *batch_first { vec![batch, Dim::Fixed(d), Dim::Fixed(h)] } else { vec![Dim::Fixed(d), batch, Dim::Fixed(h)] };
+                let state_shape = if *batch_first {
+                    vec![batch, Dim::Fixed(d), Dim::Fixed(h)]
+                } else {
+                    vec![Dim::Fixed(d), batch, Dim::Fixed(h)]
+                };
                 let n_states = *has_initial_h as usize + (is_lstm && *has_initial_c) as usize;
                 for k in 0..n_states {
                     let s = inputs[idx + k];
                     if s.rank() != 3 || s.shape[2] != Dim::Fixed(h) {
-                        return Err(format!("initial state must be {}, got {}", fmt_dims(&state_shape, cx.syms), fmt_dims(&s.shape, cx.syms)));
+                        return Err(format!(
+                            "initial state must be {}, got {}",
+                            fmt_dims(&state_shape, cx.syms),
+                            fmt_dims(&s.shape, cx.syms)
+                        ));
                     }
                     same_dtype(x, s, "X and state")?;
                 }
                 if is_lstm {
                     let p = inputs[n - 1];
                     if p.shape != [Dim::Fixed(d), Dim::Fixed(3 * h)] {
-                        return Err(format!("P must be [{d}, {}], got {}", 3 * h, fmt_dims(&p.shape, cx.syms)));
+                        return Err(format!(
+                            "P must be [{d}, {}], got {}",
+                            3 * h,
+                            fmt_dims(&p.shape, cx.syms)
+                        ));
                     }
                 }
                 let y = if *batch_first {
@@ -459,7 +550,10 @@ impl OpInfo for NnOp {
                 } else {
                     vec![seq, Dim::Fixed(d), batch, Dim::Fixed(h)]
                 };
-                let mut out = vec![TensorType::new(x.dtype, y), TensorType::new(x.dtype, state_shape.clone())];
+                let mut out = vec![
+                    TensorType::new(x.dtype, y),
+                    TensorType::new(x.dtype, state_shape.clone()),
+                ];
                 if is_lstm {
                     out.push(TensorType::new(x.dtype, state_shape));
                 }
@@ -496,14 +590,23 @@ impl OpInfo for NnOp {
                     return Err(format!("size must have 4 or 5 elements, got {}", size.len()));
                 }
                 if t.rank() != 3 || t.shape[1] != Dim::Fixed(nd) || t.shape[2] != Dim::Fixed(nd + 1) {
-                    return Err(format!("theta must be [N, {nd}, {}], got {}", nd + 1, fmt_dims(&t.shape, cx.syms)));
+                    return Err(format!(
+                        "theta must be [N, {nd}, {}], got {}",
+                        nd + 1,
+                        fmt_dims(&t.shape, cx.syms)
+                    ));
                 }
                 let mut y = vec![t.shape[0]];
                 y.extend_from_slice(&size[2..]);
                 y.push(Dim::Fixed(nd));
                 Ok(vec![TensorType::new(t.dtype, y)])
             }
-            NnOp::Dft { axis, inverse, onesided, length } => {
+            NnOp::Dft {
+                axis,
+                inverse,
+                onesided,
+                length,
+            } => {
                 expect_arity(inputs, 1)?;
                 let x = inputs[0];
                 expect_float(x, "input")?;
@@ -513,7 +616,10 @@ impl OpInfo for NnOp {
                 }
                 let c = x.shape[r - 1];
                 if c != Dim::Fixed(1) && c != Dim::Fixed(2) {
-                    return Err(format!("last dimension must be 1 (real) or 2 (complex), got {}", cx.syms.display(c)));
+                    return Err(format!(
+                        "last dimension must be 1 (real) or 2 (complex), got {}",
+                        cx.syms.display(c)
+                    ));
                 }
                 if *length == 0 {
                     return Err("dft_length must be positive".into());
@@ -528,12 +634,20 @@ impl OpInfo for NnOp {
                 y[r - 1] = Dim::Fixed(last);
                 Ok(vec![TensorType::new(x.dtype, y)])
             }
-            NnOp::Stft { frame_step, frame_length, onesided, has_window } => {
+            NnOp::Stft {
+                frame_step,
+                frame_length,
+                onesided,
+                has_window,
+            } => {
                 expect_arity(inputs, 1 + *has_window as usize)?;
                 let x = inputs[0];
                 expect_float(x, "signal")?;
                 if x.rank() != 3 || !(x.shape[2] == Dim::Fixed(1) || x.shape[2] == Dim::Fixed(2)) {
-                    return Err(format!("signal must be [batch, length, 1|2], got {}", fmt_dims(&x.shape, cx.syms)));
+                    return Err(format!(
+                        "signal must be [batch, length, 1|2], got {}",
+                        fmt_dims(&x.shape, cx.syms)
+                    ));
                 }
                 if *frame_step == 0 || *frame_length == 0 {
                     return Err("frame_step and frame_length must be positive".into());
@@ -542,20 +656,34 @@ impl OpInfo for NnOp {
                     let w = inputs[1];
                     same_dtype(x, w, "signal and window")?;
                     if w.shape != [Dim::Fixed(*frame_length)] {
-                        return Err(format!("window must be [{frame_length}], got {}", fmt_dims(&w.shape, cx.syms)));
+                        return Err(format!(
+                            "window must be [{frame_length}], got {}",
+                            fmt_dims(&w.shape, cx.syms)
+                        ));
                     }
                 }
                 let len = x.shape[1]
                     .fixed()
                     .ok_or_else(|| "signal length must be static".to_string())?;
                 if len < *frame_length {
-                    return Err(format!("signal length {len} is shorter than frame_length {frame_length}"));
+                    return Err(format!(
+                        "signal length {len} is shorter than frame_length {frame_length}"
+                    ));
                 }
                 let frames = 1 + (len - frame_length) / frame_step;
                 let bins = if *onesided { frame_length / 2 + 1 } else { *frame_length };
-                Ok(vec![TensorType::new(x.dtype, vec![x.shape[0], Dim::Fixed(frames), Dim::Fixed(bins), Dim::Fixed(2)])])
+                Ok(vec![TensorType::new(
+                    x.dtype,
+                    vec![x.shape[0], Dim::Fixed(frames), Dim::Fixed(bins), Dim::Fixed(2)],
+                )])
             }
-            NnOp::LinearAttention { q_num_heads, kv_num_heads, rule, has_past, .. } => {
+            NnOp::LinearAttention {
+                q_num_heads,
+                kv_num_heads,
+                rule,
+                has_past,
+                ..
+            } => {
                 let n = 3 + *has_past as usize + rule.gating() as usize + rule.delta() as usize;
                 expect_arity(inputs, n)?;
                 let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
@@ -566,7 +694,9 @@ impl OpInfo for NnOp {
                     expect_rank(t, 3, nm, cx.syms)?;
                 }
                 if *kv_num_heads == 0 || q_num_heads % kv_num_heads != 0 {
-                    return Err(format!("q_num_heads ({q_num_heads}) must be a multiple of kv_num_heads ({kv_num_heads})"));
+                    return Err(format!(
+                        "q_num_heads ({q_num_heads}) must be a multiple of kv_num_heads ({kv_num_heads})"
+                    ));
                 }
                 let dk = div_dim(q.shape[2], *q_num_heads, "query hidden size", cx.syms)?;
                 let dv = div_dim(v.shape[2], *kv_num_heads, "value hidden size", cx.syms)?;
@@ -598,7 +728,9 @@ impl OpInfo for NnOp {
                 if w.shape[1] != Dim::Fixed(1) {
                     return Err(format!("weight must be [C, 1, K], got {}", fmt_dims(&w.shape, cx.syms)));
                 }
-                let k = w.shape[2].fixed().ok_or_else(|| "kernel size must be static".to_string())?;
+                let k = w.shape[2]
+                    .fixed()
+                    .ok_or_else(|| "kernel size must be static".to_string())?;
                 if k == 0 {
                     return Err("kernel size must be positive".into());
                 }
@@ -609,7 +741,11 @@ impl OpInfo for NnOp {
                 if *has_past {
                     let p = inputs[inputs.len() - 1];
                     if p.rank() != 3 || p.shape[2] != Dim::Fixed(k - 1) {
-                        return Err(format!("past_state must be {}, got {}", fmt_dims(&state, cx.syms), fmt_dims(&p.shape, cx.syms)));
+                        return Err(format!(
+                            "past_state must be {}, got {}",
+                            fmt_dims(&state, cx.syms),
+                            fmt_dims(&p.shape, cx.syms)
+                        ));
                     }
                 }
                 Ok(vec![x.clone(), TensorType::new(x.dtype, state)])

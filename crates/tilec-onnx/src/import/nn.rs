@@ -4,9 +4,7 @@
 //! on compile-time operands).
 
 use super::{ImportError, MapFn, NodeCx, ShapeElem};
-use tilec_ir::op::{
-    GridPadding, GridSampleMode, LinearAttentionRule, NnOp, RnnAct, RnnCell, RnnDirection,
-};
+use tilec_ir::op::{GridPadding, GridSampleMode, LinearAttentionRule, NnOp, RnnAct, RnnCell, RnnDirection};
 use tilec_ir::{DType, Dim, Op, Tensor, ValueId};
 
 pub(super) fn lookup(op_type: &str) -> Option<MapFn> {
@@ -140,7 +138,14 @@ fn map_swiglu(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     cx.emit(Op::Nn(NnOp::SwiGlu { alpha }), &[a, b])
 }
 
-fn parse_act(cx: &NodeCx, name: &str, alphas: &[f32], betas: &[f32], ai: &mut usize, bi: &mut usize) -> Result<RnnAct, ImportError> {
+fn parse_act(
+    cx: &NodeCx,
+    name: &str,
+    alphas: &[f32],
+    betas: &[f32],
+    ai: &mut usize,
+    bi: &mut usize,
+) -> Result<RnnAct, ImportError> {
     let take = |list: &[f32], i: &mut usize, default: f32| {
         let v = list.get(*i).copied().unwrap_or(default);
         *i += 1;
@@ -150,12 +155,27 @@ fn parse_act(cx: &NodeCx, name: &str, alphas: &[f32], betas: &[f32], ai: &mut us
         "relu" => RnnAct::Relu,
         "tanh" => RnnAct::Tanh,
         "sigmoid" => RnnAct::Sigmoid,
-        "affine" => RnnAct::Affine { alpha: take(alphas, ai, 1.0), beta: take(betas, bi, 0.0) },
-        "leakyrelu" => RnnAct::LeakyRelu { alpha: take(alphas, ai, 0.01) },
-        "thresholdedrelu" => RnnAct::ThresholdedRelu { alpha: take(alphas, ai, 1.0) },
-        "scaledtanh" => RnnAct::ScaledTanh { alpha: take(alphas, ai, 1.0), beta: take(betas, bi, 1.0) },
-        "hardsigmoid" => RnnAct::HardSigmoid { alpha: take(alphas, ai, 0.2), beta: take(betas, bi, 0.5) },
-        "elu" => RnnAct::Elu { alpha: take(alphas, ai, 1.0) },
+        "affine" => RnnAct::Affine {
+            alpha: take(alphas, ai, 1.0),
+            beta: take(betas, bi, 0.0),
+        },
+        "leakyrelu" => RnnAct::LeakyRelu {
+            alpha: take(alphas, ai, 0.01),
+        },
+        "thresholdedrelu" => RnnAct::ThresholdedRelu {
+            alpha: take(alphas, ai, 1.0),
+        },
+        "scaledtanh" => RnnAct::ScaledTanh {
+            alpha: take(alphas, ai, 1.0),
+            beta: take(betas, bi, 1.0),
+        },
+        "hardsigmoid" => RnnAct::HardSigmoid {
+            alpha: take(alphas, ai, 0.2),
+            beta: take(betas, bi, 0.5),
+        },
+        "elu" => RnnAct::Elu {
+            alpha: take(alphas, ai, 1.0),
+        },
         "softsign" => RnnAct::Softsign,
         "softplus" => RnnAct::Softplus,
         other => return Err(cx.unsupported(format!("activation '{other}'"))),
@@ -165,8 +185,12 @@ fn parse_act(cx: &NodeCx, name: &str, alphas: &[f32], betas: &[f32], ai: &mut us
 fn map_rnn(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let cell = match cx.op_type() {
         "RNN" => RnnCell::Rnn,
-        "GRU" => RnnCell::Gru { linear_before_reset: bool_attr(cx, "linear_before_reset", 0)? },
-        _ => RnnCell::Lstm { input_forget: bool_attr(cx, "input_forget", 0)? },
+        "GRU" => RnnCell::Gru {
+            linear_before_reset: bool_attr(cx, "linear_before_reset", 0)?,
+        },
+        _ => RnnCell::Lstm {
+            input_forget: bool_attr(cx, "input_forget", 0)?,
+        },
     };
     let is_lstm = matches!(cell, RnnCell::Lstm { .. });
     let x = cx.req_input(0)?;
@@ -264,7 +288,11 @@ fn map_rnn(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
 fn map_grid_sample(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let x = cx.req_input(0)?;
     let g = cx.req_input(1)?;
-    let mode = match cx.attr_s("mode")?.as_deref().unwrap_or(if cx.opset >= 20 { "linear" } else { "bilinear" }) {
+    let mode = match cx
+        .attr_s("mode")?
+        .as_deref()
+        .unwrap_or(if cx.opset >= 20 { "linear" } else { "bilinear" })
+    {
         "linear" | "bilinear" => GridSampleMode::Linear,
         "nearest" => GridSampleMode::Nearest,
         "cubic" | "bicubic" => GridSampleMode::Cubic,
@@ -277,7 +305,14 @@ fn map_grid_sample(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         m => return Err(cx.invalid(format!("unknown padding_mode '{m}'"))),
     };
     let align_corners = bool_attr(cx, "align_corners", 0)?;
-    cx.emit(Op::Nn(NnOp::GridSample { mode, padding, align_corners }), &[x, g])
+    cx.emit(
+        Op::Nn(NnOp::GridSample {
+            mode,
+            padding,
+            align_corners,
+        }),
+        &[x, g],
+    )
 }
 
 fn map_affine_grid(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -309,7 +344,9 @@ fn map_dft(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     };
     let ax = if axis < 0 { axis + r as i64 } else { axis };
     if ax < 0 || ax + 1 >= r as i64 {
-        return Err(cx.invalid(format!("axis {axis} must name a signal axis of a rank-{r} input (not the last)")));
+        return Err(cx.invalid(format!(
+            "axis {axis} must name a signal axis of a rank-{r} input (not the last)"
+        )));
     }
     let ax = ax as usize;
     let inverse = bool_attr(cx, "inverse", 0)?;
@@ -330,7 +367,15 @@ fn map_dft(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             n
         }
     };
-    cx.emit(Op::Nn(NnOp::Dft { axis: ax, inverse, onesided, length }), &[x])
+    cx.emit(
+        Op::Nn(NnOp::Dft {
+            axis: ax,
+            inverse,
+            onesided,
+            length,
+        }),
+        &[x],
+    )
 }
 
 fn map_stft(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -351,10 +396,17 @@ fn map_stft(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         }
     };
     if step <= 0 || frame_length <= 0 {
-        return Err(cx.invalid(format!("frame_step ({step}) and frame_length ({frame_length}) must be positive")));
+        return Err(cx.invalid(format!(
+            "frame_step ({step}) and frame_length ({frame_length}) must be positive"
+        )));
     }
     let onesided = bool_attr(cx, "onesided", 1)?;
-    let op = NnOp::Stft { frame_step: step as usize, frame_length: frame_length as usize, onesided, has_window: window.is_some() };
+    let op = NnOp::Stft {
+        frame_step: step as usize,
+        frame_length: frame_length as usize,
+        onesided,
+        has_window: window.is_some(),
+    };
     let mut ins = vec![x];
     ins.extend(window);
     cx.emit(Op::Nn(op), &ins)
@@ -393,7 +445,13 @@ fn map_window(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
 
 /// The MelWeightMatrix `[dft_length/2 + 1, num_mel_bins]` in f64, as the ONNX reference
 /// computes it (the edge frequencies' mel values are computed in f32 as there).
-pub(crate) fn mel_matrix(bins: usize, dft_length: i64, sample_rate: i64, lower: f32, upper: f32) -> Result<Vec<f64>, String> {
+pub(crate) fn mel_matrix(
+    bins: usize,
+    dft_length: i64,
+    sample_rate: i64,
+    lower: f32,
+    upper: f32,
+) -> Result<Vec<f64>, String> {
     if dft_length <= 0 || sample_rate <= 0 {
         return Err("dft_length and sample_rate must be positive".into());
     }
@@ -475,10 +533,16 @@ fn map_linear_attention(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         r => return Err(cx.invalid(format!("unknown update_rule '{r}'"))),
     };
     if rule.gating() != decay.is_some() {
-        return Err(cx.invalid(format!("update_rule {rule:?} {} the decay input", if rule.gating() { "requires" } else { "forbids" })));
+        return Err(cx.invalid(format!(
+            "update_rule {rule:?} {} the decay input",
+            if rule.gating() { "requires" } else { "forbids" }
+        )));
     }
     if rule.delta() != beta.is_some() {
-        return Err(cx.invalid(format!("update_rule {rule:?} {} the beta input", if rule.delta() { "requires" } else { "forbids" })));
+        return Err(cx.invalid(format!(
+            "update_rule {rule:?} {} the beta input",
+            if rule.delta() { "requires" } else { "forbids" }
+        )));
     }
     let qh = cx.attr_i("q_num_heads", 0)?;
     let kvh = cx.attr_i("kv_num_heads", 0)?;
@@ -509,7 +573,11 @@ fn map_causal_conv(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         "silu" | "swish" => true,
         a => return Err(cx.invalid(format!("unknown activation '{a}'"))),
     };
-    let op = NnOp::CausalConvWithState { silu, has_bias: bias.is_some(), has_past: past.is_some() };
+    let op = NnOp::CausalConvWithState {
+        silu,
+        has_bias: bias.is_some(),
+        has_past: past.is_some(),
+    };
     let mut ins = vec![x, w];
     ins.extend(bias);
     ins.extend(past);

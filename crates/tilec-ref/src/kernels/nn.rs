@@ -11,24 +11,47 @@ use tilec_ir::{DType, Tensor};
 pub fn eval(op: &NnOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>, String> {
     match op {
         NnOp::Attention { .. } => attention(op, args),
-        NnOp::RotaryEmbedding { interleaved, rotary_dim, num_heads, has_position_ids } => {
-            rotary(args, *interleaved, *rotary_dim, *num_heads, *has_position_ids)
-        }
+        NnOp::RotaryEmbedding {
+            interleaved,
+            rotary_dim,
+            num_heads,
+            has_position_ids,
+        } => rotary(args, *interleaved, *rotary_dim, *num_heads, *has_position_ids),
         NnOp::SwiGlu { alpha } => swiglu(args, *alpha),
         NnOp::Rnn { .. } => rnn(op, args),
-        NnOp::GridSample { mode, padding, align_corners } => grid_sample(args, *mode, *padding, *align_corners),
+        NnOp::GridSample {
+            mode,
+            padding,
+            align_corners,
+        } => grid_sample(args, *mode, *padding, *align_corners),
         NnOp::AffineGrid { align_corners, size } => {
             let size = _cx.dims(size)?;
             affine_grid(args, *align_corners, &size)
         }
-        NnOp::Dft { axis, inverse, onesided, length } => dft(args, *axis, *inverse, *onesided, *length),
-        NnOp::Stft { frame_step, frame_length, onesided, has_window } => {
-            stft(args, *frame_step, *frame_length, *onesided, *has_window)
-        }
-        NnOp::LinearAttention { q_num_heads, kv_num_heads, scale, rule, has_past } => {
-            linear_attention(args, *q_num_heads, *kv_num_heads, *scale, *rule, *has_past)
-        }
-        NnOp::CausalConvWithState { silu, has_bias, has_past } => causal_conv(args, *silu, *has_bias, *has_past),
+        NnOp::Dft {
+            axis,
+            inverse,
+            onesided,
+            length,
+        } => dft(args, *axis, *inverse, *onesided, *length),
+        NnOp::Stft {
+            frame_step,
+            frame_length,
+            onesided,
+            has_window,
+        } => stft(args, *frame_step, *frame_length, *onesided, *has_window),
+        NnOp::LinearAttention {
+            q_num_heads,
+            kv_num_heads,
+            scale,
+            rule,
+            has_past,
+        } => linear_attention(args, *q_num_heads, *kv_num_heads, *scale, *rule, *has_past),
+        NnOp::CausalConvWithState {
+            silu,
+            has_bias,
+            has_past,
+        } => causal_conv(args, *silu, *has_bias, *has_past),
     }
 }
 
@@ -45,6 +68,8 @@ fn round_to(dt: DType, x: f64) -> f64 {
     match dt {
         DType::F64 => x,
         DType::F32 => x as f32 as f64,
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
         _ => make(dt, vec![], &[x]).map(|t| t.to_f64_vec()[0]).unwrap_or(x),
     }
 }
@@ -100,7 +125,10 @@ impl Heads {
     fn with_past(self, past: &Tensor, b: usize, what: &str) -> Result<Heads, String> {
         let ps = past.shape();
         if ps.len() != 4 || ps[0] != b || ps[1] != self.h || ps[3] != self.d {
-            return Err(format!("{what} has shape {ps:?}, expected [{b}, {}, *, {}]", self.h, self.d));
+            return Err(format!(
+                "{what} has shape {ps:?}, expected [{b}, {}, *, {}]",
+                self.h, self.d
+            ));
         }
         let pv = past.to_f64_vec();
         let (pl, s, d) = (ps[2], self.s, self.d);
@@ -144,7 +172,12 @@ fn attention(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let mut k = Heads::new(kt, *kv_num_heads, "K")?;
     let mut v = Heads::new(vt, *kv_num_heads, "V")?;
     if kt.shape()[0] != batch || vt.shape()[0] != batch || k.h != v.h || k.s != v.s || k.d != q.d {
-        return Err(format!("Q {:?}, K {:?}, V {:?} do not agree", qt.shape(), kt.shape(), vt.shape()));
+        return Err(format!(
+            "Q {:?}, K {:?}, V {:?} do not agree",
+            qt.shape(),
+            kt.shape(),
+            vt.shape()
+        ));
     }
     if k.h == 0 || q.h % k.h != 0 {
         return Err(format!("q heads ({}) must be a multiple of kv heads ({})", q.h, k.h));
@@ -167,7 +200,10 @@ fn attention(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let nonpad: Option<Vec<i64>> = if *has_nonpad {
         let t = arg(args, idx)?;
         if t.shape() != [batch] {
-            return Err(format!("nonpad_kv_seqlen has shape {:?}, expected [{batch}]", t.shape()));
+            return Err(format!(
+                "nonpad_kv_seqlen has shape {:?}, expected [{batch}]",
+                t.shape()
+            ));
         }
         Some(t.to_i64_vec())
     } else {
@@ -196,7 +232,10 @@ fn attention(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
                 }
             }
             let vals: Vec<f64> = if m.dtype() == DType::Bool {
-                m.to_i64_vec().into_iter().map(|x| if x != 0 { 0.0 } else { f64::NEG_INFINITY }).collect()
+                m.to_i64_vec()
+                    .into_iter()
+                    .map(|x| if x != 0 { 0.0 } else { f64::NEG_INFINITY })
+                    .collect()
             } else {
                 m.to_f64_vec()
             };
@@ -274,7 +313,11 @@ fn attention(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
                 }
                 let o = ((b * hq + h) * sq + i) * tk;
                 let all_masked = bias.iter().all(|&x| x == f64::NEG_INFINITY);
-                let logits: Vec<f64> = scores.iter().zip(&bias).map(|(s, m)| round_to(dt, s + round_to(dt, *m))).collect();
+                let logits: Vec<f64> = scores
+                    .iter()
+                    .zip(&bias)
+                    .map(|(s, m)| round_to(dt, s + round_to(dt, *m)))
+                    .collect();
                 match qk_matmul_output_mode {
                     0 | 1 => qk_out[o..o + tk].copy_from_slice(&scores),
                     2 => qk_out[o..o + tk].copy_from_slice(&logits),
@@ -339,7 +382,13 @@ fn softmax_row(x: &[f64], all_masked: bool, dt: DType) -> Vec<f64> {
 
 // ---------------------------------------------------------------- rotary / swiglu
 
-fn rotary(args: &[&Tensor], interleaved: bool, rotary_dim: usize, num_heads: usize, has_pos: bool) -> Result<Vec<Tensor>, String> {
+fn rotary(
+    args: &[&Tensor],
+    interleaved: bool,
+    rotary_dim: usize,
+    num_heads: usize,
+    has_pos: bool,
+) -> Result<Vec<Tensor>, String> {
     let x = arg(args, 0)?;
     let (cos_t, sin_t) = (arg(args, 1)?, arg(args, 2)?);
     let xs = x.shape().to_vec();
@@ -363,23 +412,35 @@ fn rotary(args: &[&Tensor], interleaved: bool, rotary_dim: usize, num_heads: usi
     };
     let rd = if rotary_dim == 0 { d_n } else { rotary_dim };
     if rd > d_n || rd % 2 != 0 {
-        return Err(format!("rotary_embedding_dim {rd} must be even and at most the head size {d_n}"));
+        return Err(format!(
+            "rotary_embedding_dim {rd} must be even and at most the head size {d_n}"
+        ));
     }
     let half = rd / 2;
     let (cv, sv) = (cos_t.to_f64_vec(), sin_t.to_f64_vec());
     if cos_t.shape() != sin_t.shape() || cos_t.shape().last() != Some(&half) {
-        return Err(format!("cos/sin caches {:?}/{:?} must end in rotary_dim/2 = {half}", cos_t.shape(), sin_t.shape()));
+        return Err(format!(
+            "cos/sin caches {:?}/{:?} must end in rotary_dim/2 = {half}",
+            cos_t.shape(),
+            sin_t.shape()
+        ));
     }
     // Row of the caches for (b, s).
     let pos: Option<Vec<i64>> = if has_pos {
         let p = arg(args, 3)?;
         if p.shape() != [b_n, s_n] {
-            return Err(format!("position_ids has shape {:?}, expected [{b_n}, {s_n}]", p.shape()));
+            return Err(format!(
+                "position_ids has shape {:?}, expected [{b_n}, {s_n}]",
+                p.shape()
+            ));
         }
         Some(p.to_i64_vec())
     } else {
         if cos_t.shape() != [b_n, s_n, half] {
-            return Err(format!("cos_cache has shape {:?}, expected [{b_n}, {s_n}, {half}]", cos_t.shape()));
+            return Err(format!(
+                "cos_cache has shape {:?}, expected [{b_n}, {s_n}, {half}]",
+                cos_t.shape()
+            ));
         }
         None
     };
@@ -431,7 +492,17 @@ fn swiglu(args: &[&Tensor], alpha: f32) -> Result<Vec<Tensor>, String> {
 // ---------------------------------------------------------------- recurrent layers
 
 fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
-    let NnOp::Rnn { cell, direction, hidden_size, batch_first, acts, clip, has_seq_lens, has_initial_h, has_initial_c } = op
+    let NnOp::Rnn {
+        cell,
+        direction,
+        hidden_size,
+        batch_first,
+        acts,
+        clip,
+        has_seq_lens,
+        has_initial_h,
+        has_initial_c,
+    } = op
     else {
         return Err("not a recurrent op".into());
     };
@@ -442,16 +513,29 @@ fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     if xs.len() != 3 {
         return Err(format!("X must have rank 3, got {xs:?}"));
     }
-    let (seq, batch, inp) = if *batch_first { (xs[1], xs[0], xs[2]) } else { (xs[0], xs[1], xs[2]) };
+    let (seq, batch, inp) = if *batch_first {
+        (xs[1], xs[0], xs[2])
+    } else {
+        (xs[0], xs[1], xs[2])
+    };
     let nd = direction.count();
     let h = *hidden_size;
     let g = cell.gates();
     if wt.shape() != [nd, g * h, inp] || rt.shape() != [nd, g * h, h] || bt.shape() != [nd, 2 * g * h] {
-        return Err(format!("W {:?}, R {:?}, B {:?} do not match X {xs:?}", wt.shape(), rt.shape(), bt.shape()));
+        return Err(format!(
+            "W {:?}, R {:?}, B {:?} do not match X {xs:?}",
+            wt.shape(),
+            rt.shape(),
+            bt.shape()
+        ));
     }
     let (x, w, r, bias) = (xt.to_f64_vec(), wt.to_f64_vec(), rt.to_f64_vec(), bt.to_f64_vec());
     let x_at = |t: usize, b: usize| -> &[f64] {
-        let o = if *batch_first { (b * seq + t) * inp } else { (t * batch + b) * inp };
+        let o = if *batch_first {
+            (b * seq + t) * inp
+        } else {
+            (t * batch + b) * inp
+        };
         &x[o..o + inp]
     };
     let mut idx = 4;
@@ -463,13 +547,25 @@ fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         }
         s.to_i64_vec()
             .into_iter()
-            .map(|l| if l < 0 || l as usize > seq { Err(format!("sequence length {l} outside 0..={seq}")) } else { Ok(l as usize) })
+            .map(|l| {
+                if l < 0 || l as usize > seq {
+                    Err(format!("sequence length {l} outside 0..={seq}"))
+                } else {
+                    Ok(l as usize)
+                }
+            })
             .collect::<Result<_, _>>()?
     } else {
         vec![seq; batch]
     };
     // State tensors come as [D, B, H] (or [B, D, H] batch-first); index (d, b).
-    let state_index = |d: usize, b: usize| if *batch_first { (b * nd + d) * h } else { (d * batch + b) * h };
+    let state_index = |d: usize, b: usize| {
+        if *batch_first {
+            (b * nd + d) * h
+        } else {
+            (d * batch + b) * h
+        }
+    };
     let mut load_state = |present: bool| -> Result<Vec<f64>, String> {
         if !present {
             return Ok(vec![0.0; nd * batch * h]);
@@ -498,7 +594,13 @@ fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         None => v,
     };
     let na = cell.n_acts();
-    let y_index = |t: usize, d: usize, b: usize| if *batch_first { ((b * seq + t) * nd + d) * h } else { ((t * nd + d) * batch + b) * h };
+    let y_index = |t: usize, d: usize, b: usize| {
+        if *batch_first {
+            ((b * seq + t) * nd + d) * h
+        } else {
+            ((t * nd + d) * batch + b) * h
+        }
+    };
     let mut y = vec![0.0; seq * nd * batch * h];
     let mut yh = vec![0.0; nd * batch * h];
     let mut yc = vec![0.0; nd * batch * h];
@@ -519,7 +621,9 @@ fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
             for step in 0..lens[b] {
                 let t = if reverse { lens[b] - 1 - step } else { step };
                 let xv = x_at(t, b);
-                let wx: Vec<f64> = (0..gh).map(|row| dot(&wd[row * inp..(row + 1) * inp], xv) + wb[row]).collect();
+                let wx: Vec<f64> = (0..gh)
+                    .map(|row| dot(&wd[row * inp..(row + 1) * inp], xv) + wb[row])
+                    .collect();
                 let rh_of = |hv: &[f64], row: usize| dot(&rd[row * h..(row + 1) * h], hv) + rb[row];
                 let new_h: Vec<f64> = match cell {
                     RnnCell::Rnn => (0..h).map(|j| act(0, clip_f(wx[j] + rh_of(&hs, j)))).collect(),
@@ -546,7 +650,11 @@ fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
                         for j in 0..h {
                             let pre = |gate: usize| wx[gate * h + j] + rh_of(&hs, gate * h + j);
                             let i = act(0, clip_f(pre(0) + pd[j] * cs[j]));
-                            let f = if *input_forget { 1.0 - i } else { act(0, clip_f(pre(2) + pd[2 * h + j] * cs[j])) };
+                            let f = if *input_forget {
+                                1.0 - i
+                            } else {
+                                act(0, clip_f(pre(2) + pd[2 * h + j] * cs[j]))
+                            };
                             let c = act(1, clip_f(pre(3)));
                             nc[j] = f * cs[j] + i * c;
                             let o = act(0, clip_f(pre(1) + pd[h + j] * nc[j]));
@@ -566,8 +674,16 @@ fn rnn(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
             }
         }
     }
-    let y_shape = if *batch_first { vec![batch, seq, nd, h] } else { vec![seq, nd, batch, h] };
-    let s_shape = if *batch_first { vec![batch, nd, h] } else { vec![nd, batch, h] };
+    let y_shape = if *batch_first {
+        vec![batch, seq, nd, h]
+    } else {
+        vec![seq, nd, batch, h]
+    };
+    let s_shape = if *batch_first {
+        vec![batch, nd, h]
+    } else {
+        vec![nd, batch, h]
+    };
     let mut out = vec![make(dt, y_shape, &y)?, make(dt, s_shape.clone(), &yh)?];
     if is_lstm {
         out.push(make(dt, s_shape, &yc)?);
@@ -621,7 +737,12 @@ fn cubic_coeffs(t: f64) -> [f64; 4] {
     ]
 }
 
-fn grid_sample(args: &[&Tensor], mode: GridSampleMode, padding: GridPadding, align: bool) -> Result<Vec<Tensor>, String> {
+fn grid_sample(
+    args: &[&Tensor],
+    mode: GridSampleMode,
+    padding: GridPadding,
+    align: bool,
+) -> Result<Vec<Tensor>, String> {
     let (xt, gt) = (arg(args, 0)?, arg(args, 1)?);
     let xs = xt.shape().to_vec();
     let gs = gt.shape().to_vec();
@@ -640,7 +761,13 @@ fn grid_sample(args: &[&Tensor], mode: GridSampleMode, padding: GridPadding, ali
     // Borders of the valid coordinate range per spatial dim.
     let (lo, hi): (Vec<f64>, Vec<f64>) = dims
         .iter()
-        .map(|&d| if align { (0.0, d as f64 - 1.0) } else { (-0.5, d as f64 - 0.5) })
+        .map(|&d| {
+            if align {
+                (0.0, d as f64 - 1.0)
+            } else {
+                (-0.5, d as f64 - 0.5)
+            }
+        })
         .unzip();
     // Maps an integer index per the padding mode; None means "zero".
     let fix_index = |i: i64, k: usize| -> Option<usize> {
@@ -673,7 +800,11 @@ fn grid_sample(args: &[&Tensor], mode: GridSampleMode, padding: GridPadding, ali
                 let len = dims[k] as f64;
                 let mut c = if f32_grid {
                     let (v, len) = (v as f32, len as f32);
-                    (if align { (v + 1.0) / 2.0 * (len - 1.0) } else { ((v + 1.0) * len - 1.0) / 2.0 }) as f64
+                    (if align {
+                        (v + 1.0) / 2.0 * (len - 1.0)
+                    } else {
+                        ((v + 1.0) * len - 1.0) / 2.0
+                    }) as f64
                 } else if align {
                     (v + 1.0) / 2.0 * (len - 1.0)
                 } else {
@@ -964,7 +1095,10 @@ fn linear_attention(
         let p = arg(args, idx)?;
         idx += 1;
         if p.shape() != [b_n, hkv, dk, dv] {
-            return Err(format!("past_state has shape {:?}, expected [{b_n}, {hkv}, {dk}, {dv}]", p.shape()));
+            return Err(format!(
+                "past_state has shape {:?}, expected [{b_n}, {hkv}, {dk}, {dv}]",
+                p.shape()
+            ));
         }
         (p.to_f64_vec(), p.dtype())
     } else {
@@ -992,7 +1126,11 @@ fn linear_attention(
     } else {
         None
     };
-    let sc = if scale == 0.0 { 1.0 / (dk as f64).sqrt() } else { scale as f64 };
+    let sc = if scale == 0.0 {
+        1.0 / (dk as f64).sqrt()
+    } else {
+        scale as f64
+    };
     let mut out = vec![0.0; b_n * t_n * hq * dv];
     let mut vt_buf = vec![0.0; dv];
     for b in 0..b_n {
@@ -1032,7 +1170,10 @@ fn linear_attention(
             }
         }
     }
-    Ok(vec![make(qt.dtype(), vec![b_n, t_n, hq * dv], &out)?, make(state_dt, vec![b_n, hkv, dk, dv], &state)?])
+    Ok(vec![
+        make(qt.dtype(), vec![b_n, t_n, hq * dv], &out)?,
+        make(state_dt, vec![b_n, hkv, dk, dv], &state)?,
+    ])
 }
 
 // ---------------------------------------------------------------- causal conv with state
@@ -1060,7 +1201,11 @@ fn causal_conv(args: &[&Tensor], silu: bool, has_bias: bool, has_past: bool) -> 
     let past = if has_past {
         let t = arg(args, idx)?;
         if t.shape() != [b_n, c_n, k_n - 1] {
-            return Err(format!("past_state has shape {:?}, expected [{b_n}, {c_n}, {}]", t.shape(), k_n - 1));
+            return Err(format!(
+                "past_state has shape {:?}, expected [{b_n}, {c_n}, {}]",
+                t.shape(),
+                k_n - 1
+            ));
         }
         t.to_f64_vec()
     } else {
@@ -1092,7 +1237,10 @@ fn causal_conv(args: &[&Tensor], silu: bool, has_bias: bool, has_past: bool) -> 
             present.extend_from_slice(&padded[p_n - (k_n - 1)..]);
         }
     }
-    Ok(vec![make(dt, vec![b_n, c_n, l_n], &out)?, make(dt, vec![b_n, c_n, k_n - 1], &present)?])
+    Ok(vec![
+        make(dt, vec![b_n, c_n, l_n], &out)?,
+        make(dt, vec![b_n, c_n, k_n - 1], &present)?,
+    ])
 }
 
 #[cfg(test)]
@@ -1122,7 +1270,9 @@ mod tests {
 
     #[test]
     fn dft_matches_definition_and_inverts() {
-        let z: Vec<(f64, f64)> = (0..7).map(|i| ((i as f64 * 0.7).sin(), (i as f64 * 1.3).cos())).collect();
+        let z: Vec<(f64, f64)> = (0..7)
+            .map(|i| ((i as f64 * 0.7).sin(), (i as f64 * 1.3).cos()))
+            .collect();
         let tw = twiddles(7);
         let f = dft_1d(&z, 7, 7, false, &tw);
         for (a, b) in f.iter().zip(naive(&z, false)) {
@@ -1186,5 +1336,52 @@ mod tests {
         // Causal: query 0 sees only key 0, so its output is V[0].
         let y = a[0].to_f64_vec();
         assert!((y[0] - 1.0).abs() < 1e-6 && (y[1] - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rnn_sequence_lens_truncate_each_batch() {
+        // A GRU over two batch rows where row 1 has length 2 must give, for row 1, the
+        // same Y_h as running on its first two steps alone, and zeros in Y after it.
+        let (s, i, h) = (3usize, 2usize, 2usize);
+        let op = NnOp::Rnn {
+            cell: RnnCell::Gru {
+                linear_before_reset: false,
+            },
+            direction: RnnDirection::Forward,
+            hidden_size: h,
+            batch_first: false,
+            acts: vec![RnnAct::Sigmoid, RnnAct::Tanh],
+            clip: None,
+            has_seq_lens: true,
+            has_initial_h: false,
+            has_initial_c: false,
+        };
+        let xs: Vec<f32> = (0..s * 2 * i).map(|k| (k as f32 * 0.37).sin()).collect();
+        let x = Tensor::from_vec(vec![s, 2, i], xs.clone()).unwrap();
+        let w = Tensor::from_vec(
+            vec![1, 3 * h, i],
+            (0..3 * h * i).map(|k| (k as f32 * 0.11).cos()).collect(),
+        )
+        .unwrap();
+        let r = Tensor::from_vec(
+            vec![1, 3 * h, h],
+            (0..3 * h * h).map(|k| (k as f32 * 0.23).sin()).collect(),
+        )
+        .unwrap();
+        let b = Tensor::from_vec(vec![1, 6 * h], (0..6 * h).map(|k| k as f32 * 0.01).collect()).unwrap();
+        let lens = Tensor::from_vec(vec![2], vec![3i32, 2]).unwrap();
+        let out = rnn(&op, &[&x, &w, &r, &b, &lens]).unwrap();
+        // Row 1 alone, two steps.
+        let x1: Vec<f32> = (0..2)
+            .flat_map(|t| xs[(t * 2 + 1) * i..(t * 2 + 2) * i].to_vec())
+            .collect();
+        let x1 = Tensor::from_vec(vec![2, 1, i], x1).unwrap();
+        let lens1 = Tensor::from_vec(vec![1], vec![2i32]).unwrap();
+        let out1 = rnn(&op, &[&x1, &w, &r, &b, &lens1]).unwrap();
+        let (yh, yh1) = (out[1].to_f64_vec(), out1[1].to_f64_vec());
+        assert_eq!(&yh[h..2 * h], &yh1[..]);
+        let y = out[0].to_f64_vec(); // [S, 1, B, H]
+        assert_eq!(&y[(2 * 2 + 1) * h..(2 * 2 + 2) * h], &[0.0, 0.0]);
+        assert_ne!(&y[(2 * 2) * h..(2 * 2 + 1) * h], &[0.0, 0.0]);
     }
 }
