@@ -99,9 +99,107 @@ fn valid_range(out_len: usize, in_len: usize, s: usize, off: isize) -> (usize, u
     (lo as usize, hi as usize)
 }
 
-/// Direct convolution; `w_of(oc)` gives the weights of output channel `oc`
-/// (`[C/group, *K]` flattened), `bias[oc]` initializes its plane.
+/// Largest im2col buffer (elements) for the matrix-product path.
+const COL_LIMIT: usize = 1 << 22;
+/// Output channels updated together from one im2col row (keeps the row in L1).
+const OC_BLOCK: usize = 16;
+
+/// Convolution; picks the im2col matrix-product form when the column buffer is small (or
+/// not needed: 1x1 kernels with unit strides and no padding), else the direct form.
 fn conv_core<A: Num>(x: &[A], w: &[A], bias: &[A], g: &Geom) -> Vec<A> {
+    let pointwise = g.taps() == 1 && g.s == [1, 1, 1] && g.pb == [0, 0, 0] && g.ins == g.outs;
+    if pointwise || (g.c / g.group) * g.taps() * g.out_plane() <= COL_LIMIT {
+        conv_gemm(x, w, bias, g, pointwise)
+    } else {
+        conv_direct(x, w, bias, g)
+    }
+}
+
+/// im2col: for the group's input channels, row `(icl, tap)` holds the input value each
+/// output position sees through that tap (0 in the padding).
+fn im2col<A: Num>(xg: &[A], g: &Geom, cg: usize, col: &mut [A]) {
+    let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
+    let [od_n, oh_n, ow_n] = g.outs;
+    let [id_n, ih_n, iw_n] = g.ins;
+    col.iter_mut().for_each(|v| *v = A::default());
+    for icl in 0..cg {
+        let xp = &xg[icl * ip..(icl + 1) * ip];
+        let mut t = 0;
+        for kd in 0..g.k[0] {
+            for kh in 0..g.k[1] {
+                for kw in 0..g.k[2] {
+                    let row = &mut col[(icl * taps + t) * op..][..op];
+                    t += 1;
+                    let offd = (kd * g.d[0]) as isize - g.pb[0];
+                    let offh = (kh * g.d[1]) as isize - g.pb[1];
+                    let offw = (kw * g.d[2]) as isize - g.pb[2];
+                    let (d_lo, d_hi) = valid_range(od_n, id_n, g.s[0], offd);
+                    let (h_lo, h_hi) = valid_range(oh_n, ih_n, g.s[1], offh);
+                    let (w_lo, w_hi) = valid_range(ow_n, iw_n, g.s[2], offw);
+                    for od in d_lo..d_hi {
+                        let id = ((od * g.s[0]) as isize + offd) as usize;
+                        for oh in h_lo..h_hi {
+                            let ih = ((oh * g.s[1]) as isize + offh) as usize;
+                            let xrow = &xp[(id * ih_n + ih) * iw_n..][..iw_n];
+                            let orow = &mut row[(od * oh_n + oh) * ow_n..][..ow_n];
+                            for ow in w_lo..w_hi {
+                                orow[ow] = xrow[((ow * g.s[2]) as isize + offw) as usize];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Matrix-product convolution: per (batch, group), `out[oc] = bias[oc] + sum_r w[oc, r] *
+/// col[r]` over im2col rows `r`, a block of output channels at a time so each column row
+/// is read once per block.
+fn conv_gemm<A: Num>(x: &[A], w: &[A], bias: &[A], g: &Geom, pointwise: bool) -> Vec<A> {
+    let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
+    let cg = g.c / g.group;
+    let mg = g.m / g.group;
+    let r_n = cg * taps;
+    let mut out = vec![A::default(); g.n * g.m * op];
+    let threads = threads_for(g.n * g.m * op * r_n);
+    let mut col = if pointwise { Vec::new() } else { vec![A::default(); r_n * op] };
+    for b in 0..g.n {
+        for grp in 0..g.group {
+            let xg = &x[(b * g.c + grp * cg) * ip..][..cg * ip];
+            let colm: &[A] = if pointwise {
+                xg
+            } else {
+                im2col(xg, g, cg, &mut col);
+                &col
+            };
+            let og = &mut out[(b * g.m + grp * mg) * op..][..mg * op];
+            let wg = &w[grp * mg * r_n..][..mg * r_n];
+            par_chunks(og, OC_BLOCK * op, threads, |blk, ob| {
+                let oc0 = blk * OC_BLOCK;
+                let nb = ob.len() / op.max(1);
+                for k in 0..nb {
+                    let bv = bias[grp * mg + oc0 + k];
+                    ob[k * op..(k + 1) * op].iter_mut().for_each(|v| *v = bv);
+                }
+                for r in 0..r_n {
+                    let c = &colm[r * op..(r + 1) * op];
+                    for k in 0..nb {
+                        let wv = wg[(oc0 + k) * r_n + r];
+                        for (ov, &cv) in ob[k * op..(k + 1) * op].iter_mut().zip(c) {
+                            *ov = ov.madd(wv, cv);
+                        }
+                    }
+                }
+            });
+        }
+    }
+    out
+}
+
+/// Direct convolution: per output plane, each input channel of its group and each tap
+/// accumulates output rows from input rows (no extra buffer; for large planes).
+fn conv_direct<A: Num>(x: &[A], w: &[A], bias: &[A], g: &Geom) -> Vec<A> {
     let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
     let cg = g.c / g.group;
     let mg = g.m / g.group;
@@ -132,8 +230,21 @@ fn conv_core<A: Num>(x: &[A], w: &[A], bias: &[A], g: &Geom) -> Vec<A> {
                         if w_lo >= w_hi {
                             continue;
                         }
+                        // Whole rows line up (unit strides, no horizontal shift, equal
+                        // widths): the rows oh in [h_lo, h_hi) form one contiguous run.
+                        let merge = g.s[1] == 1 && g.s[2] == 1 && offw == 0 && ow_n == iw_n;
                         for od in d_lo..d_hi {
                             let id = (od * g.s[0]) as isize + offd;
+                            if merge {
+                                let ih0 = (h_lo as isize + offh) as usize;
+                                let len = (h_hi - h_lo) * ow_n;
+                                let xs = &xp[(id as usize * ih_n + ih0) * iw_n..][..len];
+                                let os = &mut o[(od * oh_n + h_lo) * ow_n..][..len];
+                                for (ov, &xv) in os.iter_mut().zip(xs) {
+                                    *ov = ov.madd(wv, xv);
+                                }
+                                continue;
+                            }
                             for oh in h_lo..h_hi {
                                 let ih = (oh * g.s[1]) as isize + offh;
                                 let xrow = &xp[(id as usize * ih_n + ih as usize) * iw_n..][..iw_n];
@@ -496,6 +607,7 @@ mod tests {
             ([2, 4, 7, 9], [6, 2, 3, 2], 2, [2, 1], [1, 2], [1, 0, 2, 1]),
             ([1, 3, 5, 5], [2, 3, 3, 3], 1, [1, 1], [1, 1], [1, 1, 1, 1]),
             ([1, 2, 6, 8], [4, 1, 2, 3], 2, [3, 3], [2, 1], [0, 2, 0, 2]),
+            ([2, 6, 3, 4], [20, 3, 1, 1], 2, [1, 1], [1, 1], [0, 0, 0, 0]),
         ];
         for (xs, ws, grp, s, d, p) in cases {
             let xv: Vec<f64> = (0..xs.iter().product::<usize>()).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
@@ -513,6 +625,10 @@ mod tests {
             let y = conv(&[&x, &w, &b], &window, grp).unwrap();
             assert_eq!(y.shape(), &shape);
             assert_eq!(y.to_f64_vec(), want);
+            // The direct form too (conv() picks the matrix-product form for these sizes).
+            let g = conv_geom(x.shape(), w.shape(), &window, grp).unwrap();
+            let direct = conv_direct(&x.to_f64_vec(), &w.to_f64_vec(), &vec![0.0; ws[0]], &g);
+            assert_eq!(direct, want);
         }
     }
 
@@ -525,21 +641,30 @@ mod tests {
         assert_eq!(valid_range(3, 2, 1, 5), (0, 0));
     }
 
-    /// Time a VGG-sized conv (1x64x224x224, 64 filters 3x3): run with
-    /// `cargo test -p tilec-ref --release vgg_conv_timing -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn vgg_conv_timing() {
-        let xs = vec![1, 64, 224, 224];
-        let ws = vec![64, 64, 3, 3];
-        let x = Tensor::from_vec(xs.clone(), (0..64 * 224 * 224).map(|i| (i % 17) as f32 * 0.1).collect()).unwrap();
-        let w = Tensor::from_vec(ws.clone(), (0..64 * 64 * 9).map(|i| (i % 7) as f32 * 0.01).collect()).unwrap();
-        let b = Tensor::from_vec(vec![64], vec![0.0f32; 64]).unwrap();
-        let window = Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+    fn time_conv(xs: [usize; 4], ws: [usize; 4], stride: usize, pad: usize) {
+        let x = Tensor::from_vec(xs.to_vec(), (0..xs.iter().product::<usize>()).map(|i| (i % 17) as f32 * 0.1).collect()).unwrap();
+        let w = Tensor::from_vec(ws.to_vec(), (0..ws.iter().product::<usize>()).map(|i| (i % 7) as f32 * 0.01).collect()).unwrap();
+        let b = Tensor::from_vec(vec![ws[0]], vec![0.0f32; ws[0]]).unwrap();
+        let window = Window {
+            kernel: vec![ws[2], ws[3]],
+            strides: vec![stride; 2],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(vec![pad; 4]),
+        };
         let t = std::time::Instant::now();
         let y = conv(&[&x, &w, &b], &window, 1).unwrap();
         let dt = t.elapsed();
-        let gflop = 2.0 * 64.0 * 64.0 * 9.0 * 224.0 * 224.0 / 1e9;
-        eprintln!("conv 1x64x224x224 * 64x64x3x3: {dt:?} ({:.1} GFLOP/s), out {:?}", gflop / dt.as_secs_f64(), y.shape());
+        let macs = (y.numel() * ws[1] * ws[2] * ws[3]) as f64;
+        eprintln!("conv {xs:?} * {ws:?} s{stride}: {dt:?} ({:.1} GFLOP/s)", 2.0 * macs / 1e9 / dt.as_secs_f64());
+    }
+
+    /// Times VGG/ResNet-sized convs: `cargo test -p tilec-ref conv_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn conv_timing() {
+        time_conv([1, 64, 224, 224], [64, 64, 3, 3], 1, 1);
+        time_conv([1, 512, 14, 14], [512, 512, 3, 3], 1, 1);
+        time_conv([1, 512, 7, 7], [2048, 512, 1, 1], 1, 0);
+        time_conv([1, 3, 224, 224], [64, 3, 7, 7], 2, 3);
     }
 }

@@ -167,7 +167,7 @@ pub(crate) fn par_chunks<A: Send>(
     if chunk_len == 0 {
         return;
     }
-    let n_chunks = out.len() / chunk_len;
+    let n_chunks = out.len().div_ceil(chunk_len);
     if threads <= 1 || n_chunks <= 1 {
         for (i, c) in out.chunks_mut(chunk_len).enumerate() {
             f(i, c);
