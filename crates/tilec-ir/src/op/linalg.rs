@@ -47,7 +47,9 @@ pub fn window_geometry(
     let s = w.strides[axis];
     let d = w.dilations[axis];
     if s == 0 || d == 0 || k == 0 {
-        return Err(format!("kernel, stride and dilation must be positive on spatial axis {axis}"));
+        return Err(format!(
+            "kernel, stride and dilation must be positive on spatial axis {axis}"
+        ));
     }
     let eff = (k - 1) * d + 1;
     match &w.pads {
@@ -61,7 +63,11 @@ pub fn window_geometry(
                 ));
             }
             let span = padded - eff;
-            let mut out = if ceil_mode { span.div_ceil(s) + 1 } else { span / s + 1 };
+            let mut out = if ceil_mode {
+                span.div_ceil(s) + 1
+            } else {
+                span / s + 1
+            };
             if ceil_mode && out > 1 && (out - 1) * s >= input + pb {
                 out -= 1;
             }
@@ -82,7 +88,13 @@ pub fn window_geometry(
 }
 
 /// Symbolic output length of one spatial axis (for inference on symbolic inputs).
-fn window_dim(input: Dim, w: &Window, axis: usize, ceil_mode: bool, syms: &mut SymbolTable) -> Result<Dim, String> {
+fn window_dim(
+    input: Dim,
+    w: &Window,
+    axis: usize,
+    ceil_mode: bool,
+    syms: &mut SymbolTable,
+) -> Result<Dim, String> {
     if let Dim::Fixed(n) = input {
         return Ok(Dim::Fixed(window_geometry(n, w, axis, ceil_mode)?.0));
     }
@@ -145,23 +157,43 @@ pub enum LinalgOp {
         group: usize,
     },
     /// Windowed pooling over the spatial axes of `[N, C, *S]`.
-    Pool { kind: PoolKind, window: Window, ceil_mode: bool },
+    Pool {
+        kind: PoolKind,
+        window: Window,
+        ceil_mode: bool,
+    },
     /// Pooling over all spatial axes; output `[N, C, 1, ...]`.
     GlobalPool { kind: PoolKind },
     /// Einstein summation. Labels are bytes; ellipsis dimensions were expanded at import
     /// into labels of their own. Repeated labels within one input take diagonals; labels
     /// absent from `output` are summed; size-1 dims broadcast.
-    Einsum { inputs: Vec<Vec<u8>>, output: Vec<u8> },
+    Einsum {
+        inputs: Vec<Vec<u8>>,
+        output: Vec<u8>,
+    },
     /// Determinant of the trailing square matrices `[*, n, n]` → `[*]`.
     Det,
     /// Scatter `x` into zeros at `indices` (flat indices from MaxPool); inputs `x, indices`.
     /// `output_shape` is the full output shape when given, else derived from the window.
-    MaxUnpool { window: Window, output_shape: Option<Vec<Dim>> },
+    MaxUnpool {
+        window: Window,
+        output_shape: Option<Vec<Dim>>,
+    },
     /// Sums column blocks back into an image; input `[N, C*prod(block), L]`.
-    Col2Im { image_shape: Vec<usize>, block_shape: Vec<usize>, dilations: Vec<usize>, pads: Vec<usize>, strides: Vec<usize> },
+    Col2Im {
+        image_shape: Vec<usize>,
+        block_shape: Vec<usize>,
+        dilations: Vec<usize>,
+        pads: Vec<usize>,
+        strides: Vec<usize>,
+    },
     /// Deformable convolution; inputs `x, w, offset, bias, mask` (bias zeros and mask ones
     /// when absent).
-    DeformConv { window: Window, group: usize, offset_group: usize },
+    DeformConv {
+        window: Window,
+        group: usize,
+        offset_group: usize,
+    },
 }
 
 fn check_float(dt: DType, what: &str) -> Result<(), String> {
@@ -196,10 +228,17 @@ fn conv_shape(
     cx: &mut InferCtx,
 ) -> Result<Vec<Dim>, String> {
     if x.rank() < 3 {
-        return Err(format!("input must be [N, C, spatial...], got rank {}", x.rank()));
+        return Err(format!(
+            "input must be [N, C, spatial...], got rank {}",
+            x.rank()
+        ));
     }
     if wt.rank() != x.rank() {
-        return Err(format!("weights must have rank {} like the input, got {}", x.rank(), wt.rank()));
+        return Err(format!(
+            "weights must have rank {} like the input, got {}",
+            x.rank(),
+            wt.rank()
+        ));
     }
     let spatial = x.rank() - 2;
     check_window(window, spatial)?;
@@ -209,18 +248,26 @@ fn conv_shape(
     for i in 0..spatial {
         if let Dim::Fixed(k) = wt.shape[2 + i] {
             if k != window.kernel[i] {
-                return Err(format!("kernel_shape {:?} does not match weights {}", window.kernel, fmt_dims(&wt.shape, cx.syms)));
+                return Err(format!(
+                    "kernel_shape {:?} does not match weights {}",
+                    window.kernel,
+                    fmt_dims(&wt.shape, cx.syms)
+                ));
             }
         }
     }
     if let (Dim::Fixed(c), Dim::Fixed(cg)) = (x.shape[1], wt.shape[1]) {
         if c != cg * group {
-            return Err(format!("input has {c} channels, weights expect {cg} x group {group}"));
+            return Err(format!(
+                "input has {c} channels, weights expect {cg} x group {group}"
+            ));
         }
     }
     if let Dim::Fixed(m) = wt.shape[0] {
         if m % group != 0 {
-            return Err(format!("{m} output channels are not divisible by group {group}"));
+            return Err(format!(
+                "{m} output channels are not divisible by group {group}"
+            ));
         }
     }
     let mut out = vec![x.shape[0], wt.shape[0]];
@@ -287,12 +334,27 @@ impl OpInfo for LinalgOp {
             LinalgOp::ConvInteger { .. } => "conv_integer",
             LinalgOp::QLinearConv { .. } => "qlinear_conv",
             LinalgOp::ConvTranspose { .. } => "conv_transpose",
-            LinalgOp::Pool { kind: PoolKind::Max { .. }, .. } => "max_pool",
-            LinalgOp::Pool { kind: PoolKind::Avg { .. }, .. } => "avg_pool",
-            LinalgOp::Pool { kind: PoolKind::Lp { .. }, .. } => "lp_pool",
-            LinalgOp::GlobalPool { kind: PoolKind::Max { .. } } => "global_max_pool",
-            LinalgOp::GlobalPool { kind: PoolKind::Avg { .. } } => "global_avg_pool",
-            LinalgOp::GlobalPool { kind: PoolKind::Lp { .. } } => "global_lp_pool",
+            LinalgOp::Pool {
+                kind: PoolKind::Max { .. },
+                ..
+            } => "max_pool",
+            LinalgOp::Pool {
+                kind: PoolKind::Avg { .. },
+                ..
+            } => "avg_pool",
+            LinalgOp::Pool {
+                kind: PoolKind::Lp { .. },
+                ..
+            } => "lp_pool",
+            LinalgOp::GlobalPool {
+                kind: PoolKind::Max { .. },
+            } => "global_max_pool",
+            LinalgOp::GlobalPool {
+                kind: PoolKind::Avg { .. },
+            } => "global_avg_pool",
+            LinalgOp::GlobalPool {
+                kind: PoolKind::Lp { .. },
+            } => "global_lp_pool",
             LinalgOp::Einsum { .. } => "einsum",
             LinalgOp::Det => "det",
             LinalgOp::MaxUnpool { .. } => "max_unpool",
@@ -318,7 +380,10 @@ impl OpInfo for LinalgOp {
                 expect_arity(inputs, 4)?;
                 let (a, b) = (inputs[0], inputs[1]);
                 if !is_quant8(a.dtype) || !is_quant8(b.dtype) {
-                    return Err(format!("operands must be int8/uint8, got {} and {}", a.dtype, b.dtype));
+                    return Err(format!(
+                        "operands must be int8/uint8, got {} and {}",
+                        a.dtype, b.dtype
+                    ));
                 }
                 if inputs[2].dtype != a.dtype || inputs[3].dtype != b.dtype {
                     return Err("zero points must have their operand's dtype".into());
@@ -340,7 +405,10 @@ impl OpInfo for LinalgOp {
                 for i in [1, 4, 6] {
                     check_float(inputs[i].dtype, "scales")?;
                 }
-                Ok(vec![TensorType::new(inputs[7].dtype, matmul_shape(a, b, cx)?)])
+                Ok(vec![TensorType::new(
+                    inputs[7].dtype,
+                    matmul_shape(a, b, cx)?,
+                )])
             }
             LinalgOp::Conv { window, group } => {
                 expect_arity(inputs, 3)?;
@@ -357,7 +425,10 @@ impl OpInfo for LinalgOp {
                 expect_arity(inputs, 4)?;
                 let (x, w) = (inputs[0], inputs[1]);
                 if !is_quant8(x.dtype) || !is_quant8(w.dtype) {
-                    return Err(format!("operands must be int8/uint8, got {} and {}", x.dtype, w.dtype));
+                    return Err(format!(
+                        "operands must be int8/uint8, got {} and {}",
+                        x.dtype, w.dtype
+                    ));
                 }
                 if inputs[2].dtype != x.dtype || inputs[3].dtype != w.dtype {
                     return Err("zero points must have their operand's dtype".into());
@@ -381,7 +452,14 @@ impl OpInfo for LinalgOp {
                 check_bias(inputs[8], out[1], DType::I32)?;
                 Ok(vec![TensorType::new(inputs[7].dtype, out)])
             }
-            LinalgOp::ConvTranspose { kernel, strides, dilations, pads, output_padding, group } => {
+            LinalgOp::ConvTranspose {
+                kernel,
+                strides,
+                dilations,
+                pads,
+                output_padding,
+                group,
+            } => {
                 expect_arity(inputs, 3)?;
                 let (x, w, b) = (inputs[0], inputs[1], inputs[2]);
                 check_float(x.dtype, "input")?;
@@ -405,7 +483,10 @@ impl OpInfo for LinalgOp {
                 }
                 if let (Dim::Fixed(c), Dim::Fixed(_)) = (x.shape[1], w.shape[0]) {
                     if Dim::Fixed(c) != w.shape[0] {
-                        return Err(format!("input has {c} channels, weights {}", fmt_dims(&w.shape, cx.syms)));
+                        return Err(format!(
+                            "input has {c} channels, weights {}",
+                            fmt_dims(&w.shape, cx.syms)
+                        ));
                     }
                 }
                 let m = cx.syms.derive(SymExpr::Mul(w.shape[1], Dim::Fixed(*group)));
@@ -417,7 +498,9 @@ impl OpInfo for LinalgOp {
                         Dim::Fixed(len) => {
                             let v = strides[i] as i64 * (len as i64 - 1) + delta;
                             if v <= 0 {
-                                return Err(format!("spatial axis {i}: output length {v} is not positive"));
+                                return Err(format!(
+                                    "spatial axis {i}: output length {v} is not positive"
+                                ));
                             }
                             Dim::Fixed(v as usize)
                         }
@@ -427,7 +510,8 @@ impl OpInfo for LinalgOp {
                             if delta >= 0 {
                                 cx.syms.derive(SymExpr::Add(t, Dim::Fixed(delta as usize)))
                             } else {
-                                cx.syms.derive(SymExpr::Sub(t, Dim::Fixed((-delta) as usize)))
+                                cx.syms
+                                    .derive(SymExpr::Sub(t, Dim::Fixed((-delta) as usize)))
                             }
                         }
                     };
@@ -436,19 +520,29 @@ impl OpInfo for LinalgOp {
                 check_bias(b, out[1], x.dtype)?;
                 Ok(vec![TensorType::new(x.dtype, out)])
             }
-            LinalgOp::Pool { kind, window, ceil_mode } => {
+            LinalgOp::Pool {
+                kind,
+                window,
+                ceil_mode,
+            } => {
                 expect_arity(inputs, 1)?;
                 let x = inputs[0];
                 match kind {
                     PoolKind::Max { .. } => {
                         if !(x.dtype.is_float() || is_quant8(x.dtype)) {
-                            return Err(format!("input must be float or int8/uint8, got {}", x.dtype));
+                            return Err(format!(
+                                "input must be float or int8/uint8, got {}",
+                                x.dtype
+                            ));
                         }
                     }
                     _ => check_float(x.dtype, "input")?,
                 }
                 if x.rank() < 3 {
-                    return Err(format!("input must be [N, C, spatial...], got rank {}", x.rank()));
+                    return Err(format!(
+                        "input must be [N, C, spatial...], got rank {}",
+                        x.rank()
+                    ));
                 }
                 check_window(window, x.rank() - 2)?;
                 let mut out = vec![x.shape[0], x.shape[1]];
@@ -466,7 +560,10 @@ impl OpInfo for LinalgOp {
                 let x = inputs[0];
                 check_float(x.dtype, "input")?;
                 if x.rank() < 2 {
-                    return Err(format!("input must be [N, C, spatial...], got rank {}", x.rank()));
+                    return Err(format!(
+                        "input must be [N, C, spatial...], got rank {}",
+                        x.rank()
+                    ));
                 }
                 if let PoolKind::Max { indices: true, .. } = kind {
                     return Err("global max pool has no indices output".into());
@@ -475,9 +572,16 @@ impl OpInfo for LinalgOp {
                 out.extend(std::iter::repeat(Dim::Fixed(1)).take(x.rank() - 2));
                 Ok(vec![TensorType::new(x.dtype, out)])
             }
-            LinalgOp::Einsum { inputs: subs, output } => {
+            LinalgOp::Einsum {
+                inputs: subs,
+                output,
+            } => {
                 if inputs.len() != subs.len() || inputs.is_empty() {
-                    return Err(format!("equation has {} operands, got {} inputs", subs.len(), inputs.len()));
+                    return Err(format!(
+                        "equation has {} operands, got {} inputs",
+                        subs.len(),
+                        inputs.len()
+                    ));
                 }
                 let dt = inputs[0].dtype;
                 if dt == DType::Bool {
@@ -489,7 +593,11 @@ impl OpInfo for LinalgOp {
                         return Err(format!("operand dtypes differ: {dt} vs {}", t.dtype));
                     }
                     if t.rank() != s.len() {
-                        return Err(format!("operand of rank {} has {} subscripts", t.rank(), s.len()));
+                        return Err(format!(
+                            "operand of rank {} has {} subscripts",
+                            t.rank(),
+                            s.len()
+                        ));
                     }
                     for (&l, &d) in s.iter().zip(&t.shape) {
                         match sizes.iter_mut().find(|(x, _)| *x == l) {
@@ -500,7 +608,10 @@ impl OpInfo for LinalgOp {
                                     (Dim::Fixed(1), b) => b,
                                     (a, Dim::Fixed(1)) => a,
                                     (Dim::Fixed(a), Dim::Fixed(b)) => {
-                                        return Err(format!("label '{}' has sizes {a} and {b}", l as char))
+                                        return Err(format!(
+                                            "label '{}' has sizes {a} and {b}",
+                                            l as char
+                                        ))
                                     }
                                     (a, b) => cx.syms.derive(SymExpr::Max(a, b)),
                                 }
@@ -517,7 +628,9 @@ impl OpInfo for LinalgOp {
                         .iter()
                         .find(|(x, _)| x == l)
                         .map(|x| x.1)
-                        .ok_or_else(|| format!("output label '{}' is not in any input", *l as char))?;
+                        .ok_or_else(|| {
+                            format!("output label '{}' is not in any input", *l as char)
+                        })?;
                     out.push(d);
                 }
                 Ok(vec![TensorType::new(dt, out)])
@@ -537,7 +650,10 @@ impl OpInfo for LinalgOp {
                 }
                 Ok(vec![TensorType::new(x.dtype, x.shape[..r - 2].to_vec())])
             }
-            LinalgOp::MaxUnpool { window, output_shape } => {
+            LinalgOp::MaxUnpool {
+                window,
+                output_shape,
+            } => {
                 expect_arity(inputs, 2)?;
                 let (x, ind) = (inputs[0], inputs[1]);
                 if ind.dtype != DType::I64 {
@@ -561,17 +677,31 @@ impl OpInfo for LinalgOp {
                 for i in 0..n {
                     let d = x.shape[2 + i];
                     let t = cx.syms.derive(SymExpr::Sub(d, Dim::Fixed(1)));
-                    let t = cx.syms.derive(SymExpr::Mul(t, Dim::Fixed(window.strides[i])));
-                    let t = cx.syms.derive(SymExpr::Add(t, Dim::Fixed(window.kernel[i])));
+                    let t = cx
+                        .syms
+                        .derive(SymExpr::Mul(t, Dim::Fixed(window.strides[i])));
+                    let t = cx
+                        .syms
+                        .derive(SymExpr::Add(t, Dim::Fixed(window.kernel[i])));
                     out.push(cx.syms.derive(SymExpr::Sub(t, Dim::Fixed(p[i] + p[n + i]))));
                 }
                 Ok(vec![TensorType::new(x.dtype, out)])
             }
-            LinalgOp::Col2Im { image_shape, block_shape, dilations, pads, strides } => {
+            LinalgOp::Col2Im {
+                image_shape,
+                block_shape,
+                dilations,
+                pads,
+                strides,
+            } => {
                 expect_arity(inputs, 1)?;
                 let x = inputs[0];
                 let n = image_shape.len();
-                if block_shape.len() != n || dilations.len() != n || strides.len() != n || pads.len() != 2 * n {
+                if block_shape.len() != n
+                    || dilations.len() != n
+                    || strides.len() != n
+                    || pads.len() != 2 * n
+                {
                     return Err("col2im attributes do not match the image rank".into());
                 }
                 if x.rank() != 3 {
@@ -582,14 +712,20 @@ impl OpInfo for LinalgOp {
                     return Err("block shape must be positive".into());
                 }
                 let c = match x.shape[1] {
-                    Dim::Fixed(v) if v % bs != 0 => return Err(format!("{v} is not divisible by the block size {bs}")),
+                    Dim::Fixed(v) if v % bs != 0 => {
+                        return Err(format!("{v} is not divisible by the block size {bs}"))
+                    }
                     d => cx.syms.derive(SymExpr::Div(d, Dim::Fixed(bs))),
                 };
                 let mut out = vec![x.shape[0], c];
                 out.extend(image_shape.iter().map(|&d| Dim::Fixed(d)));
                 Ok(vec![TensorType::new(x.dtype, out)])
             }
-            LinalgOp::DeformConv { window, group, offset_group } => {
+            LinalgOp::DeformConv {
+                window,
+                group,
+                offset_group,
+            } => {
                 expect_arity(inputs, 5)?;
                 let (x, w) = (inputs[0], inputs[1]);
                 check_float(x.dtype, "input")?;
@@ -614,7 +750,12 @@ mod tests {
     use super::*;
 
     fn win(k: usize, s: usize, d: usize, pads: Padding) -> Window {
-        Window { kernel: vec![k], strides: vec![s], dilations: vec![d], pads }
+        Window {
+            kernel: vec![k],
+            strides: vec![s],
+            dilations: vec![d],
+            pads,
+        }
     }
 
     #[test]

@@ -33,23 +33,43 @@ fn lin(op: LinalgOp) -> Op {
 
 fn to_usize(cx: &NodeCx, v: &[i64], what: &str) -> Result<Vec<usize>, ImportError> {
     v.iter()
-        .map(|&x| if x >= 0 { Ok(x as usize) } else { Err(cx.invalid(format!("{what} must be non-negative, got {v:?}"))) })
+        .map(|&x| {
+            if x >= 0 {
+                Ok(x as usize)
+            } else {
+                Err(cx.invalid(format!("{what} must be non-negative, got {v:?}")))
+            }
+        })
         .collect()
 }
 
 fn to_positive(cx: &NodeCx, v: &[i64], what: &str) -> Result<Vec<usize>, ImportError> {
     v.iter()
-        .map(|&x| if x > 0 { Ok(x as usize) } else { Err(cx.invalid(format!("{what} must be positive, got {v:?}"))) })
+        .map(|&x| {
+            if x > 0 {
+                Ok(x as usize)
+            } else {
+                Err(cx.invalid(format!("{what} must be positive, got {v:?}")))
+            }
+        })
         .collect()
 }
 
 /// `attr` as positive ints of length `n`, or `default` repeated.
-fn ints_n(cx: &NodeCx, name: &str, n: usize, default: usize, positive: bool) -> Result<Vec<usize>, ImportError> {
+fn ints_n(
+    cx: &NodeCx,
+    name: &str,
+    n: usize,
+    default: usize,
+    positive: bool,
+) -> Result<Vec<usize>, ImportError> {
     match cx.attr_ints(name)? {
         None => Ok(vec![default; n]),
         Some(v) => {
             if v.len() != n {
-                return Err(cx.invalid(format!("{name} {v:?} must have {n} entries (one per spatial axis)")));
+                return Err(cx.invalid(format!(
+                    "{name} {v:?} must have {n} entries (one per spatial axis)"
+                )));
             }
             if positive {
                 to_positive(cx, &v, name)
@@ -64,13 +84,19 @@ fn ints_n(cx: &NodeCx, name: &str, n: usize, default: usize, positive: bool) -> 
 fn spatial_rank(cx: &NodeCx, i: usize) -> Result<usize, ImportError> {
     let r = cx.input_ty(i)?.rank();
     if r < 3 {
-        return Err(cx.invalid(format!("input {i} must be [N, C, spatial...] (rank >= 3), got rank {r}")));
+        return Err(cx.invalid(format!(
+            "input {i} must be [N, C, spatial...] (rank >= 3), got rank {r}"
+        )));
     }
     Ok(r - 2)
 }
 
 /// Kernel shape from the attribute, else from the weights' fixed spatial dims.
-fn kernel_shape(cx: &NodeCx, n: usize, weights: Option<&TensorType>) -> Result<Vec<usize>, ImportError> {
+fn kernel_shape(
+    cx: &NodeCx,
+    n: usize,
+    weights: Option<&TensorType>,
+) -> Result<Vec<usize>, ImportError> {
     if let Some(k) = cx.attr_ints("kernel_shape")? {
         if k.len() != n {
             return Err(cx.invalid(format!("kernel_shape {k:?} must have {n} entries")));
@@ -79,11 +105,19 @@ fn kernel_shape(cx: &NodeCx, n: usize, weights: Option<&TensorType>) -> Result<V
     }
     let w = weights.ok_or_else(|| cx.invalid("kernel_shape is required"))?;
     if w.rank() != n + 2 {
-        return Err(cx.invalid(format!("weights must have rank {}, got {}", n + 2, w.rank())));
+        return Err(cx.invalid(format!(
+            "weights must have rank {}, got {}",
+            n + 2,
+            w.rank()
+        )));
     }
     w.shape[2..]
         .iter()
-        .map(|d| d.fixed().ok_or_else(|| cx.unsupported("weights with symbolic spatial dims and no kernel_shape")))
+        .map(|d| {
+            d.fixed().ok_or_else(|| {
+                cx.unsupported("weights with symbolic spatial dims and no kernel_shape")
+            })
+        })
         .collect()
 }
 
@@ -91,7 +125,9 @@ fn auto_pad(cx: &NodeCx) -> Result<String, ImportError> {
     let s = cx.attr_s("auto_pad")?.unwrap_or_default();
     match s.as_str() {
         "" | "NOTSET" | "VALID" | "SAME_UPPER" | "SAME_LOWER" => Ok(s),
-        _ => Err(cx.invalid(format!("auto_pad '{s}' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER"))),
+        _ => Err(cx.invalid(format!(
+            "auto_pad '{s}' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER"
+        ))),
     }
 }
 
@@ -113,7 +149,12 @@ fn window(cx: &NodeCx, n: usize, kernel: Vec<usize>) -> Result<Window, ImportErr
             }
         },
     };
-    Ok(Window { kernel, strides, dilations, pads })
+    Ok(Window {
+        kernel,
+        strides,
+        dilations,
+        pads,
+    })
 }
 
 fn group(cx: &NodeCx) -> Result<usize, ImportError> {
@@ -126,7 +167,9 @@ fn group(cx: &NodeCx) -> Result<usize, ImportError> {
 
 /// A zero-filled 1-D constant of `n` elements.
 fn zeros_vec(cx: &mut NodeCx, dt: DType, n: Dim, what: &str) -> Result<ValueId, ImportError> {
-    let n = n.fixed().ok_or_else(|| cx.unsupported(format!("absent {what} with a symbolic channel count")))?;
+    let n = n
+        .fixed()
+        .ok_or_else(|| cx.unsupported(format!("absent {what} with a symbolic channel count")))?;
     Ok(cx.constant(Tensor::zeros(dt, vec![n])))
 }
 
@@ -217,7 +260,9 @@ fn map_matmul_integer(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let (da, db) = (cx.ty(a).dtype, cx.ty(b).dtype);
     let za = zero_point(cx, 2, da);
     let zb = zero_point(cx, 3, db);
-    Ok(vec![cx.emit1(lin(LinalgOp::MatMulInteger), &[a, b, za, zb])?])
+    Ok(vec![
+        cx.emit1(lin(LinalgOp::MatMulInteger), &[a, b, za, zb])?
+    ])
 }
 
 fn map_qlinear_matmul(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -248,7 +293,10 @@ fn map_conv(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             zeros_vec(cx, dt, m, "bias")?
         }
     };
-    Ok(vec![cx.emit1(lin(LinalgOp::Conv { window, group }), &[x, w, b])?])
+    Ok(vec![cx.emit1(
+        lin(LinalgOp::Conv { window, group }),
+        &[x, w, b],
+    )?])
 }
 
 fn map_conv_integer(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -257,7 +305,10 @@ fn map_conv_integer(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let (dx, dw) = (cx.ty(x).dtype, cx.ty(w).dtype);
     let zx = zero_point(cx, 2, dx);
     let zw = zero_point(cx, 3, dw);
-    Ok(vec![cx.emit1(lin(LinalgOp::ConvInteger { window, group }), &[x, w, zx, zw])?])
+    Ok(vec![cx.emit1(
+        lin(LinalgOp::ConvInteger { window, group }),
+        &[x, w, zx, zw],
+    )?])
 }
 
 fn map_qlinear_conv(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -274,7 +325,10 @@ fn map_qlinear_conv(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         }
     };
     ins.push(b);
-    Ok(vec![cx.emit1(lin(LinalgOp::QLinearConv { window, group }), &ins)?])
+    Ok(vec![cx.emit1(
+        lin(LinalgOp::QLinearConv { window, group }),
+        &ins,
+    )?])
 }
 
 fn map_conv_transpose(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -291,11 +345,17 @@ fn map_conv_transpose(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let fixed_in = |cx: &NodeCx, what: &str| -> Result<Vec<i64>, ImportError> {
         xs[2..]
             .iter()
-            .map(|d| d.fixed().map(|v| v as i64).ok_or_else(|| cx.unsupported(format!("{what} with symbolic spatial input dims"))))
+            .map(|d| {
+                d.fixed().map(|v| v as i64).ok_or_else(|| {
+                    cx.unsupported(format!("{what} with symbolic spatial input dims"))
+                })
+            })
             .collect()
     };
     let natural = |i: usize, len: i64| -> i64 {
-        strides[i] as i64 * (len - 1) + output_padding[i] as i64 + ((kernel[i] as i64 - 1) * dilations[i] as i64 + 1)
+        strides[i] as i64 * (len - 1)
+            + output_padding[i] as i64
+            + ((kernel[i] as i64 - 1) * dilations[i] as i64 + 1)
     };
     let split = |total: i64, upper: bool| -> (i64, i64) {
         let half = total.div_euclid(2);
@@ -348,7 +408,14 @@ fn map_conv_transpose(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             zeros_vec(cx, dt, m, "bias")?
         }
     };
-    let op = LinalgOp::ConvTranspose { kernel, strides, dilations, pads, output_padding, group };
+    let op = LinalgOp::ConvTranspose {
+        kernel,
+        strides,
+        dilations,
+        pads,
+        output_padding,
+        group,
+    };
     Ok(vec![cx.emit1(lin(op), &[x, w, b])?])
 }
 
@@ -375,7 +442,11 @@ fn map_deform_conv(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         Some(m) => m,
         None => scalar_const(cx, dt, 1.0)?,
     };
-    let op = LinalgOp::DeformConv { window, group, offset_group: og as usize };
+    let op = LinalgOp::DeformConv {
+        window,
+        group,
+        offset_group: og as usize,
+    };
     Ok(vec![cx.emit1(lin(op), &[x, w, off, b, mask])?])
 }
 
@@ -394,12 +465,24 @@ fn map_pool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             if so != 0 && so != 1 {
                 return Err(cx.invalid(format!("storage_order must be 0 or 1, got {so}")));
             }
-            PoolKind::Max { indices, column_major: so == 1 }
+            PoolKind::Max {
+                indices,
+                column_major: so == 1,
+            }
         }
-        "AveragePool" => PoolKind::Avg { count_include_pad: cx.attr_i("count_include_pad", 0)? != 0 },
+        "AveragePool" => PoolKind::Avg {
+            count_include_pad: cx.attr_i("count_include_pad", 0)? != 0,
+        },
         _ => PoolKind::Lp { p: lp_p(cx)? },
     };
-    let outs = cx.emit(lin(LinalgOp::Pool { kind, window, ceil_mode }), &[x])?;
+    let outs = cx.emit(
+        lin(LinalgOp::Pool {
+            kind,
+            window,
+            ceil_mode,
+        }),
+        &[x],
+    )?;
     Ok(outs)
 }
 
@@ -419,8 +502,13 @@ fn lp_p(cx: &NodeCx) -> Result<i64, ImportError> {
 fn map_global_pool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let x = cx.req_input(0)?;
     let kind = match cx.op_type() {
-        "GlobalMaxPool" => PoolKind::Max { indices: false, column_major: false },
-        "GlobalAveragePool" => PoolKind::Avg { count_include_pad: false },
+        "GlobalMaxPool" => PoolKind::Max {
+            indices: false,
+            column_major: false,
+        },
+        "GlobalAveragePool" => PoolKind::Avg {
+            count_include_pad: false,
+        },
         _ => PoolKind::Lp { p: lp_p(cx)? },
     };
     Ok(vec![cx.emit1(lin(LinalgOp::GlobalPool { kind }), &[x])?])
@@ -438,7 +526,11 @@ pub(crate) fn parse_einsum(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u8>>, V
     };
     let terms: Vec<&str> = lhs.split(',').collect();
     if terms.len() != ranks.len() {
-        return Err(format!("equation '{eq}' has {} operands, the node has {} inputs", terms.len(), ranks.len()));
+        return Err(format!(
+            "equation '{eq}' has {} operands, the node has {} inputs",
+            terms.len(),
+            ranks.len()
+        ));
     }
     // (letters before the ellipsis, has ellipsis, letters after)
     let split_term = |t: &str| -> Result<(Vec<u8>, bool, Vec<u8>), String> {
@@ -459,17 +551,22 @@ pub(crate) fn parse_einsum(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u8>>, V
         let (a, ell, b) = split_term(t)?;
         let letters = a.len() + b.len();
         let e = if ell {
-            r.checked_sub(letters).ok_or_else(|| format!("term '{t}' has more subscripts than its operand's rank {r}"))?
+            r.checked_sub(letters).ok_or_else(|| {
+                format!("term '{t}' has more subscripts than its operand's rank {r}")
+            })?
         } else {
             if letters != r {
-                return Err(format!("term '{t}' has {letters} subscripts, its operand has rank {r}"));
+                return Err(format!(
+                    "term '{t}' has {letters} subscripts, its operand has rank {r}"
+                ));
             }
             0
         };
         ell_rank = ell_rank.max(e);
         parsed.push((a, e, b));
     }
-    let ell_labels = |e: usize| -> Vec<u8> { (ell_rank - e..ell_rank).map(|j| 128 + j as u8).collect() };
+    let ell_labels =
+        |e: usize| -> Vec<u8> { (ell_rank - e..ell_rank).map(|j| 128 + j as u8).collect() };
     if ell_rank > 100 {
         return Err("too many ellipsis dimensions".into());
     }
@@ -497,7 +594,12 @@ pub(crate) fn parse_einsum(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u8>>, V
         }
         None => {
             let mut v = ell_labels(ell_rank);
-            let mut letters: Vec<u8> = inputs.iter().flatten().copied().filter(|&l| l < 128).collect();
+            let mut letters: Vec<u8> = inputs
+                .iter()
+                .flatten()
+                .copied()
+                .filter(|&l| l < 128)
+                .collect();
             letters.sort_unstable();
             for (i, &l) in letters.iter().enumerate() {
                 let once = (i == 0 || letters[i - 1] != l) && letters.get(i + 1) != Some(&l);
@@ -512,7 +614,9 @@ pub(crate) fn parse_einsum(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u8>>, V
 }
 
 fn map_einsum(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
-    let eq = cx.attr_s("equation")?.ok_or_else(|| cx.invalid("equation is required"))?;
+    let eq = cx
+        .attr_s("equation")?
+        .ok_or_else(|| cx.invalid("equation is required"))?;
     let mut ins = Vec::new();
     let mut ranks = Vec::new();
     for i in 0..cx.n_inputs() {
@@ -521,7 +625,9 @@ fn map_einsum(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         ins.push(v);
     }
     let (inputs, output) = parse_einsum(&eq, &ranks).map_err(|m| cx.invalid(m))?;
-    Ok(vec![cx.emit1(lin(LinalgOp::Einsum { inputs, output }), &ins)?])
+    Ok(vec![
+        cx.emit1(lin(LinalgOp::Einsum { inputs, output }), &ins)?
+    ])
 }
 
 // ---- misc ----
@@ -544,14 +650,22 @@ fn map_max_unpool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             for e in s {
                 dims.push(match e {
                     super::ShapeElem::Int(v) if v >= 0 => Dim::Fixed(v as usize),
-                    super::ShapeElem::Int(v) => return Err(cx.invalid(format!("negative output_shape entry {v}"))),
+                    super::ShapeElem::Int(v) => {
+                        return Err(cx.invalid(format!("negative output_shape entry {v}")))
+                    }
                     super::ShapeElem::Sym(s) => Dim::Sym(s),
                 });
             }
             Some(dims)
         }
     };
-    Ok(vec![cx.emit1(lin(LinalgOp::MaxUnpool { window, output_shape }), &[x, ind])?])
+    Ok(vec![cx.emit1(
+        lin(LinalgOp::MaxUnpool {
+            window,
+            output_shape,
+        }),
+        &[x, ind],
+    )?])
 }
 
 fn map_col2im(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
@@ -560,7 +674,9 @@ fn map_col2im(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     let block = cx.const_ints(2, "Col2Im block_shape")?;
     let n = image.len();
     if block.len() != n {
-        return Err(cx.invalid(format!("image_shape {image:?} and block_shape {block:?} differ in length")));
+        return Err(cx.invalid(format!(
+            "image_shape {image:?} and block_shape {block:?} differ in length"
+        )));
     }
     let image_shape = to_positive(cx, &image, "image_shape")?;
     let block_shape = to_positive(cx, &block, "block_shape")?;
@@ -571,7 +687,13 @@ fn map_col2im(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         Some(p) if p.len() == 2 * n => to_usize(cx, &p, "pads")?,
         Some(p) => return Err(cx.invalid(format!("pads {p:?} must have {} entries", 2 * n))),
     };
-    let op = LinalgOp::Col2Im { image_shape, block_shape, dilations, pads, strides };
+    let op = LinalgOp::Col2Im {
+        image_shape,
+        block_shape,
+        dilations,
+        pads,
+        strides,
+    };
     Ok(vec![cx.emit1(lin(op), &[x])?])
 }
 

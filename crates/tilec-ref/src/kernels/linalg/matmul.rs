@@ -44,13 +44,26 @@ fn mat_shape(sa: &[usize], sb: &[usize]) -> Result<MatShape, String> {
     if !b1 {
         out.push(n);
     }
-    Ok(MatShape { batch, a_batch, b_batch, m, k, n, out })
+    Ok(MatShape {
+        batch,
+        a_batch,
+        b_batch,
+        m,
+        k,
+        n,
+        out,
+    })
 }
 
 /// Batched `a @ b` with per-element conversion `cv` into the accumulator type.
 /// Row `i` of each batch accumulates `a[i, kk] * b[kk, :]` over `kk`: contiguous rows of
 /// `b` and of the output, an inner loop the compiler vectorizes.
-fn matmul_core<T: Copy + Sync, A: Num>(a: &[T], b: &[T], s: &MatShape, cv: impl Fn(T) -> A + Copy + Sync) -> Vec<A> {
+fn matmul_core<T: Copy + Sync, A: Num>(
+    a: &[T],
+    b: &[T],
+    s: &MatShape,
+    cv: impl Fn(T) -> A + Copy + Sync,
+) -> Vec<A> {
     let (m, k, n) = (s.m, s.k, s.n);
     let ma = broadcast_index_map(&s.a_batch, &s.batch);
     let mb = broadcast_index_map(&s.b_batch, &s.batch);
@@ -82,7 +95,12 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
         return Err(format!("operand dtypes differ: {dt} vs {}", b.dtype()));
     }
     if dt.is_float() {
-        let out: Vec<f64> = match (a.as_slice::<f64>(), b.as_slice::<f64>(), a.as_slice::<f32>(), b.as_slice::<f32>()) {
+        let out: Vec<f64> = match (
+            a.as_slice::<f64>(),
+            b.as_slice::<f64>(),
+            a.as_slice::<f32>(),
+            b.as_slice::<f32>(),
+        ) {
             (Some(x), Some(y), _, _) => matmul_core(x, y, &s, |v| v),
             (_, _, Some(x), Some(y)) => matmul_core(x, y, &s, |v| v as f64),
             _ => matmul_core(&a.to_f64_vec(), &b.to_f64_vec(), &s, |v| v),
@@ -98,20 +116,36 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
 
 /// Subtracts a zero point that is a scalar, or per row (`axis = -2`) / per column
 /// (`axis = -1`) of the operand's trailing matrix.
-fn sub_zero_point(v: &mut [i64], shape: &[usize], zp: &Tensor, per_row: bool) -> Result<(), String> {
+fn sub_zero_point(
+    v: &mut [i64],
+    shape: &[usize],
+    zp: &Tensor,
+    per_row: bool,
+) -> Result<(), String> {
     let z = zp.to_i64_vec();
     if z.len() == 1 {
         v.iter_mut().for_each(|x| *x -= z[0]);
         return Ok(());
     }
     let r = shape.len();
-    let (rows, cols) = if r >= 2 { (shape[r - 2], shape[r - 1]) } else { (1, shape.first().copied().unwrap_or(1)) };
+    let (rows, cols) = if r >= 2 {
+        (shape[r - 2], shape[r - 1])
+    } else {
+        (1, shape.first().copied().unwrap_or(1))
+    };
     let want = if per_row { rows } else { cols };
     if zp.rank() != 1 || z.len() != want {
-        return Err(format!("zero point of shape {:?} does not match operand {shape:?}", zp.shape()));
+        return Err(format!(
+            "zero point of shape {:?} does not match operand {shape:?}",
+            zp.shape()
+        ));
     }
     for (i, x) in v.iter_mut().enumerate() {
-        let j = if per_row { (i / cols.max(1)) % rows.max(1) } else { i % cols.max(1) };
+        let j = if per_row {
+            (i / cols.max(1)) % rows.max(1)
+        } else {
+            i % cols.max(1)
+        };
         *x -= z[j];
     }
     Ok(())
@@ -140,7 +174,11 @@ pub(super) fn round_to(dt: DType, x: f64) -> f64 {
 
 /// Requantizes `acc * mult + zp`: round half to even, saturate to the output's range.
 pub(super) fn requantize(acc: i64, mult: f64, zp: i64, dt: DType) -> i64 {
-    let (lo, hi) = if dt == DType::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
+    let (lo, hi) = if dt == DType::I8 {
+        (-128.0, 127.0)
+    } else {
+        (0.0, 255.0)
+    };
     let v = (acc as f64 * mult + zp as f64).clamp(lo, hi);
     v.round_ties_even() as i64
 }
@@ -155,22 +193,30 @@ pub(super) fn param_at(v: &[f64], i: usize) -> f64 {
 }
 
 pub fn qlinear_matmul(args: &[&Tensor]) -> Result<Tensor, String> {
-    let (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp) =
-        (args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7]);
+    let (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp) = (
+        args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
+    );
     let s = mat_shape(a.shape(), b.shape())?;
     let mut av = a.to_i64_vec();
     let mut bv = b.to_i64_vec();
     sub_zero_point(&mut av, a.shape(), a_zp, true)?;
     sub_zero_point(&mut bv, b.shape(), b_zp, false)?;
     let acc = matmul_core(&av, &bv, &s, |v| v);
-    let (sa, sb, sy) = (a_scale.to_f64_vec(), b_scale.to_f64_vec(), y_scale.to_f64_vec());
+    let (sa, sb, sy) = (
+        a_scale.to_f64_vec(),
+        b_scale.to_f64_vec(),
+        y_scale.to_f64_vec(),
+    );
     let yz = y_zp.to_i64_vec();
     if sy.len() != 1 || yz.len() != 1 {
         return Err("y_scale and y_zero_point must be scalars".into());
     }
     for (p, len, what) in [(&sa, s.m, "a_scale"), (&sb, s.n, "b_scale")] {
         if p.len() != 1 && p.len() != len {
-            return Err(format!("{what} has {} elements, expected 1 or {len}", p.len()));
+            return Err(format!(
+                "{what} has {} elements, expected 1 or {len}",
+                p.len()
+            ));
         }
     }
     let sdt = a_scale.dtype();
@@ -181,7 +227,10 @@ pub fn qlinear_matmul(args: &[&Tensor]) -> Result<Tensor, String> {
         .enumerate()
         .map(|(idx, &c)| {
             let (i, j) = ((idx / n) % m, idx % n);
-            let mult = round_to(sdt, round_to(sdt, param_at(&sa, i) * param_at(&sb, j)) / sy[0]);
+            let mult = round_to(
+                sdt,
+                round_to(sdt, param_at(&sa, i) * param_at(&sb, j)) / sy[0],
+            );
             requantize(c, mult, yz[0], odt)
         })
         .collect();
@@ -236,5 +285,33 @@ mod tests {
         let a = Tensor::from_vec(vec![1, 1], vec![(1i64 << 60) + 1]).unwrap();
         let b = Tensor::from_vec(vec![1], vec![1i64]).unwrap();
         assert_eq!(matmul(&a, &b).unwrap().to_i64_vec(), vec![(1i64 << 60) + 1]);
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// VGG's fc6 (1x25088 @ 25088x4096): `cargo test -p tilec-ref matmul_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn matmul_timing() {
+        let a = Tensor::from_vec(
+            vec![1, 25088],
+            (0..25088).map(|i| (i % 13) as f32 * 0.1).collect(),
+        )
+        .unwrap();
+        let b = Tensor::from_vec(
+            vec![25088, 4096],
+            (0..25088 * 4096).map(|i| (i % 7) as f32 * 0.01).collect(),
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        let y = matmul(&a, &b).unwrap();
+        eprintln!(
+            "matmul 1x25088 @ 25088x4096: {:?}, out {:?}",
+            t.elapsed(),
+            y.shape()
+        );
     }
 }

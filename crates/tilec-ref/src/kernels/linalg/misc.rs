@@ -5,12 +5,19 @@ use tilec_ir::Tensor;
 
 /// Sizes of every label (size-1 dims broadcast) and, per input, each label's element
 /// stride (summed over repeated labels, which walks the diagonal; 0 when broadcast).
-fn einsum_plan(args: &[&Tensor], subs: &[Vec<u8>]) -> Result<(Vec<u8>, Vec<usize>, Vec<Vec<usize>>), String> {
+fn einsum_plan(
+    args: &[&Tensor],
+    subs: &[Vec<u8>],
+) -> Result<(Vec<u8>, Vec<usize>, Vec<Vec<usize>>), String> {
     let mut labels: Vec<u8> = Vec::new();
     let mut sizes: Vec<usize> = Vec::new();
     for (t, s) in args.iter().zip(subs) {
         if t.rank() != s.len() {
-            return Err(format!("operand of shape {:?} has {} subscripts", t.shape(), s.len()));
+            return Err(format!(
+                "operand of shape {:?} has {} subscripts",
+                t.shape(),
+                s.len()
+            ));
         }
         for (&l, &d) in s.iter().zip(t.shape()) {
             match labels.iter().position(|&x| x == l) {
@@ -44,7 +51,14 @@ fn einsum_plan(args: &[&Tensor], subs: &[Vec<u8>]) -> Result<(Vec<u8>, Vec<usize
 }
 
 /// Runs the einsum loop nest: output labels outermost, summed labels innermost.
-fn einsum_core<A: Num>(vals: &[Vec<A>], order: &[usize], sizes: &[usize], strides: &[Vec<usize>], n_out: usize, one: A) -> Vec<A> {
+fn einsum_core<A: Num>(
+    vals: &[Vec<A>],
+    order: &[usize],
+    sizes: &[usize],
+    strides: &[Vec<usize>],
+    n_out: usize,
+    one: A,
+) -> Vec<A> {
     let out_len: usize = order[..n_out].iter().map(|&l| sizes[l]).product();
     let sum_len: usize = order[n_out..].iter().map(|&l| sizes[l]).product();
     let mut out = vec![A::default(); out_len];
@@ -52,7 +66,10 @@ fn einsum_core<A: Num>(vals: &[Vec<A>], order: &[usize], sizes: &[usize], stride
         return out;
     }
     let dims: Vec<usize> = order.iter().map(|&l| sizes[l]).collect();
-    let st: Vec<Vec<usize>> = strides.iter().map(|s| order.iter().map(|&l| s[l]).collect()).collect();
+    let st: Vec<Vec<usize>> = strides
+        .iter()
+        .map(|s| order.iter().map(|&l| s[l]).collect())
+        .collect();
     let mut idx = vec![0usize; order.len()];
     let mut off = vec![0usize; vals.len()];
     for o in out.iter_mut() {
@@ -85,12 +102,21 @@ fn einsum_core<A: Num>(vals: &[Vec<A>], order: &[usize], sizes: &[usize], stride
 
 pub fn einsum(args: &[&Tensor], subs: &[Vec<u8>], output: &[u8]) -> Result<Tensor, String> {
     if args.len() != subs.len() || args.is_empty() {
-        return Err(format!("equation has {} operands, got {} inputs", subs.len(), args.len()));
+        return Err(format!(
+            "equation has {} operands, got {} inputs",
+            subs.len(),
+            args.len()
+        ));
     }
     let (labels, sizes, strides) = einsum_plan(args, subs)?;
     let mut order = Vec::new();
     for &l in output {
-        order.push(labels.iter().position(|&x| x == l).ok_or("output label is not in any input")?);
+        order.push(
+            labels
+                .iter()
+                .position(|&x| x == l)
+                .ok_or("output label is not in any input")?,
+        );
     }
     let n_out = order.len();
     for i in 0..labels.len() {
@@ -115,7 +141,9 @@ pub fn einsum(args: &[&Tensor], subs: &[Vec<u8>], output: &[u8]) -> Result<Tenso
 fn det_one(mut a: Vec<f64>, n: usize) -> f64 {
     let mut det = 1.0;
     for c in 0..n {
-        let p = (c..n).max_by(|&i, &j| a[i * n + c].abs().total_cmp(&a[j * n + c].abs())).unwrap_or(c);
+        let p = (c..n)
+            .max_by(|&i, &j| a[i * n + c].abs().total_cmp(&a[j * n + c].abs()))
+            .unwrap_or(c);
         if a[p * n + c] == 0.0 {
             return 0.0;
         }
@@ -148,7 +176,9 @@ pub fn det(x: &Tensor) -> Result<Tensor, String> {
     let n = s[r - 1];
     let v = x.to_f64_vec();
     let count: usize = s[..r - 2].iter().product();
-    let out: Vec<f64> = (0..count).map(|i| det_one(v[i * n * n..(i + 1) * n * n].to_vec(), n)).collect();
+    let out: Vec<f64> = (0..count)
+        .map(|i| det_one(v[i * n * n..(i + 1) * n * n].to_vec(), n))
+        .collect();
     from_f64(x.dtype(), s[..r - 2].to_vec(), &out)
 }
 
@@ -204,7 +234,8 @@ pub fn col2im(x: &Tensor, p: &Col2ImParams) -> Result<Tensor, String> {
                     let mut pos = 0usize;
                     let mut inside = true;
                     for a in 0..nd {
-                        let q = (gb[a] * p.strides[a] + kb[a] * p.dilations[a]) as isize - p.pads[a] as isize;
+                        let q = (gb[a] * p.strides[a] + kb[a] * p.dilations[a]) as isize
+                            - p.pads[a] as isize;
                         if q < 0 || q as usize >= p.image_shape[a] {
                             inside = false;
                             break;
@@ -243,7 +274,11 @@ mod tests {
 
     #[test]
     fn det_known_values() {
-        let a = Tensor::from_vec(vec![2, 2, 2], vec![1.0f64, 2.0, 3.0, 4.0, 0.0, 1.0, 1.0, 0.0]).unwrap();
+        let a = Tensor::from_vec(
+            vec![2, 2, 2],
+            vec![1.0f64, 2.0, 3.0, 4.0, 0.0, 1.0, 1.0, 0.0],
+        )
+        .unwrap();
         let d = det(&a).unwrap().to_f64_vec();
         assert!((d[0] + 2.0).abs() < 1e-12 && (d[1] + 1.0).abs() < 1e-12);
     }

@@ -46,16 +46,43 @@ pub fn eval(op: &LinalgOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             need(9)?;
             Ok(vec![conv::qlinear_conv(args, window, *group)?])
         }
-        LinalgOp::ConvTranspose { kernel, strides, dilations, pads, output_padding, group } => {
+        LinalgOp::ConvTranspose {
+            kernel,
+            strides,
+            dilations,
+            pads,
+            output_padding,
+            group,
+        } => {
             need(3)?;
-            let p = conv::TransposeParams { kernel, strides, dilations, pads, output_padding, group: *group };
+            let p = conv::TransposeParams {
+                kernel,
+                strides,
+                dilations,
+                pads,
+                output_padding,
+                group: *group,
+            };
             Ok(vec![conv::conv_transpose(args, &p)?])
         }
-        LinalgOp::DeformConv { window, group, offset_group } => {
+        LinalgOp::DeformConv {
+            window,
+            group,
+            offset_group,
+        } => {
             need(5)?;
-            Ok(vec![conv::deform_conv(args, window, *group, *offset_group)?])
+            Ok(vec![conv::deform_conv(
+                args,
+                window,
+                *group,
+                *offset_group,
+            )?])
         }
-        LinalgOp::Pool { kind, window, ceil_mode } => {
+        LinalgOp::Pool {
+            kind,
+            window,
+            ceil_mode,
+        } => {
             need(1)?;
             pool::pool(args[0], kind, window, *ceil_mode)
         }
@@ -63,7 +90,10 @@ pub fn eval(op: &LinalgOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             need(1)?;
             Ok(vec![pool::global_pool(args[0], kind)?])
         }
-        LinalgOp::MaxUnpool { window, output_shape } => {
+        LinalgOp::MaxUnpool {
+            window,
+            output_shape,
+        } => {
             need(2)?;
             let os = match output_shape {
                 Some(s) => Some(cx.dims(s)?),
@@ -76,9 +106,21 @@ pub fn eval(op: &LinalgOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             need(1)?;
             Ok(vec![misc::det(args[0])?])
         }
-        LinalgOp::Col2Im { image_shape, block_shape, dilations, pads, strides } => {
+        LinalgOp::Col2Im {
+            image_shape,
+            block_shape,
+            dilations,
+            pads,
+            strides,
+        } => {
             need(1)?;
-            let p = misc::Col2ImParams { image_shape, block_shape, dilations, pads, strides };
+            let p = misc::Col2ImParams {
+                image_shape,
+                block_shape,
+                dilations,
+                pads,
+                strides,
+            };
             Ok(vec![misc::col2im(args[0], &p)?])
         }
     }
@@ -153,7 +195,10 @@ pub(crate) fn threads_for(work: usize) -> usize {
     if work < 1 << 22 {
         return 1;
     }
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8)
 }
 
 /// Calls `f(i, chunk)` for each `chunk_len`-sized chunk of `out`, spread over `threads`

@@ -6,17 +6,28 @@ use tilec_ir::Tensor;
 
 fn pad3(v: &[usize], fill: usize) -> Result<[usize; 3], String> {
     if v.len() > 3 {
-        return Err(format!("{} spatial axes are not supported (at most 3)", v.len()));
+        return Err(format!(
+            "{} spatial axes are not supported (at most 3)",
+            v.len()
+        ));
     }
     let mut o = [fill; 3];
     o[3 - v.len()..].copy_from_slice(v);
     Ok(o)
 }
 
-pub fn pool(x: &Tensor, kind: &PoolKind, window: &Window, ceil_mode: bool) -> Result<Vec<Tensor>, String> {
+pub fn pool(
+    x: &Tensor,
+    kind: &PoolKind,
+    window: &Window,
+    ceil_mode: bool,
+) -> Result<Vec<Tensor>, String> {
     let xs = x.shape();
     if xs.len() < 3 || xs.len() - 2 != window.rank() {
-        return Err(format!("input {xs:?} does not match a {}-D window", window.rank()));
+        return Err(format!(
+            "input {xs:?} does not match a {}-D window",
+            window.rank()
+        ));
     }
     let sp = xs.len() - 2;
     let (mut outs, mut pbs, mut pes) = (vec![], vec![], vec![]);
@@ -39,8 +50,18 @@ pub fn pool(x: &Tensor, kind: &PoolKind, window: &Window, ceil_mode: bool) -> Re
     let xv = x.to_f64_vec();
     let mut out = vec![0.0; planes * op];
     let want_idx = matches!(kind, PoolKind::Max { indices: true, .. });
-    let column_major = matches!(kind, PoolKind::Max { column_major: true, .. });
-    let mut idx_out = if want_idx { vec![0i64; planes * op] } else { vec![] };
+    let column_major = matches!(
+        kind,
+        PoolKind::Max {
+            column_major: true,
+            ..
+        }
+    );
+    let mut idx_out = if want_idx {
+        vec![0i64; planes * op]
+    } else {
+        vec![]
+    };
     // Window taps along one axis for output position `o`: (input index, inside input,
     // inside explicit padding).
     let taps = |axis: usize, o: usize| -> Vec<(isize, bool, bool)> {
@@ -82,7 +103,11 @@ pub fn pool(x: &Tensor, kind: &PoolKind, window: &Window, ceil_mode: bool) -> Re
                                     PoolKind::Max { .. } => {
                                         if best_i.is_none() || v > best {
                                             best = v;
-                                            best_i = Some(if column_major { id + ih * ins[0] + iw * ins[0] * ins[1] } else { si });
+                                            best_i = Some(if column_major {
+                                                id + ih * ins[0] + iw * ins[0] * ins[1]
+                                            } else {
+                                                si
+                                            });
                                         }
                                     }
                                     PoolKind::Avg { .. } => sum += v,
@@ -93,8 +118,12 @@ pub fn pool(x: &Tensor, kind: &PoolKind, window: &Window, ceil_mode: bool) -> Re
                     }
                     out[oi] = match kind {
                         PoolKind::Max { .. } => best,
-                        PoolKind::Avg { count_include_pad: true } => sum / padded_count.max(1) as f64,
-                        PoolKind::Avg { count_include_pad: false } => sum / count as f64,
+                        PoolKind::Avg {
+                            count_include_pad: true,
+                        } => sum / padded_count.max(1) as f64,
+                        PoolKind::Avg {
+                            count_include_pad: false,
+                        } => sum / count as f64,
                         PoolKind::Lp { p } => sum.powf(1.0 / *p as f64),
                     };
                     if want_idx {
@@ -125,9 +154,19 @@ pub fn global_pool(x: &Tensor, kind: &PoolKind) -> Result<Tensor, String> {
         .map(|p| {
             let s = &xv[p * ip..(p + 1) * ip];
             match kind {
-                PoolKind::Max { .. } => s.iter().copied().fold(f64::NEG_INFINITY, |a, b| if b > a || b.is_nan() { b } else { a }),
+                PoolKind::Max { .. } => s.iter().copied().fold(f64::NEG_INFINITY, |a, b| {
+                    if b > a || b.is_nan() {
+                        b
+                    } else {
+                        a
+                    }
+                }),
                 PoolKind::Avg { .. } => s.iter().sum::<f64>() / ip as f64,
-                PoolKind::Lp { p } => s.iter().map(|v| v.abs().powi(*p as i32)).sum::<f64>().powf(1.0 / *p as f64),
+                PoolKind::Lp { p } => s
+                    .iter()
+                    .map(|v| v.abs().powi(*p as i32))
+                    .sum::<f64>()
+                    .powf(1.0 / *p as f64),
             }
         })
         .collect();
@@ -138,10 +177,19 @@ pub fn global_pool(x: &Tensor, kind: &PoolKind) -> Result<Tensor, String> {
 
 /// Scatters `x` to the flat `indices` of the shape MaxPool would have had as input, then
 /// places that into the top-left corner of `output_shape` when one is given.
-pub fn max_unpool(x: &Tensor, indices: &Tensor, window: &Window, output_shape: Option<Vec<usize>>) -> Result<Tensor, String> {
+pub fn max_unpool(
+    x: &Tensor,
+    indices: &Tensor,
+    window: &Window,
+    output_shape: Option<Vec<usize>>,
+) -> Result<Tensor, String> {
     let xs = x.shape();
     if xs.len() < 3 || xs.len() - 2 != window.rank() || indices.shape() != xs {
-        return Err(format!("input {xs:?} and indices {:?} must match a {}-D window", indices.shape(), window.rank()));
+        return Err(format!(
+            "input {xs:?} and indices {:?} must match a {}-D window",
+            indices.shape(),
+            window.rank()
+        ));
     }
     let sp = xs.len() - 2;
     let Padding::Explicit(p) = &window.pads else {
@@ -149,9 +197,12 @@ pub fn max_unpool(x: &Tensor, indices: &Tensor, window: &Window, output_shape: O
     };
     let mut inferred = vec![xs[0], xs[1]];
     for i in 0..sp {
-        let v = (xs[2 + i] as i64 - 1) * window.strides[i] as i64 + window.kernel[i] as i64 - (p[i] + p[sp + i]) as i64;
+        let v = (xs[2 + i] as i64 - 1) * window.strides[i] as i64 + window.kernel[i] as i64
+            - (p[i] + p[sp + i]) as i64;
         if v <= 0 {
-            return Err(format!("spatial axis {i}: output length {v} is not positive"));
+            return Err(format!(
+                "spatial axis {i}: output length {v} is not positive"
+            ));
         }
         inferred.push(v as usize);
     }
@@ -169,7 +220,9 @@ pub fn max_unpool(x: &Tensor, indices: &Tensor, window: &Window, output_shape: O
         return from_f64(x.dtype(), out_shape, &y);
     }
     if out_shape.len() != inferred.len() || out_shape.iter().zip(&inferred).any(|(o, i)| o < i) {
-        return Err(format!("output_shape {out_shape:?} is smaller than the unpooled shape {inferred:?}"));
+        return Err(format!(
+            "output_shape {out_shape:?} is smaller than the unpooled shape {inferred:?}"
+        ));
     }
     let n: usize = out_shape.iter().product();
     let mut out = vec![0.0; n];
@@ -193,17 +246,56 @@ mod tests {
     fn max_with_indices_and_avg_pads() {
         // 1x1x3x3, k 2, s 1, pads 1 on all sides → 4x4.
         let x = Tensor::from_vec(vec![1, 1, 3, 3], (1..=9).map(|v| v as f32).collect()).unwrap();
-        let w = Window { kernel: vec![2, 2], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
-        let r = pool(&x, &PoolKind::Max { indices: true, column_major: false }, &w, false).unwrap();
+        let w = Window {
+            kernel: vec![2, 2],
+            strides: vec![1, 1],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(vec![1; 4]),
+        };
+        let r = pool(
+            &x,
+            &PoolKind::Max {
+                indices: true,
+                column_major: false,
+            },
+            &w,
+            false,
+        )
+        .unwrap();
         assert_eq!(r[0].shape(), &[1, 1, 4, 4]);
         assert_eq!(r[0].to_f64_vec()[..4], [1.0, 2.0, 3.0, 3.0]);
         assert_eq!(r[1].to_i64_vec()[5], 4); // window rows 0-1, cols 0-1 → max 5 at flat 4
-        let r = pool(&x, &PoolKind::Max { indices: true, column_major: true }, &w, false).unwrap();
+        let r = pool(
+            &x,
+            &PoolKind::Max {
+                indices: true,
+                column_major: true,
+            },
+            &w,
+            false,
+        )
+        .unwrap();
         assert_eq!(r[1].to_i64_vec()[5], 4); // (1,1) column-major is also 4
         assert_eq!(r[1].to_i64_vec()[6], 7); // max 6 at (1,2) → 1 + 2*3
-        let avg = pool(&x, &PoolKind::Avg { count_include_pad: false }, &w, false).unwrap();
+        let avg = pool(
+            &x,
+            &PoolKind::Avg {
+                count_include_pad: false,
+            },
+            &w,
+            false,
+        )
+        .unwrap();
         assert_eq!(avg[0].to_f64_vec()[0], 1.0);
-        let avg = pool(&x, &PoolKind::Avg { count_include_pad: true }, &w, false).unwrap();
+        let avg = pool(
+            &x,
+            &PoolKind::Avg {
+                count_include_pad: true,
+            },
+            &w,
+            false,
+        )
+        .unwrap();
         assert_eq!(avg[0].to_f64_vec()[0], 0.25);
     }
 }
