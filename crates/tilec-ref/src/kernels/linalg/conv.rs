@@ -726,6 +726,40 @@ mod tests {
         }
     }
 
+    /// f32 accumulation over long reductions (R = 512 * 9) stays far inside the
+    /// conformance tolerance (rtol 1e-3) relative to an f64 computation.
+    #[test]
+    fn f32_accumulation_is_accurate() {
+        let (xs, ws) = ([1usize, 512, 7, 7], [8usize, 512, 3, 3]);
+        let xv: Vec<f64> = (0..xs.iter().product::<usize>())
+            .map(|i| ((i * 7919 % 1000) as f64 / 500.0 - 1.0).abs())
+            .collect();
+        let wv: Vec<f64> = (0..ws.iter().product::<usize>())
+            .map(|i| (i * 104729 % 1000) as f64 / 500.0 - 1.0)
+            .collect();
+        let window = Window {
+            kernel: vec![3, 3],
+            strides: vec![1, 1],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(vec![1; 4]),
+        };
+        let b64 = Tensor::from_vec(vec![8], vec![0.0f64; 8]).unwrap();
+        let x64 = Tensor::from_vec(xs.to_vec(), xv.clone()).unwrap();
+        let w64 = Tensor::from_vec(ws.to_vec(), wv.clone()).unwrap();
+        let want = conv(&[&x64, &w64, &b64], &window, 1).unwrap().to_f64_vec();
+        let x32 = x64.cast(DType::F32);
+        let w32 = w64.cast(DType::F32);
+        let b32 = b64.cast(DType::F32);
+        let got = conv(&[&x32, &w32, &b32], &window, 1).unwrap().to_f64_vec();
+        let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
+        let err = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(err / scale < 1e-5, "max error {err} vs scale {scale}");
+    }
+
     #[test]
     fn valid_ranges() {
         // o*1 + (-1) in [0, 5) → o in [1, 6) ∩ [0, 5)
