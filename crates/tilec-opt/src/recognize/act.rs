@@ -35,12 +35,17 @@ fn gelu_phi(m: &mut Matcher, x: ValueId, phi: ValueId) -> Option<bool> {
     let t = m.add_const(phi, 1.0, RTOL)?;
     if let Some(arg) = m.attempt(|m| m.unary(t, UnaryOp::Erf)) {
         let p = m.product(arg);
-        return (p.denoms.is_empty() && p.factors == [x] && approx(p.coef, std::f64::consts::FRAC_1_SQRT_2, RTOL))
-            .then_some(false);
+        return (p.denoms.is_empty()
+            && p.factors == [x]
+            && approx(p.coef, std::f64::consts::FRAC_1_SQRT_2, RTOL))
+        .then_some(false);
     }
     let arg = m.unary(t, UnaryOp::Tanh)?;
     let p = m.product(arg);
-    if !p.denoms.is_empty() || p.factors.len() != 1 || !approx(p.coef, (2.0 / std::f64::consts::PI).sqrt(), RTOL) {
+    if !p.denoms.is_empty()
+        || p.factors.len() != 1
+        || !approx(p.coef, (2.0 / std::f64::consts::PI).sqrt(), RTOL)
+    {
         return None;
     }
     let (a, b) = m.binary(p.factors[0], BinaryOp::Add)?;
@@ -98,7 +103,9 @@ pub fn silu(m: &mut Matcher, root: ValueId) -> Option<Build> {
         });
         if let Some(alpha) = alpha {
             let name = m.g.value(root).name.clone();
-            let op = Op::Unary(UnaryOp::Swish { alpha: alpha as f32 });
+            let op = Op::Unary(UnaryOp::Swish {
+                alpha: alpha as f32,
+            });
             return Some(Box::new(move |g| emit(g, &name, op, &[x])));
         }
     }

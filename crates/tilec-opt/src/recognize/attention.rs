@@ -12,7 +12,9 @@ use tilec_ir::{Dim, Op, ValueId};
 
 /// K for `kt`: `(k, perm to apply to the source first)`.
 fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, bool)> {
-    let n = m.op_where(kt, |op| matches!(op, Op::Layout(LayoutOp::Transpose { .. })))?;
+    let n = m.op_where(kt, |op| {
+        matches!(op, Op::Layout(LayoutOp::Transpose { .. }))
+    })?;
     let Op::Layout(LayoutOp::Transpose { perm }) = &n.op else {
         return None;
     };
@@ -42,7 +44,8 @@ fn strip_repeat(m: &mut Matcher, v: ValueId) -> ValueId {
         if s.len() != 4 || u.len() != 5 || x.len() != 5 || o.len() != 4 {
             return None;
         }
-        let unsq = u[0] == s[0] && u[1] == s[1] && u[2] == Dim::Fixed(1) && u[3] == s[2] && u[4] == s[3];
+        let unsq =
+            u[0] == s[0] && u[1] == s[1] && u[2] == Dim::Fixed(1) && u[3] == s[2] && u[4] == s[3];
         let exp = x[0] == s[0] && x[1] == s[1] && x[3] == s[2] && x[4] == s[3];
         let merged = match (s[1], x[2], o[1]) {
             (Dim::Fixed(h), Dim::Fixed(n), Dim::Fixed(t)) => h * n == t,
@@ -73,7 +76,11 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
         let (qs, kts) = (mm.inputs[0], mm.inputs[1]);
         let pq = m.product(qs);
         let pk = m.product(kts);
-        if !pq.denoms.is_empty() || !pk.denoms.is_empty() || pq.factors.len() != 1 || pk.factors.len() != 1 {
+        if !pq.denoms.is_empty()
+            || !pk.denoms.is_empty()
+            || pq.factors.len() != 1
+            || pk.factors.len() != 1
+        {
             return None;
         }
         let (k, from_bshd) = k_from_kt(m, pk.factors[0])?;
@@ -113,7 +120,9 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
             emit(
                 g,
                 &name,
-                Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 1, 3] }),
+                Op::Layout(LayoutOp::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                }),
                 &[k1],
             )?
         } else {

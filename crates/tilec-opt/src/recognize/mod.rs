@@ -18,15 +18,16 @@ pub mod pattern;
 use pattern::RecognizePass;
 
 /// The recognition passes, in the order they should run: Softmax before attention (which
-/// matches on the canonical Softmax), SiLU before SwiGLU.
+/// matches on the canonical Softmax), SiLU before SwiGLU, LayerNorm before
+/// RMSNorm (a layer norm's tail is an RMS norm of the centered input).
 pub fn passes() -> Vec<Box<dyn crate::Pass>> {
     let p = |name, rec| Box::new(RecognizePass { name, rec }) as Box<dyn crate::Pass>;
     vec![
         p("recognize-gelu", act::gelu),
         p("recognize-silu", act::silu),
         p("recognize-swiglu", act::swiglu),
-        p("recognize-rmsnorm", norm::rms_norm),
         p("recognize-layernorm", norm::layer_norm),
+        p("recognize-rmsnorm", norm::rms_norm),
         p("recognize-softmax", norm::softmax),
         p("recognize-attention", attention::attention),
     ]

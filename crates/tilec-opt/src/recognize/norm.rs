@@ -137,6 +137,15 @@ pub fn rms_norm(m: &mut Matcher, root: ValueId) -> Option<Build> {
     m.through_casts = false;
     let (xf, axis, eps) = inv_std(m, &mut p)?;
     let gamma = gamma_of(m, &p, xf)?;
+    // `(x - mean(x))` normalized this way is a layer norm whose mean is shared: leave it.
+    let centered = m.attempt(|m| {
+        let (a, mean) = m.binary(xf, BinaryOp::Sub)?;
+        let (b, _) = trailing_reduce(m, mean, ReduceKind::Mean)?;
+        (a == b).then_some(())
+    });
+    if centered.is_some() {
+        return None;
+    }
     let x = strip_cast_from(m, xf, dtype);
     if m.g.value(x).ty.dtype != dtype || gamma.is_some_and(|g| m.g.value(g).ty.dtype != dtype) {
         return None;

@@ -61,7 +61,10 @@ impl<'g> Matcher<'g> {
 
     /// Number of readers of `v` (nodes and graph outputs).
     pub fn use_count(&self, v: ValueId) -> usize {
-        self.uses.get(v.index()).map(|u| u.count()).unwrap_or(usize::MAX)
+        self.uses
+            .get(v.index())
+            .map(|u| u.count())
+            .unwrap_or(usize::MAX)
     }
 
     /// `v = op(a)` for a unary op with the given kind: records the node, returns `a`.
@@ -94,12 +97,13 @@ impl<'g> Matcher<'g> {
         Some(n)
     }
 
-    /// `v = cast(a)` between float types: returns `a` (recorded), else `v` itself.
+    /// `v = cast(a)` between float types: returns `a` (recorded; the internal-use check
+    /// then requires every reader of `v` to be in the match), else `v` itself.
     pub fn skip_float_cast(&mut self, v: ValueId) -> ValueId {
         if let Some(n) = self.node(v) {
             if let Op::Cast { to, .. } = n.op {
                 let src = n.inputs[0];
-                if to.is_float() && self.g.value(src).ty.dtype.is_float() && self.use_count(v) == 1 {
+                if to.is_float() && self.g.value(src).ty.dtype.is_float() {
                     self.record(v);
                     return src;
                 }
@@ -135,7 +139,10 @@ impl<'g> Matcher<'g> {
             graph: self.g,
             bound: &bound,
         };
-        let out = tilec_ref::eval_op(&n.op, &refs, &cx).ok()?.into_iter().next()?;
+        let out = tilec_ref::eval_op(&n.op, &refs, &cx)
+            .ok()?
+            .into_iter()
+            .next()?;
         (out.numel() <= MAX_CONST_ELEMS).then_some(out)
     }
 
@@ -152,7 +159,9 @@ impl<'g> Matcher<'g> {
 
     /// `v` is a uniform constant equal to `want` within relative tolerance `rtol`.
     pub fn const_is(&self, v: ValueId, want: f64, rtol: f64) -> bool {
-        self.const_scalar(v).map(|c| approx(c, want, rtol)).unwrap_or(false)
+        self.const_scalar(v)
+            .map(|c| approx(c, want, rtol))
+            .unwrap_or(false)
     }
 
     /// Flattens the product tree at `v`: single-use `Mul` nodes (and `v`'s own node when
@@ -292,7 +301,9 @@ pub fn rewrite_all(g: &mut Graph, pass: &'static str, rec: Recognize) -> Result<
             matched: Vec::new(),
             through_casts: false,
         };
-        let Some(build) = rec(&mut m, root) else { continue };
+        let Some(build) = rec(&mut m, root) else {
+            continue;
+        };
         if !m.internal_only(root) {
             continue;
         }
@@ -311,7 +322,8 @@ pub fn rewrite_all(g: &mut Graph, pass: &'static str, rec: Recognize) -> Result<
             .map_err(|source| OptError::Ir { pass, source })?;
         changed = true;
     }
-    g.cleanup().map_err(|source| OptError::Ir { pass, source })?;
+    g.cleanup()
+        .map_err(|source| OptError::Ir { pass, source })?;
     Ok(changed)
 }
 
@@ -340,7 +352,12 @@ pub fn emit(g: &mut Graph, like: &str, op: Op, inputs: &[ValueId]) -> Result<Val
 }
 
 /// A scalar constant of `dtype` with value `x`.
-pub fn scalar_const(g: &mut Graph, name: &str, dtype: tilec_ir::DType, x: f64) -> Result<ValueId, IrError> {
+pub fn scalar_const(
+    g: &mut Graph,
+    name: &str,
+    dtype: tilec_ir::DType,
+    x: f64,
+) -> Result<ValueId, IrError> {
     let t = Tensor::from_f64s(dtype, vec![], &[x]).map_err(|e| IrError::Graph(e.to_string()))?;
     Ok(g.add_const(name, t))
 }
