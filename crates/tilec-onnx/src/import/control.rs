@@ -102,6 +102,19 @@ struct Captures {
     inputs: Vec<(String, ValueId)>,
 }
 
+impl Captures {
+    /// Whether `name` is an outer value the subgraphs read.
+    fn reads(&self, name: &str) -> bool {
+        self.inputs.iter().any(|c| c.0 == name) || self.consts.iter().any(|c| c.0 == name)
+    }
+}
+
+/// Whether a subgraph's `NonConstant` error is about a captured outer value (binding that
+/// value helps directly, so the error is passed on as it is).
+fn non_constant_capture(e: &ImportError, caps: &Captures) -> bool {
+    matches!(e, ImportError::NonConstant { input, .. } if caps.reads(input))
+}
+
 fn resolve_captures(cx: &NodeCx, graphs: &[(&str, &GraphProto)]) -> Result<Captures, ImportError> {
     let mut caps = Captures {
         consts: Vec::new(),
@@ -431,8 +444,10 @@ fn map_if(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         return inline(cx, what, g, &[]);
     }
     let caps = resolve_captures(cx, &[("then_branch", then_g), ("else_branch", else_g)])?;
+    // A branch needing a constant that is a captured outer value asks for that value;
+    // one needing a constant computed inside it asks for the condition (to inline).
     let ask = |cx: &NodeCx, e: ImportError| match e {
-        ImportError::NonConstant { .. } => cx.non_constant(
+        ImportError::NonConstant { ref input, .. } if !caps.reads(input) => cx.non_constant(
             0,
             &format!("the condition, to import only the branch taken ({e})"),
         ),
@@ -483,7 +498,9 @@ fn map_loop(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     formal.extend(carried.iter().map(|&v| cx.ty(v).clone()));
     let g = match import_stable(cx, body, &formal, 2, n, 1, &caps) {
         Ok(g) => g,
-        Err(e @ ImportError::NonConstant { .. }) => return unroll_loop(cx, body, &carried, e),
+        Err(e @ ImportError::NonConstant { .. }) if !non_constant_capture(&e, &caps) => {
+            return unroll_loop(cx, body, &carried, e)
+        }
         Err(e) => return Err(e),
     };
     let outer_syms = cx.graph().syms.symbols.len();
@@ -764,4 +781,489 @@ fn map_scan(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         outer_syms,
     };
     cx.emit(Op::Control(op), &inputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_names;
+    use crate::proto::attribute_proto::AttributeType;
+    use crate::proto::tensor_proto::DataType;
+    use crate::proto::tensor_shape_proto::{dimension, Dimension};
+    use crate::proto::{
+        type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use crate::{import_model, ImportError, ImportOptions};
+    use tilec_ir::op::ControlOp;
+    use tilec_ir::{print_graph, verify, DType, Dim, Graph, Op, Tensor};
+
+    fn vi(name: &str, ty: DataType, dims: &[i64]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|&d| Dimension {
+                value: Some(dimension::Value::DimValue(d)),
+                denotation: String::new(),
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: ty as i32,
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                denotation: String::new(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A value named in a subgraph's inputs/outputs without type information.
+    fn untyped(name: &str) -> ValueInfoProto {
+        ValueInfoProto {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    fn node(
+        op: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attribute: Vec<AttributeProto>,
+    ) -> NodeProto {
+        NodeProto {
+            op_type: op.into(),
+            name: name.into(),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            attribute,
+            ..Default::default()
+        }
+    }
+
+    fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: AttributeType::Graph as i32,
+            g: Some(g),
+            ..Default::default()
+        }
+    }
+
+    fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: AttributeType::Ints as i32,
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn int_attr(name: &str, v: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: AttributeType::Int as i32,
+            i: v,
+            ..Default::default()
+        }
+    }
+
+    /// `Constant` producing a float tensor of the given values (shape `[len]`).
+    fn constant(out: &str, v: &[f32]) -> NodeProto {
+        let t = TensorProto {
+            dims: vec![v.len() as i64],
+            data_type: DataType::Float as i32,
+            float_data: v.to_vec(),
+            ..Default::default()
+        };
+        let a = AttributeProto {
+            name: "value".into(),
+            r#type: AttributeType::Tensor as i32,
+            t: Some(t),
+            ..Default::default()
+        };
+        node("Constant", "", &[], &[out], vec![a])
+    }
+
+    fn model(opset: i64, g: GraphProto) -> ModelProto {
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+            graph: Some(g),
+            ..Default::default()
+        }
+    }
+
+    fn control_nodes(g: &Graph) -> Vec<&ControlOp> {
+        g.nodes()
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Control(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `y = If(c) { Identity(x) } else { Constant [5, 6] }` with x read from the outer graph.
+    fn if_model() -> ModelProto {
+        let then_g = GraphProto {
+            name: "then".into(),
+            node: vec![node("Identity", "", &["x"], &["t"], vec![])],
+            output: vec![untyped("t")],
+            ..Default::default()
+        };
+        let else_g = GraphProto {
+            name: "else".into(),
+            node: vec![constant("e", &[5.0, 6.0])],
+            output: vec![untyped("e")],
+            ..Default::default()
+        };
+        model(
+            11,
+            GraphProto {
+                name: "g".into(),
+                node: vec![node(
+                    "If",
+                    "the_if",
+                    &["c"],
+                    &["y"],
+                    vec![
+                        graph_attr("then_branch", then_g),
+                        graph_attr("else_branch", else_g),
+                    ],
+                )],
+                input: vec![vi("c", DataType::Bool, &[]), vi("x", DataType::Float, &[2])],
+                output: vec![untyped("y")],
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn if_captures_outer_values_as_subgraph_inputs() {
+        let g = import_model(&if_model(), &ImportOptions::default()).unwrap();
+        verify(&g).unwrap();
+        let n = &g.nodes()[0];
+        assert_eq!(n.name, "the_if");
+        // Inputs: the condition, then the captured x.
+        assert_eq!(n.inputs, vec![g.inputs()[0], g.inputs()[1]]);
+        let ControlOp::If {
+            then_branch,
+            else_branch,
+            ..
+        } = control_nodes(&g)[0]
+        else {
+            panic!("not an if")
+        };
+        assert_eq!(then_branch.inputs().len(), 1);
+        assert_eq!(then_branch.value(then_branch.inputs()[0]).name, "x");
+        // The else branch ignores the capture but takes it all the same.
+        assert_eq!(else_branch.inputs().len(), 1);
+        assert_eq!(g.value(g.outputs()[0]).ty.shape, vec![Dim::Fixed(2)]);
+    }
+
+    #[test]
+    fn if_with_a_known_condition_imports_only_the_branch_taken() {
+        let mut opts = ImportOptions::default();
+        opts.bind_inputs.insert("c".into(), Tensor::scalar(false));
+        let g = import_model(&if_model(), &opts).unwrap();
+        verify(&g).unwrap();
+        assert!(control_nodes(&g).is_empty());
+        let out = g
+            .const_value(g.outputs()[0])
+            .expect("the else branch's constant");
+        assert_eq!(out.to_f64_vec(), vec![5.0, 6.0]);
+        opts.bind_inputs.insert("c".into(), Tensor::scalar(true));
+        let g = import_model(&if_model(), &opts).unwrap();
+        assert_eq!(g.outputs()[0], g.inputs()[0], "the then branch is x itself");
+    }
+
+    /// `Loop(m, "", y)` whose body yields `outs` (from cond_in, y_in and a constant k of
+    /// `k_len` elements).
+    fn loop_model(outs: &[&str], k_len: usize) -> ModelProto {
+        let body = GraphProto {
+            name: "body".into(),
+            node: vec![
+                node("Identity", "", &["cond_in"], &["cond_out"], vec![]),
+                constant("k", &vec![1.0; k_len]),
+            ],
+            input: vec![
+                vi("i", DataType::Int64, &[]),
+                vi("cond_in", DataType::Bool, &[]),
+                untyped("y_in"),
+            ],
+            output: outs.iter().map(|o| untyped(o)).collect(),
+            ..Default::default()
+        };
+        model(
+            13,
+            GraphProto {
+                name: "g".into(),
+                node: vec![node(
+                    "Loop",
+                    "the_loop",
+                    &["m", "", "y"],
+                    &["y_final", "ys"],
+                    vec![graph_attr("body", body)],
+                )],
+                input: vec![
+                    vi("m", DataType::Int64, &[]),
+                    vi("y", DataType::Float, &[2]),
+                ],
+                output: vec![untyped("y_final"), untyped("ys")],
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn loop_body_types_come_from_the_node_inputs() {
+        let g = import_model(
+            &loop_model(&["cond_out", "k", "y_in"], 2),
+            &ImportOptions::default(),
+        )
+        .unwrap();
+        verify(&g).unwrap();
+        let ControlOp::Loop {
+            body,
+            has_max_trip,
+            has_cond,
+            n_carried,
+            ..
+        } = control_nodes(&g)[0]
+        else {
+            panic!("not a loop")
+        };
+        assert!(*has_max_trip && !*has_cond);
+        assert_eq!(*n_carried, 1);
+        // The untyped y_in got y's type; the carried value keeps it.
+        assert_eq!(body.value(body.inputs()[2]).ty.shape, vec![Dim::Fixed(2)]);
+        assert_eq!(g.value(g.outputs()[0]).ty.shape, vec![Dim::Fixed(2)]);
+        let ys = &g.value(g.outputs()[1]).ty;
+        assert_eq!(ys.dtype, DType::F32);
+        assert!(
+            matches!(ys.shape[..], [Dim::Sym(_), Dim::Fixed(2)]),
+            "{ys:?}"
+        );
+    }
+
+    #[test]
+    fn loop_carried_value_that_changes_shape_gets_a_local_symbol() {
+        // y is [2] initially, the body yields [3]: the body must take any size.
+        let g = import_model(
+            &loop_model(&["cond_out", "k", "y_in"], 3),
+            &ImportOptions::default(),
+        )
+        .unwrap();
+        verify(&g).unwrap();
+        let ControlOp::Loop {
+            body, outer_syms, ..
+        } = control_nodes(&g)[0]
+        else {
+            panic!("not a loop")
+        };
+        let d = body.value(body.inputs()[2]).ty.shape[0];
+        assert!(
+            matches!(d, Dim::Sym(s) if s.0 as usize >= *outer_syms),
+            "{d:?}"
+        );
+        // The final value is [2] or [3]: a fresh symbol.
+        assert!(matches!(g.value(g.outputs()[0]).ty.shape[0], Dim::Sym(_)));
+    }
+
+    #[test]
+    fn loop_body_with_too_few_outputs_names_the_node() {
+        let e = import_model(&loop_model(&["cond_out"], 2), &ImportOptions::default()).unwrap_err();
+        let s = e.to_string();
+        assert!(matches!(e, ImportError::Invalid { .. }), "{s}");
+        assert!(
+            s.contains("the_loop") && s.contains("body yields 1 outputs"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn subgraph_reading_an_undefined_name_is_an_error() {
+        let mut m = if_model();
+        let g = m.graph.as_mut().unwrap();
+        g.input.truncate(1); // drop x
+        let e = import_model(&m, &ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the_if") && e.contains("reads 'x'"), "{e}");
+    }
+
+    #[test]
+    fn scan_axes_are_normalized() {
+        let body = GraphProto {
+            name: "body".into(),
+            node: vec![
+                node("Identity", "", &["s_in"], &["s_out"], vec![]),
+                node("Identity", "", &["x_t"], &["y_t"], vec![]),
+            ],
+            input: vec![untyped("s_in"), untyped("x_t")],
+            output: vec![untyped("s_out"), untyped("y_t")],
+            ..Default::default()
+        };
+        let m = model(
+            11,
+            GraphProto {
+                name: "g".into(),
+                node: vec![node(
+                    "Scan",
+                    "the_scan",
+                    &["s", "x"],
+                    &["s_final", "ys"],
+                    vec![
+                        graph_attr("body", body),
+                        int_attr("num_scan_inputs", 1),
+                        ints_attr("scan_input_axes", &[-1]),
+                        ints_attr("scan_output_axes", &[-1]),
+                        ints_attr("scan_output_directions", &[1]),
+                    ],
+                )],
+                input: vec![
+                    vi("s", DataType::Float, &[4]),
+                    vi("x", DataType::Float, &[2, 3]),
+                ],
+                output: vec![untyped("s_final"), untyped("ys")],
+                ..Default::default()
+            },
+        );
+        let g = import_model(&m, &ImportOptions::default()).unwrap();
+        verify(&g).unwrap();
+        let ControlOp::Scan {
+            input_axes,
+            output_axes,
+            input_reverse,
+            output_reverse,
+            body,
+            ..
+        } = control_nodes(&g)[0]
+        else {
+            panic!("not a scan")
+        };
+        assert_eq!(
+            (input_axes.as_slice(), output_axes.as_slice()),
+            (&[1usize][..], &[1usize][..])
+        );
+        assert_eq!(
+            (input_reverse.as_slice(), output_reverse.as_slice()),
+            (&[false][..], &[true][..])
+        );
+        assert_eq!(body.value(body.inputs()[1]).ty.shape, vec![Dim::Fixed(2)]);
+        assert_eq!(
+            g.value(g.outputs()[1]).ty.shape,
+            vec![Dim::Fixed(2), Dim::Fixed(3)]
+        );
+    }
+
+    #[test]
+    fn nested_subgraphs_capture_through_every_scope() {
+        // Loop body: r = If(cond_in) { Identity(x) } else { Identity(x) }, x from the top graph.
+        let branch = |n: &str| GraphProto {
+            node: vec![node("Identity", "", &["x"], &[n], vec![])],
+            output: vec![untyped(n)],
+            ..Default::default()
+        };
+        let body = GraphProto {
+            name: "body".into(),
+            node: vec![
+                node("Identity", "", &["cond_in"], &["cond_out"], vec![]),
+                node(
+                    "If",
+                    "inner_if",
+                    &["cond_in"],
+                    &["r"],
+                    vec![
+                        graph_attr("then_branch", branch("t")),
+                        graph_attr("else_branch", branch("e")),
+                    ],
+                ),
+            ],
+            input: vec![
+                vi("i", DataType::Int64, &[]),
+                vi("cond_in", DataType::Bool, &[]),
+            ],
+            output: vec![untyped("cond_out"), untyped("r")],
+            ..Default::default()
+        };
+        let m = model(
+            13,
+            GraphProto {
+                name: "g".into(),
+                node: vec![node(
+                    "Loop",
+                    "the_loop",
+                    &["m", "c"],
+                    &["rs"],
+                    vec![graph_attr("body", body)],
+                )],
+                input: vec![
+                    vi("m", DataType::Int64, &[]),
+                    vi("c", DataType::Bool, &[]),
+                    vi("x", DataType::Float, &[3]),
+                ],
+                output: vec![untyped("rs")],
+                ..Default::default()
+            },
+        );
+        let g = import_model(&m, &ImportOptions::default()).unwrap();
+        verify(&g).unwrap();
+        assert_eq!(g.nodes()[0].inputs.len(), 3, "m, c and the captured x");
+        let ControlOp::Loop { body, .. } = control_nodes(&g)[0] else {
+            panic!("not a loop")
+        };
+        assert_eq!(body.inputs().len(), 3, "i, cond and the captured x");
+        let x_in = body.inputs()[2];
+        assert_eq!(body.value(x_in).name, "x");
+        let inner = &body.nodes()[0];
+        assert_eq!(inner.inputs[1], x_in, "the inner if captures the body's x");
+        let text = print_graph(&g);
+        assert!(text.contains("\n    graph body("), "{text}");
+        assert!(
+            text.contains("\n        then:\n        graph inner_if"),
+            "nested graphs print indented twice: {text}"
+        );
+    }
+
+    #[test]
+    fn free_names_see_through_nested_subgraphs() {
+        let inner = GraphProto {
+            node: vec![
+                node("Identity", "", &["deep"], &["d"], vec![]),
+                node("Identity", "", &["local"], &["l"], vec![]),
+            ],
+            output: vec![untyped("d")],
+            ..Default::default()
+        };
+        let outer = GraphProto {
+            input: vec![untyped("a")],
+            node: vec![
+                node("Identity", "", &["a"], &["local"], vec![]),
+                node("Add", "", &["local", "b"], &["c"], vec![]),
+                node(
+                    "If",
+                    "",
+                    &["c"],
+                    &["r"],
+                    vec![
+                        graph_attr("then_branch", inner.clone()),
+                        graph_attr("else_branch", inner),
+                    ],
+                ),
+            ],
+            output: vec![untyped("r"), untyped("e")],
+            ..Default::default()
+        };
+        assert_eq!(
+            free_names(&outer),
+            vec!["b".to_string(), "deep".into(), "e".into()]
+        );
+    }
 }

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use tilec_ir::op::ControlOp;
 use tilec_ir::{DType, Graph, Tensor, TensorType};
 
-pub fn eval(op: &ControlOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>, String> {
-    let _ = cx;
+pub fn eval(op: &ControlOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>, String> {
     match op {
         ControlOp::If {
             then_branch,
