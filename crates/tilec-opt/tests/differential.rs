@@ -200,6 +200,16 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
             },
         }
     }
+    if std::env::var("TILEC_DIFF_VERBOSE").is_ok() {
+        let hist = |g: &Graph| {
+            let mut h: BTreeMap<&'static str, usize> = BTreeMap::new();
+            for n in g.nodes() {
+                *h.entry(n.op.name()).or_default() += 1;
+            }
+            h
+        };
+        println!("{name}: ops before {:?}\n{name}: ops after  {:?}", hist(&g), hist(&opt));
+    }
     if name.starts_with("light/") {
         let mut per: BTreeMap<&'static str, i64> = BTreeMap::new();
         for r in &reports {

@@ -7,14 +7,16 @@
 //! b'[m]    = (b[m] - mean[m]) * a[m] + bias[m]
 //! ```
 //!
-//! computed in f64 and stored in the weight dtype. Only when the conv's output has no
+//! computed in f64 and stored in the weight dtype. The conv bias may also be a `fill` of a
+//! fixed shape (the importer's materialized zero bias, which `fold-constants` keeps as an
+//! op when it is large); it is replaced by the new constant bias anyway. Only when the conv's output has no
 //! other reader (otherwise the unnormalized value is still needed and the conv would be
 //! computed twice). Inference-mode batch norm is a per-channel affine map on axis 1, the
 //! conv's output-channel axis, so the fold is exact up to rounding of the new weights.
 
 use super::{finish, ir};
 use crate::{OptError, Pass};
-use tilec_ir::op::{LinalgOp, NormOp};
+use tilec_ir::op::{LinalgOp, NormOp, SourceOp};
 use tilec_ir::{Graph, Op, Tensor, ValueId};
 
 pub struct FoldBatchNorm;
@@ -28,6 +30,19 @@ struct Fold {
     name: String,
 }
 
+/// A constant, or the value of a `fill` of a fixed shape.
+fn known_value(g: &Graph, v: ValueId) -> Option<Tensor> {
+    if let Some(t) = g.const_value(v) {
+        return Some(t.clone());
+    }
+    let n = g.node(g.producer(v)?);
+    let Op::Source(SourceOp::Fill { shape, value }) = &n.op else { return None };
+    let shape: Vec<usize> = shape.iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+    let numel: usize = shape.iter().product();
+    let x = *value.to_f64_vec().first()?;
+    Tensor::from_f64s(value.dtype(), shape, &vec![x; numel]).ok()
+}
+
 fn plan(g: &Graph, uses: &[tilec_ir::Uses], ni: usize) -> Option<Fold> {
     let n = &g.nodes()[ni];
     let Op::Norm(NormOp::BatchNorm { epsilon }) = n.op else { return None };
@@ -36,7 +51,9 @@ fn plan(g: &Graph, uses: &[tilec_ir::Uses], ni: usize) -> Option<Fold> {
     if !matches!(conv.op, Op::Linalg(LinalgOp::Conv { .. })) || uses[y.index()].count() != 1 {
         return None;
     }
-    let (x, w, b) = (conv.inputs[0], g.const_value(conv.inputs[1])?, g.const_value(conv.inputs[2])?);
+    let (x, w) = (conv.inputs[0], g.const_value(conv.inputs[1])?);
+    let b = known_value(g, conv.inputs[2])?;
+    let b = &b;
     let p: Vec<Vec<f64>> =
         n.inputs[1..5].iter().map(|&v| g.const_value(v).map(|t| t.to_f64_vec())).collect::<Option<_>>()?;
     let m = *w.shape().first()?;
