@@ -37,7 +37,11 @@ pub enum Stage {
     Once(Box<dyn Pass>),
     /// Passes run in order, repeatedly, until a whole round changes nothing (or
     /// `max_iters` rounds ran).
-    Fixpoint { name: &'static str, max_iters: usize, passes: Vec<Box<dyn Pass>> },
+    Fixpoint {
+        name: &'static str,
+        max_iters: usize,
+        passes: Vec<Box<dyn Pass>>,
+    },
 }
 
 /// An entry of [`pipeline_spec`]: a pass and the lowest level that enables it.
@@ -49,11 +53,18 @@ pub struct SpecEntry {
 /// A stage of [`pipeline_spec`] before filtering by level.
 pub enum SpecStage {
     Once(SpecEntry),
-    Fixpoint { name: &'static str, max_iters: usize, passes: Vec<SpecEntry> },
+    Fixpoint {
+        name: &'static str,
+        max_iters: usize,
+        passes: Vec<SpecEntry>,
+    },
 }
 
 fn at(level: u8, pass: impl Pass + 'static) -> SpecEntry {
-    SpecEntry { level, pass: Box::new(pass) }
+    SpecEntry {
+        level,
+        pass: Box::new(pass),
+    }
 }
 
 /// The canonicalization group: constant folding, algebraic simplification, CSE and DCE
@@ -83,7 +94,11 @@ fn canonicalize() -> SpecStage {
 ///  1-2    canonicalize (fixpoint)  clean up after the rewrites above
 /// ```
 pub fn pipeline_spec() -> Vec<SpecStage> {
-    let mut v = vec![SpecStage::Once(at(1, Dce)), canonicalize(), SpecStage::Once(at(2, FoldBatchNorm))];
+    let mut v = vec![
+        SpecStage::Once(at(1, Dce)),
+        canonicalize(),
+        SpecStage::Once(at(2, FoldBatchNorm)),
+    ];
     // ---- O3: composite-op recognition ----
     // `crate::recognize::passes()` (another engineer's module) slots in here, each pass as
     // `SpecStage::Once(SpecEntry { level: 3, pass })`, once it exists on this branch.
@@ -102,7 +117,10 @@ pub struct PipelineOptions {
 
 impl Default for PipelineOptions {
     fn default() -> Self {
-        PipelineOptions { verify: cfg!(debug_assertions), print_ir_after: None }
+        PipelineOptions {
+            verify: cfg!(debug_assertions),
+            print_ir_after: None,
+        }
     }
 }
 
@@ -136,11 +154,22 @@ impl Pipeline {
             match s {
                 SpecStage::Once(e) if e.level <= level => stages.push(Stage::Once(e.pass)),
                 SpecStage::Once(_) => {}
-                SpecStage::Fixpoint { name, max_iters, passes } => {
-                    let passes: Vec<Box<dyn Pass>> =
-                        passes.into_iter().filter(|e| e.level <= level).map(|e| e.pass).collect();
+                SpecStage::Fixpoint {
+                    name,
+                    max_iters,
+                    passes,
+                } => {
+                    let passes: Vec<Box<dyn Pass>> = passes
+                        .into_iter()
+                        .filter(|e| e.level <= level)
+                        .map(|e| e.pass)
+                        .collect();
                     if !passes.is_empty() {
-                        stages.push(Stage::Fixpoint { name, max_iters, passes });
+                        stages.push(Stage::Fixpoint {
+                            name,
+                            max_iters,
+                            passes,
+                        });
                     }
                 }
             }
@@ -170,7 +199,11 @@ impl Pipeline {
                 Stage::Once(p) => {
                     run_one(p.as_ref(), None, 0, g, opts, &mut reports)?;
                 }
-                Stage::Fixpoint { name, max_iters, passes } => {
+                Stage::Fixpoint {
+                    name,
+                    max_iters,
+                    passes,
+                } => {
                     for it in 0..*max_iters {
                         let mut any = false;
                         for p in passes {
@@ -200,7 +233,10 @@ fn run_one(
     let changed = p.run(g)?;
     let time = t0.elapsed();
     if opts.verify {
-        tilec_ir::verify(g).map_err(|source| OptError::Ir { pass: p.name(), source })?;
+        tilec_ir::verify(g).map_err(|source| OptError::Ir {
+            pass: p.name(),
+            source,
+        })?;
     }
     let ir_after = match &opts.print_ir_after {
         Some(sel) if sel == "all" || sel == p.name() => Some(tilec_ir::print_graph(g)),

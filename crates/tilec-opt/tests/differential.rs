@@ -17,7 +17,10 @@ use tilec_onnx::{import_model, ImportError, ImportOptions};
 use tilec_opt::manager::{PassReport, Pipeline, PipelineOptions};
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn load_pbs(dir: &Path, prefix: &str) -> Option<Vec<Tensor>> {
@@ -42,8 +45,14 @@ fn import(dir: &Path) -> Option<(Graph, Vec<(String, Tensor)>)> {
     let model = tilec_onnx::load_model(&dir.join("model.onnx")).ok()?;
     let inputs = load_pbs(&dir.join("test_data_set_0"), "input")?;
     let gp = model.graph.as_ref()?;
-    let init: std::collections::HashSet<&str> = gp.initializer.iter().map(|t| t.name.as_str()).collect();
-    let names: Vec<String> = gp.input.iter().filter(|i| !init.contains(i.name.as_str())).map(|i| i.name.clone()).collect();
+    let init: std::collections::HashSet<&str> =
+        gp.initializer.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<String> = gp
+        .input
+        .iter()
+        .filter(|i| !init.contains(i.name.as_str()))
+        .map(|i| i.name.clone())
+        .collect();
     if names.len() != inputs.len() {
         return None;
     }
@@ -55,13 +64,16 @@ fn import(dir: &Path) -> Option<(Graph, Vec<(String, Tensor)>)> {
             Err(ImportError::NonConstant { input, .. })
                 if by_name.contains_key(&input) && !opts.bind_inputs.contains_key(&input) =>
             {
-                opts.bind_inputs.insert(input.clone(), by_name[&input].clone());
+                opts.bind_inputs
+                    .insert(input.clone(), by_name[&input].clone());
             }
             Err(ImportError::NonConstant { .. }) => {
                 let before = opts.bind_inputs.len();
                 for (k, t) in &by_name {
                     if t.dtype().is_int() && t.numel() <= 64 {
-                        opts.bind_inputs.entry(k.clone()).or_insert_with(|| t.clone());
+                        opts.bind_inputs
+                            .entry(k.clone())
+                            .or_insert_with(|| t.clone());
                     }
                 }
                 if opts.bind_inputs.len() == before {
@@ -95,18 +107,30 @@ fn tolerance(d: DType) -> (f64, f64) {
 /// `None` when equal within tolerance, else a description and the worst relative error.
 fn compare(a: &Tensor, b: &Tensor) -> Option<String> {
     if a.dtype() != b.dtype() || a.shape() != b.shape() {
-        return Some(format!("{}{:?} vs {}{:?}", a.dtype(), a.shape(), b.dtype(), b.shape()));
+        return Some(format!(
+            "{}{:?} vs {}{:?}",
+            a.dtype(),
+            a.shape(),
+            b.dtype(),
+            b.shape()
+        ));
     }
     if !a.dtype().is_float() {
         let (x, y) = (a.to_i64_vec(), b.to_i64_vec());
-        return (0..x.len()).find(|&i| x[i] != y[i]).map(|i| format!("element {i}: {} vs {}", x[i], y[i]));
+        return (0..x.len())
+            .find(|&i| x[i] != y[i])
+            .map(|i| format!("element {i}: {} vs {}", x[i], y[i]));
     }
     let (rtol, atol) = tolerance(a.dtype());
     let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
     let mut bad = 0;
     let mut worst = (0usize, 0.0f64);
     for i in 0..x.len() {
-        let ok = if x[i].is_nan() { y[i].is_nan() } else if x[i].is_infinite() { x[i] == y[i] } else {
+        let ok = if x[i].is_nan() {
+            y[i].is_nan()
+        } else if x[i].is_infinite() {
+            x[i] == y[i]
+        } else {
             (x[i] - y[i]).abs() <= atol + rtol * x[i].abs()
         };
         if !ok {
@@ -117,7 +141,15 @@ fn compare(a: &Tensor, b: &Tensor) -> Option<String> {
             }
         }
     }
-    (bad > 0).then(|| format!("{bad}/{} differ; element {}: {} vs {}", x.len(), worst.0, x[worst.0], y[worst.0]))
+    (bad > 0).then(|| {
+        format!(
+            "{bad}/{} differ; element {}: {} vs {}",
+            x.len(),
+            worst.0,
+            x[worst.0],
+            y[worst.0]
+        )
+    })
 }
 
 fn random_like(t: &Tensor, rng: &mut impl Rng) -> Tensor {
@@ -151,26 +183,41 @@ struct Stats {
 
 fn check_outputs(name: &str, what: &str, a: &[Tensor], b: &[Tensor], st: &mut Stats) {
     if a.len() != b.len() {
-        st.mismatches.push(format!("{name} [{what}]: {} vs {} outputs", a.len(), b.len()));
+        st.mismatches.push(format!(
+            "{name} [{what}]: {} vs {} outputs",
+            a.len(),
+            b.len()
+        ));
         return;
     }
     for (k, (x, y)) in a.iter().zip(b).enumerate() {
         if let Some(m) = compare(x, y) {
-            st.mismatches.push(format!("{name} [{what}] output {k}: {m}"));
+            st.mismatches
+                .push(format!("{name} [{what}] output {k}: {m}"));
         }
     }
 }
 
 fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
-    let Some((g, feeds)) = import(dir) else { return };
+    let Some((g, feeds)) = import(dir) else {
+        return;
+    };
     let tensors: Vec<Tensor> = feeds.iter().map(|(_, t)| t.clone()).collect();
-    let Ok(before) = tilec_ref::run(&g, tensors.clone()) else { return };
+    let Ok(before) = tilec_ref::run(&g, tensors.clone()) else {
+        return;
+    };
     let mut opt = g.clone();
-    let opts = PipelineOptions { verify: true, print_ir_after: None };
+    let opts = PipelineOptions {
+        verify: true,
+        print_ir_after: None,
+    };
     let reports: Vec<PassReport> = match Pipeline::for_level(3).run(&mut opt, &opts) {
         Ok(r) => r,
         Err(e) => {
-            st.lock().unwrap().mismatches.push(format!("{name}: pipeline error: {e}"));
+            st.lock()
+                .unwrap()
+                .mismatches
+                .push(format!("{name}: pipeline error: {e}"));
             return;
         }
     };
@@ -183,10 +230,15 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
             local.test_checks += 1;
             check_outputs(name, "test inputs", &before, &after, &mut local);
         }
-        Err(e) => local.mismatches.push(format!("{name}: optimized graph fails: {e}")),
+        Err(e) => local
+            .mismatches
+            .push(format!("{name}: optimized graph fails: {e}")),
     }
     if random {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(name.bytes().fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(
+            name.bytes()
+                .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)),
+        );
         let rnd: Vec<Tensor> = tensors.iter().map(|t| random_like(t, &mut rng)).collect();
         match tilec_ref::run(&g, rnd.clone()) {
             // Random values are not meaningful here (e.g. out-of-range indices).
@@ -196,7 +248,9 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
                     local.random_checks += 1;
                     check_outputs(name, "random inputs", &b, &a, &mut local);
                 }
-                Err(e) => local.mismatches.push(format!("{name}: optimized graph fails on random inputs: {e}")),
+                Err(e) => local.mismatches.push(format!(
+                    "{name}: optimized graph fails on random inputs: {e}"
+                )),
             },
         }
     }
@@ -208,14 +262,25 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
             }
             h
         };
-        println!("{name}: ops before {:?}\n{name}: ops after  {:?}", hist(&g), hist(&opt));
+        println!(
+            "{name}: ops before {:?}\n{name}: ops after  {:?}",
+            hist(&g),
+            hist(&opt)
+        );
     }
     if name.starts_with("light/") {
         let mut per: BTreeMap<&'static str, i64> = BTreeMap::new();
         for r in &reports {
             *per.entry(r.pass).or_default() += r.nodes_before as i64 - r.nodes_after as i64;
         }
-        local.light.insert(format!("{name} ({} -> {} nodes)", g.nodes().len(), opt.nodes().len()), per);
+        local.light.insert(
+            format!(
+                "{name} ({} -> {} nodes)",
+                g.nodes().len(),
+                opt.nodes().len()
+            ),
+            per,
+        );
     }
     let mut s = st.lock().unwrap();
     s.cases += local.cases;
@@ -231,13 +296,25 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
 #[test]
 fn optimized_graphs_match_the_original() {
     let gen = repo_root().join("testdata/gen");
-    assert!(gen.join("node").is_dir(), "testdata/gen missing: run scripts/setup-venv.sh");
+    assert!(
+        gen.join("node").is_dir(),
+        "testdata/gen missing: run scripts/setup-venv.sh"
+    );
     let filter = std::env::var("TILEC_DIFF_FILTER").ok();
     let light_random = std::env::var("TILEC_DIFF_LIGHT_RANDOM").is_ok();
     let mut cases: Vec<(String, PathBuf)> = Vec::new();
     for kind in ["light", "node"] {
         let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(gen.join(kind))
-            .map(|rd| rd.flatten().map(|e| (format!("{kind}/{}", e.file_name().to_string_lossy()), e.path())).collect())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| {
+                        (
+                            format!("{kind}/{}", e.file_name().to_string_lossy()),
+                            e.path(),
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         cases.extend(v.into_iter().filter(|(_, p)| p.join("model.onnx").exists()));
@@ -247,12 +324,16 @@ fn optimized_graphs_match_the_original() {
     }
     let st = Mutex::new(Stats::default());
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((name, dir)) = cases.get(i) else { break };
+                let Some((name, dir)) = cases.get(i) else {
+                    break;
+                };
                 let random = !name.starts_with("light/") || light_random;
                 if std::panic::catch_unwind(|| run_case(name, dir, random, &st)).is_err() {
                     st.lock().unwrap().mismatches.push(format!("{name}: PANIC"));
@@ -272,12 +353,20 @@ fn optimized_graphs_match_the_original() {
         st.nodes_before as i64 - st.nodes_after as i64
     );
     for (m, per) in &st.light {
-        let parts: Vec<String> = per.iter().filter(|(_, &d)| d != 0).map(|(p, d)| format!("{p}: {d}")).collect();
+        let parts: Vec<String> = per
+            .iter()
+            .filter(|(_, &d)| d != 0)
+            .map(|(p, d)| format!("{p}: {d}"))
+            .collect();
         println!("  {m}: {}", parts.join(", "));
     }
     for m in &st.mismatches {
         println!("MISMATCH {m}");
     }
-    assert!(st.mismatches.is_empty(), "{} mismatches", st.mismatches.len());
+    assert!(
+        st.mismatches.is_empty(),
+        "{} mismatches",
+        st.mismatches.len()
+    );
     assert!(st.test_checks > 0 || filter.is_some());
 }

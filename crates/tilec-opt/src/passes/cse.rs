@@ -20,7 +20,9 @@ pub struct Cse {
 
 impl Default for Cse {
     fn default() -> Self {
-        Cse { max_const_elems: 4096 }
+        Cse {
+            max_const_elems: 4096,
+        }
     }
 }
 
@@ -50,7 +52,10 @@ impl Pass for Cse {
                 let m = &g.nodes()[c];
                 m.op == n.op
                     && m.outputs.len() == n.outputs.len()
-                    && m.outputs.iter().zip(&n.outputs).all(|(a, b)| g.value(*a).ty == g.value(*b).ty)
+                    && m.outputs
+                        .iter()
+                        .zip(&n.outputs)
+                        .all(|(a, b)| g.value(*a).ty == g.value(*b).ty)
             });
             match same {
                 Some(c) => {

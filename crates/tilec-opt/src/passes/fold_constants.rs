@@ -24,7 +24,10 @@ pub struct FoldConstants {
 
 impl Default for FoldConstants {
     fn default() -> Self {
-        FoldConstants { max_elems: 1 << 16, slack: 1024 }
+        FoldConstants {
+            max_elems: 1 << 16,
+            slack: 1024,
+        }
     }
 }
 
@@ -45,9 +48,20 @@ impl FoldConstants {
             return None;
         }
         let bound = HashMap::new();
-        let outs = tilec_ref::eval_op(&n.op, &args, &EvalCtx { graph: g, bound: &bound }).ok()?;
+        let outs = tilec_ref::eval_op(
+            &n.op,
+            &args,
+            &EvalCtx {
+                graph: g,
+                bound: &bound,
+            },
+        )
+        .ok()?;
         let ok = outs.len() == n.outputs.len()
-            && outs.iter().zip(&n.outputs).all(|(t, &o)| t.tensor_type() == g.value(o).ty);
+            && outs
+                .iter()
+                .zip(&n.outputs)
+                .all(|(t, &o)| t.tensor_type() == g.value(o).ty);
         ok.then_some(outs)
     }
 }
@@ -61,7 +75,9 @@ impl Pass for FoldConstants {
         let mut changed = false;
         // In order: a folded node's users see constants right away, so chains fold in one run.
         for ni in 0..g.nodes().len() {
-            let Some(outs) = self.try_fold(g, ni) else { continue };
+            let Some(outs) = self.try_fold(g, ni) else {
+                continue;
+            };
             let olds = g.nodes()[ni].outputs.clone();
             for (o, t) in olds.into_iter().zip(outs) {
                 let name = g.value(o).name.clone();

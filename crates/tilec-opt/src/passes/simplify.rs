@@ -78,7 +78,9 @@ pub fn cast_is_exact(a: DType, b: DType) -> bool {
 
 /// The constant behind `v` is all `want` (0 or 1).
 fn const_all(g: &Graph, v: ValueId, want: i64) -> bool {
-    let Some(t) = g.const_value(v) else { return false };
+    let Some(t) = g.const_value(v) else {
+        return false;
+    };
     if t.dtype().is_float() {
         t.to_f64_vec().iter().all(|&x| x == want as f64)
     } else if t.dtype().is_int() {
@@ -111,7 +113,11 @@ fn rewrite(g: &Graph, ni: usize) -> Option<Rw> {
     match &n.op {
         Op::Binary(b @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div)) => {
             let (l, r) = (n.inputs[0], n.inputs[1]);
-            let neutral = if matches!(b, BinaryOp::Add | BinaryOp::Sub) { 0 } else { 1 };
+            let neutral = if matches!(b, BinaryOp::Add | BinaryOp::Sub) {
+                0
+            } else {
+                1
+            };
             let commutes = matches!(b, BinaryOp::Add | BinaryOp::Mul);
             let keep = if const_all(g, r, neutral) {
                 l
@@ -123,7 +129,12 @@ fn rewrite(g: &Graph, ni: usize) -> Option<Rw> {
             if same(keep) {
                 Some(Rw::Alias(keep))
             } else if g.value(keep).ty.dtype == out_ty.dtype {
-                Some(Rw::New(Op::Layout(LayoutOp::Expand { shape: out_ty.shape.clone() }), keep))
+                Some(Rw::New(
+                    Op::Layout(LayoutOp::Expand {
+                        shape: out_ty.shape.clone(),
+                    }),
+                    keep,
+                ))
             } else {
                 None
             }
@@ -153,7 +164,12 @@ fn rewrite(g: &Graph, ni: usize) -> Option<Rw> {
                     if same(y) {
                         Some(Rw::Alias(y))
                     } else {
-                        Some(Rw::New(Op::Layout(LayoutOp::Reshape { shape: shape.clone() }), y))
+                        Some(Rw::New(
+                            Op::Layout(LayoutOp::Reshape {
+                                shape: shape.clone(),
+                            }),
+                            y,
+                        ))
                     }
                 }
                 _ => None,
@@ -168,7 +184,13 @@ fn rewrite(g: &Graph, ni: usize) -> Option<Rw> {
                     if same(y) {
                         Some(Rw::Alias(y))
                     } else {
-                        Some(Rw::New(Op::Cast { to: *to, saturate: *saturate }, y))
+                        Some(Rw::New(
+                            Op::Cast {
+                                to: *to,
+                                saturate: *saturate,
+                            },
+                            y,
+                        ))
                     }
                 }
                 _ => None,
