@@ -2,7 +2,7 @@
 //!
 //! - `x + 0`, `0 + x`, `x - 0`, `x * 1`, `1 * x`, `x / 1` (the constant all zeros / all
 //!   ones): `x` when the result has `x`'s type; when the constant broadcasts `x` to a bigger
-//!   shape the op becomes `expand(x)`. `x + 0` may turn a `-0.0` result into `-0.0` where
+//!   shape the op becomes `expand(x)`. `x + 0` with `x = -0.0` gives `-0.0` where
 //!   IEEE gives `+0.0` (no-signed-zeros, as every DL compiler assumes); all others are exact.
 //! - `transpose` by the identity permutation → `x`; `transpose(transpose(x))` → one
 //!   transpose by the composed permutation (or `x`).
