@@ -3,7 +3,7 @@
 //! ops, optimized and compared against the original on the reference interpreter.
 
 use rand::{Rng, SeedableRng};
-use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, SourceOp, UnaryOp, Window};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, SliceBound, SourceOp, UnaryOp, Window};
 use tilec_ir::{verify, DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions, Stage};
 use tilec_opt::passes::{Cse, Dce, FoldBatchNorm, FoldConstants, Simplify};
@@ -309,8 +309,8 @@ fn simplify_reshapes_expand_slice_concat_neg() {
             .add(
                 Op::Layout(LayoutOp::Slice {
                     axes: vec![1],
-                    starts: vec![0],
-                    ends: vec![i64::MAX],
+                    starts: vec![SliceBound::Index(0)],
+                    ends: vec![SliceBound::Index(i64::MAX)],
                     steps: vec![1],
                 }),
                 &[a],
@@ -330,8 +330,8 @@ fn simplify_reshapes_expand_slice_concat_neg() {
             .add(
                 Op::Layout(LayoutOp::Slice {
                     axes: vec![1],
-                    starts: vec![-1],
-                    ends: vec![i64::MIN],
+                    starts: vec![SliceBound::Index(-1)],
+                    ends: vec![SliceBound::Index(i64::MIN)],
                     steps: vec![-1],
                 }),
                 &[x],
@@ -340,8 +340,8 @@ fn simplify_reshapes_expand_slice_concat_neg() {
         g.add(
             Op::Layout(LayoutOp::Slice {
                 axes: vec![1],
-                starts: vec![1],
-                ends: vec![3],
+                starts: vec![SliceBound::Index(1)],
+                ends: vec![SliceBound::Index(3)],
                 steps: vec![1],
             }),
             &[a],
