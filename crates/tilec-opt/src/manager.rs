@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{Cse, Dce, FoldBatchNorm, FoldConstants, Simplify};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, SinkTransposes, Simplify, Target};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -91,9 +91,18 @@ fn canonicalize() -> SpecStage {
 ///  1-2    canonicalize (fixpoint)  fold-constants(1) simplify(1) cse(2) dce(1)
 ///  2      fold-batchnorm           conv + batch_norm -> conv with scaled weights
 ///  3      recognize-*              gelu silu swiglu layernorm rmsnorm softmax attention
+///  3      choose-layout            NCHW vs NHWC per conv region, per target (plan only)
+///  2      sink-transposes          move transposes down until they cancel or merge
 ///  1-2    canonicalize (fixpoint)  clean up after the rewrites above
 /// ```
+///
+/// This is the spec for the default target ([`Target::Cpu`]); see [`pipeline_spec_for`].
 pub fn pipeline_spec() -> Vec<SpecStage> {
+    pipeline_spec_for(Target::default())
+}
+
+/// [`pipeline_spec`] for a given target (only `choose-layout` depends on it).
+pub fn pipeline_spec_for(target: Target) -> Vec<SpecStage> {
     let mut v = vec![
         SpecStage::Once(at(1, Dce)),
         canonicalize(),
@@ -103,6 +112,9 @@ pub fn pipeline_spec() -> Vec<SpecStage> {
     for pass in crate::recognize::passes() {
         v.push(SpecStage::Once(SpecEntry { level: 3, pass }));
     }
+    // ---- layout ----
+    v.push(SpecStage::Once(at(3, ChooseLayout::new(target))));
+    v.push(SpecStage::Once(at(2, SinkTransposes)));
     v.push(canonicalize());
     v
 }
@@ -150,8 +162,13 @@ pub struct Pipeline {
 impl Pipeline {
     /// The passes of [`pipeline_spec`] enabled at `level` (levels above 3 act as 3).
     pub fn for_level(level: u8) -> Pipeline {
+        Pipeline::for_level_and_target(level, Target::default())
+    }
+
+    /// [`Pipeline::for_level`] for a given target.
+    pub fn for_level_and_target(level: u8, target: Target) -> Pipeline {
         let mut stages = Vec::new();
-        for s in pipeline_spec() {
+        for s in pipeline_spec_for(target) {
             match s {
                 SpecStage::Once(e) if e.level <= level => stages.push(Stage::Once(e.pass)),
                 SpecStage::Once(_) => {}

@@ -6,12 +6,14 @@ mod cse;
 mod dce;
 mod fold_batchnorm;
 mod fold_constants;
+pub mod layout;
 mod simplify;
 
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
+pub use layout::{ChooseLayout, SinkTransposes, Target};
 pub use simplify::Simplify;
 
 use crate::OptError;

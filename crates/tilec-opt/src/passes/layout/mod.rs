@@ -1,0 +1,9 @@
+//! Layout passes: `sink-transposes` (move transposes through ops that commute with axis
+//! permutations so they cancel, merge or shrink) and `choose-layout` (NCHW vs NHWC per
+//! convolution region and target).
+
+mod choose;
+mod sink;
+
+pub use choose::{plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion, Target};
+pub use sink::{count_transposes, inverse, reduced_perm, transpose_of, SinkTransposes};
