@@ -59,7 +59,8 @@ pub struct LayoutRegion {
     pub agnostic: usize,
     /// Ops whose axis attribute would change (`concat(axis=1)` → `axis=3`, ...).
     pub axis_remaps: usize,
-    /// Constants that would be permuted (weights, per-channel operands).
+    /// Constants and weights that would be permuted once (conv weights, per-channel
+    /// operands), not counted as boundary transposes.
     pub constants: usize,
     /// Transposes NHWC needs at the region's boundary.
     pub entry_transposes: usize,
@@ -202,8 +203,15 @@ pub fn plan_layout(g: &Graph, target: Target) -> LayoutPlan {
                 }
                 None => {}
             }
-            for &x in &n.inputs {
-                if g.const_value(x).is_some() {
+            let layout_op = !matches!(role(&n.op), Some(Role::Agnostic { .. }));
+            for (k, &x) in n.inputs.iter().enumerate() {
+                if layout_op && k > 0 {
+                    // Weights / statistics: permuted once, at compile time for constants or
+                    // at load time for parameters passed as graph inputs.
+                    if rank4(x) {
+                        consts.insert(x);
+                    }
+                } else if g.const_value(x).is_some() {
                     if g.value(x).ty.rank() > 1
                         || matches!(role(&n.op), Some(Role::Agnostic { .. }))
                     {

@@ -1,0 +1,421 @@
+//! Layout passes: transpose sinking on hand-built graphs (transpose counts go down, outputs
+//! equal on the reference interpreter on random inputs; no sinking where it would add
+//! transposes or break a split-heads pair), no growth in transposes on the light models
+//! and the transformer models, and the choose-layout plan per target.
+
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use tilec_ir::op::{
+    BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, ReduceKind, ReduceOp, UnaryOp, Window,
+};
+use tilec_ir::{verify, DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
+use tilec_opt::manager::{Pipeline, PipelineOptions};
+use tilec_opt::passes::layout::{
+    count_transposes, inverse, plan_layout, Layout, SinkTransposes, Target,
+};
+use tilec_opt::Pass;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn input(g: &mut Graph, dt: DType, shape: &[usize]) -> ValueId {
+    let name = format!("in{}", g.inputs().len());
+    g.add_input(&name, TensorType::fixed(dt, shape))
+}
+
+fn tr(g: &mut Graph, x: ValueId, perm: &[usize]) -> ValueId {
+    g.add(
+        Op::Layout(LayoutOp::Transpose {
+            perm: perm.to_vec(),
+        }),
+        &[x],
+    )
+    .unwrap()
+}
+
+fn random_const(g: &mut Graph, dt: DType, shape: &[usize], seed: u64) -> ValueId {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| rng.gen_range(-2.0..=2.0)).collect();
+    g.add_const("c", Tensor::from_f64s(dt, shape.to_vec(), &v).unwrap())
+}
+
+/// Runs both graphs on the same random inputs; asserts equal outputs (bit-exact: sinking
+/// only reorders data movement).
+fn assert_same(a: &Graph, b: &Graph, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let ins: Vec<Tensor> = a
+        .inputs()
+        .iter()
+        .map(|&v| {
+            let ty = &a.value(v).ty;
+            let shape = ty.fixed_shape().unwrap();
+            let n: usize = shape.iter().product();
+            let vals: Vec<f64> = (0..n)
+                .map(|_| match ty.dtype {
+                    DType::Bool => rng.gen_range(0..2) as f64,
+                    d if d.is_float() => rng.gen_range(-1.0..=1.0),
+                    _ => rng.gen_range(-4..=4) as f64,
+                })
+                .collect();
+            Tensor::from_f64s(ty.dtype, shape, &vals).unwrap()
+        })
+        .collect();
+    let x = tilec_ref::run(a, ins.clone()).unwrap();
+    let y = tilec_ref::run(b, ins).unwrap();
+    assert_eq!(x.len(), y.len());
+    for (p, q) in x.iter().zip(&y) {
+        assert_eq!(p.shape(), q.shape());
+        assert_eq!(p.dtype(), q.dtype());
+        for (u, v) in p.to_f64_vec().iter().zip(q.to_f64_vec()) {
+            assert!(
+                *u == v || (u - v).abs() <= 1e-6 * (1.0 + u.abs()) || (u.is_nan() && v.is_nan()),
+                "{u} vs {v}"
+            );
+        }
+    }
+}
+
+/// Sinks, verifies, checks equality; returns (transposes before, after).
+fn sink(g: &Graph, seed: u64) -> (usize, usize, Graph) {
+    let mut h = g.clone();
+    SinkTransposes.run(&mut h).unwrap();
+    verify(&h).unwrap();
+    assert_same(g, &h, seed);
+    (count_transposes(g), count_transposes(&h), h)
+}
+
+#[test]
+fn transpose_through_unary_cancels_with_its_inverse() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[2, 3, 4]);
+    let p = [2, 0, 1];
+    let t = tr(&mut g, x, &p);
+    let r = g.add(Op::Unary(UnaryOp::Relu), &[t]).unwrap();
+    let e = g.add(Op::Unary(UnaryOp::Exp), &[r]).unwrap();
+    let c = g
+        .add(
+            Op::Cast {
+                to: DType::F64,
+                saturate: true,
+            },
+            &[e],
+        )
+        .unwrap();
+    let back = tr(&mut g, c, &inverse(&p));
+    g.set_outputs(vec![back]);
+    let (b, a, _) = sink(&g, 1);
+    assert_eq!((b, a), (2, 0));
+}
+
+#[test]
+fn binary_with_same_perm_operands_and_constants() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[2, 3, 4, 5]);
+    let y = input(&mut g, DType::F32, &[2, 3, 4, 5]);
+    let p = [0, 2, 3, 1];
+    let tx = tr(&mut g, x, &p);
+    let ty = tr(&mut g, y, &p);
+    let s = g.add(Op::Binary(BinaryOp::Add), &[tx, ty]).unwrap(); // [2,4,5,3]
+    let c = random_const(&mut g, DType::F32, &[5, 3], 7); // broadcast, lower rank
+    let m = g.add(Op::Binary(BinaryOp::Mul), &[c, s]).unwrap();
+    let c2 = random_const(&mut g, DType::F32, &[2, 4, 5, 3], 8);
+    let d = g.add(Op::Binary(BinaryOp::Sub), &[m, c2]).unwrap();
+    g.set_outputs(vec![d]);
+    let (b, a, _) = sink(&g, 2);
+    assert_eq!(
+        (b, a),
+        (2, 1),
+        "two operand transposes become one output transpose"
+    );
+}
+
+#[test]
+fn where_with_scalar_and_constant_condition() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[3, 4]);
+    let s = input(&mut g, DType::F32, &[]);
+    let t = tr(&mut g, x, &[1, 0]);
+    let cond = g.add_const(
+        "cond",
+        Tensor::from_i64s(DType::Bool, vec![4, 1], &[1, 0, 1, 0]).unwrap(),
+    );
+    let w = g.add(Op::Where, &[cond, t, s]).unwrap();
+    let back = tr(&mut g, w, &[1, 0]);
+    g.set_outputs(vec![back]);
+    let (b, a, _) = sink(&g, 3);
+    assert_eq!((b, a), (2, 0));
+}
+
+#[test]
+fn concat_of_transposes_and_softmax_axis_remap() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[2, 3, 4]);
+    let y = input(&mut g, DType::F32, &[2, 5, 4]);
+    let p = [2, 0, 1]; // tx: [4, 2, 3], ty: [4, 2, 5]
+    let tx = tr(&mut g, x, &p);
+    let ty = tr(&mut g, y, &p);
+    let c = g
+        .add(Op::Layout(LayoutOp::Concat { axis: 2 }), &[tx, ty])
+        .unwrap();
+    let sm = g.add(Op::Norm(NormOp::Softmax { axis: 2 }), &[c]).unwrap();
+    let ls = g
+        .add(Op::Norm(NormOp::LogSoftmax { axis: 0 }), &[sm])
+        .unwrap();
+    let back = tr(&mut g, ls, &inverse(&p));
+    g.set_outputs(vec![back]);
+    let (b, a, h) = sink(&g, 4);
+    assert_eq!((b, a), (3, 0));
+    assert!(h
+        .nodes()
+        .iter()
+        .any(|n| n.op == Op::Layout(LayoutOp::Concat { axis: 1 })));
+}
+
+#[test]
+fn reductions_remap_axes_and_may_drop_the_transpose() {
+    for keepdims in [false, true] {
+        for axes in [vec![0], vec![1, 3], vec![2], vec![0, 1, 2, 3]] {
+            let mut g = Graph::new("t");
+            let x = input(&mut g, DType::F32, &[2, 3, 4, 5]);
+            let t = tr(&mut g, x, &[3, 1, 0, 2]);
+            let r = g
+                .add(
+                    Op::Reduce(ReduceOp::Reduce {
+                        kind: ReduceKind::Sum,
+                        axes: axes.clone(),
+                        keepdims,
+                    }),
+                    &[t],
+                )
+                .unwrap();
+            let am = g
+                .add(
+                    Op::Reduce(ReduceOp::ArgMax {
+                        axis: 0,
+                        keepdims,
+                        select_last_index: false,
+                    }),
+                    &[t],
+                )
+                .unwrap();
+            g.set_outputs(vec![r, am]);
+            // `t` has two users: sinking into one keeps t alive, so nothing may sink unless the
+            // result needs no transpose.
+            let (b, a, _) = sink(&g, 5);
+            assert!(a <= b, "axes {axes:?} keepdims {keepdims}: {b} -> {a}");
+            // One user only: always sinks; the result transpose disappears when the kept
+            // axes stay in order.
+            let mut g1 = Graph::new("t");
+            let x = input(&mut g1, DType::F32, &[2, 3, 4, 5]);
+            let t = tr(&mut g1, x, &[3, 1, 0, 2]);
+            let r = g1
+                .add(
+                    Op::Reduce(ReduceOp::Reduce {
+                        kind: ReduceKind::Max,
+                        axes: axes.clone(),
+                        keepdims,
+                    }),
+                    &[t],
+                )
+                .unwrap();
+            let e = g1.add(Op::Unary(UnaryOp::Neg), &[r]).unwrap();
+            g1.set_outputs(vec![e]);
+            let (b, a, h) = sink(&g1, 6);
+            assert!(a <= b);
+            assert!(
+                !matches!(h.nodes()[0].op, Op::Layout(LayoutOp::Transpose { .. })),
+                "the transpose sank below the reduction"
+            );
+        }
+    }
+    // Reducing away both moved axes leaves the rest in order: no transpose at all.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[2, 3, 4]);
+    let t = tr(&mut g, x, &[1, 0, 2]);
+    let r = g
+        .add(
+            Op::Reduce(ReduceOp::Reduce {
+                kind: ReduceKind::Mean,
+                axes: vec![0, 1],
+                keepdims: false,
+            }),
+            &[t],
+        )
+        .unwrap();
+    g.set_outputs(vec![r]);
+    assert_eq!(sink(&g, 7).1, 0);
+}
+
+#[test]
+fn no_sinking_that_adds_transposes() {
+    // A transpose with two elementwise users: sinking would need two transposes.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[3, 4]);
+    let t = tr(&mut g, x, &[1, 0]);
+    let a = g.add(Op::Unary(UnaryOp::Relu), &[t]).unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Exp), &[t]).unwrap();
+    g.set_outputs(vec![a, b]);
+    let (before, after, _) = sink(&g, 8);
+    assert_eq!((before, after), (1, 1));
+    // Operands transposed by different perms, or a non-constant operand that is not.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[3, 3]);
+    let y = input(&mut g, DType::F32, &[3, 3]);
+    let t = tr(&mut g, x, &[1, 0]);
+    let s = g.add(Op::Binary(BinaryOp::Add), &[t, y]).unwrap();
+    g.set_outputs(vec![s]);
+    assert!(!SinkTransposes.run(&mut g.clone()).unwrap());
+}
+
+#[test]
+fn split_heads_pairs_stay() {
+    // [B,S,H*D] -> reshape [B,S,H,D] -> transpose(0,2,1,3) -> * scale: the transpose stays
+    // right after its reshape.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 4, 6]);
+    let shape = [1, 4, 2, 3].iter().map(|&d| Dim::Fixed(d)).collect();
+    let r = g
+        .add(Op::Layout(LayoutOp::Reshape { shape }), &[x])
+        .unwrap();
+    let t = tr(&mut g, r, &[0, 2, 1, 3]);
+    let c = random_const(&mut g, DType::F32, &[], 9);
+    let m = g.add(Op::Binary(BinaryOp::Mul), &[t, c]).unwrap();
+    g.set_outputs(vec![m]);
+    assert!(!SinkTransposes.run(&mut g.clone()).unwrap());
+}
+
+fn import(path: &Path) -> Graph {
+    tilec_onnx::import_file(path, &tilec_onnx::ImportOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Transpose counts: as imported, after the sinking pass alone, after the whole O3
+/// pipeline. Neither may exceed the imported count.
+fn counts(name: &str, g: &Graph) -> (usize, usize, usize) {
+    let before = count_transposes(g);
+    let mut s = g.clone();
+    SinkTransposes.run(&mut s).unwrap();
+    verify(&s).unwrap();
+    let mut o = g.clone();
+    let opts = PipelineOptions {
+        verify: true,
+        print_ir_after: None,
+    };
+    Pipeline::for_level(3).run(&mut o, &opts).unwrap();
+    let r = (before, count_transposes(&s), count_transposes(&o));
+    println!(
+        "{name}: transposes imported {} / after sink-transposes {} / after O3 {}",
+        r.0, r.1, r.2
+    );
+    assert!(r.1 <= r.0 && r.2 <= r.0, "{name}: transposes grew: {r:?}");
+    r
+}
+
+#[test]
+fn no_transpose_growth_on_models() {
+    let root = repo_root();
+    let mut paths: Vec<(String, PathBuf)> = Vec::new();
+    for m in ["gpt2", "bert", "llama"] {
+        paths.push((
+            m.to_string(),
+            root.join("models").join(m).join("model.onnx"),
+        ));
+    }
+    let light = root.join("testdata/gen/light");
+    let mut names: Vec<String> = std::fs::read_dir(&light)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    for n in names {
+        paths.push((format!("light/{n}"), light.join(&n).join("model.onnx")));
+    }
+    let mut seen = 0;
+    for (name, p) in paths {
+        if !p.exists() {
+            println!("{name}: missing, skipped");
+            continue;
+        }
+        counts(&name, &import(&p));
+        seen += 1;
+    }
+    assert!(seen >= 3, "models missing");
+}
+
+fn conv_chain(g: &mut Graph, x: ValueId, n: usize) -> ValueId {
+    let mut v = x;
+    for i in 0..n {
+        let w = random_const(g, DType::F32, &[4, 4, 3, 3], 20 + i as u64);
+        let b = random_const(g, DType::F32, &[4], 40 + i as u64);
+        let window = Window {
+            kernel: vec![3, 3],
+            strides: vec![1, 1],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(vec![1; 4]),
+        };
+        v = g
+            .add(Op::Linalg(LinalgOp::Conv { window, group: 1 }), &[v, w, b])
+            .unwrap();
+        v = g.add(Op::Unary(UnaryOp::Relu), &[v]).unwrap();
+    }
+    v
+}
+
+#[test]
+fn choose_layout_prefers_nhwc_on_cuda_for_conv_chains() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 4, 8, 8]);
+    let y = conv_chain(&mut g, x, 3);
+    let shape = vec![Dim::Fixed(1), Dim::Fixed(256)];
+    let f = g
+        .add(Op::Layout(LayoutOp::Reshape { shape }), &[y])
+        .unwrap();
+    g.set_outputs(vec![f]);
+    let cuda = plan_layout(&g, Target::Cuda);
+    print!("{}", cuda.report());
+    assert_eq!(cuda.regions.len(), 1);
+    let r = &cuda.regions[0];
+    assert_eq!((r.convs, r.entry_transposes, r.exit_transposes), (3, 1, 1));
+    assert_eq!(r.layout, Layout::Nhwc);
+    let cpu = plan_layout(&g, Target::Cpu);
+    assert_eq!(cpu.nhwc_regions(), 0);
+    // A lone conv with inputs and outputs in NCHW does not pay for two transposes.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 4, 8, 8]);
+    let y = conv_chain(&mut g, x, 1);
+    g.set_outputs(vec![y]);
+    assert_eq!(plan_layout(&g, Target::Cuda).nhwc_regions(), 0);
+    // The pipeline for either target leaves results unchanged (the plan does not rewrite).
+    let mut o = g.clone();
+    Pipeline::for_level_and_target(3, Target::Cuda)
+        .run(&mut o, &PipelineOptions::default())
+        .unwrap();
+    verify(&o).unwrap();
+}
+
+#[test]
+fn choose_layout_on_light_cnns() {
+    let light = repo_root().join("testdata/gen/light");
+    for m in ["resnet50", "squeezenet", "inception_v1"] {
+        let p = light.join(m).join("model.onnx");
+        if !p.exists() {
+            continue;
+        }
+        let g = import(&p);
+        let cuda = plan_layout(&g, Target::Cuda);
+        print!("{m}: {}", cuda.report());
+        assert!(
+            cuda.nhwc_regions() >= 1,
+            "{m}: expected an NHWC region on cuda"
+        );
+        assert_eq!(plan_layout(&g, Target::Cpu).nhwc_regions(), 0);
+    }
+}
