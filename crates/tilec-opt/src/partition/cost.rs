@@ -1,7 +1,9 @@
 //! Op classification and per-node cost estimates (element counts, bytes, FLOPs).
 
 use std::collections::HashMap;
-use tilec_ir::op::{IndexOp, LayoutOp, LinalgOp, NnOp, NormOp, QuantOp, ReduceOp, SourceOp, UnaryOp};
+use tilec_ir::op::{
+    IndexOp, LayoutOp, LinalgOp, NnOp, NormOp, QuantOp, ReduceOp, SourceOp, UnaryOp,
+};
 use tilec_ir::{Dim, Graph, Node, Op, SymbolId, ValueId};
 
 /// How the partitioner treats an op.
@@ -28,7 +30,13 @@ impl Class {
     pub fn is_anchor(self) -> bool {
         matches!(
             self,
-            Class::Reduction | Class::Normalization | Class::Gemm | Class::Conv | Class::Pool | Class::Attention | Class::Opaque
+            Class::Reduction
+                | Class::Normalization
+                | Class::Gemm
+                | Class::Conv
+                | Class::Pool
+                | Class::Attention
+                | Class::Opaque
         )
     }
 }
@@ -44,7 +52,10 @@ pub fn classify(op: &Op) -> Class {
         Op::Norm(NormOp::NllLoss { .. }) => Class::Reduction,
         Op::Norm(_) => Class::Normalization,
         Op::Linalg(l) => match l {
-            LinalgOp::MatMul | LinalgOp::MatMulInteger | LinalgOp::QLinearMatMul | LinalgOp::Einsum { .. } => Class::Gemm,
+            LinalgOp::MatMul
+            | LinalgOp::MatMulInteger
+            | LinalgOp::QLinearMatMul
+            | LinalgOp::Einsum { .. } => Class::Gemm,
             LinalgOp::Conv { .. }
             | LinalgOp::ConvInteger { .. }
             | LinalgOp::QLinearConv { .. }
@@ -64,14 +75,18 @@ pub fn classify(op: &Op) -> Class {
             _ => Class::Layout,
         },
         Op::Index(i) => match i {
-            IndexOp::Gather { .. } | IndexOp::GatherElements { .. } | IndexOp::GatherND { .. } | IndexOp::OneHot { .. } => {
-                Class::Elementwise
-            }
+            IndexOp::Gather { .. }
+            | IndexOp::GatherElements { .. }
+            | IndexOp::GatherND { .. }
+            | IndexOp::OneHot { .. } => Class::Elementwise,
             _ => Class::Opaque,
         },
-        Op::Source(SourceOp::Fill { .. } | SourceOp::DimValues { .. } | SourceOp::Range { .. } | SourceOp::Eye { .. }) => {
-            Class::Source
-        }
+        Op::Source(
+            SourceOp::Fill { .. }
+            | SourceOp::DimValues { .. }
+            | SourceOp::Range { .. }
+            | SourceOp::Eye { .. },
+        ) => Class::Source,
         Op::Control(_) => Class::Opaque,
     }
 }
@@ -86,7 +101,10 @@ pub struct SizeHints {
 
 impl Default for SizeHints {
     fn default() -> Self {
-        SizeHints { named: HashMap::new(), default: 64 }
+        SizeHints {
+            named: HashMap::new(),
+            default: 64,
+        }
     }
 }
 
@@ -102,13 +120,24 @@ impl Sizes {
         let mut bound = HashMap::new();
         for (i, s) in g.syms.symbols.iter().enumerate() {
             if s.expr.is_none() {
-                bound.insert(SymbolId(i as u32), *hints.named.get(&s.name).unwrap_or(&hints.default));
+                bound.insert(
+                    SymbolId(i as u32),
+                    *hints.named.get(&s.name).unwrap_or(&hints.default),
+                );
             }
         }
         let dim = |d: Dim| -> f64 { g.syms.eval(d, &bound).unwrap_or(hints.default) as f64 };
-        let dims = g.values().iter().map(|v| v.ty.shape.iter().map(|&d| dim(d)).collect()).collect();
+        let dims = g
+            .values()
+            .iter()
+            .map(|v| v.ty.shape.iter().map(|&d| dim(d)).collect())
+            .collect();
         let elem_bytes = g.values().iter().map(|v| v.ty.dtype.size_bytes()).collect();
-        Sizes { bound, dims, elem_bytes }
+        Sizes {
+            bound,
+            dims,
+            elem_bytes,
+        }
     }
 
     pub fn elems(&self, v: ValueId) -> f64 {
@@ -137,8 +166,20 @@ fn ew_cost(op: &Op) -> f64 {
     use UnaryOp as U;
     match op {
         Op::Unary(u) => match u {
-            U::Abs | U::Neg | U::Relu | U::Not | U::BitwiseNot | U::Sign | U::Floor | U::Ceil | U::Round => 1.0,
-            U::IsNaN | U::IsInf { .. } | U::BitCast { .. } | U::LeakyRelu { .. } | U::ThresholdedRelu { .. } => 1.0,
+            U::Abs
+            | U::Neg
+            | U::Relu
+            | U::Not
+            | U::BitwiseNot
+            | U::Sign
+            | U::Floor
+            | U::Ceil
+            | U::Round => 1.0,
+            U::IsNaN
+            | U::IsInf { .. }
+            | U::BitCast { .. }
+            | U::LeakyRelu { .. }
+            | U::ThresholdedRelu { .. } => 1.0,
             U::HardSigmoid { .. } | U::HardSwish | U::Shrink { .. } | U::Reciprocal => 2.0,
             U::Gelu { .. } | U::Mish => 14.0,
             _ => 8.0,
@@ -169,15 +210,25 @@ pub fn node_flops(g: &Graph, n: &Node, s: &Sizes) -> f64 {
         Op::Linalg(LinalgOp::MatMul | LinalgOp::MatMulInteger | LinalgOp::QLinearMatMul) => {
             // [.., M, K] x [.., K, N]: 2*K per output element.
             let a = n.inputs[0];
-            let k = if s.rank(a) == 0 { 1.0 } else { s.dim(a, s.rank(a) - 1) };
+            let k = if s.rank(a) == 0 {
+                1.0
+            } else {
+                s.dim(a, s.rank(a) - 1)
+            };
             2.0 * k * out
         }
         Op::Linalg(LinalgOp::Einsum { .. }) => 2.0 * inp(0).max(inp(1)).max(out),
         Op::Linalg(
-            LinalgOp::Conv { group, .. } | LinalgOp::ConvInteger { group, .. } | LinalgOp::QLinearConv { group, .. },
+            LinalgOp::Conv { group, .. }
+            | LinalgOp::ConvInteger { group, .. }
+            | LinalgOp::QLinearConv { group, .. },
         ) => {
             // Weight [Cout, Cin/group, k...]: each output does Cin/group * prod(k) MACs.
-            let wi = if matches!(n.op, Op::Linalg(LinalgOp::QLinearConv { .. })) { 3 } else { 1 };
+            let wi = if matches!(n.op, Op::Linalg(LinalgOp::QLinearConv { .. })) {
+                3
+            } else {
+                1
+            };
             let w = n.inputs.get(wi).copied();
             let per = w.map(|w| s.elems(w) / s.dim(w, 0).max(1.0)).unwrap_or(1.0);
             let _ = group;
@@ -187,7 +238,9 @@ pub fn node_flops(g: &Graph, n: &Node, s: &Sizes) -> f64 {
             let w = n.inputs.get(1).map(|&w| s.elems(w)).unwrap_or(1.0);
             2.0 * w * inp(0) / s.dim(n.inputs[0], 1).max(1.0)
         }
-        Op::Linalg(LinalgOp::Pool { window, .. }) => out * window.kernel.iter().product::<usize>() as f64,
+        Op::Linalg(LinalgOp::Pool { window, .. }) => {
+            out * window.kernel.iter().product::<usize>() as f64
+        }
         Op::Linalg(LinalgOp::GlobalPool { .. }) => inp(0),
         Op::Nn(NnOp::Attention { .. } | NnOp::LinearAttention { .. }) => {
             // q [B, Hq, Sq, D], k [B, Hkv, Skv, D] (or rank 3 with heads folded).
@@ -198,10 +251,14 @@ pub fn node_flops(g: &Graph, n: &Node, s: &Sizes) -> f64 {
             let d = s.dim(q, r - 1);
             4.0 * scores * d + 5.0 * scores
         }
-        Op::Nn(NnOp::CausalConvWithState { .. }) => 2.0 * inp(0) * s.dim(n.inputs[1], s.rank(n.inputs[1]).saturating_sub(1)),
+        Op::Nn(NnOp::CausalConvWithState { .. }) => {
+            2.0 * inp(0) * s.dim(n.inputs[1], s.rank(n.inputs[1]).saturating_sub(1))
+        }
         Op::Reduce(_) => inp(0).max(out),
         Op::Norm(NormOp::Softmax { .. } | NormOp::LogSoftmax { .. }) => 5.0 * out,
-        Op::Norm(NormOp::LayerNorm { .. } | NormOp::GroupNorm { .. } | NormOp::InstanceNorm { .. }) => 8.0 * out,
+        Op::Norm(
+            NormOp::LayerNorm { .. } | NormOp::GroupNorm { .. } | NormOp::InstanceNorm { .. },
+        ) => 8.0 * out,
         Op::Norm(NormOp::RmsNorm { .. }) => 5.0 * out,
         Op::Norm(NormOp::Lrn { size, .. }) => (*size as f64 + 10.0) * out,
         Op::Norm(_) => 5.0 * inp(0).max(out),
@@ -222,7 +279,9 @@ pub fn reduction_row(n: &Node, s: &Sizes) -> f64 {
     let prod = |from: usize, to: usize| (from..to).map(|i| s.dim(x, i)).product::<f64>();
     match &n.op {
         Op::Norm(NormOp::LayerNorm { axis, .. } | NormOp::RmsNorm { axis, .. }) => prod(*axis, r),
-        Op::Norm(NormOp::Softmax { axis } | NormOp::LogSoftmax { axis } | NormOp::Hardmax { axis }) => s.dim(x, *axis),
+        Op::Norm(
+            NormOp::Softmax { axis } | NormOp::LogSoftmax { axis } | NormOp::Hardmax { axis },
+        ) => s.dim(x, *axis),
         Op::Norm(NormOp::InstanceNorm { .. } | NormOp::GroupNorm { .. }) => prod(2.min(r), r),
         Op::Reduce(ReduceOp::Reduce { axes, .. }) => {
             if axes.is_empty() {
@@ -231,7 +290,11 @@ pub fn reduction_row(n: &Node, s: &Sizes) -> f64 {
                 axes.iter().map(|&a| s.dim(x, a)).product()
             }
         }
-        Op::Reduce(ReduceOp::ArgMax { axis, .. } | ReduceOp::ArgMin { axis, .. } | ReduceOp::Scan { axis, .. }) => s.dim(x, *axis),
+        Op::Reduce(
+            ReduceOp::ArgMax { axis, .. }
+            | ReduceOp::ArgMin { axis, .. }
+            | ReduceOp::Scan { axis, .. },
+        ) => s.dim(x, *axis),
         Op::Linalg(LinalgOp::GlobalPool { .. }) => prod(2.min(r), r),
         Op::Linalg(LinalgOp::Pool { window, .. }) => window.kernel.iter().product::<usize>() as f64,
         _ => 0.0,

@@ -41,15 +41,34 @@ pub fn explain_group(g: &Graph, p: &Partition, t: &Target, id: usize) -> String 
         None => return s,
     };
     let ai = intensity(gr.bytes, gr.flops);
-    let bound = if ai >= t.ridge(gr.peak) { "compute-bound" } else { "memory-bound" };
-    let anchor = gr.anchor.map(|a| format!(" anchor '{}'", g.node(a).name)).unwrap_or_default();
+    let bound = if ai >= t.ridge(gr.peak) {
+        "compute-bound"
+    } else {
+        "memory-bound"
+    };
+    let anchor = gr
+        .anchor
+        .map(|a| format!(" anchor '{}'", g.node(a).name))
+        .unwrap_or_default();
     let sib = if gr.siblings.is_empty() {
         String::new()
     } else {
-        let names: Vec<&str> = gr.siblings.iter().map(|a| g.node(*a).name.as_str()).collect();
+        let names: Vec<&str> = gr
+            .siblings
+            .iter()
+            .map(|a| g.node(*a).name.as_str())
+            .collect();
         format!(" + horizontal [{}]", names.join(", "))
     };
-    let _ = writeln!(s, "group #{} {}{}{} ({} ops)", gr.id, gr.kind, anchor, sib, gr.nodes.len());
+    let _ = writeln!(
+        s,
+        "group #{} {}{}{} ({} ops)",
+        gr.id,
+        gr.kind,
+        anchor,
+        sib,
+        gr.nodes.len()
+    );
     let _ = writeln!(
         s,
         "  cost: {} moved, {}, AI {:.2} FLOP/B (ridge {:.1}), {}, est {:.2} us",
@@ -67,7 +86,13 @@ pub fn explain_group(g: &Graph, p: &Partition, t: &Target, id: usize) -> String 
         let node = g.node(*n);
         let outs: Vec<String> = node.outputs.iter().map(|&v| vname(g, v)).collect();
         let ins: Vec<String> = node.inputs.iter().map(|v| format!("%{}", v.0)).collect();
-        let _ = writeln!(s, "    {} = {}({})", outs.join(", "), node.op.name(), ins.join(", "));
+        let _ = writeln!(
+            s,
+            "    {} = {}({})",
+            outs.join(", "),
+            node.op.name(),
+            ins.join(", ")
+        );
     }
     let ins: Vec<String> = gr.inputs.iter().map(|&v| vname(g, v)).collect();
     let outs: Vec<String> = gr.outputs.iter().map(|&v| vname(g, v)).collect();
@@ -96,7 +121,11 @@ pub fn explain(g: &Graph, p: &Partition, t: &Target) -> String {
     }
     let _ = writeln!(s, "rejected fusions ({}):", p.rejected.len());
     for r in &p.rejected {
-        let _ = writeln!(s, "  #{} -> #{}: {:?}: {}", r.producer, r.consumer, r.reason, r.detail);
+        let _ = writeln!(
+            s,
+            "  #{} -> #{}: {:?}: {}",
+            r.producer, r.consumer, r.reason, r.detail
+        );
     }
     let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();
     for gr in &p.groups {
@@ -104,7 +133,10 @@ pub fn explain(g: &Graph, p: &Partition, t: &Target) -> String {
         e.0 += 1;
         e.1 += gr.time_s;
     }
-    let parts: Vec<String> = by.iter().map(|(k, (n, ts))| format!("{k} {n} ({:.1} us)", ts * 1e6)).collect();
+    let parts: Vec<String> = by
+        .iter()
+        .map(|(k, (n, ts))| format!("{k} {n} ({:.1} us)", ts * 1e6))
+        .collect();
     let _ = writeln!(
         s,
         "summary: {} groups: {}; total est {:.1} us",

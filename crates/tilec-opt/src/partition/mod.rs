@@ -203,10 +203,29 @@ impl<'a> St<'a> {
                 continue;
             }
             gid[i] = groups.len();
-            let anchors = if c.is_anchor() { vec![NodeId(i as u32)] } else { vec![] };
-            groups.push(Grp { nodes: vec![NodeId(i as u32)], anchors, alive: true, note: None });
+            let anchors = if c.is_anchor() {
+                vec![NodeId(i as u32)]
+            } else {
+                vec![]
+            };
+            groups.push(Grp {
+                nodes: vec![NodeId(i as u32)],
+                anchors,
+                alive: true,
+                note: None,
+            });
         }
-        St { g, t, s, uses: g.uses(), class, flops, gid, groups, rejected: Vec::new() }
+        St {
+            g,
+            t,
+            s,
+            uses: g.uses(),
+            class,
+            flops,
+            gid,
+            groups,
+            rejected: Vec::new(),
+        }
     }
 
     // ---- group queries ----
@@ -216,7 +235,11 @@ impl<'a> St<'a> {
         if let Some(a) = gr.anchors.first() {
             return kind_of(self.class[a.index()]);
         }
-        if gr.nodes.iter().all(|n| self.class[n.index()] == Class::Layout) {
+        if gr
+            .nodes
+            .iter()
+            .all(|n| self.class[n.index()] == Class::Layout)
+        {
             GroupKind::Layout
         } else {
             GroupKind::Elementwise
@@ -229,7 +252,9 @@ impl<'a> St<'a> {
 
     fn producer_group(&self, v: ValueId) -> Option<usize> {
         match self.g.value(v).def {
-            ValueDef::Node { node, .. } if self.gid[node.index()] != NONE => Some(self.gid[node.index()]),
+            ValueDef::Node { node, .. } if self.gid[node.index()] != NONE => {
+                Some(self.gid[node.index()])
+            }
             _ => None,
         }
     }
@@ -254,7 +279,9 @@ impl<'a> St<'a> {
         for n in &self.groups[gi].nodes {
             for &v in &self.g.node(*n).outputs {
                 let u = &self.uses[v.index()];
-                if !u.by_output.is_empty() || u.by_node.iter().any(|(c, _)| self.gid[c.index()] != gi) {
+                if !u.by_output.is_empty()
+                    || u.by_node.iter().any(|(c, _)| self.gid[c.index()] != gi)
+                {
                     out.push(v);
                 }
             }
@@ -278,11 +305,18 @@ impl<'a> St<'a> {
     }
 
     fn producer_groups(&self, gi: usize) -> BTreeSet<usize> {
-        self.ext_inputs(gi).into_iter().filter_map(|v| self.producer_group(v)).collect()
+        self.ext_inputs(gi)
+            .into_iter()
+            .filter_map(|v| self.producer_group(v))
+            .collect()
     }
 
     fn group_flops(&self, gi: usize) -> f64 {
-        self.groups[gi].nodes.iter().map(|n| self.flops[n.index()]).sum()
+        self.groups[gi]
+            .nodes
+            .iter()
+            .map(|n| self.flops[n.index()])
+            .sum()
     }
 
     /// Bytes a value costs to read as a group input: sources are generated inline, a
@@ -301,7 +335,12 @@ impl<'a> St<'a> {
                 continue;
             }
             let n = self.g.node(*c);
-            if *k == 0 && matches!(n.op, tilec_ir::Op::Index(tilec_ir::op::IndexOp::Gather { .. })) {
+            if *k == 0
+                && matches!(
+                    n.op,
+                    tilec_ir::Op::Index(tilec_ir::op::IndexOp::Gather { .. })
+                )
+            {
                 gathered += n.outputs.first().map(|&o| self.s.bytes(o)).unwrap_or(0.0);
             } else {
                 other = true;
@@ -315,7 +354,11 @@ impl<'a> St<'a> {
     }
 
     fn group_bytes(&self, gi: usize) -> f64 {
-        let i: f64 = self.ext_inputs(gi).iter().map(|&v| self.input_bytes(gi, v)).sum();
+        let i: f64 = self
+            .ext_inputs(gi)
+            .iter()
+            .map(|&v| self.input_bytes(gi, v))
+            .sum();
         let o: f64 = self.ext_outputs(gi).iter().map(|&v| self.s.bytes(v)).sum();
         i + o
     }
@@ -323,9 +366,26 @@ impl<'a> St<'a> {
     fn group_peak(&self, gi: usize) -> f64 {
         let gr = &self.groups[gi];
         match gr.anchors.first() {
-            Some(a) if matches!(self.class[a.index()], Class::Gemm | Class::Conv | Class::Attention) => {
-                let eb = self.g.node(*a).inputs.first().map(|v| self.s.elem_bytes[v.index()]).unwrap_or(4);
-                let float = self.g.node(*a).inputs.first().map(|v| self.g.value(*v).ty.dtype.is_float()).unwrap_or(true);
+            Some(a)
+                if matches!(
+                    self.class[a.index()],
+                    Class::Gemm | Class::Conv | Class::Attention
+                ) =>
+            {
+                let eb = self
+                    .g
+                    .node(*a)
+                    .inputs
+                    .first()
+                    .map(|v| self.s.elem_bytes[v.index()])
+                    .unwrap_or(4);
+                let float = self
+                    .g
+                    .node(*a)
+                    .inputs
+                    .first()
+                    .map(|v| self.g.value(*v).ty.dtype.is_float())
+                    .unwrap_or(true);
                 self.t.peak(true, if float { eb } else { 1 })
             }
             _ => self.t.peak(false, 4),
@@ -352,7 +412,11 @@ impl<'a> St<'a> {
     }
 
     fn ew_ops(&self, gi: usize) -> usize {
-        self.groups[gi].nodes.iter().filter(|n| self.class[n.index()] == Class::Elementwise).count()
+        self.groups[gi]
+            .nodes
+            .iter()
+            .filter(|n| self.class[n.index()] == Class::Elementwise)
+            .count()
     }
 
     /// Bytes saved by fusing `p` into `c`: each value `p` writes that `c` reads is no
@@ -366,7 +430,8 @@ impl<'a> St<'a> {
             if !in_c {
                 continue;
             }
-            let only_c = u.by_output.is_empty() && u.by_node.iter().all(|(n, _)| self.gid[n.index()] == c);
+            let only_c =
+                u.by_output.is_empty() && u.by_node.iter().all(|(n, _)| self.gid[n.index()] == c);
             if only_c {
                 saved += 2.0 * self.s.bytes(v);
             } else {
@@ -403,7 +468,11 @@ impl<'a> St<'a> {
     }
 
     fn first_node(&self, gi: usize) -> NodeId {
-        self.groups[gi].anchors.first().copied().unwrap_or(self.groups[gi].nodes[0])
+        self.groups[gi]
+            .anchors
+            .first()
+            .copied()
+            .unwrap_or(self.groups[gi].nodes[0])
     }
 
     fn reject(&mut self, p: usize, c: usize, reason: RejectReason, detail: String) {
@@ -440,7 +509,9 @@ impl<'a> St<'a> {
     }
 
     fn alive(&self) -> Vec<usize> {
-        (0..self.groups.len()).filter(|&i| self.groups[i].alive).collect()
+        (0..self.groups.len())
+            .filter(|&i| self.groups[i].alive)
+            .collect()
     }
 
     // ---- rules ----
@@ -452,7 +523,10 @@ impl<'a> St<'a> {
             if !self.groups[gi].alive || self.kind(gi) != GroupKind::Layout {
                 continue;
             }
-            let is_graph_out = self.ext_outputs(gi).iter().any(|v| !self.uses[v.index()].by_output.is_empty());
+            let is_graph_out = self
+                .ext_outputs(gi)
+                .iter()
+                .any(|v| !self.uses[v.index()].by_output.is_empty());
             let cons = self.consumer_groups(gi);
             if is_graph_out || cons.len() != 1 {
                 continue;
@@ -487,7 +561,11 @@ impl<'a> St<'a> {
             let why = if prods.is_empty() {
                 format!("reads only graph inputs/constants and has {ncons} consumer groups: materialized once")
             } else if prods.len() > 1 {
-                format!("gathers from {} producer groups into {} consumer groups: materialized", prods.len(), ncons)
+                format!(
+                    "gathers from {} producer groups into {} consumer groups: materialized",
+                    prods.len(),
+                    ncons
+                )
             } else {
                 format!("producer is opaque and it has {ncons} consumer groups: materialized")
             };
@@ -532,7 +610,10 @@ impl<'a> St<'a> {
         }
         let ops = self.ew_ops(p) + self.ew_ops(c);
         if ops > self.t.max_epilogue_ops {
-            let d = format!("epilogue chain of {ops} ops > budget {} (registers)", self.t.max_epilogue_ops);
+            let d = format!(
+                "epilogue chain of {ops} ops > budget {} (registers)",
+                self.t.max_epilogue_ops
+            );
             self.reject(p, c, RejectReason::RegisterBudget, d);
             return false;
         }
@@ -617,7 +698,10 @@ impl<'a> St<'a> {
                 let fk = match self.class[a.index()] {
                     Class::Gemm => {
                         // A [M, K] is re-read per N tile; B [K, N] per M tile.
-                        let (m, nn) = (self.s.dim(out, r.saturating_sub(2)), self.s.dim(out, r.saturating_sub(1)));
+                        let (m, nn) = (
+                            self.s.dim(out, r.saturating_sub(2)),
+                            self.s.dim(out, r.saturating_sub(1)),
+                        );
                         if k == 0 {
                             (nn / tile).ceil()
                         } else {
@@ -632,7 +716,9 @@ impl<'a> St<'a> {
                         }
                     }
                     Class::Attention => {
-                        let sq = self.s.dim(n.inputs[0], self.s.rank(n.inputs[0]).saturating_sub(2));
+                        let sq = self
+                            .s
+                            .dim(n.inputs[0], self.s.rank(n.inputs[0]).saturating_sub(2));
                         match k {
                             0 => 1.0,
                             1 | 2 => (sq / tile).ceil(),
@@ -661,9 +747,17 @@ impl<'a> St<'a> {
         let feeds: Vec<ValueId> = self
             .ext_outputs(p)
             .into_iter()
-            .filter(|v| self.uses[v.index()].by_node.iter().any(|(n, _)| self.gid[n.index()] == c))
+            .filter(|v| {
+                self.uses[v.index()]
+                    .by_node
+                    .iter()
+                    .any(|(n, _)| self.gid[n.index()] == c)
+            })
             .collect();
-        let factor = feeds.iter().map(|&v| self.prologue_factor(c, v)).fold(1.0, f64::max);
+        let factor = feeds
+            .iter()
+            .map(|&v| self.prologue_factor(c, v))
+            .fold(1.0, f64::max);
         let recompute = pf * (factor - 1.0);
         let matrix = matches!(ck, GroupKind::Gemm | GroupKind::Conv | GroupKind::Attention);
         if escapes && (matrix || factor > 1.0) && pf > 0.0 {
@@ -676,8 +770,15 @@ impl<'a> St<'a> {
             self.reject(p, c, RejectReason::Escapes, d);
             return false;
         }
-        if matches!(ck, GroupKind::Reduction | GroupKind::Normalization | GroupKind::Pool) {
-            let row: f64 = self.groups[c].anchors.iter().map(|a| reduction_row(self.g.node(*a), &self.s)).fold(0.0, f64::max);
+        if matches!(
+            ck,
+            GroupKind::Reduction | GroupKind::Normalization | GroupKind::Pool
+        ) {
+            let row: f64 = self.groups[c]
+                .anchors
+                .iter()
+                .map(|a| reduction_row(self.g.node(*a), &self.s))
+                .fold(0.0, f64::max);
             let live = 1 + self.ext_inputs(p).len();
             let row_bytes = row * 4.0 * live as f64;
             let budget = self.t.scratch_per_unit as f64;
@@ -693,12 +794,18 @@ impl<'a> St<'a> {
         }
         let ops = self.ew_ops(p) + self.ew_ops(c);
         if ops > self.t.max_epilogue_ops {
-            let d = format!("fused prologue+epilogue chain of {ops} ops > budget {} (registers)", self.t.max_epilogue_ops);
+            let d = format!(
+                "fused prologue+epilogue chain of {ops} ops > budget {} (registers)",
+                self.t.max_epilogue_ops
+            );
             self.reject(p, c, RejectReason::RegisterBudget, d);
             return false;
         }
         if recompute > 0.0 {
-            let (rt, st) = (self.t.flop_time(recompute), self.t.mem_time(saved) + self.t.launch_s);
+            let (rt, st) = (
+                self.t.flop_time(recompute),
+                self.t.mem_time(saved) + self.t.launch_s,
+            );
             if rt > st {
                 let d = format!(
                     "prologue recomputed {factor:.0}x: +{:.3} MFLOP ({}) > saves {} ({})",
@@ -758,7 +865,10 @@ impl<'a> St<'a> {
                 self.reject(p, c, RejectReason::Escapes, d);
                 return false;
             }
-            let (rt, st) = (self.t.flop_time(recompute), self.t.mem_time(saved) + self.t.launch_s);
+            let (rt, st) = (
+                self.t.flop_time(recompute),
+                self.t.mem_time(saved) + self.t.launch_s,
+            );
             if rt > st {
                 let d = format!(
                     "broadcast recompute {factor:.1}x: +{:.3} MFLOP ({}) > saves {} ({})",
@@ -810,7 +920,10 @@ impl<'a> St<'a> {
                 }
                 if let Some(via) = self.cycle_via(a, b) {
                     let vn = self.first_node(via);
-                    let d = format!("sibling GEMMs are connected through '{}'", self.g.node(vn).name);
+                    let d = format!(
+                        "sibling GEMMs are connected through '{}'",
+                        self.g.node(vn).name
+                    );
                     self.reject(a, b, RejectReason::Cycle, d);
                     continue;
                 }
@@ -834,13 +947,15 @@ impl<'a> St<'a> {
             if !changed {
                 break;
             }
-            // Rejections are re-derived each round; keep those of the final round.
-            self.rejected.clear();
         }
     }
 
     fn finish(self) -> Partition {
-        let mut order: Vec<usize> = self.alive().into_iter().filter(|&gi| !self.groups[gi].nodes.is_empty()).collect();
+        let mut order: Vec<usize> = self
+            .alive()
+            .into_iter()
+            .filter(|&gi| !self.groups[gi].nodes.is_empty())
+            .collect();
         order.sort_by_key(|&gi| self.groups[gi].nodes[0]);
         let mut newid = vec![NONE; self.groups.len()];
         for (i, &gi) in order.iter().enumerate() {
@@ -867,9 +982,14 @@ impl<'a> St<'a> {
                 note: gr.note.clone(),
             });
         }
-        let group_of: Vec<Option<usize>> =
-            self.gid.iter().map(|&g| if g == NONE { None } else { Some(newid[g]) }).collect();
+        let group_of: Vec<Option<usize>> = self
+            .gid
+            .iter()
+            .map(|&g| if g == NONE { None } else { Some(newid[g]) })
+            .collect();
         let mut rejected: Vec<RejectedFusion> = Vec::new();
+        // Refusals from every round, mapped to final groups; a pair later fused anyway
+        // drops out, and the first reason recorded for a pair and reason is kept.
         let mut seen = BTreeSet::new();
         for (pn, cn, reason, detail) in &self.rejected {
             let (p, c) = match (group_of[pn.index()], group_of[cn.index()]) {
@@ -877,10 +997,20 @@ impl<'a> St<'a> {
                 _ => continue,
             };
             if seen.insert((p, c, *reason)) {
-                rejected.push(RejectedFusion { producer: p, consumer: c, reason: *reason, detail: detail.clone() });
+                rejected.push(RejectedFusion {
+                    producer: p,
+                    consumer: c,
+                    reason: *reason,
+                    detail: detail.clone(),
+                });
             }
         }
         rejected.sort_by_key(|r| (r.consumer, r.producer, r.reason));
-        Partition { target: self.t.name, groups, rejected, group_of }
+        Partition {
+            target: self.t.name,
+            groups,
+            rejected,
+            group_of,
+        }
     }
 }

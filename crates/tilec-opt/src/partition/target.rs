@@ -48,7 +48,11 @@ impl Target {
     }
 
     pub fn cuda_h200() -> Target {
-        Target { name: "cuda-h200", mem_bw: 4.8e12, ..Target::cuda_h100() }
+        Target {
+            name: "cuda-h200",
+            mem_bw: 4.8e12,
+            ..Target::cuda_h100()
+        }
     }
 
     /// The development machine: 2 AVX-512 cores, ~20 GB/s DRAM, 1 MB L2 per core.
