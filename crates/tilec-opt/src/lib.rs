@@ -7,6 +7,7 @@
 //! uses the interpreter to evaluate, so folded values are exactly what execution gives).
 
 pub mod manager;
+pub mod partition;
 pub mod passes;
 pub mod recognize;
 

@@ -1,0 +1,470 @@
+//! Fusion partitioner: group counts on the transformer exports and light models,
+//! partition invariants, and refused fusions on hand-built graphs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::{DType, Graph, NodeId, Op, Tensor, TensorType, ValueDef};
+use tilec_opt::partition::{
+    explain, explain_group, partition, Class, GroupKind, Partition, RejectReason, Target,
+};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn load(path: &Path) -> Option<Graph> {
+    if !path.exists() {
+        eprintln!("skipping {}: not present", path.display());
+        return None;
+    }
+    let mut g = tilec_onnx::import_file(path, &Default::default()).expect("import");
+    tilec_opt::manager::optimize(&mut g, 3).expect("optimize");
+    Some(g)
+}
+
+/// Every non-source node in exactly one group; group graph acyclic; inputs/outputs
+/// consistent with the nodes.
+fn check_invariants(g: &Graph, p: &Partition, what: &str) {
+    let mut seen = vec![0usize; g.nodes().len()];
+    for gr in &p.groups {
+        assert!(!gr.nodes.is_empty(), "{what}: empty group #{}", gr.id);
+        for n in &gr.nodes {
+            seen[n.index()] += 1;
+            assert_eq!(p.group_of[n.index()], Some(gr.id), "{what}: group_of");
+        }
+        if let Some(a) = gr.anchor {
+            assert!(
+                gr.nodes.contains(&a),
+                "{what}: anchor outside group #{}",
+                gr.id
+            );
+        }
+    }
+    for (i, n) in g.nodes().iter().enumerate() {
+        let source = tilec_opt::partition::cost::classify(&n.op) == Class::Source;
+        let want = if source { 0 } else { 1 };
+        assert_eq!(
+            seen[i],
+            want,
+            "{what}: node '{}' ({}) in {} groups",
+            n.name,
+            n.op.name(),
+            seen[i]
+        );
+    }
+    // Inputs: read by a node of the group, defined outside it; outputs: defined inside,
+    // read outside or a graph output.
+    let uses = g.uses();
+    for gr in &p.groups {
+        let set: BTreeSet<NodeId> = gr.nodes.iter().copied().collect();
+        let inside = |v: tilec_ir::ValueId| matches!(g.value(v).def, ValueDef::Node { node, .. } if set.contains(&node));
+        let mut want_in = BTreeSet::new();
+        let mut want_out = BTreeSet::new();
+        for n in &gr.nodes {
+            for &v in &g.node(*n).inputs {
+                if !inside(v) {
+                    want_in.insert(v);
+                }
+            }
+            for &v in &g.node(*n).outputs {
+                let u = &uses[v.index()];
+                if !u.by_output.is_empty() || u.by_node.iter().any(|(c, _)| !set.contains(c)) {
+                    want_out.insert(v);
+                }
+            }
+        }
+        assert_eq!(
+            gr.inputs.iter().copied().collect::<BTreeSet<_>>(),
+            want_in,
+            "{what}: inputs of #{}",
+            gr.id
+        );
+        assert_eq!(
+            gr.outputs.iter().copied().collect::<BTreeSet<_>>(),
+            want_out,
+            "{what}: outputs of #{}",
+            gr.id
+        );
+    }
+    // Acyclic: Kahn's algorithm over group edges.
+    let ng = p.groups.len();
+    let mut succ: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); ng];
+    for gr in &p.groups {
+        for &v in &gr.inputs {
+            if let ValueDef::Node { node, .. } = g.value(v).def {
+                if let Some(pg) = p.group_of[node.index()] {
+                    succ[pg].insert(gr.id);
+                }
+            }
+        }
+    }
+    let mut indeg = vec![0usize; ng];
+    for s in &succ {
+        for &t in s {
+            indeg[t] += 1;
+        }
+    }
+    let mut stack: Vec<usize> = (0..ng).filter(|&i| indeg[i] == 0).collect();
+    let mut done = 0;
+    while let Some(x) = stack.pop() {
+        done += 1;
+        for &t in &succ[x] {
+            indeg[t] -= 1;
+            if indeg[t] == 0 {
+                stack.push(t);
+            }
+        }
+    }
+    assert_eq!(done, ng, "{what}: group graph has a cycle");
+}
+
+fn kinds(p: &Partition) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for gr in &p.groups {
+        *m.entry(gr.kind.to_string()).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Groups per transformer block. Blocks are delimited by normalization anchors:
+/// `pre_norm` models start a block at every other norm (ln_1); post-norm (BERT) blocks
+/// start after the embedding norm and end with their second norm.
+fn per_block(g: &Graph, p: &Partition, pre_norm: bool) -> Vec<usize> {
+    let norms: Vec<usize> = g
+        .nodes()
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| {
+            matches!(
+                n.op,
+                Op::Norm(NormOp::LayerNorm { .. } | NormOp::RmsNorm { .. })
+            )
+        })
+        .map(|(i, _)| i)
+        .collect();
+    // Block boundaries as node indices: [start_i, start_{i+1}).
+    let starts: Vec<usize> = if pre_norm {
+        norms.iter().step_by(2).copied().collect()
+    } else {
+        norms.iter().step_by(2).map(|&i| i + 1).collect()
+    };
+    let nblocks = (norms.len() - 1) / 2;
+    // Only groups on the hidden-state path (downstream of the first norm) belong to a
+    // block; mask and position preambles computed once per model do not.
+    let on_path = hidden_path(g, p, norms[0]);
+    let key = |gr: &tilec_opt::partition::KernelGroup| {
+        gr.anchor.unwrap_or(gr.nodes[gr.nodes.len() - 1]).index()
+    };
+    (0..nblocks)
+        .map(|b| {
+            let (lo, hi) = (starts[b], starts[b + 1]);
+            p.groups
+                .iter()
+                .filter(|gr| on_path[gr.id] && (lo..hi).contains(&key(gr)))
+                .count()
+        })
+        .collect()
+}
+
+/// Groups reachable from the group of node `from` (inclusive).
+fn hidden_path(g: &Graph, p: &Partition, from: usize) -> Vec<bool> {
+    let mut on = vec![false; p.groups.len()];
+    if let Some(s) = p.group_of[from] {
+        on[s] = true;
+    }
+    // Groups are numbered in topological order of their first node, but a group's
+    // inputs may come from later-numbered groups; iterate to a fixpoint.
+    loop {
+        let mut changed = false;
+        for gr in &p.groups {
+            if on[gr.id] {
+                continue;
+            }
+            let reach = gr.inputs.iter().any(|&v| match g.value(v).def {
+                ValueDef::Node { node, .. } => {
+                    p.group_of[node.index()].map(|x| on[x]).unwrap_or(false)
+                }
+                _ => false,
+            });
+            if reach {
+                on[gr.id] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return on;
+        }
+    }
+}
+
+fn standalone_layout(p: &Partition) -> usize {
+    p.count(GroupKind::Layout)
+}
+
+#[test]
+fn transformers_group_counts() {
+    let cuda = Target::cuda_h100();
+    let cpu = Target::cpu();
+    let mut printed = false;
+    for (m, pre_norm) in [("gpt2", true), ("bert", false), ("llama", true)] {
+        let g = match load(&root().join(format!("models/{m}/model.onnx"))) {
+            Some(g) => g,
+            None => continue,
+        };
+        for t in [&cuda, &cpu] {
+            let p = partition(&g, t);
+            check_invariants(&g, &p, m);
+            let blocks = per_block(&g, &p, pre_norm);
+            eprintln!(
+                "{m} [{}]: {} nodes -> {} groups {:?}; per block {:?}; standalone layout {}; rejected {}; est {:.1} us",
+                t.name,
+                g.nodes().len(),
+                p.groups.len(),
+                kinds(&p),
+                blocks,
+                standalone_layout(&p),
+                p.rejected.len(),
+                p.total_time() * 1e6
+            );
+            assert!(
+                standalone_layout(&p) == 0,
+                "{m}: standalone layout groups:\n{}",
+                explain(&g, &p, t)
+            );
+            let max_per_block = 7;
+            for &b in &blocks {
+                assert!(
+                    b <= max_per_block,
+                    "{m}: {b} groups in a block:\n{}",
+                    explain(&g, &p, t)
+                );
+            }
+            if m == "gpt2" && t.is_gpu && !printed {
+                printed = true;
+                let norms: Vec<usize> = g
+                    .nodes()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| matches!(n.op, Op::Norm(NormOp::LayerNorm { .. })))
+                    .map(|(i, _)| i)
+                    .collect();
+                eprintln!("---- gpt2 block 0 on {} ----", t.name);
+                for gr in &p.groups {
+                    let k = gr.anchor.unwrap_or(gr.nodes[gr.nodes.len() - 1]).index();
+                    if (norms[0]..norms[2]).contains(&k) {
+                        eprint!("{}", explain_group(&g, &p, t, gr.id));
+                    }
+                }
+                let full = explain(&g, &p, t);
+                let tail: Vec<&str> = full
+                    .lines()
+                    .skip_while(|l| !l.starts_with("rejected"))
+                    .collect();
+                eprintln!("{}", tail.join("\n"));
+            }
+        }
+    }
+}
+
+#[test]
+fn light_models_invariants() {
+    let dir = root().join("testdata/gen/light");
+    let mut names: Vec<String> = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => return,
+    };
+    names.sort();
+    for m in names {
+        let g = match load(&dir.join(&m).join("model.onnx")) {
+            Some(g) => g,
+            None => continue,
+        };
+        for t in [Target::cuda_h100(), Target::cpu()] {
+            let p = partition(&g, &t);
+            check_invariants(&g, &p, &m);
+            let anchors = g
+                .nodes()
+                .iter()
+                .filter(|n| matches!(n.op, Op::Linalg(LinalgOp::Conv { .. })))
+                .count();
+            eprintln!(
+                "{m} [{}]: {} nodes ({anchors} conv) -> {} groups {:?}; rejected {}; est {:.1} us",
+                t.name,
+                g.nodes().len(),
+                p.groups.len(),
+                kinds(&p),
+                p.rejected.len(),
+                p.total_time() * 1e6
+            );
+            // Every conv is its own kernel, and fusion leaves few groups beyond them.
+            assert_eq!(p.count(GroupKind::Conv), anchors, "{m}");
+            assert!(
+                p.groups.len() <= anchors + anchors / 2 + 8,
+                "{m}: too many groups:\n{}",
+                explain(&g, &p, &t)
+            );
+        }
+    }
+}
+
+fn f32t(shape: &[usize]) -> TensorType {
+    TensorType::fixed(DType::F32, shape)
+}
+
+fn weight(g: &mut Graph, name: &str, k: usize, n: usize) -> tilec_ir::ValueId {
+    let v: Vec<f64> = (0..k * n).map(|i| (i % 7) as f64 * 0.1).collect();
+    g.add_const(name, Tensor::from_f64s(DType::F32, vec![k, n], &v).unwrap())
+}
+
+#[test]
+fn gemm_epilogue_and_layout_fold() {
+    // y = gelu(reshape(x @ w + b)) ; the reshape folds, bias and gelu fuse into the GEMM.
+    let mut g = Graph::new("mlp");
+    let x = g.add_input("x", f32t(&[64, 32]));
+    let w = weight(&mut g, "w", 32, 48);
+    let b = weight(&mut g, "b", 1, 48);
+    let mm = g.add(Op::Linalg(LinalgOp::MatMul), &[x, w]).unwrap();
+    let a = g.add(Op::Binary(BinaryOp::Add), &[mm, b]).unwrap();
+    let r = g
+        .add(
+            Op::Layout(LayoutOp::Reshape {
+                shape: vec![8.into(), 8.into(), 48.into()],
+            }),
+            &[a],
+        )
+        .unwrap();
+    let y = g
+        .add(Op::Unary(UnaryOp::Gelu { tanh_approx: false }), &[r])
+        .unwrap();
+    g.set_outputs(vec![y]);
+    let t = Target::cuda_h100();
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "mlp");
+    assert_eq!(p.groups.len(), 1, "{}", explain(&g, &p, &t));
+    assert_eq!(p.groups[0].kind, GroupKind::Gemm);
+}
+
+#[test]
+fn heavy_producer_with_two_consumers_is_not_fused() {
+    // h = x @ w ; a = relu(h) (epilogue) ; s = reduce_sum(h) (a second anchor reads h).
+    let mut g = Graph::new("two_consumers");
+    let x = g.add_input("x", f32t(&[256, 128]));
+    let w = weight(&mut g, "w", 128, 256);
+    let h = g.add(Op::Linalg(LinalgOp::MatMul), &[x, w]).unwrap();
+    let a = g.add(Op::Unary(UnaryOp::Relu), &[h]).unwrap();
+    let s = g
+        .add(
+            Op::Reduce(ReduceOp::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![1],
+                keepdims: true,
+            }),
+            &[h],
+        )
+        .unwrap();
+    g.set_outputs(vec![a, s]);
+    let t = Target::cuda_h100();
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "two_consumers");
+    let out = explain(&g, &p, &t);
+    eprintln!("{out}");
+    assert_eq!(p.groups.len(), 2, "{out}");
+    let gemm = p
+        .groups
+        .iter()
+        .find(|gr| gr.kind == GroupKind::Gemm)
+        .unwrap();
+    let red = p
+        .groups
+        .iter()
+        .find(|gr| gr.kind == GroupKind::Reduction)
+        .unwrap();
+    assert!(
+        p.rejected.iter().any(|r| r.producer == gemm.id
+            && r.consumer == red.id
+            && r.reason == RejectReason::HeavyProducer),
+        "{out}"
+    );
+}
+
+#[test]
+fn cheap_broadcast_producer_with_two_consumers_escapes() {
+    // m = exp(c) over a small [1, 64] row, read by a GEMM and broadcast into an add:
+    // the add cannot recompute it while the GEMM also reads it.
+    let mut g = Graph::new("escape");
+    let x = g.add_input("x", f32t(&[64, 64]));
+    let c = g.add_input("c", f32t(&[1, 64]));
+    let w = weight(&mut g, "w", 64, 64);
+    let m = g.add(Op::Unary(UnaryOp::Exp), &[c]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Add), &[x, m]).unwrap();
+    let z = g.add(Op::Linalg(LinalgOp::MatMul), &[m, w]).unwrap();
+    g.set_outputs(vec![y, z]);
+    let t = Target::cuda_h100();
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "escape");
+    let out = explain(&g, &p, &t);
+    eprintln!("{out}");
+    assert!(
+        p.rejected.iter().any(|r| r.reason == RejectReason::Escapes),
+        "{out}"
+    );
+}
+
+#[test]
+fn fusion_that_would_create_a_cycle_is_rejected() {
+    // a = x @ w1 ; b = relu(a) (epilogue of GEMM 1) ; c = b @ w2 ; d = a + c.
+    // Fusing d into GEMM 1 would need GEMM 2's result inside GEMM 1: a cycle.
+    let mut g = Graph::new("cycle");
+    let x = g.add_input("x", f32t(&[64, 64]));
+    let w1 = weight(&mut g, "w1", 64, 64);
+    let w2 = weight(&mut g, "w2", 64, 64);
+    let a = g.add(Op::Linalg(LinalgOp::MatMul), &[x, w1]).unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Relu), &[a]).unwrap();
+    let c = g.add(Op::Linalg(LinalgOp::MatMul), &[b, w2]).unwrap();
+    let d = g.add(Op::Binary(BinaryOp::Add), &[a, c]).unwrap();
+    g.set_outputs(vec![d]);
+    let t = Target::cpu();
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "cycle");
+    let out = explain(&g, &p, &t);
+    eprintln!("{out}");
+    assert_eq!(p.groups.len(), 2, "{out}");
+    let g1 = p.group_of[0].unwrap(); // first matmul
+    let g2 = p.group_of[3].unwrap(); // the add ends up as GEMM 2's epilogue
+    assert_ne!(g1, g2);
+    assert!(
+        p.rejected
+            .iter()
+            .any(|r| r.producer == g1 && r.consumer == g2 && r.reason == RejectReason::Cycle),
+        "{out}"
+    );
+}
+
+#[test]
+fn reduction_row_over_scratch_budget_rejects_prologue() {
+    // softmax over a 50k-wide row with a scale prologue: the row does not fit shared memory.
+    let mut g = Graph::new("wide_softmax");
+    let x = g.add_input("x", f32t(&[4, 50_000]));
+    let s = g.add_const("s", Tensor::from_f64s(DType::F32, vec![1], &[0.5]).unwrap());
+    let y = g.add(Op::Binary(BinaryOp::Mul), &[x, s]).unwrap();
+    let z = g.add(Op::Norm(NormOp::Softmax { axis: 1 }), &[y]).unwrap();
+    g.set_outputs(vec![z]);
+    let t = Target::cuda_h100();
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "wide_softmax");
+    let out = explain(&g, &p, &t);
+    assert_eq!(p.groups.len(), 2, "{out}");
+    assert!(
+        p.rejected
+            .iter()
+            .any(|r| r.reason == RejectReason::ScratchBudget),
+        "{out}"
+    );
+    // On the CPU target (1 MB L2 per core) the same row fits: one group.
+    let p = partition(&g, &Target::cpu());
+    assert_eq!(p.groups.len(), 1, "{}", explain(&g, &p, &Target::cpu()));
+}
