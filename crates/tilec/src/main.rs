@@ -65,8 +65,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, `outer: inner: ...`, skipping causes whose text an outer
+/// message already includes (many library errors embed their source's message).
+fn render(e: &anyhow::Error) -> String {
+    let mut s = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if m.is_empty() || s.contains(&m) {
+            continue;
+        }
+        if !s.is_empty() {
+            s.push_str(": ");
+        }
+        s.push_str(&m);
+    }
+    s
 }
