@@ -99,10 +99,7 @@ pub fn npy_from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
     let item = ts.num_bytes().unwrap_or(0);
     let need = n.checked_mul(item).ok_or_else(|| format!("shape {shape:?} is too large"))?;
     if rest.len() < need {
-        return Err(format!(
-            "truncated: shape {shape:?} of {ts} needs {need} data bytes, the file has {}",
-            rest.len()
-        ));
+        return Err(format!("truncated: shape {shape:?} of {ts} needs {need} data bytes, the file has {}", rest.len()));
     }
     let dtype = match (ts.type_char(), ts.size_field()) {
         (TypeChar::Float, 2) => DType::F16,

@@ -113,13 +113,7 @@ fn model(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueI
         producer_name: "tilec-tests".into(),
         producer_version: "1.0".into(),
         opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
-        graph: Some(GraphProto {
-            name: "g".into(),
-            node: nodes,
-            input: inputs,
-            output: outputs,
-            ..Default::default()
-        }),
+        graph: Some(GraphProto { name: "g".into(), node: nodes, input: inputs, output: outputs, ..Default::default() }),
         ..Default::default()
     }
 }
@@ -229,13 +223,27 @@ fn run_with_given_input_computes_and_writes_outputs() {
     assert_eq!(read_npy(&out.join("c.npy")).unwrap(), Tensor::from_vec(vec![2], vec![1.5f32, -2.5]).unwrap());
     // An expectation that holds, and one that does not.
     tilec(&[&"run", &p, &"-i", &format!("x={}", xf.display()), &"--expect", &format!("y={}", xf.display())]).ok();
-    let wrong = save_npy(&dir, "wrong.npy", &Tensor::from_vec(vec![2, 3], vec![0.5f32, -1.0, 2.0, 3.0, -4.5, 7.0]).unwrap());
+    let wrong =
+        save_npy(&dir, "wrong.npy", &Tensor::from_vec(vec![2, 3], vec![0.5f32, -1.0, 2.0, 3.0, -4.5, 7.0]).unwrap());
     let o = tilec(&[&"run", &p, &"-i", &format!("x={}", xf.display()), &"--expect", &format!("y={}", wrong.display())]);
     o.fails_with(&["1 of 1 checked outputs differ"]);
-    assert!(o.stdout.contains("MISMATCH: 1/6 elements differ") && o.stdout.contains("max abs err 0.75"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("MISMATCH: 1/6 elements differ") && o.stdout.contains("max abs err 0.75"),
+        "{}",
+        o.stdout
+    );
     // Looser tolerances accept it.
-    tilec(&[&"run", &p, &"-i", &format!("x={}", xf.display()), &"--expect", &format!("y={}", wrong.display()), &"--atol", &"1"])
-        .ok();
+    tilec(&[
+        &"run",
+        &p,
+        &"-i",
+        &format!("x={}", xf.display()),
+        &"--expect",
+        &format!("y={}", wrong.display()),
+        &"--atol",
+        &"1",
+    ])
+    .ok();
 }
 
 #[test]
@@ -267,7 +275,14 @@ fn run_with_random_inputs_and_roundtrip_through_npy() {
 #[test]
 fn run_writes_every_npy_dtype() {
     let dir = scratch("run_dtypes");
-    let cases = [("f", F32, DType::F32), ("h", F16, DType::F16), ("d", F64, DType::F64), ("i", I64, DType::I64), ("u", U8, DType::U8), ("b", BOOL, DType::Bool)];
+    let cases = [
+        ("f", F32, DType::F32),
+        ("h", F16, DType::F16),
+        ("d", F64, DType::F64),
+        ("i", I64, DType::I64),
+        ("u", U8, DType::U8),
+        ("b", BOOL, DType::Bool),
+    ];
     let mut nodes = Vec::new();
     let mut ins = Vec::new();
     let mut outs = Vec::new();
@@ -326,7 +341,11 @@ fn relu_computes_or_is_reported_unsupported() {
     let p = save(
         &dir,
         "m.onnx",
-        &model(vec![node("act", "Relu", &["x"], &["y"])], vec![vi("x", F32, &[D::N(4)])], vec![vi("y", F32, &[D::N(4)])]),
+        &model(
+            vec![node("act", "Relu", &["x"], &["y"])],
+            vec![vi("x", F32, &[D::N(4)])],
+            vec![vi("y", F32, &[D::N(4)])],
+        ),
     );
     let xf = save_npy(&dir, "x.npy", &Tensor::from_vec(vec![4], vec![-1.0f32, 0.5, -0.0, 3.0]).unwrap());
     let out = dir.join("out");
@@ -419,30 +438,49 @@ fn bad_inputs_are_reported() {
     tilec(&[&"run", &p, &"--input", &format!("nope={}", good.display())]).fails_with(&["'nope'", "inputs: 'x'"]);
     // Wrong dtype.
     let ints = save_npy(&dir, "ints.npy", &Tensor::from_vec(vec![2, 3], vec![0i64; 6]).unwrap());
-    tilec(&[&"run", &p, &"--input", &format!("x={}", ints.display())])
-        .fails_with(&["input 'x'", "ints.npy", "expected f32[batch, 3]", "got i64[2, 3]", "dtype"]);
+    tilec(&[&"run", &p, &"--input", &format!("x={}", ints.display())]).fails_with(&[
+        "input 'x'",
+        "ints.npy",
+        "expected f32[batch, 3]",
+        "got i64[2, 3]",
+        "dtype",
+    ]);
     // Wrong shape, wrong rank.
     let wide = save_npy(&dir, "wide.npy", &Tensor::from_vec(vec![2, 4], vec![0f32; 8]).unwrap());
-    tilec(&[&"run", &p, &"--input", &format!("x={}", wide.display())])
-        .fails_with(&["input 'x'", "expected f32[batch, 3]", "got f32[2, 4]", "dimension 1 must be 3"]);
+    tilec(&[&"run", &p, &"--input", &format!("x={}", wide.display())]).fails_with(&[
+        "input 'x'",
+        "expected f32[batch, 3]",
+        "got f32[2, 4]",
+        "dimension 1 must be 3",
+    ]);
     let flat = save_npy(&dir, "flat.npy", &Tensor::from_vec(vec![6], vec![0f32; 6]).unwrap());
     tilec(&[&"run", &p, &"--input", &format!("x={}", flat.display())]).fails_with(&["input 'x'", "rank"]);
     // A --dim that contradicts the given input.
-    tilec(&[&"run", &p, &"--dim", &"batch=3", &"--input", &format!("x={}", good.display())])
-        .fails_with(&["input 'x'", "expected f32[3, 3]", "got f32[2, 3]"]);
+    tilec(&[&"run", &p, &"--dim", &"batch=3", &"--input", &format!("x={}", good.display())]).fails_with(&[
+        "input 'x'",
+        "expected f32[3, 3]",
+        "got f32[2, 3]",
+    ]);
     // Broken and missing input files.
     let bytes = std::fs::read(&good).unwrap();
     let trunc = dir.join("trunc.npy");
     std::fs::write(&trunc, &bytes[..bytes.len() - 5]).unwrap();
-    tilec(&[&"run", &p, &"--input", &format!("x={}", trunc.display())]).fails_with(&["input 'x'", "trunc.npy", "truncated"]);
+    tilec(&[&"run", &p, &"--input", &format!("x={}", trunc.display())]).fails_with(&[
+        "input 'x'",
+        "trunc.npy",
+        "truncated",
+    ]);
     let junk = dir.join("junk.npy");
     std::fs::write(&junk, b"\x93NUMPY\x01\x00garbage").unwrap();
     tilec(&[&"run", &p, &"--input", &format!("x={}", junk.display())]).fails_with(&["input 'x'", "junk.npy"]);
     let junk_pb = dir.join("junk.pb");
     std::fs::write(&junk_pb, [0xffu8; 16]).unwrap();
     tilec(&[&"run", &p, &"--input", &format!("x={}", junk_pb.display())]).fails_with(&["input 'x'", "junk.pb"]);
-    tilec(&[&"run", &p, &"--input", &format!("x={}", dir.join("absent.npy").display())])
-        .fails_with(&["input 'x'", "absent.npy", "cannot read"]);
+    tilec(&[&"run", &p, &"--input", &format!("x={}", dir.join("absent.npy").display())]).fails_with(&[
+        "input 'x'",
+        "absent.npy",
+        "cannot read",
+    ]);
     // Malformed arguments.
     tilec(&[&"run", &p, &"--input", &"x"]).fails_with(&["NAME=FILE"]);
     tilec(&[&"run", &p, &"--dim", &"nosuch=2"]).fails_with(&["'nosuch'", "batch"]);

@@ -149,11 +149,7 @@ pub fn inspect(path: &Path) -> Result<()> {
                     bytes += (t.numel() * t.dtype().size_bytes()) as u128;
                 }
             }
-            println!(
-                "parameters: {} in {count} constant tensors ({}) after import",
-                thousands(n),
-                human_bytes(bytes)
-            );
+            println!("parameters: {} in {count} constant tensors ({}) after import", thousands(n), human_bytes(bytes));
         }
         Err(_) => {
             let (mut n, mut bytes, mut count) = (0u128, 0u128, 0usize);

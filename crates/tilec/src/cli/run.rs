@@ -84,11 +84,7 @@ fn check_input(
     syms: &mut HashMap<SymbolId, usize>,
 ) -> Result<()> {
     let mismatch = |why: String| {
-        anyhow!(
-            "input '{name}' (from {source}): expected {}, got {}: {why}",
-            type_str(g, ty),
-            tensor_type_str(t)
-        )
+        anyhow!("input '{name}' (from {source}): expected {}, got {}: {why}", type_str(g, ty), tensor_type_str(t))
     };
     if t.dtype() != ty.dtype {
         return Err(mismatch(format!("wrong dtype (expected {}, got {})", ty.dtype, t.dtype())));
@@ -135,11 +131,19 @@ fn num(x: f64) -> String {
     if x.is_nan() {
         "nan".into()
     } else if x.is_infinite() {
-        if x > 0.0 { "inf".into() } else { "-inf".into() }
+        if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
     } else if x == 0.0 || (1e-4..1e6).contains(&x.abs()) {
         let s = format!("{x:.6}");
         let s = s.trim_end_matches('0').trim_end_matches('.');
-        if s.is_empty() || s == "-" { "0".into() } else { s.to_string() }
+        if s.is_empty() || s == "-" {
+            "0".into()
+        } else {
+            s.to_string()
+        }
     } else {
         format!("{x:.4e}")
     }
@@ -175,7 +179,12 @@ fn summary(t: &Tensor) -> String {
         let v = t.to_i64_vec();
         let trues = v.iter().filter(|&&x| x != 0).count();
         let first: Vec<&str> = v.iter().take(SHOW).map(|&x| if x != 0 { "true" } else { "false" }).collect();
-        s += &format!("true {trues} of {}  [{}{}]", v.len(), first.join(", "), if v.len() > SHOW { ", ..." } else { "" });
+        s += &format!(
+            "true {trues} of {}  [{}{}]",
+            v.len(),
+            first.join(", "),
+            if v.len() > SHOW { ", ..." } else { "" }
+        );
     } else {
         // u64 beyond i64::MAX would wrap in to_i64_vec; show those through f64.
         let (first, min, max, mean) = if t.dtype() == DType::U64 {
@@ -237,7 +246,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut sources: HashMap<String, String> = HashMap::new();
     for (name, file) in &a.inputs {
         if !in_names.contains(name) {
-            bail!("--input {name}={}: the model has no input '{name}' (its inputs: {})", file.display(), list(&in_names));
+            bail!(
+                "--input {name}={}: the model has no input '{name}' (its inputs: {})",
+                file.display(),
+                list(&in_names)
+            );
         }
         if provided.contains_key(name) {
             bail!("--input {name} is given more than once");
@@ -276,7 +289,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     for (name, file) in &a.expects {
         let i = out_names.iter().position(|o| o == name).ok_or_else(|| {
-            anyhow!("--expect {name}={}: the model has no output '{name}' (its outputs: {})", file.display(), list(&out_names))
+            anyhow!(
+                "--expect {name}={}: the model has no output '{name}' (its outputs: {})",
+                file.display(),
+                list(&out_names)
+            )
         })?;
         let t = tensor_io::read_tensor(file).with_context(|| format!("expected value of output '{name}'"))?;
         expected[i] = Some((t, file.display().to_string()));
@@ -315,11 +332,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
                     Some(n) => n,
                     None if is_free(&graph, s) => {
                         let name = graph.syms.name(s).to_string();
-                        println!("note: dimension '{name}' of input '{}' = 1 (default; choose with --dim {name}=N)", val.name);
+                        println!(
+                            "note: dimension '{name}' of input '{}' = 1 (default; choose with --dim {name}=N)",
+                            val.name
+                        );
                         syms.insert(s, 1);
                         1
                     }
-                    None => bail!("input '{}': cannot choose a size for dimension '{}'", val.name, graph.syms.display(d)),
+                    None => {
+                        bail!("input '{}': cannot choose a size for dimension '{}'", val.name, graph.syms.display(d))
+                    }
                 },
             });
         }
@@ -340,7 +362,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // Run.
     let backend: tilec::Backend = a.backend.into();
     let start = Instant::now();
-    let outs = tilec::run(&graph, feeds, backend).with_context(|| format!("running the model on the {backend} backend"))?;
+    let outs =
+        tilec::run(&graph, feeds, backend).with_context(|| format!("running the model on the {backend} backend"))?;
     println!("ran on the {backend} backend in {:.3} s", start.elapsed().as_secs_f64());
     if outs.len() != out_names.len() {
         bail!("the graph produced {} outputs, the model declares {}", outs.len(), out_names.len());
