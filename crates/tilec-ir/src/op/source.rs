@@ -1,19 +1,40 @@
 //! Source ops: values produced from attributes and shapes rather than data.
 
-use super::{InferCtx, OpInfo};
-use crate::{Dim, Tensor, TensorType};
+use super::{expect_arity, InferCtx, OpInfo};
+use crate::{DType, Dim, Tensor, TensorType};
+
+/// One element of a [`SourceOp::DimValues`] tensor.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DimValue {
+    Int(i64),
+    /// The run-time size of a (symbolic) dimension.
+    Dim(Dim),
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum SourceOp {
     /// A tensor of `shape` filled with `value` (a one-element tensor whose dtype is the
     /// output dtype). Kept as an op so that large splats are not materialized as constants.
     Fill { shape: Vec<Dim>, value: Tensor },
+    /// A small integer tensor of `shape` whose elements are known integers or the run-time
+    /// values of symbolic dimensions: what a folded shape computation (`Shape(x)[0]`,
+    /// `Concat(Shape(x)[:1], [-1])`, ...) becomes when it depends on symbols.
+    DimValues { elems: Vec<DimValue>, shape: Vec<usize>, dtype: DType },
+    /// `start, start + delta, ...` below `limit` (above it for a negative delta). Inputs:
+    /// three scalars of `dtype`. The length is data-dependent: `len` is a symbol the
+    /// importer minted (or a fixed size when known).
+    Range { len: Dim },
+    /// A `rows x cols` matrix with ones on diagonal `k` (above the main one for k > 0).
+    Eye { rows: Dim, cols: Dim, k: i64, dtype: DType },
 }
 
 impl OpInfo for SourceOp {
     fn name(&self) -> &'static str {
         match self {
             SourceOp::Fill { .. } => "fill",
+            SourceOp::DimValues { .. } => "dim_values",
+            SourceOp::Range { .. } => "range",
+            SourceOp::Eye { .. } => "eye",
         }
     }
 
@@ -27,6 +48,36 @@ impl OpInfo for SourceOp {
                     return Err(format!("expected no inputs, got {}", inputs.len()));
                 }
                 Ok(vec![TensorType::new(value.dtype(), shape.clone())])
+            }
+            SourceOp::DimValues { elems, shape, dtype } => {
+                expect_arity(inputs, 0)?;
+                if shape.iter().product::<usize>() != elems.len() {
+                    return Err(format!("{} elements for shape {shape:?}", elems.len()));
+                }
+                if !dtype.is_int() {
+                    return Err(format!("dim values must be integers, got {dtype}"));
+                }
+                Ok(vec![TensorType::fixed(*dtype, shape)])
+            }
+            SourceOp::Range { len } => {
+                expect_arity(inputs, 3)?;
+                let dt = inputs[0].dtype;
+                for (k, t) in inputs.iter().enumerate() {
+                    if t.dtype != dt {
+                        return Err(format!("input {k} has dtype {}, input 0 has {dt}", t.dtype));
+                    }
+                    if !t.shape.is_empty() && t.shape != [Dim::Fixed(1)] {
+                        return Err(format!("input {k} must be a scalar"));
+                    }
+                }
+                if dt == DType::Bool {
+                    return Err("range of bool".into());
+                }
+                Ok(vec![TensorType::new(dt, vec![*len])])
+            }
+            SourceOp::Eye { rows, cols, dtype, .. } => {
+                expect_arity(inputs, 0)?;
+                Ok(vec![TensorType::new(*dtype, vec![*rows, *cols])])
             }
         }
     }

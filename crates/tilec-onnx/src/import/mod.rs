@@ -236,12 +236,15 @@ impl Importer {
                 },
             });
         }
-        let f = lookup(&node.op_type).ok_or_else(|| ImportError::Unsupported {
-            node: name.clone(),
-            op_type: node.op_type.clone(),
-            opset,
-            what: "no mapping for this operator".into(),
-        })?;
+        let f = lookup(&node.op_type);
+        if f.is_none() && !layout::is_foldable(&node.op_type) {
+            return Err(ImportError::Unsupported {
+                node: name.clone(),
+                op_type: node.op_type.clone(),
+                opset,
+                what: "no mapping for this operator".into(),
+            });
+        }
         for (k, i) in node.input.iter().enumerate() {
             if !i.is_empty() && !self.names.contains_key(i) {
                 return Err(ImportError::Invalid {
@@ -252,7 +255,14 @@ impl Importer {
             }
         }
         let mut cx = NodeCx { imp: self, node, name: name.clone(), opset, emitted: 0 };
-        let outs = f(&mut cx)?;
+        // Shape computations on known values fold first (see layout::fold_shape_op).
+        let outs = match layout::fold_shape_op(&mut cx)? {
+            Some(o) => o,
+            None => match f {
+                Some(f) => f(&mut cx)?,
+                None => return Err(cx.unsupported("no mapping for this operator (and its inputs are not known at import)")),
+            },
+        };
         let wanted: Vec<(usize, &String)> = node.output.iter().enumerate().filter(|(_, n)| !n.is_empty()).collect();
         for (k, out_name) in wanted {
             let v = *outs.get(k).ok_or_else(|| ImportError::Unsupported {
