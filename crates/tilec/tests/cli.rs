@@ -489,3 +489,48 @@ fn bad_inputs_are_reported() {
     tilec(&[&"run", &p, &"--expect", &format!("zz={}", good.display())]).fails_with(&["'zz'", "outputs: 'y', 'c'"]);
     tilec(&[&"run", &p, &"--expect-dir", &dir.join("nodir")]).fails_with(&["not a directory"]);
 }
+
+#[test]
+fn shape_operand_inputs_are_bound_or_explained() {
+    let dir = scratch("shape_operand");
+    let m = model(
+        vec![node("reshape", "Reshape", &["x", "shape"], &["y"])],
+        vec![vi("x", F32, &[D::N(2), D::N(3)]), vi("shape", I64, &[D::N(2)])],
+        vec![vi("y", F32, &[D::N(3), D::N(2)])],
+    );
+    let p = save(&dir, "m.onnx", &m);
+    tilec(&[&"run", &p]).fails_with(&["'reshape'", "Reshape", "'shape'", "--input shape="]);
+    let x = Tensor::from_vec(vec![2, 3], vec![1f32, 2., 3., 4., 5., 6.]).unwrap();
+    let xf = save_npy(&dir, "x.npy", &x);
+    let sf = save_npy(&dir, "shape.npy", &Tensor::from_vec(vec![2], vec![3i64, 2]).unwrap());
+    let out = dir.join("out");
+    let o = tilec(&[
+        &"run",
+        &p,
+        &"-i",
+        &format!("x={}", xf.display()),
+        &"-i",
+        &format!("shape={}", sf.display()),
+        &"--out",
+        &out,
+    ]);
+    o.ok();
+    assert!(o.stdout.contains("'shape' is compiled in as a constant"), "{}", o.stdout);
+    assert_eq!(read_npy(&out.join("y.npy")).unwrap(), x.reshaped(vec![3, 2]).unwrap());
+}
+
+#[test]
+fn non_tensor_values_are_refused() {
+    let dir = scratch("non_tensor");
+    let mut seq = vi("s", F32, &[D::N(2)]);
+    let elem = seq.r#type.take().map(Box::new);
+    seq.r#type = Some(TypeProto {
+        value: Some(type_proto::Value::SequenceType(type_proto::Sequence { elem_type: elem })),
+        ..Default::default()
+    });
+    let m = model(vec![node("id", "Identity", &["s"], &["y"])], vec![seq], vec![vi("y", F32, &[D::N(2)])]);
+    let p = save(&dir, "m.onnx", &m);
+    tilec(&[&"run", &p]).fails_with(&["'s'", "sequence"]);
+    let f = save_npy(&dir, "s.npy", &Tensor::from_vec(vec![2], vec![1f32, 2.]).unwrap());
+    tilec(&[&"run", &p, &"-i", &format!("s={}", f.display())]).fails_with(&["input 's' is a sequence, not a tensor"]);
+}

@@ -48,6 +48,19 @@ pub fn input_names(g: &proto::GraphProto) -> Vec<String> {
     g.input.iter().filter(|i| !init.contains(i.name.as_str())).map(|i| i.name.clone()).collect()
 }
 
+/// `None` for a tensor-typed value, else what it is (`"a sequence"`, ...).
+pub fn non_tensor_kind(vi: &proto::ValueInfoProto) -> Option<&'static str> {
+    use proto::type_proto::Value;
+    match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(Value::TensorType(_)) | None => None,
+        Some(Value::SequenceType(_)) => Some("a sequence"),
+        Some(Value::OptionalType(_)) => Some("an optional"),
+        Some(Value::MapType(_)) => Some("a map"),
+        Some(Value::SparseTensorType(_)) => Some("a sparse tensor"),
+        Some(Value::OpaqueType(_)) => Some("an opaque value"),
+    }
+}
+
 /// Checks `--dim` names against the symbolic dimensions of the model's inputs.
 pub fn check_dims(g: &proto::GraphProto, dims: &[(String, usize)]) -> Result<HashMap<String, usize>> {
     use proto::tensor_shape_proto::dimension::Value as D;
@@ -99,7 +112,9 @@ pub fn import(
             }
             Err(e @ tilec::Error::Import(ImportError::NonConstant { .. })) => {
                 let hint = match &e {
-                    tilec::Error::Import(ImportError::NonConstant { input, .. }) if !input.is_empty() => {
+                    tilec::Error::Import(ImportError::NonConstant { input, .. })
+                        if model.graph.as_ref().is_some_and(|g| input_names(g).contains(input)) =>
+                    {
                         format!("\n  hint: give its value with --input {input}=FILE.npy (it is then compiled in as a constant)")
                     }
                     _ => String::new(),

@@ -1,7 +1,7 @@
 //! `tilec run MODEL`: run a model on given or random inputs, summarize, save and check
 //! the outputs.
 
-use super::{check_dims, graph_of, input_names, load_model, parse_dim, parse_named_file};
+use super::{check_dims, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file};
 use crate::BackendArg;
 use anyhow::{anyhow, bail, Context, Result};
 use rand::rngs::StdRng;
@@ -241,6 +241,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let out_names: Vec<String> = g.output.iter().map(|o| o.name.clone()).collect();
     let dim_values = check_dims(g, &a.dims)?;
 
+    // Only tensors can be read from files (a sequence's .pb would decode as nonsense).
+    let tensor_only = |what: &str, name: &str, vi: Option<&tilec::onnx::proto::ValueInfoProto>| -> Result<()> {
+        match vi.and_then(non_tensor_kind) {
+            Some(kind) => bail!("{what} '{name}' is {kind}, not a tensor; tilec supports only tensor values"),
+            None => Ok(()),
+        }
+    };
+    let input_info = |name: &str| g.input.iter().find(|v| v.name == name);
+    let output_info = |i: usize| g.output.get(i);
+
     // Given inputs.
     let mut provided: HashMap<String, Tensor> = HashMap::new();
     let mut sources: HashMap<String, String> = HashMap::new();
@@ -255,6 +265,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         if provided.contains_key(name) {
             bail!("--input {name} is given more than once");
         }
+        tensor_only("input", name, input_info(name))?;
         let t = tensor_io::read_tensor(file).with_context(|| format!("input '{name}'"))?;
         provided.insert(name.clone(), t);
         sources.insert(name.clone(), file.display().to_string());
@@ -269,6 +280,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         for (i, name) in in_names.iter().enumerate() {
             let p = dir.join(format!("input_{i}.pb"));
             if !provided.contains_key(name) && p.is_file() {
+                tensor_only("input", name, input_info(name))?;
                 let t = tensor_io::read_tensor(&p).with_context(|| format!("input '{name}'"))?;
                 provided.insert(name.clone(), t);
                 sources.insert(name.clone(), p.display().to_string());
@@ -278,6 +290,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         for (i, name) in out_names.iter().enumerate() {
             let p = dir.join(format!("output_{i}.pb"));
             if p.is_file() {
+                tensor_only("output", name, output_info(i))?;
                 let t = tensor_io::read_tensor(&p).with_context(|| format!("expected value of output '{name}'"))?;
                 expected[i] = Some((t, p.display().to_string()));
                 found += 1;
@@ -295,6 +308,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
                 list(&out_names)
             )
         })?;
+        tensor_only("output", name, output_info(i))?;
         let t = tensor_io::read_tensor(file).with_context(|| format!("expected value of output '{name}'"))?;
         expected[i] = Some((t, file.display().to_string()));
     }
