@@ -160,7 +160,7 @@ fn inspect_reports_model_structure() {
         "Identity",
         "Constant",
         "import:     ok",
-        "parameters: 2 in 1 constant tensors (8 B)",
+        "parameters: 2 in 1 tensors (8 B)",
     ] {
         assert!(o.stdout.contains(needle), "inspect output lacks {needle:?}:\n{}", o.stdout);
     }

@@ -102,6 +102,40 @@ fn proto_tensor_size(t: &proto::TensorProto) -> (u128, u128) {
     (n, bytes)
 }
 
+/// The model's parameters after import: the constants, and the values computed only from
+/// constants (e.g. weights an exported model fills with ConstantOfShape: `fill` ops), as the rest of the
+/// graph reads them — so shape vectors consumed only by such computations are not counted.
+/// Returns (elements, bytes, tensors).
+fn parameters(g: &tilec::Graph) -> (u128, u128, usize) {
+    let mut constant = vec![false; g.values().len()];
+    for v in g.value_ids() {
+        constant[v.index()] = g.const_value(v).is_some();
+    }
+    let mut param = vec![false; g.values().len()];
+    for node in g.nodes() {
+        use tilec::ir::op::{Op, SourceOp};
+        let source = matches!(node.op, Op::Source(SourceOp::Fill { .. } | SourceOp::Eye { .. }));
+        let all_const = source || !node.inputs.is_empty() && node.inputs.iter().all(|x| constant[x.index()]);
+        if all_const {
+            node.outputs.iter().for_each(|o| constant[o.index()] = true);
+        } else {
+            node.inputs.iter().filter(|x| constant[x.index()]).for_each(|x| param[x.index()] = true);
+        }
+    }
+    g.outputs().iter().filter(|o| constant[o.index()]).for_each(|o| param[o.index()] = true);
+    let (mut n, mut bytes, mut count) = (0u128, 0u128, 0usize);
+    for v in g.value_ids().filter(|v| param[v.index()]) {
+        let ty = &g.value(v).ty;
+        if let Some(shape) = ty.fixed_shape() {
+            let e = shape.iter().fold(1u128, |a, &d| a.saturating_mul(d as u128));
+            count += 1;
+            n = n.saturating_add(e);
+            bytes = bytes.saturating_add(e.saturating_mul(ty.dtype.size_bytes() as u128));
+        }
+    }
+    (n, bytes, count)
+}
+
 pub fn inspect(path: &Path) -> Result<()> {
     let model = load_model(path)?;
     let g = graph_of(&model)?;
@@ -141,15 +175,12 @@ pub fn inspect(path: &Path) -> Result<()> {
     let imported = tilec::import(&model, &ImportOptions::default());
     match &imported {
         Ok(graph) => {
-            let (mut n, mut bytes, mut count) = (0u128, 0u128, 0usize);
-            for v in graph.value_ids() {
-                if let Some(t) = graph.const_value(v) {
-                    count += 1;
-                    n += t.numel() as u128;
-                    bytes += (t.numel() * t.dtype().size_bytes()) as u128;
-                }
-            }
-            println!("parameters: {} in {count} constant tensors ({}) after import", thousands(n), human_bytes(bytes));
+            let (n, bytes, count) = parameters(graph);
+            println!(
+                "parameters: {} in {count} tensors ({}) after import: constants and values computed only from constants",
+                thousands(n),
+                human_bytes(bytes)
+            );
         }
         Err(_) => {
             let (mut n, mut bytes, mut count) = (0u128, 0u128, 0usize);
