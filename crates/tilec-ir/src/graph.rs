@@ -187,6 +187,35 @@ impl Graph {
         }
     }
 
+    /// Keeps the values and nodes flagged in `keep_val`/`keep_node`, renumbering both
+    /// densely in their current order. Kept nodes must only read kept values.
+    pub(crate) fn renumber(&mut self, keep_val: &[bool], keep_node: &[bool]) {
+        let mut vmap: Vec<u32> = vec![u32::MAX; self.values.len()];
+        let old_vals = std::mem::take(&mut self.values);
+        for (i, v) in old_vals.into_iter().enumerate() {
+            if keep_val[i] {
+                vmap[i] = self.values.len() as u32;
+                self.values.push(v);
+            }
+        }
+        let m = |v: &ValueId| ValueId(vmap[v.index()]);
+        let old_nodes = std::mem::take(&mut self.nodes);
+        for (i, mut n) in old_nodes.into_iter().enumerate() {
+            if keep_node[i] {
+                n.inputs = n.inputs.iter().map(m).collect();
+                n.outputs = n.outputs.iter().map(m).collect();
+                self.nodes.push(n);
+            }
+        }
+        self.inputs = self.inputs.iter().map(m).collect();
+        self.outputs = self.outputs.iter().map(m).collect();
+        for (ni, n) in self.nodes.iter().enumerate() {
+            for (k, &o) in n.outputs.iter().enumerate() {
+                self.values[o.index()].def = ValueDef::Node { node: NodeId(ni as u32), index: k };
+            }
+        }
+    }
+
     /// Raw access for verifier tests that must build broken graphs.
     #[doc(hidden)]
     pub fn nodes_mut_unchecked(&mut self) -> &mut Vec<Node> {

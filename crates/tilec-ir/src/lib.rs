@@ -5,6 +5,7 @@
 //! graphs are plain data (arenas + `u32` ids), cheap to clone and compare.
 
 pub mod dtype;
+pub mod edit;
 pub mod fp8;
 pub mod graph;
 pub mod op;
@@ -14,6 +15,7 @@ pub mod tensor;
 pub mod verify;
 
 pub use dtype::DType;
+pub use edit::Uses;
 pub use fp8::{F8E4M3, F8E5M2};
 pub use graph::{Graph, IrError, Node, NodeId, Value, ValueDef, ValueId};
 pub use op::Op;

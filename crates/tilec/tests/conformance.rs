@@ -138,6 +138,19 @@ fn run_case(case: &Case) -> Outcome {
             Err(ImportError::NonConstant { input, .. }) if by_name.contains_key(&input) && !opts.bind_inputs.contains_key(&input) => {
                 opts.bind_inputs.insert(input.clone(), by_name[&input].clone());
             }
+            // A shape operand computed from graph inputs: bind the integer inputs it may
+            // derive from (once), as a user specializing on shape arguments would.
+            Err(e @ ImportError::NonConstant { .. }) => {
+                let before = opts.bind_inputs.len();
+                for (k, t) in &by_name {
+                    if t.dtype().is_int() && t.numel() <= 64 {
+                        opts.bind_inputs.entry(k.clone()).or_insert_with(|| t.clone());
+                    }
+                }
+                if opts.bind_inputs.len() == before {
+                    return Outcome::Fail(format!("import: {e}"));
+                }
+            }
             Err(e @ ImportError::Unsupported { .. }) => return Outcome::Unsupported(e.to_string()),
             Err(e) => return Outcome::Fail(format!("import: {e}")),
         }

@@ -874,6 +874,7 @@ pub(super) fn is_foldable(op_type: &str) -> bool {
             | "Sub"
             | "Mul"
             | "Div"
+            | "Mod"
             | "Neg"
             | "Abs"
             | "Max"
@@ -1010,6 +1011,12 @@ fn binary_elem(cx: &mut NodeCx, op: &str, a: ShapeElem, b: ShapeElem) -> Option<
         ("Sub", Int(x), Int(y)) => Some(Int(x.wrapping_sub(y))),
         ("Mul", Int(x), Int(y)) => Some(Int(x.wrapping_mul(y))),
         ("Div", Int(x), Int(y)) => x.checked_div(y).map(Int),
+        ("Mod", Int(x), Int(y)) => {
+            let r = x.checked_rem(y)?;
+            // fmod = 0 is Python's modulo (sign of the divisor); fmod = 1 is C's.
+            let python = cx.attr_i("fmod", 0).ok()? == 0;
+            Some(Int(if python && r != 0 && (r < 0) != (y < 0) { r + y } else { r }))
+        }
         ("Max", Int(x), Int(y)) => Some(Int(x.max(y))),
         ("Min", Int(x), Int(y)) => Some(Int(x.min(y))),
         ("Equal", Int(x), Int(y)) => bool_of(x == y),
@@ -1249,8 +1256,8 @@ pub(super) fn fold_shape_op(cx: &mut NodeCx) -> Result<Option<Vec<ValueId>>, Imp
             }
             known_value(cx, elems, d.shape, d.dtype)?
         }
-        "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Equal" | "Less" | "Greater" | "LessOrEqual"
-        | "GreaterOrEqual" | "And" | "Or" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" | "Equal" | "Less" | "Greater"
+        | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" => {
             if cx.n_inputs() != 2 {
                 return Ok(None); // variadic Max/Min with other arities
             }
