@@ -71,16 +71,19 @@ const F64: i32 = 11;
 enum D {
     N(i64),
     P(&'static str),
+    /// Unknown and unnamed.
+    U,
 }
 
 fn vi(name: &str, elem_type: i32, dims: &[D]) -> ValueInfoProto {
     let dim = dims
         .iter()
         .map(|d| Dimension {
-            value: Some(match d {
-                D::N(n) => dimension::Value::DimValue(*n),
-                D::P(p) => dimension::Value::DimParam(p.to_string()),
-            }),
+            value: match d {
+                D::N(n) => Some(dimension::Value::DimValue(*n)),
+                D::P(p) => Some(dimension::Value::DimParam(p.to_string())),
+                D::U => None,
+            },
             ..Default::default()
         })
         .collect();
@@ -533,4 +536,23 @@ fn non_tensor_values_are_refused() {
     tilec(&[&"run", &p]).fails_with(&["'s'", "sequence"]);
     let f = save_npy(&dir, "s.npy", &Tensor::from_vec(vec![2], vec![1f32, 2.]).unwrap());
     tilec(&[&"run", &p, &"-i", &format!("s={}", f.display())]).fails_with(&["input 's' is a sequence, not a tensor"]);
+}
+
+#[test]
+fn unnamed_dimensions_default_to_one() {
+    let dir = scratch("unnamed_dim");
+    let m = model(
+        vec![node("copy", "Identity", &["x"], &["y"])],
+        vec![vi("x", F32, &[D::U, D::N(2)])],
+        vec![vi("y", F32, &[D::U, D::N(2)])],
+    );
+    let p = save(&dir, "m.onnx", &m);
+    let o = tilec(&[&"inspect", &p]);
+    o.ok();
+    assert!(o.stdout.contains("x: f32[?, 2]"), "{}", o.stdout);
+    let out = dir.join("out");
+    let o = tilec(&[&"run", &p, &"--out", &out]);
+    o.ok();
+    assert!(o.stdout.contains("unnamed dimension"), "{}", o.stdout);
+    assert_eq!(read_npy(&out.join("y.npy")).unwrap().shape(), &[1, 2]);
 }

@@ -61,8 +61,8 @@ pub fn non_tensor_kind(vi: &proto::ValueInfoProto) -> Option<&'static str> {
     }
 }
 
-/// Checks `--dim` names against the symbolic dimensions of the model's inputs.
-pub fn check_dims(g: &proto::GraphProto, dims: &[(String, usize)]) -> Result<HashMap<String, usize>> {
+/// The named symbolic dimensions (`dim_param`s) of the model's inputs.
+pub fn dim_params(g: &proto::GraphProto) -> Vec<String> {
     use proto::tensor_shape_proto::dimension::Value as D;
     use proto::type_proto::Value;
     let mut params = Vec::new();
@@ -77,6 +77,12 @@ pub fn check_dims(g: &proto::GraphProto, dims: &[(String, usize)]) -> Result<Has
             }
         }
     }
+    params
+}
+
+/// Checks `--dim` names against the symbolic dimensions of the model's inputs.
+pub fn check_dims(g: &proto::GraphProto, dims: &[(String, usize)]) -> Result<HashMap<String, usize>> {
+    let params = dim_params(g);
     let mut out = HashMap::new();
     for (name, v) in dims {
         if !params.contains(name) {

@@ -1,7 +1,7 @@
 //! `tilec run MODEL`: run a model on given or random inputs, summarize, save and check
 //! the outputs.
 
-use super::{check_dims, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file};
+use super::{check_dims, dim_params, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file};
 use crate::BackendArg;
 use anyhow::{anyhow, bail, Context, Result};
 use rand::rngs::StdRng;
@@ -332,6 +332,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             feeds.insert(val.name.clone(), t);
         }
     }
+    let named_dims = dim_params(g);
     let mut rng = StdRng::seed_from_u64(a.seed);
     for &v in graph.inputs() {
         let val = graph.value(v);
@@ -346,10 +347,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
                     Some(n) => n,
                     None if is_free(&graph, s) => {
                         let name = graph.syms.name(s).to_string();
-                        println!(
-                            "note: dimension '{name}' of input '{}' = 1 (default; choose with --dim {name}=N)",
-                            val.name
-                        );
+                        let how = if named_dims.contains(&name) {
+                            format!("choose with --dim {name}=N")
+                        } else {
+                            "an unnamed dimension: give the input with --input to choose".to_string()
+                        };
+                        println!("note: dimension '{name}' of input '{}' = 1 (default; {how})", val.name);
                         syms.insert(s, 1);
                         1
                     }
