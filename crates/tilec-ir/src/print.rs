@@ -52,6 +52,14 @@ pub fn print_graph(g: &Graph) -> String {
         let attrs = if attrs.is_empty() { String::new() } else { format!("{{{attrs}}}") };
         let tys: Vec<String> = n.outputs.iter().map(|&v| ty_str(g, &g.value(v).ty)).collect();
         let _ = writeln!(s, "  {} = {}{}({}) : {}", outs.join(", "), n.op.name(), attrs, args.join(", "), tys.join(", "));
+        if let crate::Op::Control(c) = &n.op {
+            for (what, sg) in c.subgraphs() {
+                let _ = writeln!(s, "    {what}:");
+                for line in print_graph(sg).lines() {
+                    let _ = writeln!(s, "    {line}");
+                }
+            }
+        }
     }
     let outs: Vec<String> = g.outputs().iter().map(|v| format!("%{}", v.0)).collect();
     let _ = writeln!(s, "  return {}", outs.join(", "));

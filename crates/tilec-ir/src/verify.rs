@@ -64,6 +64,12 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 return Err(err(format!("output '{}' has type {:?}, op infers {:?}", g.value(o).name, g.value(o).ty, t)));
             }
         }
+        // Subgraphs (control flow) are closed graphs: verify them on their own.
+        if let crate::Op::Control(c) = &n.op {
+            for (what, sg) in c.subgraphs() {
+                verify(sg).map_err(|e| err(format!("{what} subgraph: {e}")))?;
+            }
+        }
     }
     for &o in g.outputs() {
         if o.index() >= nv || !defined[o.index()] {

@@ -1,5 +1,18 @@
 //! The pass trait and the pass manager.
+//!
+//! [`pipeline_spec`] is THE list of graph passes, in order, each with the optimization
+//! level that enables it; [`Pipeline::for_level`] keeps those enabled at a level. A stage
+//! is either one pass run once, or a group of passes iterated to a fixpoint (until no
+//! pass in the group changes the graph, at most `max_iters` rounds), which is how the
+//! cheap canonicalizations (folding, simplification, CSE, DCE) feed each other.
+//!
+//! Every pass run is recorded in a [`PassReport`] (wall time, whether it changed the
+//! graph, node counts, and optionally the printed IR after it). With verification on
+//! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
+//! a failure names the pass that broke the graph.
 
+use crate::passes::{Cse, Dce, FoldBatchNorm, FoldConstants, Simplify};
+use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
 #[derive(Debug, thiserror::Error)]
@@ -16,4 +29,234 @@ pub trait Pass {
     fn name(&self) -> &'static str;
     /// Rewrites the graph in place; returns whether anything changed.
     fn run(&self, g: &mut Graph) -> Result<bool, OptError>;
+}
+
+/// One step of a pipeline.
+pub enum Stage {
+    /// One pass, run once.
+    Once(Box<dyn Pass>),
+    /// Passes run in order, repeatedly, until a whole round changes nothing (or
+    /// `max_iters` rounds ran).
+    Fixpoint {
+        name: &'static str,
+        max_iters: usize,
+        passes: Vec<Box<dyn Pass>>,
+    },
+}
+
+/// An entry of [`pipeline_spec`]: a pass and the lowest level that enables it.
+pub struct SpecEntry {
+    pub level: u8,
+    pub pass: Box<dyn Pass>,
+}
+
+/// A stage of [`pipeline_spec`] before filtering by level.
+pub enum SpecStage {
+    Once(SpecEntry),
+    Fixpoint {
+        name: &'static str,
+        max_iters: usize,
+        passes: Vec<SpecEntry>,
+    },
+}
+
+fn at(level: u8, pass: impl Pass + 'static) -> SpecEntry {
+    SpecEntry {
+        level,
+        pass: Box::new(pass),
+    }
+}
+
+/// The canonicalization group: constant folding, algebraic simplification, CSE and DCE
+/// enable each other (a fold makes a simplification visible, a simplification makes two
+/// nodes identical, ...), so they run to a fixpoint.
+fn canonicalize() -> SpecStage {
+    SpecStage::Fixpoint {
+        name: "canonicalize",
+        max_iters: 8,
+        passes: vec![
+            at(1, FoldConstants::default()), // evaluate all-constant nodes (size-capped)
+            at(1, Simplify),                 // x*1, transpose∘transpose, cast chains, ...
+            at(2, Cse::default()),           // merge identical nodes and small constants
+            at(1, Dce),                      // drop the dead, restore order
+        ],
+    }
+}
+
+/// Every graph pass in pipeline order, with the level (0..=3) that enables it.
+///
+/// ```text
+///  level  stage
+///  1      dce                      remove what the importer left unused
+///  1-2    canonicalize (fixpoint)  fold-constants(1) simplify(1) cse(2) dce(1)
+///  2      fold-batchnorm           conv + batch_norm -> conv with scaled weights
+///  3      recognize-*              gelu silu swiglu layernorm rmsnorm softmax attention
+///  1-2    canonicalize (fixpoint)  clean up after the rewrites above
+/// ```
+pub fn pipeline_spec() -> Vec<SpecStage> {
+    let mut v = vec![
+        SpecStage::Once(at(1, Dce)),
+        canonicalize(),
+        SpecStage::Once(at(2, FoldBatchNorm)),
+    ];
+    // ---- O3: composite-op recognition (order matters: see recognize/mod.rs) ----
+    for pass in crate::recognize::passes() {
+        v.push(SpecStage::Once(SpecEntry { level: 3, pass }));
+    }
+    v.push(canonicalize());
+    v
+}
+
+/// Options for [`Pipeline::run`].
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    /// Run `tilec_ir::verify` after every pass (default: on in debug builds).
+    pub verify: bool,
+    /// Collect the printed IR after every pass ("all") or after the named pass.
+    pub print_ir_after: Option<String>,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions {
+            verify: cfg!(debug_assertions),
+            print_ir_after: None,
+        }
+    }
+}
+
+/// What one run of one pass did.
+#[derive(Clone, Debug)]
+pub struct PassReport {
+    pub pass: &'static str,
+    /// The fixpoint stage the run belongs to, if any.
+    pub stage: Option<&'static str>,
+    /// The round of the fixpoint stage (0 for a `Once` stage).
+    pub iteration: usize,
+    pub changed: bool,
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    pub time: Duration,
+    /// `tilec_ir::print_graph` after the pass, when `print_ir_after` selected it.
+    pub ir_after: Option<String>,
+}
+
+/// An ordered list of stages for one optimization level.
+pub struct Pipeline {
+    pub level: u8,
+    pub stages: Vec<Stage>,
+}
+
+impl Pipeline {
+    /// The passes of [`pipeline_spec`] enabled at `level` (levels above 3 act as 3).
+    pub fn for_level(level: u8) -> Pipeline {
+        let mut stages = Vec::new();
+        for s in pipeline_spec() {
+            match s {
+                SpecStage::Once(e) if e.level <= level => stages.push(Stage::Once(e.pass)),
+                SpecStage::Once(_) => {}
+                SpecStage::Fixpoint {
+                    name,
+                    max_iters,
+                    passes,
+                } => {
+                    let passes: Vec<Box<dyn Pass>> = passes
+                        .into_iter()
+                        .filter(|e| e.level <= level)
+                        .map(|e| e.pass)
+                        .collect();
+                    if !passes.is_empty() {
+                        stages.push(Stage::Fixpoint {
+                            name,
+                            max_iters,
+                            passes,
+                        });
+                    }
+                }
+            }
+        }
+        Pipeline { level, stages }
+    }
+
+    /// Names of the passes in run order (a fixpoint group as `name(a, b, c)`).
+    pub fn describe(&self) -> Vec<String> {
+        self.stages
+            .iter()
+            .map(|s| match s {
+                Stage::Once(p) => p.name().to_string(),
+                Stage::Fixpoint { name, passes, .. } => {
+                    let n: Vec<&str> = passes.iter().map(|p| p.name()).collect();
+                    format!("{name}({})", n.join(", "))
+                }
+            })
+            .collect()
+    }
+
+    /// Runs the pipeline on `g`; returns one report per pass run.
+    pub fn run(&self, g: &mut Graph, opts: &PipelineOptions) -> Result<Vec<PassReport>, OptError> {
+        let mut reports = Vec::new();
+        for s in &self.stages {
+            match s {
+                Stage::Once(p) => {
+                    run_one(p.as_ref(), None, 0, g, opts, &mut reports)?;
+                }
+                Stage::Fixpoint {
+                    name,
+                    max_iters,
+                    passes,
+                } => {
+                    for it in 0..*max_iters {
+                        let mut any = false;
+                        for p in passes {
+                            any |= run_one(p.as_ref(), Some(name), it, g, opts, &mut reports)?;
+                        }
+                        if !any {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(reports)
+    }
+}
+
+fn run_one(
+    p: &dyn Pass,
+    stage: Option<&'static str>,
+    iteration: usize,
+    g: &mut Graph,
+    opts: &PipelineOptions,
+    reports: &mut Vec<PassReport>,
+) -> Result<bool, OptError> {
+    let nodes_before = g.nodes().len();
+    let t0 = Instant::now();
+    let changed = p.run(g)?;
+    let time = t0.elapsed();
+    if opts.verify {
+        tilec_ir::verify(g).map_err(|source| OptError::Ir {
+            pass: p.name(),
+            source,
+        })?;
+    }
+    let ir_after = match &opts.print_ir_after {
+        Some(sel) if sel == "all" || sel == p.name() => Some(tilec_ir::print_graph(g)),
+        _ => None,
+    };
+    reports.push(PassReport {
+        pass: p.name(),
+        stage,
+        iteration,
+        changed,
+        nodes_before,
+        nodes_after: g.nodes().len(),
+        time,
+        ir_after,
+    });
+    Ok(changed)
+}
+
+/// Runs the pipeline of `level` with default options (verification in debug builds).
+pub fn optimize(g: &mut Graph, level: u8) -> Result<Vec<PassReport>, OptError> {
+    Pipeline::for_level(level).run(g, &PipelineOptions::default())
 }

@@ -185,5 +185,6 @@ pub fn eval_op(op: &Op, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>, S
         Op::Layout(o) => kernels::layout::eval(o, args, cx),
         Op::Index(o) => kernels::index::eval(o, args, cx),
         Op::Source(o) => kernels::source::eval(o, args, cx),
+        Op::Control(o) => kernels::control::eval(o, args, cx),
     }
 }

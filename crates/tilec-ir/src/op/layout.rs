@@ -78,7 +78,7 @@ pub enum LayoutOp {
     Split { axis: usize, sizes: Vec<Dim> },
     /// ONNX Slice semantics per listed axis (negative starts/ends count from the end,
     /// clamped to the dim; steps are non-zero, possibly negative). `axes` are unique.
-    Slice { axes: Vec<usize>, starts: Vec<i64>, ends: Vec<i64>, steps: Vec<i64> },
+    Slice { axes: Vec<usize>, starts: Vec<SliceBound>, ends: Vec<SliceBound>, steps: Vec<i64> },
     /// Broadcast to `shape` (numpy rules: the output is `broadcast(x.shape, shape)`).
     Expand { shape: Vec<Dim> },
     /// Repeats the input `repeats[i]` times along axis `i`.
@@ -114,14 +114,38 @@ pub fn slice_range(dim: i64, start: i64, end: i64, step: i64) -> (i64, i64) {
     }
 }
 
-/// Output length of a slice along a symbolic dim, when expressible.
-fn slice_sym(d: Dim, start: i64, end: i64, step: i64, cx: &mut InferCtx) -> Result<Dim, String> {
+/// A slice start or end: a literal index (negative counts from the end) or a symbolic
+/// index that is the run-time value of a dimension (hence non-negative), as exporters
+/// write `x[:, :seq]`.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum SliceBound {
+    Index(i64),
+    Dim(Dim),
+}
+
+impl SliceBound {
+    pub fn index(self) -> Option<i64> {
+        match self {
+            SliceBound::Index(v) => Some(v),
+            SliceBound::Dim(Dim::Fixed(n)) => Some(n as i64),
+            SliceBound::Dim(Dim::Sym(_)) => None,
+        }
+    }
+}
+
+/// Output length of a slice along a symbolic dim or with symbolic bounds, when
+/// expressible.
+fn slice_sym(d: Dim, start: SliceBound, end: SliceBound, step: i64, cx: &mut InferCtx) -> Result<Dim, String> {
     if step <= 0 {
-        return Err("a negative-step slice of a symbolic dimension is not supported".into());
+        return Err("a negative-step slice of a symbolic dimension or with symbolic bounds is not supported".into());
     }
     // Effective clamped position in [0, d] of an index (sizes are non-negative, so
     // 0 and "past the end" need no symbol).
-    let pos = |v: i64, cx: &mut InferCtx| -> Dim {
+    let pos = |b: SliceBound, cx: &mut InferCtx| -> Dim {
+        let v = match b {
+            SliceBound::Dim(x) => return cx.syms.derive(SymExpr::Min(d, x)),
+            SliceBound::Index(v) => v,
+        };
         if v == 0 {
             Dim::Fixed(0)
         } else if v >= i64::MAX / 2 {
@@ -274,9 +298,9 @@ impl OpInfo for LayoutOp {
                     if steps[i] == 0 {
                         return Err("slice step must not be 0".into());
                     }
-                    shape[a] = match x.shape[a] {
-                        Dim::Fixed(n) => Dim::Fixed(slice_range(n as i64, starts[i], ends[i], steps[i]).1 as usize),
-                        d => slice_sym(d, starts[i], ends[i], steps[i], cx)?,
+                    shape[a] = match (x.shape[a], starts[i].index(), ends[i].index()) {
+                        (Dim::Fixed(n), Some(s), Some(e)) => Dim::Fixed(slice_range(n as i64, s, e, steps[i]).1 as usize),
+                        (d, _, _) => slice_sym(d, starts[i], ends[i], steps[i], cx)?,
                     };
                 }
                 Ok(vec![TensorType::new(x.dtype, shape)])
@@ -417,11 +441,11 @@ mod tests {
         use std::collections::HashMap;
         let mut syms = SymbolTable::default();
         let b = syms.free("b");
-        let whole = slice_sym(Dim::Sym(b), 0, i64::MAX, 1, &mut InferCtx { syms: &mut syms }).unwrap();
+        let whole = slice_sym(Dim::Sym(b), SliceBound::Index(0), SliceBound::Index(i64::MAX), 1, &mut InferCtx { syms: &mut syms }).unwrap();
         assert_eq!(whole, Dim::Sym(b), "x[0:] keeps the symbol itself");
         for (start, end) in [(0, i64::MAX), (1, i64::MAX), (-2, i64::MAX), (0, -1), (2, 4), (-3, -1)] {
             for step in [1, 2] {
-                let d = slice_sym(Dim::Sym(b), start, end, step, &mut InferCtx { syms: &mut syms }).unwrap();
+                let d = slice_sym(Dim::Sym(b), SliceBound::Index(start), SliceBound::Index(end), step, &mut InferCtx { syms: &mut syms }).unwrap();
                 for n in 0..7usize {
                     let bound: HashMap<_, _> = [(b, n)].into_iter().collect();
                     let want = slice_range(n as i64, start, end, step).1 as usize;

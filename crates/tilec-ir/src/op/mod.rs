@@ -7,6 +7,7 @@
 //! inputs are always present (optional ONNX inputs are either materialized by the
 //! importer or recorded as a flag in the attributes).
 
+mod control;
 mod elementwise;
 mod index;
 mod layout;
@@ -16,6 +17,7 @@ mod norm;
 mod reduce;
 mod source;
 
+pub use control::*;
 pub use elementwise::*;
 pub use index::*;
 pub use layout::*;
@@ -47,6 +49,8 @@ pub enum Op {
     Layout(LayoutOp),
     Index(IndexOp),
     Source(SourceOp),
+    /// Ops that own subgraphs (if, loop, scan).
+    Control(ControlOp),
 }
 
 /// Context for shape inference: the graph's symbols, so that inference can derive new
@@ -78,6 +82,7 @@ impl Op {
             Op::Layout(o) => o.name(),
             Op::Index(o) => o.name(),
             Op::Source(o) => o.name(),
+            Op::Control(o) => o.name(),
         }
     }
 
@@ -110,6 +115,7 @@ impl Op {
             Op::Layout(o) => o.infer(inputs, cx),
             Op::Index(o) => o.infer(inputs, cx),
             Op::Source(o) => o.infer(inputs, cx),
+            Op::Control(o) => o.infer(inputs, cx),
         }
     }
 
@@ -130,6 +136,7 @@ impl Op {
             Op::Layout(o) => format!("{o:?}"),
             Op::Index(o) => format!("{o:?}"),
             Op::Source(o) => format!("{o:?}"),
+            Op::Control(o) => return o.attrs_string(),
         };
         // `Variant { a: 1, b: 2 }` prints as `a: 1, b: 2`; unit variants print nothing.
         match (dbg.find('{'), dbg.rfind('}')) {

@@ -10,7 +10,7 @@
 //! import into a Reshape with a resolved (possibly symbolic) target shape.
 
 use super::{ImportError, MapFn, NodeCx, ShapeElem};
-use tilec_ir::op::{
+use tilec_ir::op::{SliceBound, 
     dims_product, norm_axis, CoordMode, DimValue, LayoutOp, NearestMode, PadMode, ResizeAttrs, ResizeMode, SourceOp,
 };
 use tilec_ir::{DType, Dim, Op, SymExpr, Tensor, ValueId};
@@ -384,22 +384,35 @@ fn map_split(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     cx.emit(Op::Layout(LayoutOp::Split { axis, sizes }), &[x])
 }
 
-/// Slice parameters: (starts, ends, axes, steps) as written.
-fn slice_params(cx: &NodeCx) -> Result<(Vec<i64>, Vec<i64>, Option<Vec<i64>>, Option<Vec<i64>>), ImportError> {
+/// Slice parameters: (starts, ends, axes, steps) as written. Starts and ends may be
+/// symbolic dimensions (from folded shape computations).
+#[allow(clippy::type_complexity)]
+fn slice_params(
+    cx: &NodeCx,
+) -> Result<(Vec<SliceBound>, Vec<SliceBound>, Option<Vec<i64>>, Option<Vec<i64>>), ImportError> {
+    let bound = |e: ShapeElem| match e {
+        ShapeElem::Int(v) => SliceBound::Index(v),
+        ShapeElem::Sym(s) => SliceBound::Dim(Dim::Sym(s)),
+    };
     if cx.opset < 10 {
         let starts = cx.attr_ints("starts")?.ok_or_else(|| cx.invalid("missing 'starts'"))?;
         let ends = cx.attr_ints("ends")?.ok_or_else(|| cx.invalid("missing 'ends'"))?;
-        Ok((starts, ends, cx.attr_ints("axes")?, None))
+        let idx = |v: Vec<i64>| v.into_iter().map(SliceBound::Index).collect();
+        Ok((idx(starts), idx(ends), cx.attr_ints("axes")?, None))
     } else {
-        let starts = cx.const_ints(1, "slice starts")?;
-        let ends = cx.const_ints(2, "slice ends")?;
+        let starts = cx.shape_input(1, "slice starts")?.into_iter().map(bound).collect();
+        let ends = cx.shape_input(2, "slice ends")?.into_iter().map(bound).collect();
         let axes = if cx.input(3).is_some() { Some(cx.const_ints(3, "slice axes")?) } else { None };
         let steps = if cx.input(4).is_some() { Some(cx.const_ints(4, "slice steps")?) } else { None };
         Ok((starts, ends, axes, steps))
     }
 }
 
-fn normalized_slice(cx: &NodeCx, rank: usize) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>, Vec<i64>), ImportError> {
+#[allow(clippy::type_complexity)]
+fn normalized_slice(
+    cx: &NodeCx,
+    rank: usize,
+) -> Result<(Vec<usize>, Vec<SliceBound>, Vec<SliceBound>, Vec<i64>), ImportError> {
     let (starts, ends, axes, steps) = slice_params(cx)?;
     let n = starts.len();
     if ends.len() != n {
@@ -648,8 +661,8 @@ fn map_center_crop_pad(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         if t < d {
             let s = (d - t) / 2;
             sl_axes.push(a);
-            starts.push(s);
-            ends.push(s + t);
+            starts.push(SliceBound::Index(s));
+            ends.push(SliceBound::Index(s + t));
         } else if t > d {
             let b = (t - d) / 2;
             pads[a] = b;
@@ -1164,7 +1177,9 @@ pub(super) fn fold_shape_op(cx: &mut NodeCx) -> Result<Option<Vec<ValueId>>, Imp
             let (axes, starts, ends, steps) = normalized_slice(cx, 1)?;
             let mut elems = d.elems.clone();
             if let Some(k) = axes.iter().position(|&a| a == 0) {
-                let (s, n) = tilec_ir::op::slice_range(d.shape[0] as i64, starts[k], ends[k], steps[k]);
+                // Known-int inputs were checked above, so both bounds are literal.
+                let (Some(b), Some(e)) = (starts[k].index(), ends[k].index()) else { return Ok(None) };
+                let (s, n) = tilec_ir::op::slice_range(d.shape[0] as i64, b, e, steps[k]);
                 elems = (0..n).map(|j| d.elems[(s + j * steps[k]) as usize]).collect();
             }
             let n = elems.len();

@@ -11,6 +11,7 @@
 //! that this module folds while importing. A folded value's elements may be symbolic
 //! dimensions, so a model with a dynamic batch still imports with exact shapes.
 
+mod control;
 mod elementwise;
 mod index;
 mod layout;
@@ -101,6 +102,7 @@ fn lookup(op_type: &str) -> Option<MapFn> {
         .or_else(|| layout::lookup(op_type))
         .or_else(|| index::lookup(op_type))
         .or_else(|| source::lookup(op_type))
+        .or_else(|| control::lookup(op_type))
 }
 
 /// Whether the importer maps this op type of the default domain.

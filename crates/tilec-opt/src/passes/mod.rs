@@ -1,1 +1,31 @@
-//! Graph passes.
+//! Graph passes. Each pass edits the graph only through tilec-ir's editing API (new nodes
+//! and constants, `replace_all_uses`) and ends with `cleanup`, so it leaves a verified,
+//! topologically ordered, densely numbered graph behind.
+
+mod cse;
+mod dce;
+mod fold_batchnorm;
+mod fold_constants;
+mod simplify;
+
+pub use cse::Cse;
+pub use dce::Dce;
+pub use fold_batchnorm::FoldBatchNorm;
+pub use fold_constants::FoldConstants;
+pub use simplify::Simplify;
+
+use crate::OptError;
+use tilec_ir::{Graph, IrError};
+
+/// Wraps an IR error with the pass name.
+pub(crate) fn ir(pass: &'static str) -> impl Fn(IrError) -> OptError {
+    move |source| OptError::Ir { pass, source }
+}
+
+/// Ends a pass: runs `cleanup` when something changed.
+pub(crate) fn finish(g: &mut Graph, pass: &'static str, changed: bool) -> Result<bool, OptError> {
+    if changed {
+        g.cleanup().map_err(ir(pass))?;
+    }
+    Ok(changed)
+}

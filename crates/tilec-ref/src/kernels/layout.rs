@@ -4,7 +4,7 @@
 
 use super::util::{broadcast, broadcast_index_map, split_at_axis};
 use crate::EvalCtx;
-use tilec_ir::op::{slice_range, CoordMode, LayoutOp, NearestMode, PadMode, ResizeAttrs, ResizeMode};
+use tilec_ir::op::{slice_range, CoordMode, LayoutOp, NearestMode, PadMode, ResizeAttrs, ResizeMode, SliceBound};
 use tilec_ir::{dispatch, strides, with_dtype_fn, DType, DTypeFn, Element, Tensor, TensorData};
 
 /// Marks an output element that takes the fill value instead of an input element.
@@ -179,7 +179,15 @@ pub fn eval(op: &LayoutOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             }
             Ok(out)
         }
-        LayoutOp::Slice { axes, starts, ends, steps } => Ok(vec![slice(x, axes, starts, ends, steps)?]),
+        LayoutOp::Slice { axes, starts, ends, steps } => {
+            let idx = |b: &SliceBound| match b {
+                SliceBound::Index(v) => Ok(*v),
+                SliceBound::Dim(d) => cx.dim(*d).map(|n| n as i64),
+            };
+            let starts = starts.iter().map(idx).collect::<Result<Vec<i64>, String>>()?;
+            let ends = ends.iter().map(idx).collect::<Result<Vec<i64>, String>>()?;
+            Ok(vec![slice(x, axes, &starts, &ends, steps)?])
+        }
         LayoutOp::Expand { shape } => {
             let target = cx.dims(shape)?;
             let out_shape = broadcast(x.shape(), &target)?;

@@ -1,5 +1,6 @@
 //! Kernels by op family, plus the helpers they share (broadcast indexing, axis walks).
 
+pub mod control;
 pub mod elementwise;
 pub mod index;
 pub mod layout;

@@ -1,0 +1,149 @@
+//! Scaled-dot-product attention: `softmax((Q @ K^T) * scale [+ mask], -1) @ V` on
+//! `[B, H, S, D]` tensors → `NnOp::Attention` (4-D form). K^T is a Transpose of K
+//! (`[0,1,3,2]`) or of the pre-head-transpose `[B, S, H, D]` view (`[0,2,3,1]`, then a
+//! `[0,2,1,3]` Transpose of that view is emitted as K). GQA head repetition
+//! (`reshape [B,Hkv,1,S,D] → expand [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, i.e. query
+//! head h reads KV head h / n, as the Attention op does) is folded into the op. Masks:
+//! additive float masks only (boolean `where` masks are left alone).
+
+use super::pattern::{emit, Build, Matcher};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NnOp, NormOp};
+use tilec_ir::{Dim, Op, ValueId};
+
+/// K for `kt`: `(k, perm to apply to the source first)`.
+fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, bool)> {
+    let n = m.op_where(kt, |op| {
+        matches!(op, Op::Layout(LayoutOp::Transpose { .. }))
+    })?;
+    let Op::Layout(LayoutOp::Transpose { perm }) = &n.op else {
+        return None;
+    };
+    match perm.as_slice() {
+        [0, 1, 3, 2] => Some((n.inputs[0], false)),
+        [0, 2, 3, 1] => Some((n.inputs[0], true)),
+        _ => None,
+    }
+}
+
+/// Undoes GQA head repetition: returns the `[B, Hkv, S, D]` source, or `v` itself.
+fn strip_repeat(m: &mut Matcher, v: ValueId) -> ValueId {
+    m.attempt(|m| {
+        let r2 = m.op_where(v, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+        let e = r2.inputs[0];
+        if m.use_count(e) != 1 {
+            return None;
+        }
+        let en = m.op_where(e, |op| matches!(op, Op::Layout(LayoutOp::Expand { .. })))?;
+        let r1 = en.inputs[0];
+        let r1n = m.op_where(r1, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+        let src = r1n.inputs[0];
+        let s = &m.g.value(src).ty.shape;
+        let u = &m.g.value(r1).ty.shape;
+        let x = &m.g.value(e).ty.shape;
+        let o = &m.g.value(v).ty.shape;
+        if s.len() != 4 || u.len() != 5 || x.len() != 5 || o.len() != 4 {
+            return None;
+        }
+        let unsq =
+            u[0] == s[0] && u[1] == s[1] && u[2] == Dim::Fixed(1) && u[3] == s[2] && u[4] == s[3];
+        let exp = x[0] == s[0] && x[1] == s[1] && x[3] == s[2] && x[4] == s[3];
+        let merged = match (s[1], x[2], o[1]) {
+            (Dim::Fixed(h), Dim::Fixed(n), Dim::Fixed(t)) => h * n == t,
+            _ => false,
+        };
+        let out = o[0] == s[0] && o[2] == s[2] && o[3] == s[3];
+        (unsq && exp && merged && out).then_some(src)
+    })
+    .unwrap_or(v)
+}
+
+pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
+    let n = m.op_where(root, |op| *op == Op::Linalg(LinalgOp::MatMul))?;
+    let (p, v0) = (n.inputs[0], n.inputs[1]);
+    let dtype = m.g.value(root).ty.dtype;
+    if !dtype.is_float() || m.g.value(root).ty.rank() != 4 {
+        return None;
+    }
+    let sn = m.op_where(p, |op| *op == Op::Norm(NormOp::Softmax { axis: 3 }))?;
+    let sc = sn.inputs[0];
+    // scores = product(q @ kt) [+ mask]
+    let core = |m: &mut Matcher, s: ValueId| -> Option<(ValueId, ValueId, bool, f64)> {
+        let pr = m.product(s);
+        if !pr.denoms.is_empty() || pr.factors.len() != 1 {
+            return None;
+        }
+        let mm = m.op_where(pr.factors[0], |op| *op == Op::Linalg(LinalgOp::MatMul))?;
+        let (qs, kts) = (mm.inputs[0], mm.inputs[1]);
+        let pq = m.product(qs);
+        let pk = m.product(kts);
+        if !pq.denoms.is_empty()
+            || !pk.denoms.is_empty()
+            || pq.factors.len() != 1
+            || pk.factors.len() != 1
+        {
+            return None;
+        }
+        let (k, from_bshd) = k_from_kt(m, pk.factors[0])?;
+        Some((pq.factors[0], k, from_bshd, pr.coef * pq.coef * pk.coef))
+    };
+    let mut found = None;
+    if let Some((a, b)) = m.attempt(|m| m.binary(sc, BinaryOp::Add)) {
+        for (s, mask) in [(a, b), (b, a)] {
+            if let Some(c) = m.attempt(|m| core(m, s)) {
+                found = Some((c, Some(mask)));
+                break;
+            }
+        }
+    }
+    if found.is_none() {
+        found = Some((m.attempt(|m| core(m, sc))?, None));
+    }
+    let ((q, k0, from_bshd, scale), mask) = found?;
+    if let Some(mk) = mask {
+        let t = &m.g.value(mk).ty;
+        if t.dtype != dtype || t.rank() == 0 || t.rank() > 4 {
+            return None;
+        }
+    }
+    let k1 = if from_bshd { k0 } else { strip_repeat(m, k0) };
+    let v = strip_repeat(m, v0);
+    // K and V must both be repeated or both not (the op derives KV heads from K).
+    if (k1 != k0) != (v != v0) {
+        return None;
+    }
+    if m.g.value(q).ty.rank() != 4 || m.g.value(v).ty.rank() != 4 {
+        return None;
+    }
+    let name = m.g.value(root).name.clone();
+    Some(Box::new(move |g| {
+        let k = if from_bshd {
+            emit(
+                g,
+                &name,
+                Op::Layout(LayoutOp::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                }),
+                &[k1],
+            )?
+        } else {
+            k1
+        };
+        let mut ins = vec![q, k, v];
+        ins.extend(mask);
+        let op = NnOp::Attention {
+            q_num_heads: 0,
+            kv_num_heads: 0,
+            scale: Some(scale as f32),
+            is_causal: false,
+            softcap: 0.0,
+            qk_matmul_output_mode: 0,
+            softmax_precision: None,
+            left_window: -1,
+            right_window: -1,
+            has_mask: mask.is_some(),
+            has_past: false,
+            has_nonpad: false,
+        };
+        emit(g, &name, Op::Nn(op), &ins)
+    }))
+}

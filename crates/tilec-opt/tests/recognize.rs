@@ -1,0 +1,638 @@
+//! Composite-op recognition: hand-built exporter spellings, the ONNX `_expanded` node
+//! tests, and (when present) the exported transformer models. Every rewrite is checked
+//! by differential execution on the reference interpreter.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tilec_ir::op::{BinaryOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::{verify, DType, Graph, Op, Tensor, TensorType, ValueId};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn hist(g: &Graph) -> BTreeMap<&'static str, usize> {
+    let mut h = BTreeMap::new();
+    for n in g.nodes() {
+        *h.entry(n.op.name()).or_insert(0) += 1;
+    }
+    h
+}
+
+/// Deterministic pseudo-random floats in [-2, 2).
+fn rand_tensor(ty: &TensorType, seed: &mut u64) -> Tensor {
+    let shape = ty.fixed_shape().expect("fixed shape");
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0
+        })
+        .collect();
+    Tensor::from_f64s(ty.dtype, shape, &v).unwrap()
+}
+
+fn assert_close(a: &Tensor, b: &Tensor, rtol: f64, atol: f64, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}: shapes");
+    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+    for i in 0..x.len() {
+        let ok =
+            (x[i] - y[i]).abs() <= atol + rtol * x[i].abs() || (x[i].is_nan() && y[i].is_nan());
+        assert!(ok, "{what}: element {i}: {} vs {}", x[i], y[i]);
+    }
+}
+
+/// Runs the recognition passes; checks the graph verifies, `want` appears, `gone` ops
+/// vanished, and outputs match the original graph's on random inputs.
+fn check(g: &Graph, want: &str, gone: &[&str]) -> Graph {
+    let mut h = g.clone();
+    tilec_opt::recognize::run_all(&mut h).unwrap();
+    verify(&h).unwrap();
+    let hh = hist(&h);
+    assert!(
+        hh.contains_key(want),
+        "{want} not recognized; ops after: {hh:?}"
+    );
+    for o in gone {
+        assert!(!hh.contains_key(o), "{o} still present: {hh:?}");
+    }
+    let mut seed = 7;
+    let ins: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&i| rand_tensor(&g.value(i).ty, &mut seed))
+        .collect();
+    let a = tilec_ref::run(g, ins.clone()).unwrap();
+    let b = tilec_ref::run(&h, ins).unwrap();
+    for (x, y) in a.iter().zip(&b) {
+        assert_close(x, y, 1e-4, 1e-6, want);
+    }
+    h
+}
+
+/// Runs the passes and asserts nothing changed.
+fn check_unchanged(g: &Graph) {
+    let mut h = g.clone();
+    tilec_opt::recognize::run_all(&mut h).unwrap();
+    verify(&h).unwrap();
+    assert_eq!(hist(g), hist(&h), "graph was rewritten");
+}
+
+struct B {
+    g: Graph,
+}
+
+impl B {
+    fn new(shape: &[usize]) -> (B, ValueId) {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, shape));
+        (B { g }, x)
+    }
+    fn input(&mut self, name: &str, shape: &[usize]) -> ValueId {
+        self.g.add_input(name, TensorType::fixed(DType::F32, shape))
+    }
+    fn c(&mut self, x: f32) -> ValueId {
+        self.g.add_const("c", Tensor::scalar(x))
+    }
+    fn un(&mut self, op: UnaryOp, a: ValueId) -> ValueId {
+        self.g.add(Op::Unary(op), &[a]).unwrap()
+    }
+    fn bin(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> ValueId {
+        self.g.add(Op::Binary(op), &[a, b]).unwrap()
+    }
+    fn mul(&mut self, a: ValueId, b: ValueId) -> ValueId {
+        self.bin(BinaryOp::Mul, a, b)
+    }
+    fn add(&mut self, a: ValueId, b: ValueId) -> ValueId {
+        self.bin(BinaryOp::Add, a, b)
+    }
+    fn red(&mut self, kind: ReduceKind, axes: Vec<usize>, a: ValueId) -> ValueId {
+        self.g
+            .add(
+                Op::Reduce(ReduceOp::Reduce {
+                    kind,
+                    axes,
+                    keepdims: true,
+                }),
+                &[a],
+            )
+            .unwrap()
+    }
+    fn done(mut self, outs: Vec<ValueId>) -> Graph {
+        self.g.set_outputs(outs);
+        verify(&self.g).unwrap();
+        self.g
+    }
+}
+
+/// GELU erf form, `x * 0.5 * (1 + erf(x * k))` or with Div by `d`.
+fn gelu_erf(half: f32, div: Option<f32>, mul: Option<f32>) -> Graph {
+    let (mut b, x) = B::new(&[4, 8]);
+    let arg = match (div, mul) {
+        (Some(d), _) => {
+            let c = b.c(d);
+            b.bin(BinaryOp::Div, x, c)
+        }
+        (_, Some(k)) => {
+            let c = b.c(k);
+            b.mul(x, c)
+        }
+        _ => unreachable!(),
+    };
+    let e = b.un(UnaryOp::Erf, arg);
+    let one = b.c(1.0);
+    let phi = b.add(e, one);
+    let xp = b.mul(x, phi);
+    let h = b.c(half);
+    let y = b.mul(xp, h);
+    b.done(vec![y])
+}
+
+#[test]
+fn gelu_erf_variants() {
+    let h = check(
+        &gelu_erf(0.5, Some(std::f32::consts::SQRT_2), None),
+        "gelu",
+        &["erf", "mul"],
+    );
+    assert_eq!(h.nodes().len(), 1);
+    check(&gelu_erf(0.5, Some(1.4142), None), "gelu", &["erf"]);
+    check(&gelu_erf(0.5, None, Some(0.7071)), "gelu", &["erf"]);
+}
+
+#[test]
+fn gelu_near_miss_not_rewritten() {
+    check_unchanged(&gelu_erf(0.6, Some(std::f32::consts::SQRT_2), None));
+    check_unchanged(&gelu_erf(0.5, Some(2.0), None));
+    // The erf intermediate is also a graph output.
+    let mut g = gelu_erf(0.5, Some(std::f32::consts::SQRT_2), None);
+    let erf = g
+        .nodes()
+        .iter()
+        .find(|n| n.op == Op::Unary(UnaryOp::Erf))
+        .unwrap()
+        .outputs[0];
+    let mut outs = g.outputs().to_vec();
+    outs.push(erf);
+    g.set_outputs(outs);
+    check_unchanged(&g);
+}
+
+fn gelu_tanh(pow: bool) -> Graph {
+    let (mut b, x) = B::new(&[3, 16]);
+    let cube = if pow {
+        let three = b.c(3.0);
+        b.bin(BinaryOp::Pow, x, three)
+    } else {
+        let x2 = b.mul(x, x);
+        b.mul(x2, x)
+    };
+    let c0 = b.c(0.044715);
+    let t = b.mul(cube, c0);
+    let inner = b.add(x, t);
+    let k = b.c((2.0f32 / std::f32::consts::PI).sqrt());
+    let arg = b.mul(inner, k);
+    let th = b.un(UnaryOp::Tanh, arg);
+    let one = b.c(1.0);
+    let phi = b.add(th, one);
+    let half = b.c(0.5);
+    let hx = b.mul(x, half);
+    let y = b.mul(hx, phi);
+    b.done(vec![y])
+}
+
+#[test]
+fn gelu_tanh_forms() {
+    let h = check(&gelu_tanh(true), "gelu", &["tanh", "pow"]);
+    assert!(matches!(
+        h.nodes()[0].op,
+        Op::Unary(UnaryOp::Gelu { tanh_approx: true })
+    ));
+    check(&gelu_tanh(false), "gelu", &["tanh", "mul"]);
+}
+
+#[test]
+fn silu_and_swiglu() {
+    let (mut b, x) = B::new(&[2, 8]);
+    let up = b.input("up", &[2, 8]);
+    let s = b.un(UnaryOp::Sigmoid, x);
+    let silu = b.mul(x, s);
+    let y = b.mul(silu, up);
+    let g = b.done(vec![y]);
+    let h = check(&g, "swiglu", &["sigmoid", "mul"]);
+    assert_eq!(h.nodes().len(), 1);
+    // Different shapes (broadcasting): SiLU only.
+    let (mut b, x) = B::new(&[2, 8]);
+    let up = b.input("up", &[8]);
+    let s = b.un(UnaryOp::Sigmoid, x);
+    let silu = b.mul(s, x);
+    let y = b.mul(silu, up);
+    check(&b.done(vec![y]), "swish", &["sigmoid"]);
+    // sigmoid(x) * y is no SiLU.
+    let (mut b, x) = B::new(&[2, 8]);
+    let z = b.input("z", &[2, 8]);
+    let s = b.un(UnaryOp::Sigmoid, x);
+    let y = b.mul(s, z);
+    check_unchanged(&b.done(vec![y]));
+}
+
+/// PyTorch-style layer norm over the last `naxes` axes, optional gamma/beta.
+fn layer_norm(pow: bool, recip: bool, affine: bool, eps: f32) -> Graph {
+    let (mut b, x) = B::new(&[2, 3, 8]);
+    let mean = b.red(ReduceKind::Mean, vec![2], x);
+    let d = b.bin(BinaryOp::Sub, x, mean);
+    let sq = if pow {
+        let two = b.c(2.0);
+        b.bin(BinaryOp::Pow, d, two)
+    } else {
+        b.mul(d, d)
+    };
+    let var = b.red(ReduceKind::Mean, vec![2], sq);
+    let e = b.c(eps);
+    let ve = b.add(var, e);
+    let sd = b.un(UnaryOp::Sqrt, ve);
+    let n = if recip {
+        let r = b.un(UnaryOp::Reciprocal, sd);
+        b.mul(d, r)
+    } else {
+        b.bin(BinaryOp::Div, d, sd)
+    };
+    let y = if affine {
+        let gamma = b.input("gamma", &[8]);
+        let beta = b.input("beta", &[8]);
+        let s = b.mul(n, gamma);
+        b.add(s, beta)
+    } else {
+        n
+    };
+    b.done(vec![y])
+}
+
+#[test]
+fn layer_norm_forms() {
+    let h = check(
+        &layer_norm(true, false, true, 1e-5),
+        "layer_norm",
+        &["reduce_mean", "sqrt", "add"],
+    );
+    assert_eq!(h.nodes().len(), 1);
+    match &h.nodes()[0].op {
+        Op::Norm(NormOp::LayerNorm {
+            axis: 2,
+            epsilon,
+            has_bias: true,
+            ..
+        }) => assert!((epsilon - 1e-5).abs() < 1e-9),
+        o => panic!("{o:?}"),
+    }
+    check(
+        &layer_norm(false, true, true, 1e-12),
+        "layer_norm",
+        &["reduce_mean", "reciprocal"],
+    );
+    check(
+        &layer_norm(true, false, false, 1e-5),
+        "layer_norm",
+        &["reduce_mean"],
+    );
+}
+
+#[test]
+fn layer_norm_shared_intermediate_not_rewritten() {
+    let mut g = layer_norm(true, false, true, 1e-5);
+    let mean = g.nodes()[0].outputs[0];
+    let mut outs = g.outputs().to_vec();
+    outs.push(mean);
+    g.set_outputs(outs);
+    check_unchanged(&g);
+}
+
+/// LLaMA-style RMSNorm: `gamma * (x * reciprocal(sqrt(mean(x^2) + eps)))`, optionally
+/// computed in f32 for an f16 input.
+fn rms_norm(div: bool, cast: bool, gamma: bool) -> Graph {
+    let mut g = Graph::new("t");
+    let dt = if cast { DType::F16 } else { DType::F32 };
+    let x = g.add_input("x", TensorType::fixed(dt, &[2, 5, 16]));
+    let mut b = B { g };
+    let xf = if cast {
+        b.g.add(
+            Op::Cast {
+                to: DType::F32,
+                saturate: true,
+            },
+            &[x],
+        )
+        .unwrap()
+    } else {
+        x
+    };
+    let two = b.c(2.0);
+    let sq = b.bin(BinaryOp::Pow, xf, two);
+    let ms = b.red(ReduceKind::Mean, vec![2], sq);
+    let e = b.c(1e-6);
+    let s = b.add(ms, e);
+    let r = b.un(UnaryOp::Sqrt, s);
+    let n = if div {
+        b.bin(BinaryOp::Div, xf, r)
+    } else {
+        let inv = b.un(UnaryOp::Reciprocal, r);
+        b.mul(xf, inv)
+    };
+    let n = if cast {
+        b.g.add(
+            Op::Cast {
+                to: DType::F16,
+                saturate: true,
+            },
+            &[n],
+        )
+        .unwrap()
+    } else {
+        n
+    };
+    let y = if gamma {
+        let w = b.g.add_input("w", TensorType::fixed(dt, &[16]));
+        b.mul(w, n)
+    } else {
+        n
+    };
+    b.done(vec![y])
+}
+
+#[test]
+fn rms_norm_forms() {
+    let h = check(
+        &rms_norm(false, false, true),
+        "rms_norm",
+        &["reduce_mean", "sqrt", "reciprocal", "mul"],
+    );
+    assert_eq!(h.nodes().len(), 1);
+    check(
+        &rms_norm(true, false, true),
+        "rms_norm",
+        &["reduce_mean", "div"],
+    );
+    check(&rms_norm(true, false, false), "rms_norm", &["reduce_mean"]);
+    // f16 in, f32 compute, cast back: compare with f16 tolerance.
+    let g = rms_norm(false, true, true);
+    let mut h = g.clone();
+    tilec_opt::recognize::run_all(&mut h).unwrap();
+    verify(&h).unwrap();
+    assert!(hist(&h).contains_key("rms_norm"), "{:?}", hist(&h));
+    assert!(!hist(&h).contains_key("cast"));
+    let mut seed = 3;
+    let ins: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&i| rand_tensor(&g.value(i).ty, &mut seed))
+        .collect();
+    let a = tilec_ref::run(&g, ins.clone()).unwrap();
+    let c = tilec_ref::run(&h, ins).unwrap();
+    assert_close(&a[0], &c[0], 2e-3, 2e-3, "rms f16");
+}
+
+#[test]
+fn rms_norm_wrong_exponent_not_rewritten() {
+    let mut g = rms_norm(true, false, true);
+    // Replace the Pow exponent 2 by 3.
+    let pow = g
+        .nodes()
+        .iter()
+        .find(|n| n.op == Op::Binary(BinaryOp::Pow))
+        .unwrap()
+        .inputs[1];
+    if let tilec_ir::ValueDef::Const(t) = &mut g.value_mut(pow).def {
+        *t = Tensor::scalar(3.0f32);
+    }
+    check_unchanged(&g);
+}
+
+fn softmax(stable: bool, axis: usize) -> Graph {
+    let (mut b, x) = B::new(&[3, 4, 5]);
+    let z = if stable {
+        let m = b.red(ReduceKind::Max, vec![axis], x);
+        b.bin(BinaryOp::Sub, x, m)
+    } else {
+        x
+    };
+    let e = b.un(UnaryOp::Exp, z);
+    let s = b.red(ReduceKind::Sum, vec![axis], e);
+    let y = b.bin(BinaryOp::Div, e, s);
+    b.done(vec![y])
+}
+
+#[test]
+fn softmax_forms() {
+    let h = check(
+        &softmax(true, 2),
+        "softmax",
+        &["exp", "reduce_sum", "reduce_max"],
+    );
+    assert_eq!(h.nodes().len(), 1);
+    let h = check(&softmax(false, 1), "softmax", &["exp"]);
+    assert_eq!(h.nodes()[0].op, Op::Norm(NormOp::Softmax { axis: 1 }));
+    // Sum over a different axis than the max: still a softmax of x - max (over the sum
+    // axis), so only the exp/sum/div part may become a softmax.
+    let (mut b, x) = B::new(&[3, 4, 5]);
+    let e = b.un(UnaryOp::Exp, x);
+    let s = b.red(ReduceKind::Sum, vec![1, 2], e);
+    let y = b.bin(BinaryOp::Div, e, s);
+    check_unchanged(&b.done(vec![y]));
+}
+
+/// `softmax(q @ k^T * scale + mask) @ v` with optional GQA repetition of K/V.
+fn attention(gqa: bool, mask: bool) -> Graph {
+    use tilec_ir::op::{LayoutOp, LinalgOp};
+    use tilec_ir::Dim;
+    let (bsz, hq, s, d) = (2, 4, 6, 8);
+    let hkv = if gqa { 2 } else { 4 };
+    let (mut b, q) = B::new(&[bsz, hq, s, d]);
+    let mut k = b.input("k", &[bsz, hkv, s, d]);
+    let mut v = b.input("v", &[bsz, hkv, s, d]);
+    if gqa {
+        let n = hq / hkv;
+        let rep = |b: &mut B, t: ValueId| {
+            let f = |xs: &[usize]| xs.iter().map(|&x| Dim::Fixed(x)).collect::<Vec<_>>();
+            let u =
+                b.g.add(
+                    Op::Layout(LayoutOp::Reshape {
+                        shape: f(&[bsz, hkv, 1, s, d]),
+                    }),
+                    &[t],
+                )
+                .unwrap();
+            let e =
+                b.g.add(
+                    Op::Layout(LayoutOp::Expand {
+                        shape: f(&[bsz, hkv, n, s, d]),
+                    }),
+                    &[u],
+                )
+                .unwrap();
+            b.g.add(
+                Op::Layout(LayoutOp::Reshape {
+                    shape: f(&[bsz, hq, s, d]),
+                }),
+                &[e],
+            )
+            .unwrap()
+        };
+        k = rep(&mut b, k);
+        v = rep(&mut b, v);
+    }
+    let kt =
+        b.g.add(
+            Op::Layout(LayoutOp::Transpose {
+                perm: vec![0, 1, 3, 2],
+            }),
+            &[k],
+        )
+        .unwrap();
+    let qk = b.g.add(Op::Linalg(LinalgOp::MatMul), &[q, kt]).unwrap();
+    let sc = b.c(1.0 / (d as f32).sqrt());
+    let mut sco = b.mul(qk, sc);
+    if mask {
+        let m = b.input("mask", &[1, 1, s, s]);
+        sco = b.add(sco, m);
+    }
+    let p =
+        b.g.add(Op::Norm(NormOp::Softmax { axis: 3 }), &[sco])
+            .unwrap();
+    let y = b.g.add(Op::Linalg(LinalgOp::MatMul), &[p, v]).unwrap();
+    b.done(vec![y])
+}
+
+#[test]
+fn attention_forms() {
+    let h = check(&attention(false, true), "attention", &["softmax", "matmul"]);
+    assert_eq!(h.nodes().len(), 1);
+    check(&attention(true, true), "attention", &["softmax", "expand"]);
+    check(&attention(true, false), "attention", &["softmax"]);
+}
+
+// ---- ONNX `_expanded` node tests: what exporters produce for the composite ops ----
+
+fn load_pbs(dir: &Path, prefix: &str) -> Vec<Tensor> {
+    let mut out = Vec::new();
+    for i in 0.. {
+        let p = dir.join(format!("{prefix}_{i}.pb"));
+        if !p.exists() {
+            break;
+        }
+        let tp = tilec_onnx::load::load_tensor_pb(&p).unwrap();
+        out.push(tilec_onnx::tensor::tensor_from_proto(&tp).unwrap());
+    }
+    out
+}
+
+/// Imports a model dir, runs the passes, checks `want` was recognized and outputs match
+/// the expected test data (and the un-rewritten graph). Returns (before, after) histograms.
+fn check_model_dir(
+    dir: &Path,
+    want: &[&str],
+    opts: &tilec_onnx::ImportOptions,
+    rtol: f64,
+    atol: f64,
+) -> (String, String) {
+    let g = tilec_onnx::import_file(&dir.join("model.onnx"), opts).unwrap();
+    let mut h = g.clone();
+    tilec_opt::recognize::run_all(&mut h).unwrap();
+    verify(&h).unwrap();
+    let hh = hist(&h);
+    for w in want {
+        assert!(
+            hh.contains_key(w),
+            "{}: {w} not recognized: {hh:?}",
+            dir.display()
+        );
+    }
+    let set = dir.join("test_data_set_0");
+    let ins = load_pbs(&set, "input");
+    let exp = load_pbs(&set, "output");
+    let got = tilec_ref::run(&h, ins).unwrap();
+    for (k, e) in exp.iter().enumerate() {
+        assert_close(
+            e,
+            &got[k],
+            rtol,
+            atol,
+            &format!("{} output {k}", dir.display()),
+        );
+    }
+    (format!("{:?}", hist(&g)), format!("{hh:?}"))
+}
+
+#[test]
+fn onnx_expanded_node_tests() {
+    let node = root().join("testdata/gen/node");
+    if !node.exists() {
+        return;
+    }
+    let cases: &[(&str, &str)] = &[
+        ("test_gelu_default_1_expanded", "gelu"),
+        ("test_gelu_default_2_expanded", "gelu"),
+        ("test_gelu_tanh_1_expanded", "gelu"),
+        ("test_gelu_tanh_2_expanded", "gelu"),
+        ("test_swish_expanded", "swish"),
+        ("test_softmax_axis_0_expanded", "softmax"),
+        ("test_softmax_axis_1_expanded", "softmax"),
+        ("test_softmax_axis_2_expanded", "softmax"),
+        ("test_softmax_default_axis_expanded", "softmax"),
+        ("test_softmax_example_expanded", "softmax"),
+        ("test_softmax_large_number_expanded", "softmax"),
+        ("test_softmax_negative_axis_expanded", "softmax"),
+        (
+            "test_rms_normalization_2d_axis_negative_1_expanded",
+            "rms_norm",
+        ),
+        (
+            "test_rms_normalization_3d_axis2_epsilon_expanded",
+            "rms_norm",
+        ),
+        (
+            "test_rms_normalization_3d_axis1_epsilon_expanded",
+            "rms_norm",
+        ),
+        (
+            "test_rms_normalization_4d_axis_negative_1_expanded",
+            "rms_norm",
+        ),
+        ("test_rms_normalization_default_axis_expanded", "rms_norm"),
+    ];
+    let mut failures = vec![];
+    for (t, want) in cases {
+        let dir = node.join(t);
+        if !dir.exists() {
+            continue;
+        }
+        let r = std::panic::catch_unwind(|| {
+            check_model_dir(&dir, &[want], &Default::default(), 1e-4, 1e-6)
+        });
+        match r {
+            Ok((a, b)) => println!("{t}: {a} -> {b}"),
+            Err(_) => failures.push(*t),
+        }
+    }
+    assert!(failures.is_empty(), "failed: {failures:?}");
+}
+
+#[test]
+fn transformer_models() {
+    for (name, want) in [
+        ("gpt2", &["gelu", "attention"][..]),
+        ("bert", &["attention"][..]),
+        ("llama", &["rms_norm", "swiglu", "attention"][..]),
+    ] {
+        let dir = root().join("models").join(name);
+        if !dir.join("model.onnx").exists() {
+            continue;
+        }
+        let mut opts = tilec_onnx::ImportOptions::default();
+        opts.dim_values.insert("batch".into(), 2);
+        opts.dim_values.insert("seq".into(), 64);
+        let (a, b) = check_model_dir(&dir, want, &opts, 1e-3, 1e-4);
+        println!("{name}: before {a}\n{name}: after  {b}");
+    }
+}
