@@ -520,6 +520,19 @@ fn shape_operand_inputs_are_bound_or_explained() {
     o.ok();
     assert!(o.stdout.contains("'shape' is compiled in as a constant"), "{}", o.stdout);
     assert_eq!(read_npy(&out.join("y.npy")).unwrap(), x.reshaped(vec![3, 2]).unwrap());
+    // The shape operand computed from an input (here through Identity): the given small
+    // integer inputs are compiled in.
+    let m = model(
+        vec![node("alias", "Identity", &["shape"], &["s2"]), node("reshape", "Reshape", &["x", "s2"], &["y"])],
+        vec![vi("x", F32, &[D::N(2), D::N(3)]), vi("shape", I64, &[D::N(2)])],
+        vec![vi("y", F32, &[D::N(3), D::N(2)])],
+    );
+    let p = save(&dir, "computed.onnx", &m);
+    tilec(&[&"run", &p]).fails_with(&["'reshape'", "'s2'", "computed from graph inputs"]);
+    let o = tilec(&[&"run", &p, &"-i", &format!("shape={}", sf.display()), &"-i", &format!("x={}", xf.display())]);
+    o.ok();
+    assert!(o.stdout.contains("'shape' is compiled in as a constant"), "{}", o.stdout);
+    assert!(o.stdout.contains("output 'y': f32[3, 2]"), "{}", o.stdout);
 }
 
 #[test]
@@ -555,4 +568,37 @@ fn unnamed_dimensions_default_to_one() {
     o.ok();
     assert!(o.stdout.contains("unnamed dimension"), "{}", o.stdout);
     assert_eq!(read_npy(&out.join("y.npy")).unwrap().shape(), &[1, 2]);
+}
+
+#[test]
+fn bfloat16_is_compared_at_its_precision() {
+    let dir = scratch("bf16");
+    const BF16: i32 = 16;
+    let m = model(
+        vec![node("copy", "Identity", &["x"], &["y"])],
+        vec![vi("x", BF16, &[D::N(2)])],
+        vec![vi("y", BF16, &[D::N(2)])],
+    );
+    let p = save(&dir, "m.onnx", &m);
+    let bf = |v: [f32; 2]| Tensor::from_vec(vec![2], v.map(half::bf16::from_f32).to_vec()).unwrap();
+    let pb = |name: &str, t: &Tensor| {
+        let f = dir.join(name);
+        std::fs::write(&f, tilec_onnx::tensor::tensor_to_proto("", t).encode_to_vec()).unwrap();
+        f
+    };
+    let x = pb("x.pb", &bf([1.0, 2.0]));
+    // One bf16 ulp above 1.0 (2^-7): within bf16 precision, far outside rtol 1e-3.
+    let near = pb("near.pb", &bf([1.0078125, 2.0]));
+    let far = pb("far.pb", &bf([1.0625, 2.0]));
+    let o = tilec(&[&"run", &p, &"-i", &format!("x={}", x.display()), &"--expect", &format!("y={}", near.display())]);
+    o.ok();
+    assert!(o.stdout.contains("rtol 0.015625"), "{}", o.stdout);
+    tilec(&[&"run", &p, &"-i", &format!("x={}", x.display()), &"--expect", &format!("y={}", far.display())])
+        .fails_with(&["1 of 1 checked outputs differ"]);
+    // Written as float32 .npy (NumPy has no bfloat16).
+    let out = dir.join("out");
+    let o = tilec(&[&"run", &p, &"-i", &format!("x={}", x.display()), &"--out", &out]);
+    o.ok();
+    assert!(o.stdout.contains("as float32"), "{}", o.stdout);
+    assert_eq!(read_npy(&out.join("y.npy")).unwrap(), Tensor::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap());
 }

@@ -98,14 +98,21 @@ pub fn check_dims(g: &proto::GraphProto, dims: &[(String, usize)]) -> Result<Has
     Ok(out)
 }
 
+/// Small integer inputs are what shape operands are computed from (a Pad's pads built by
+/// Concat from an axes input, ...); larger ones are data.
+const MAX_SHAPE_ARG_ELEMENTS: usize = 64;
+
 /// Imports a model. Graph inputs that the importer needs as constants (shape operands
 /// such as Reshape's shape) are bound to the values in `provided` and the import is
-/// retried; the names bound this way are returned.
+/// retried. When the operand is computed from graph inputs rather than being one, the
+/// given small integer inputs are bound (once), as a user specializing on shape arguments
+/// would. Returns the graph and the names bound this way.
 pub fn import(
     model: &ModelProto,
     mut opts: ImportOptions,
     provided: &HashMap<String, Tensor>,
 ) -> Result<(tilec::Graph, Vec<String>)> {
+    let graph_inputs = model.graph.as_ref().map(input_names).unwrap_or_default();
     let mut bound = Vec::new();
     loop {
         match tilec::import(model, &opts) {
@@ -117,13 +124,37 @@ pub fn import(
                 bound.push(input.clone());
             }
             Err(e @ tilec::Error::Import(ImportError::NonConstant { .. })) => {
-                let hint = match &e {
-                    tilec::Error::Import(ImportError::NonConstant { input, .. })
-                        if model.graph.as_ref().is_some_and(|g| input_names(g).contains(input)) =>
-                    {
-                        format!("\n  hint: give its value with --input {input}=FILE.npy (it is then compiled in as a constant)")
-                    }
+                let input = match &e {
+                    tilec::Error::Import(ImportError::NonConstant { input, .. }) => input.clone(),
                     _ => String::new(),
+                };
+                if !graph_inputs.contains(&input) {
+                    let mut names: Vec<&String> = provided
+                        .iter()
+                        .filter(|(k, t)| {
+                            t.dtype().is_int()
+                                && t.numel() <= MAX_SHAPE_ARG_ELEMENTS
+                                && !opts.bind_inputs.contains_key(*k)
+                        })
+                        .map(|(k, _)| k)
+                        .collect();
+                    names.sort();
+                    if !names.is_empty() {
+                        for k in names {
+                            opts.bind_inputs.insert(k.clone(), provided[k].clone());
+                            bound.push(k.clone());
+                        }
+                        continue;
+                    }
+                }
+                let hint = if graph_inputs.contains(&input) {
+                    format!(
+                        "\n  hint: give its value with --input {input}=FILE.npy (it is then compiled in as a constant)"
+                    )
+                } else {
+                    "\n  hint: it is computed from graph inputs; give the integer inputs it depends on with --input \
+                     (they are then compiled in as constants)"
+                        .to_string()
                 };
                 bail!("cannot import the model: {e}{hint}");
             }
