@@ -1,1 +1,89 @@
-fn main() {}
+//! The `tilec` command-line tool: inspect ONNX models, run them, print their IR.
+
+mod cli;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// tilec: an AI compiler for ONNX models.
+#[derive(Parser, Debug)]
+#[command(name = "tilec", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Summarize a model: producer, opsets, inputs and outputs, op histograms, parameters,
+    /// and whether (and why not) it imports.
+    ///
+    /// Exits 0 whenever the file is a readable ONNX model, even if it does not import;
+    /// the report then lists the unsupported op types.
+    Inspect {
+        /// The ONNX model file.
+        model: PathBuf,
+    },
+    /// Run a model and print a summary of each output.
+    ///
+    /// Inputs not given with --input (or found in --expect-dir) get random values of the
+    /// right dtype and shape: floats uniform in [-1, 1), integers in [0, 4), random bools.
+    Run(cli::run::RunArgs),
+    /// Print the imported graph in tilec's IR text form.
+    PrintIr {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=1.
+        #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = cli::parse_dim)]
+        dims: Vec<(String, usize)>,
+    },
+}
+
+/// The backends `--backend` accepts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The reference interpreter.
+    Ref,
+}
+
+impl From<BackendArg> for tilec::Backend {
+    fn from(b: BackendArg) -> tilec::Backend {
+        match b {
+            BackendArg::Ref => tilec::Backend::Ref,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Inspect { model } => cli::inspect::inspect(&model),
+        Cmd::Run(args) => cli::run::run(&args),
+        Cmd::PrintIr { model, dims } => cli::print_ir(&model, &dims),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", render(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes, `outer: inner: ...`, skipping causes whose text an outer
+/// message already includes (many library errors embed their source's message).
+fn render(e: &anyhow::Error) -> String {
+    let mut s = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if m.is_empty() || s.contains(&m) {
+            continue;
+        }
+        if !s.is_empty() {
+            s.push_str(": ");
+        }
+        s.push_str(&m);
+    }
+    s
+}

@@ -1,0 +1,487 @@
+//! `tilec run MODEL`: run a model on given or random inputs, summarize, save and check
+//! the outputs.
+
+use super::{check_dims, dim_params, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file};
+use crate::BackendArg;
+use anyhow::{anyhow, bail, Context, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Instant;
+use tilec::compare::compare;
+use tilec::ir::{Dim, Graph, SymbolId, TensorType};
+use tilec::tensor_io::{self, NpyStored};
+use tilec::{DType, ImportOptions, Tensor};
+
+/// Random inputs larger than this are refused (they would exhaust memory).
+const MAX_RANDOM_ELEMENTS: usize = 1 << 30;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Give an input's value: a .npy file or a serialized ONNX TensorProto (.pb).
+    #[arg(long = "input", short = 'i', value_name = "NAME=FILE", value_parser = parse_named_file)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Write each output to DIR/<output name>.npy (the directory is created).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Where to run the model.
+    #[arg(long, value_enum, default_value_t = BackendArg::Ref)]
+    pub backend: BackendArg,
+    /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=8.
+    /// Symbolic dimensions not fixed here or by a given input default to 1.
+    #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+    pub dims: Vec<(String, usize)>,
+    /// Seed of the random input values.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Compare an output with an expected value (.npy or .pb); exit non-zero on mismatch.
+    #[arg(long = "expect", value_name = "NAME=FILE", value_parser = parse_named_file)]
+    pub expects: Vec<(String, PathBuf)>,
+    /// An ONNX test data directory: inputs not given with --input are read from
+    /// DIR/input_<i>.pb, and output i is compared with DIR/output_<i>.pb.
+    #[arg(long, value_name = "DIR")]
+    pub expect_dir: Option<PathBuf>,
+    /// Relative tolerance of --expect/--expect-dir comparisons (at least 1/64 for bfloat16).
+    #[arg(long, default_value_t = 1e-3)]
+    pub rtol: f64,
+    /// Absolute tolerance of --expect/--expect-dir comparisons.
+    #[arg(long, default_value_t = 1e-5)]
+    pub atol: f64,
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+fn type_str(g: &Graph, ty: &TensorType) -> String {
+    let d: Vec<String> = ty.shape.iter().map(|&d| g.syms.display(d)).collect();
+    format!("{}[{}]", ty.dtype, d.join(", "))
+}
+
+fn tensor_type_str(t: &Tensor) -> String {
+    let d: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+    format!("{}[{}]", t.dtype(), d.join(", "))
+}
+
+fn is_free(g: &Graph, s: SymbolId) -> bool {
+    g.syms.symbols.get(s.0 as usize).is_some_and(|x| x.expr.is_none())
+}
+
+/// Checks a given input against its type, binding the free symbols of the type.
+fn check_input(
+    g: &Graph,
+    name: &str,
+    ty: &TensorType,
+    t: &Tensor,
+    source: &str,
+    syms: &mut HashMap<SymbolId, usize>,
+) -> Result<()> {
+    let mismatch = |why: String| {
+        anyhow!("input '{name}' (from {source}): expected {}, got {}: {why}", type_str(g, ty), tensor_type_str(t))
+    };
+    if t.dtype() != ty.dtype {
+        return Err(mismatch(format!("wrong dtype (expected {}, got {})", ty.dtype, t.dtype())));
+    }
+    if t.rank() != ty.rank() {
+        return Err(mismatch(format!("wrong rank (expected {}, got {})", ty.rank(), t.rank())));
+    }
+    for (k, (&d, &n)) in ty.shape.iter().zip(t.shape()).enumerate() {
+        match d {
+            Dim::Fixed(m) if m != n => return Err(mismatch(format!("dimension {k} must be {m}, is {n}"))),
+            Dim::Fixed(_) => {}
+            Dim::Sym(s) => match syms.get(&s).copied().or_else(|| g.syms.eval(d, syms)) {
+                Some(m) if m != n => {
+                    return Err(mismatch(format!(
+                        "dimension {k} ('{}') is {m} from another input, here {n}",
+                        g.syms.display(d)
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    syms.insert(s, n);
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
+/// A tensor of random values: floats uniform in [-1, 1), integers in [0, 4), bools.
+fn random_tensor(dtype: DType, shape: Vec<usize>, rng: &mut StdRng) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let vals: Vec<f64> = if dtype.is_float() {
+        (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+    } else if dtype.is_bool() {
+        (0..n).map(|_| if rng.gen_bool(0.5) { 1.0 } else { 0.0 }).collect()
+    } else {
+        (0..n).map(|_| rng.gen_range(0..4) as f64).collect()
+    };
+    Ok(Tensor::from_f64s(dtype, shape, &vals)?)
+}
+
+/// Compact number formatting for summaries.
+fn num(x: f64) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
+    } else if x == 0.0 || (1e-4..1e6).contains(&x.abs()) {
+        let s = format!("{x:.6}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        if s.is_empty() || s == "-" {
+            "0".into()
+        } else {
+            s.to_string()
+        }
+    } else {
+        format!("{x:.4e}")
+    }
+}
+
+/// `min .. max .. mean ..` and the first values of a tensor.
+fn summary(t: &Tensor) -> String {
+    const SHOW: usize = 8;
+    if t.numel() == 0 {
+        return "(empty)".to_string();
+    }
+    let mut s = String::new();
+    if t.dtype().is_float() {
+        let v = t.to_f64_vec();
+        let fin: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        let nan = v.iter().filter(|x| x.is_nan()).count();
+        let inf = v.iter().filter(|x| x.is_infinite()).count();
+        if !fin.is_empty() {
+            let min = fin.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = fin.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mean = fin.iter().sum::<f64>() / fin.len() as f64;
+            s += &format!("min {} max {} mean {}", num(min), num(max), num(mean));
+        }
+        if nan > 0 {
+            s += &format!(" nan {nan}");
+        }
+        if inf > 0 {
+            s += &format!(" inf {inf}");
+        }
+        let first: Vec<String> = v.iter().take(SHOW).map(|&x| num(x)).collect();
+        s += &format!("  [{}{}]", first.join(", "), if v.len() > SHOW { ", ..." } else { "" });
+    } else if t.dtype().is_bool() {
+        let v = t.to_i64_vec();
+        let trues = v.iter().filter(|&&x| x != 0).count();
+        let first: Vec<&str> = v.iter().take(SHOW).map(|&x| if x != 0 { "true" } else { "false" }).collect();
+        s += &format!(
+            "true {trues} of {}  [{}{}]",
+            v.len(),
+            first.join(", "),
+            if v.len() > SHOW { ", ..." } else { "" }
+        );
+    } else {
+        // u64 beyond i64::MAX would wrap in to_i64_vec; show those through f64.
+        let (first, min, max, mean) = if t.dtype() == DType::U64 {
+            let v = t.to_f64_vec();
+            let first: Vec<String> = v.iter().take(SHOW).map(|&x| format!("{x}")).collect();
+            let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (first, format!("{min}"), format!("{max}"), v.iter().sum::<f64>() / v.len() as f64)
+        } else {
+            let v = t.to_i64_vec();
+            let first: Vec<String> = v.iter().take(SHOW).map(|x| x.to_string()).collect();
+            let min = v.iter().copied().min().unwrap_or(0);
+            let max = v.iter().copied().max().unwrap_or(0);
+            (first, min.to_string(), max.to_string(), v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64)
+        };
+        s += &format!(
+            "min {min} max {max} mean {}  [{}{}]",
+            num(mean),
+            first.join(", "),
+            if t.numel() > SHOW { ", ..." } else { "" }
+        );
+    }
+    s
+}
+
+/// A file name for an output: its ONNX name with unusual characters replaced.
+fn file_stem(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
+        .collect();
+    let s = s.trim_start_matches('.').to_string();
+    if s.is_empty() {
+        "output".to_string()
+    } else {
+        s
+    }
+}
+
+fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for k in (0..shape.len()).rev() {
+        let d = shape[k].max(1);
+        idx[k] = i % d;
+        i /= d;
+    }
+    idx
+}
+
+pub fn run(a: &RunArgs) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let g = graph_of(&model)?;
+    let in_names = input_names(g);
+    let out_names: Vec<String> = g.output.iter().map(|o| o.name.clone()).collect();
+    let dim_values = check_dims(g, &a.dims)?;
+
+    // Only tensors can be read from files (a sequence's .pb would decode as nonsense).
+    let tensor_only = |what: &str, name: &str, vi: Option<&tilec::onnx::proto::ValueInfoProto>| -> Result<()> {
+        match vi.and_then(non_tensor_kind) {
+            Some(kind) => bail!("{what} '{name}' is {kind}, not a tensor; tilec supports only tensor values"),
+            None => Ok(()),
+        }
+    };
+    let input_info = |name: &str| g.input.iter().find(|v| v.name == name);
+    let output_info = |i: usize| g.output.get(i);
+
+    // Given inputs.
+    let mut provided: HashMap<String, Tensor> = HashMap::new();
+    let mut sources: HashMap<String, String> = HashMap::new();
+    for (name, file) in &a.inputs {
+        if !in_names.contains(name) {
+            bail!(
+                "--input {name}={}: the model has no input '{name}' (its inputs: {})",
+                file.display(),
+                list(&in_names)
+            );
+        }
+        if provided.contains_key(name) {
+            bail!("--input {name} is given more than once");
+        }
+        tensor_only("input", name, input_info(name))?;
+        let t = tensor_io::read_tensor(file).with_context(|| format!("input '{name}'"))?;
+        provided.insert(name.clone(), t);
+        sources.insert(name.clone(), file.display().to_string());
+    }
+
+    // Expected outputs.
+    let mut expected: Vec<Option<(Tensor, String)>> = vec![None; out_names.len()];
+    if let Some(dir) = &a.expect_dir {
+        if !dir.is_dir() {
+            bail!("--expect-dir {}: not a directory", dir.display());
+        }
+        for (i, name) in in_names.iter().enumerate() {
+            let p = dir.join(format!("input_{i}.pb"));
+            if !provided.contains_key(name) && p.is_file() {
+                tensor_only("input", name, input_info(name))?;
+                let t = tensor_io::read_tensor(&p).with_context(|| format!("input '{name}'"))?;
+                provided.insert(name.clone(), t);
+                sources.insert(name.clone(), p.display().to_string());
+            }
+        }
+        let mut found = 0;
+        for (i, name) in out_names.iter().enumerate() {
+            let p = dir.join(format!("output_{i}.pb"));
+            if p.is_file() {
+                tensor_only("output", name, output_info(i))?;
+                let t = tensor_io::read_tensor(&p).with_context(|| format!("expected value of output '{name}'"))?;
+                expected[i] = Some((t, p.display().to_string()));
+                found += 1;
+            }
+        }
+        if found == 0 {
+            bail!("--expect-dir {}: no output_<i>.pb files in it", dir.display());
+        }
+    }
+    for (name, file) in &a.expects {
+        let i = out_names.iter().position(|o| o == name).ok_or_else(|| {
+            anyhow!(
+                "--expect {name}={}: the model has no output '{name}' (its outputs: {})",
+                file.display(),
+                list(&out_names)
+            )
+        })?;
+        tensor_only("output", name, output_info(i))?;
+        let t = tensor_io::read_tensor(file).with_context(|| format!("expected value of output '{name}'"))?;
+        expected[i] = Some((t, file.display().to_string()));
+    }
+
+    // Import (binding given inputs the importer needs as constants).
+    let opts = ImportOptions { dim_values, ..Default::default() };
+    let (graph, bound) = super::import(&model, opts, &provided)?;
+    for b in &bound {
+        println!("note: input '{b}' is compiled in as a constant (the importer needs its value)");
+    }
+
+    // Feeds: given inputs first (they bind symbolic dimensions), then random ones.
+    let mut syms: HashMap<SymbolId, usize> = HashMap::new();
+    let mut feeds: HashMap<String, Tensor> = HashMap::new();
+    for &v in graph.inputs() {
+        let val = graph.value(v);
+        if let Some(t) = provided.remove(&val.name) {
+            let src = sources.get(&val.name).map(String::as_str).unwrap_or("?");
+            check_input(&graph, &val.name, &val.ty, &t, src, &mut syms)?;
+            println!("input '{}': {} from {src}", val.name, tensor_type_str(&t));
+            feeds.insert(val.name.clone(), t);
+        }
+    }
+    let named_dims = dim_params(g);
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    for &v in graph.inputs() {
+        let val = graph.value(v);
+        if feeds.contains_key(&val.name) {
+            continue;
+        }
+        let mut shape = Vec::with_capacity(val.ty.rank());
+        for &d in &val.ty.shape {
+            shape.push(match d {
+                Dim::Fixed(n) => n,
+                Dim::Sym(s) => match syms.get(&s).copied().or_else(|| graph.syms.eval(d, &syms)) {
+                    Some(n) => n,
+                    None if is_free(&graph, s) => {
+                        let name = graph.syms.name(s).to_string();
+                        let how = if named_dims.contains(&name) {
+                            format!("choose with --dim {name}=N")
+                        } else {
+                            "an unnamed dimension: give the input with --input to choose".to_string()
+                        };
+                        println!("note: dimension '{name}' of input '{}' = 1 (default; {how})", val.name);
+                        syms.insert(s, 1);
+                        1
+                    }
+                    None => {
+                        bail!("input '{}': cannot choose a size for dimension '{}'", val.name, graph.syms.display(d))
+                    }
+                },
+            });
+        }
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        match n {
+            Some(n) if n <= MAX_RANDOM_ELEMENTS => {}
+            _ => bail!(
+                "input '{}': a random {}{shape:?} is too large; give it with --input or pick smaller sizes with --dim",
+                val.name,
+                val.ty.dtype
+            ),
+        }
+        let t = random_tensor(val.ty.dtype, shape, &mut rng)?;
+        println!("input '{}': {} random (seed {})", val.name, tensor_type_str(&t), a.seed);
+        feeds.insert(val.name.clone(), t);
+    }
+
+    // Run.
+    let backend: tilec::Backend = a.backend.into();
+    let start = Instant::now();
+    let outs =
+        tilec::run(&graph, feeds, backend).with_context(|| format!("running the model on the {backend} backend"))?;
+    println!("ran on the {backend} backend in {:.3} s", start.elapsed().as_secs_f64());
+    if outs.len() != out_names.len() {
+        bail!("the graph produced {} outputs, the model declares {}", outs.len(), out_names.len());
+    }
+
+    for (name, t) in out_names.iter().zip(&outs) {
+        println!("output '{name}': {}  {}", tensor_type_str(t), summary(t));
+    }
+
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
+        let mut used = HashSet::new();
+        for (i, (name, t)) in out_names.iter().zip(&outs).enumerate() {
+            let mut stem = file_stem(name);
+            if !used.insert(stem.clone()) {
+                stem = format!("{stem}_{i}");
+                used.insert(stem.clone());
+            }
+            let p = dir.join(format!("{stem}.npy"));
+            let how = tensor_io::write_npy(&p, t).with_context(|| format!("output '{name}'"))?;
+            match how {
+                NpyStored::Exact => println!("wrote {}", p.display()),
+                NpyStored::AsF32 => println!("wrote {} (as float32: NumPy has no {})", p.display(), t.dtype()),
+            }
+        }
+    }
+
+    let mut checked = 0;
+    let mut bad = 0;
+    for ((name, t), exp) in out_names.iter().zip(&outs).zip(&expected) {
+        let Some((e, src)) = exp else { continue };
+        checked += 1;
+        // bfloat16 carries 8 significant bits: as ONNX's own test runner does, compare it
+        // with a relative tolerance of at least 1/64.
+        let rtol = if e.dtype() == DType::BF16 { a.rtol.max(1.0 / 64.0) } else { a.rtol };
+        match compare(e, t, rtol, a.atol) {
+            Err(m) => {
+                bad += 1;
+                println!("check '{name}' against {src}: MISMATCH: {m}");
+            }
+            Ok(c) => {
+                let errs = format!("max abs err {}, max rel err {}", num(c.max_abs), num(c.max_rel));
+                if c.ok() {
+                    println!("check '{name}' against {src}: ok ({errs}; rtol {rtol}, atol {})", a.atol);
+                } else {
+                    bad += 1;
+                    let first = match c.first_mismatch {
+                        Some((i, x, y)) => {
+                            format!("; first at {:?}: expected {}, got {}", unravel(i, t.shape()), num(x), num(y))
+                        }
+                        None => String::new(),
+                    };
+                    println!(
+                        "check '{name}' against {src}: MISMATCH: {}/{} elements differ ({errs}; rtol {}, atol {}){first}",
+                        c.mismatches, c.count, rtol, a.atol
+                    );
+                }
+            }
+        }
+    }
+    if bad > 0 {
+        bail!("{bad} of {checked} checked outputs differ from their expected values");
+    }
+    if checked > 0 {
+        println!("all {checked} checked outputs match");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(num(0.5), "0.5");
+        assert_eq!(num(-2.0), "-2");
+        assert_eq!(num(0.0), "0");
+        assert_eq!(num(1e-9), "1.0000e-9");
+        assert_eq!(file_stem("gpu_0/softmax_1"), "gpu_0_softmax_1");
+        assert_eq!(file_stem("../x"), "_x");
+        assert_eq!(file_stem(""), "output");
+        assert_eq!(unravel(5, &[2, 3]), vec![1, 2]);
+    }
+
+    #[test]
+    fn random_values_in_range() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let t = random_tensor(DType::F32, vec![100], &mut rng).unwrap();
+        assert!(t.to_f64_vec().iter().all(|x| (-1.0..1.0).contains(x)));
+        let t = random_tensor(DType::I64, vec![100], &mut rng).unwrap();
+        assert!(t.to_i64_vec().iter().all(|x| (0..4).contains(x)));
+        assert_eq!(random_tensor(DType::Bool, vec![2, 0], &mut rng).unwrap().shape(), &[2, 0]);
+    }
+
+    #[test]
+    fn summaries() {
+        let t = Tensor::from_vec(vec![3], vec![1.0f32, f32::NAN, -3.0]).unwrap();
+        let s = summary(&t);
+        assert!(s.contains("min -3 max 1 mean -1") && s.contains("nan 1"), "{s}");
+        let t = Tensor::from_vec(vec![2], vec![u64::MAX, 1]).unwrap();
+        assert!(summary(&t).contains("max 18446744073709552000"), "{}", summary(&t));
+    }
+}
