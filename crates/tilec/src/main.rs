@@ -1,4 +1,5 @@
-//! The `tilec` command-line tool: inspect ONNX models, run them, print their IR.
+//! The `tilec` command-line tool: inspect ONNX models, run them, print their IR, explain
+//! how they are optimized and partitioned into kernels.
 
 mod cli;
 
@@ -30,14 +31,13 @@ enum Cmd {
     /// Inputs not given with --input (or found in --expect-dir) get random values of the
     /// right dtype and shape: floats uniform in [-1, 1), integers in [0, 4), random bools.
     Run(cli::run::RunArgs),
-    /// Print the imported graph in tilec's IR text form.
-    PrintIr {
-        /// The ONNX model file.
-        model: PathBuf,
-        /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=1.
-        #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = cli::parse_dim)]
-        dims: Vec<(String, usize)>,
-    },
+    /// Print the graph in tilec's IR text form after import and optimization (-O0 shows
+    /// the graph as imported).
+    PrintIr(cli::opt::OptArgs),
+    /// Optimize a model and show how it is partitioned into kernels: each kernel group
+    /// with its ops, bytes, FLOPs and bound on the target, and every rejected fusion with
+    /// the cost model's numbers.
+    Explain(cli::opt::OptArgs),
 }
 
 /// The backends `--backend` accepts.
@@ -60,7 +60,8 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Inspect { model } => cli::inspect::inspect(&model),
         Cmd::Run(args) => cli::run::run(&args),
-        Cmd::PrintIr { model, dims } => cli::print_ir(&model, &dims),
+        Cmd::PrintIr(args) => cli::opt::print_ir(&args),
+        Cmd::Explain(args) => cli::opt::explain(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

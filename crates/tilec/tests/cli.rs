@@ -602,3 +602,40 @@ fn bfloat16_is_compared_at_its_precision() {
     assert!(o.stdout.contains("as float32"), "{}", o.stdout);
     assert_eq!(read_npy(&out.join("y.npy")).unwrap(), Tensor::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap());
 }
+
+#[test]
+fn explain_reports_kernel_groups_for_a_transformer() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/gpt2/model.onnx");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tilec"))
+        .args(["explain", model, "--target", "cuda", "--dim", "batch=2", "--dim", "seq=64"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("summary:") && stdout.contains("Attention 4"), "{stdout}");
+    // Four transformer blocks of at most 7 kernels each, plus the preamble and the head.
+    let groups: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("summary: ")?.split(' ').next()?.parse().ok())
+        .unwrap();
+    assert!(groups <= 4 * 7 + 4, "{groups} groups");
+}
+
+#[test]
+fn print_ir_after_a_pass_and_unknown_pass() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/bert/model.onnx");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tilec")).args(args).output().unwrap()
+    };
+    let out = run(&["print-ir", model, "--print-ir-after", "recognize-layernorm", "--time-passes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("IR after recognize-layernorm"), "{stdout}");
+    assert!(stdout.contains("= attention{"), "attention recognized at -O3");
+    let out = run(&["print-ir", model, "-O0"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("= attention{"), "no recognition at -O0");
+    let out = run(&["print-ir", model, "--print-ir-after", "no-such-pass"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no pass 'no-such-pass'") && !err.contains("panicked"), "{err}");
+}

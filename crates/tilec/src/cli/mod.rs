@@ -1,6 +1,7 @@
 //! Subcommands of the `tilec` tool and the helpers they share.
 
 pub mod inspect;
+pub mod opt;
 pub mod run;
 
 use anyhow::{bail, Context, Result};
@@ -169,16 +170,6 @@ pub fn import(
             Err(e) => return Err(anyhow::Error::new(e).context("cannot import the model")),
         }
     }
-}
-
-/// `tilec print-ir`.
-pub fn print_ir(path: &Path, dims: &[(String, usize)]) -> Result<()> {
-    let model = load_model(path)?;
-    let dim_values = check_dims(graph_of(&model)?, dims)?;
-    let opts = ImportOptions { dim_values, ..Default::default() };
-    let (g, _) = import(&model, opts, &HashMap::new())?;
-    print!("{}", tilec::ir::print_graph(&g));
-    Ok(())
 }
 
 /// `1234567` → `1,234,567`.

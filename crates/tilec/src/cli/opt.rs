@@ -1,0 +1,109 @@
+//! `tilec print-ir` with optimization, and `tilec explain`: the optimizer's pipeline and
+//! the fusion partitioner's decisions, shown.
+
+use super::{check_dims, graph_of, import, load_model};
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use tilec::ImportOptions;
+use tilec_opt::manager::{Pipeline, PipelineOptions};
+use tilec_opt::partition::{self, SizeHints};
+use tilec_opt::passes::Target as LayoutTarget;
+
+/// The targets the optimizer and partitioner know.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TargetArg {
+    /// The CPU this runs on (2-core AVX-512 class defaults).
+    Cpu,
+    /// An NVIDIA Hopper GPU (H200).
+    Cuda,
+}
+
+#[derive(Args, Debug)]
+pub struct OptArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Optimization level: 0 (import only) to 3 (with composite-op recognition).
+    #[arg(short = 'O', long = "opt-level", default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub level: u8,
+    /// The target the pipeline and the cost model plan for.
+    #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
+    pub target: TargetArg,
+    /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=1.
+    #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = super::parse_dim)]
+    pub dims: Vec<(String, usize)>,
+    /// Print the IR after the named pass (every run of it).
+    #[arg(long = "print-ir-after", value_name = "PASS")]
+    pub print_ir_after: Option<String>,
+    /// Print the IR after every pass.
+    #[arg(long = "print-ir-after-all")]
+    pub print_ir_after_all: bool,
+    /// Print each pass run with its time and node counts.
+    #[arg(long = "time-passes")]
+    pub time_passes: bool,
+}
+
+fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
+    let model = load_model(&args.model)?;
+    let dim_values = check_dims(graph_of(&model)?, &args.dims)?;
+    let opts = ImportOptions { dim_values, ..Default::default() };
+    let (mut g, _) = import(&model, opts, &HashMap::new())?;
+    let target = match args.target {
+        TargetArg::Cpu => LayoutTarget::Cpu,
+        TargetArg::Cuda => LayoutTarget::Cuda,
+    };
+    let pipeline = Pipeline::for_level_and_target(args.level, target);
+    if let Some(p) = &args.print_ir_after {
+        let known = pipeline.describe().join(" ");
+        if !known.split(|c: char| !(c.is_alphanumeric() || c == '-')).any(|w| w == p) {
+            anyhow::bail!("--print-ir-after: no pass '{p}' at -O{} (passes: {known})", args.level);
+        }
+    }
+    let print_ir_after = if args.print_ir_after_all { Some("all".to_string()) } else { args.print_ir_after.clone() };
+    let popts = PipelineOptions { print_ir_after, ..Default::default() };
+    let reports = pipeline.run(&mut g, &popts).context("optimizing")?;
+    for r in &reports {
+        if let Some(ir) = &r.ir_after {
+            println!("// ----- IR after {} (round {}) -----", r.pass, r.iteration);
+            print!("{ir}");
+        }
+    }
+    if args.time_passes {
+        let total: f64 = reports.iter().map(|r| r.time.as_secs_f64()).sum();
+        println!("// pass                      round  changed  nodes       time");
+        for r in &reports {
+            println!(
+                "// {:<25} {:>5}  {:>7}  {:>4}->{:<4}  {:>8.3} ms",
+                r.pass,
+                r.iteration,
+                r.changed,
+                r.nodes_before,
+                r.nodes_after,
+                r.time.as_secs_f64() * 1e3
+            );
+        }
+        println!("// total {:.3} ms", total * 1e3);
+    }
+    Ok(g)
+}
+
+/// `tilec print-ir`: the graph after import and the selected optimization level.
+pub fn print_ir(args: &OptArgs) -> Result<()> {
+    let g = optimized(args)?;
+    print!("{}", tilec::ir::print_graph(&g));
+    Ok(())
+}
+
+/// `tilec explain`: kernel groups with their costs, and every rejected fusion with why.
+pub fn explain(args: &OptArgs) -> Result<()> {
+    let g = optimized(args)?;
+    let t = match args.target {
+        TargetArg::Cpu => partition::Target::cpu(),
+        TargetArg::Cuda => partition::Target::cuda_h200(),
+    };
+    let hints = SizeHints { named: args.dims.iter().cloned().collect(), ..Default::default() };
+    let p = partition::partition_with(&g, &t, &hints);
+    print!("{}", partition::explain(&g, &p, &t));
+    Ok(())
+}
