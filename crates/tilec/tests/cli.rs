@@ -639,3 +639,22 @@ fn print_ir_after_a_pass_and_unknown_pass() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no pass 'no-such-pass'") && !err.contains("panicked"), "{err}");
 }
+
+/// Inputs the importer fuzzer once crashed on (overflowing element counts, a huge declared
+/// channel count): they must now end in a clean result or error.
+#[test]
+fn fuzz_regressions_do_not_crash() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        for cmd in ["inspect", "run"] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_tilec")).arg(cmd).arg(&p).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(matches!(out.status.code(), Some(0) | Some(1)), "{cmd} {}: {:?} {err}", p.display(), out.status);
+            assert!(!err.contains("panicked"), "{cmd} {}: {err}", p.display());
+        }
+        n += 1;
+    }
+    assert!(n >= 3);
+}

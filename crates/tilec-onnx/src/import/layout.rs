@@ -1315,7 +1315,8 @@ pub(super) fn fold_shape_op(cx: &mut NodeCx) -> Result<Option<Vec<ValueId>>, Imp
                 return Ok(None);
             }
             let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-            let n: usize = shape.iter().product();
+            // Declared sizes are untrusted: an overflowing product is simply not folded.
+            let Some(n) = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) else { return Ok(None) };
             let value = cx.attr_t("value")?.unwrap_or_else(|| Tensor::scalar(0.0f32));
             if n > FOLD_LIMIT || !(value.dtype().is_int() || value.dtype().is_bool()) || value.numel() != 1 {
                 return Ok(None);

@@ -165,12 +165,17 @@ fn group(cx: &NodeCx) -> Result<usize, ImportError> {
     Ok(g as usize)
 }
 
-/// A zero-filled 1-D constant of `n` elements.
+/// A zero-filled 1-D value of `n` elements: a constant when small, else a `fill` op, so a
+/// declared (untrusted) channel count never allocates at import.
 fn zeros_vec(cx: &mut NodeCx, dt: DType, n: Dim, what: &str) -> Result<ValueId, ImportError> {
     let n = n
         .fixed()
         .ok_or_else(|| cx.unsupported(format!("absent {what} with a symbolic channel count")))?;
-    Ok(cx.constant(Tensor::zeros(dt, vec![n])))
+    if n <= 4096 {
+        return Ok(cx.constant(Tensor::zeros(dt, vec![n])));
+    }
+    let fill = tilec_ir::op::SourceOp::Fill { shape: vec![Dim::Fixed(n)], value: Tensor::zeros(dt, vec![]) };
+    cx.emit1(Op::Source(fill), &[])
 }
 
 /// Input `i`, or a scalar zero of `dt` when absent.

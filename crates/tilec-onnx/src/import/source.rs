@@ -34,8 +34,11 @@ fn map_constant_of_shape(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     };
     // Small fixed results become constants; everything else stays a fill op.
     if let Some(n) = shape.iter().map(|d| d.fixed()).collect::<Option<Vec<usize>>>() {
-        if n.iter().product::<usize>() <= 16 {
-            let total: usize = n.iter().product();
+        let total = n.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if total.is_none() {
+            return Err(cx.invalid(format!("shape {n:?} has more elements than this machine can address")));
+        }
+        if let Some(total) = total.filter(|&t| t <= 16) {
             let t = match value.dtype() {
                 d if d.is_int() || d.is_bool() => Tensor::from_i64s(d, n, &vec![value.to_i64_vec()[0]; total]),
                 d => Tensor::from_f64s(d, n, &vec![value.to_f64_vec()[0]; total]),
