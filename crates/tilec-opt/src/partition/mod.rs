@@ -801,27 +801,25 @@ impl<'a> St<'a> {
             self.reject(p, c, RejectReason::RegisterBudget, d);
             return false;
         }
-        if recompute > 0.0 {
-            let (rt, st) = (
-                self.t.flop_time(recompute),
-                self.t.mem_time(saved) + self.t.launch_s,
-            );
-            if rt > st {
-                let d = format!(
-                    "prologue recomputed {factor:.0}x: +{:.3} MFLOP ({}) > saves {} ({})",
-                    recompute / 1e6,
-                    us(rt),
-                    mb(saved),
-                    us(st)
-                );
-                self.reject(p, c, RejectReason::Recompute, d);
-                return false;
-            }
+        if recompute > 0.0 && !self.recompute_pays(p, c, format!("prologue recomputed {factor:.0}x"), recompute, saved) {
+            return false;
         }
         if !self.check_cycle(p, c) {
             return false;
         }
         self.merge(c, p);
+        true
+    }
+
+    /// Whether recomputing `recompute` FLOPs costs less time than the traffic (and launch)
+    /// that fusing saves; records a rejection with the numbers when it does not.
+    fn recompute_pays(&mut self, p: usize, c: usize, what: String, recompute: f64, saved: f64) -> bool {
+        let (rt, st) = (self.t.flop_time(recompute), self.t.mem_time(saved) + self.t.launch_s);
+        if rt > st {
+            let d = format!("{what}: +{:.3} MFLOP ({}) > saves {} ({})", recompute / 1e6, us(rt), mb(saved), us(st));
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         true
     }
 
@@ -865,19 +863,7 @@ impl<'a> St<'a> {
                 self.reject(p, c, RejectReason::Escapes, d);
                 return false;
             }
-            let (rt, st) = (
-                self.t.flop_time(recompute),
-                self.t.mem_time(saved) + self.t.launch_s,
-            );
-            if rt > st {
-                let d = format!(
-                    "broadcast recompute {factor:.1}x: +{:.3} MFLOP ({}) > saves {} ({})",
-                    recompute / 1e6,
-                    us(rt),
-                    mb(saved),
-                    us(st)
-                );
-                self.reject(p, c, RejectReason::Recompute, d);
+            if !self.recompute_pays(p, c, format!("broadcast recompute {factor:.1}x"), recompute, saved) {
                 return false;
             }
         }
