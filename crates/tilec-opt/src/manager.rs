@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, SinkTransposes, Simplify, Target};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, SinkTransposes, Simplify, TargetKind};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -96,13 +96,13 @@ fn canonicalize() -> SpecStage {
 ///  1-2    canonicalize (fixpoint)  clean up after the rewrites above
 /// ```
 ///
-/// This is the spec for the default target ([`Target::Cpu`]); see [`pipeline_spec_for`].
+/// This is the spec for the default target ([`TargetKind::Cpu`]); see [`pipeline_spec_for`].
 pub fn pipeline_spec() -> Vec<SpecStage> {
-    pipeline_spec_for(Target::default())
+    pipeline_spec_for(TargetKind::default())
 }
 
 /// [`pipeline_spec`] for a given target (only `choose-layout` depends on it).
-pub fn pipeline_spec_for(target: Target) -> Vec<SpecStage> {
+pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
     let mut v = vec![
         SpecStage::Once(at(1, Dce)),
         canonicalize(),
@@ -162,11 +162,11 @@ pub struct Pipeline {
 impl Pipeline {
     /// The passes of [`pipeline_spec`] enabled at `level` (levels above 3 act as 3).
     pub fn for_level(level: u8) -> Pipeline {
-        Pipeline::for_level_and_target(level, Target::default())
+        Pipeline::for_level_and_target(level, TargetKind::default())
     }
 
     /// [`Pipeline::for_level`] for a given target.
-    pub fn for_level_and_target(level: u8, target: Target) -> Pipeline {
+    pub fn for_level_and_target(level: u8, target: TargetKind) -> Pipeline {
         let mut stages = Vec::new();
         for s in pipeline_spec_for(target) {
             match s {

@@ -9,7 +9,7 @@ use std::path::Path;
 use tilec_ir::{Graph, Tensor};
 use tilec_onnx::{import_file, ImportOptions};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
-use tilec_opt::passes::Target;
+use tilec_opt::passes::TargetKind;
 
 fn load(dir: &Path, prefix: &str) -> Vec<Tensor> {
     (0..)
@@ -49,7 +49,7 @@ fn check(name: &str) {
         })
         .collect();
     let before_random = run(&g0, &random);
-    for target in [Target::Cpu, Target::Cuda] {
+    for target in [TargetKind::Cpu, TargetKind::Cuda] {
         let mut g = g0.clone();
         let opts = PipelineOptions { verify: true, print_ir_after: None };
         Pipeline::for_level_and_target(3, target).run(&mut g, &opts).unwrap();

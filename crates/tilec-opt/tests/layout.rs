@@ -11,7 +11,7 @@ use tilec_ir::op::{
 use tilec_ir::{verify, DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::passes::layout::{
-    count_transposes, inverse, plan_layout, Layout, SinkTransposes, Target,
+    count_transposes, inverse, plan_layout, Layout, SinkTransposes, TargetKind,
 };
 use tilec_opt::Pass;
 
@@ -379,23 +379,23 @@ fn choose_layout_prefers_nhwc_on_cuda_for_conv_chains() {
         .add(Op::Layout(LayoutOp::Reshape { shape }), &[y])
         .unwrap();
     g.set_outputs(vec![f]);
-    let cuda = plan_layout(&g, Target::Cuda);
+    let cuda = plan_layout(&g, TargetKind::Cuda);
     print!("{}", cuda.report());
     assert_eq!(cuda.regions.len(), 1);
     let r = &cuda.regions[0];
     assert_eq!((r.convs, r.entry_transposes, r.exit_transposes), (3, 1, 1));
     assert_eq!(r.layout, Layout::Nhwc);
-    let cpu = plan_layout(&g, Target::Cpu);
+    let cpu = plan_layout(&g, TargetKind::Cpu);
     assert_eq!(cpu.nhwc_regions(), 0);
     // A lone conv with inputs and outputs in NCHW does not pay for two transposes.
     let mut g = Graph::new("t");
     let x = input(&mut g, DType::F32, &[1, 4, 8, 8]);
     let y = conv_chain(&mut g, x, 1);
     g.set_outputs(vec![y]);
-    assert_eq!(plan_layout(&g, Target::Cuda).nhwc_regions(), 0);
+    assert_eq!(plan_layout(&g, TargetKind::Cuda).nhwc_regions(), 0);
     // The pipeline for either target leaves results unchanged (the plan does not rewrite).
     let mut o = g.clone();
-    Pipeline::for_level_and_target(3, Target::Cuda)
+    Pipeline::for_level_and_target(3, TargetKind::Cuda)
         .run(&mut o, &PipelineOptions::default())
         .unwrap();
     verify(&o).unwrap();
@@ -410,12 +410,12 @@ fn choose_layout_on_light_cnns() {
             continue;
         }
         let g = import(&p);
-        let cuda = plan_layout(&g, Target::Cuda);
+        let cuda = plan_layout(&g, TargetKind::Cuda);
         print!("{m}: {}", cuda.report());
         assert!(
             cuda.nhwc_regions() >= 1,
             "{m}: expected an NHWC region on cuda"
         );
-        assert_eq!(plan_layout(&g, Target::Cpu).nhwc_regions(), 0);
+        assert_eq!(plan_layout(&g, TargetKind::Cpu).nhwc_regions(), 0);
     }
 }

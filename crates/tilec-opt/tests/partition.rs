@@ -240,7 +240,7 @@ fn transformers_group_counts() {
                     explain(&g, &p, t)
                 );
             }
-            if m == "gpt2" && t.is_gpu && !printed {
+            if m == "gpt2" && t.is_gpu() && !printed {
                 printed = true;
                 let norms: Vec<usize> = g
                     .nodes()

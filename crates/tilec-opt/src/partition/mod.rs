@@ -31,7 +31,7 @@ pub mod target;
 
 pub use cost::{Class, SizeHints};
 pub use explain::{explain, explain_group};
-pub use target::{intensity, Target};
+pub use target::{intensity, Target, TargetKind};
 
 use cost::{classify, node_flops, reduction_row, Sizes};
 use std::collections::{BTreeSet, VecDeque};

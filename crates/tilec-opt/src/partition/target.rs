@@ -3,11 +3,22 @@
 //! Numbers are order-of-magnitude presets, good enough to rank fusion decisions
 //! (bytes saved vs. FLOPs recomputed vs. launches saved), not to predict wall time.
 
-/// A compute target as the cost model sees it.
+/// The kind of machine a pipeline compiles for: what the passes that depend on the
+/// target (today `choose-layout`) look at. The machine's numbers are in [`Target`]; its
+/// `kind` field says which kind it is, and [`Target::preset`] gives the default machine
+/// of a kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TargetKind {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+/// A compute target as the cost model sees it: a [`TargetKind`] and its machine numbers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
     pub name: &'static str,
-    pub is_gpu: bool,
+    pub kind: TargetKind,
     /// Streaming multiprocessors (GPU) or cores (CPU).
     pub units: usize,
     /// Main-memory bandwidth, bytes/s.
@@ -34,7 +45,7 @@ impl Target {
     pub fn cuda_h100() -> Target {
         Target {
             name: "cuda-h100",
-            is_gpu: true,
+            kind: TargetKind::Cuda,
             units: 132,
             mem_bw: 3.35e12,
             peak_mma_16: 990e12,
@@ -59,7 +70,7 @@ impl Target {
     pub fn cpu() -> Target {
         Target {
             name: "cpu-avx512-2c",
-            is_gpu: false,
+            kind: TargetKind::Cpu,
             units: 2,
             mem_bw: 20e9,
             peak_mma_16: 150e9,
@@ -70,6 +81,18 @@ impl Target {
             max_epilogue_ops: 16,
             gemm_tile: 64,
         }
+    }
+
+    /// The default machine of a kind: [`Target::cpu`] or [`Target::cuda_h200`].
+    pub fn preset(kind: TargetKind) -> Target {
+        match kind {
+            TargetKind::Cpu => Target::cpu(),
+            TargetKind::Cuda => Target::cuda_h200(),
+        }
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        self.kind == TargetKind::Cuda
     }
 
     /// Peak FLOP/s for a group: matrix units for 16-bit (or narrower) float matrix work,

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use tilec::ImportOptions;
 use tilec_opt::manager::{Pipeline, PipelineOptions};
-use tilec_opt::partition::{self, SizeHints};
-use tilec_opt::passes::Target as LayoutTarget;
+use tilec_opt::partition::{self, SizeHints, TargetKind};
 
 /// The targets the optimizer and partitioner know.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -18,6 +17,15 @@ pub enum TargetArg {
     Cpu,
     /// An NVIDIA Hopper GPU (H200).
     Cuda,
+}
+
+impl TargetArg {
+    fn kind(self) -> TargetKind {
+        match self {
+            TargetArg::Cpu => TargetKind::Cpu,
+            TargetArg::Cuda => TargetKind::Cuda,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -49,11 +57,7 @@ fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
     let dim_values = check_dims(graph_of(&model)?, &args.dims)?;
     let opts = ImportOptions { dim_values, ..Default::default() };
     let (mut g, _) = import(&model, opts, &HashMap::new())?;
-    let target = match args.target {
-        TargetArg::Cpu => LayoutTarget::Cpu,
-        TargetArg::Cuda => LayoutTarget::Cuda,
-    };
-    let pipeline = Pipeline::for_level_and_target(args.level, target);
+    let pipeline = Pipeline::for_level_and_target(args.level, args.target.kind());
     if let Some(p) = &args.print_ir_after {
         let known = pipeline.describe().join(" ");
         if !known.split(|c: char| !(c.is_alphanumeric() || c == '-')).any(|w| w == p) {
@@ -98,10 +102,7 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
 /// `tilec explain`: kernel groups with their costs, and every rejected fusion with why.
 pub fn explain(args: &OptArgs) -> Result<()> {
     let g = optimized(args)?;
-    let t = match args.target {
-        TargetArg::Cpu => partition::Target::cpu(),
-        TargetArg::Cuda => partition::Target::cuda_h200(),
-    };
+    let t = partition::Target::preset(args.target.kind());
     let hints = SizeHints { named: args.dims.iter().cloned().collect(), ..Default::default() };
     let p = partition::partition_with(&g, &t, &hints);
     print!("{}", partition::explain(&g, &p, &t));

@@ -1,5 +1,5 @@
 //! `choose-layout`: picks NCHW or NHWC (channels-last) for each convolution region of a
-//! graph, per [`Target`].
+//! graph, per [`TargetKind`].
 //!
 //! A *region* is a connected set of rank-4 nodes that contains at least one convolution or
 //! pool: the layout-sensitive ops (conv, pool, global pool, batch/instance norm, LRN) plus
@@ -10,11 +10,11 @@
 //! permuted at compile time for free.
 //!
 //! Decision:
-//! - [`Target::Cuda`]: NHWC when the region has convolutions and its boundary transposes
+//! - [`TargetKind::Cuda`]: NHWC when the region has convolutions and its boundary transposes
 //!   are no more than its convolutions. Tensor-core convolutions (cuDNN, CUTLASS implicit
 //!   GEMM) work channels-last: with NCHW tensors the library transposes in and out around
 //!   every conv, so one boundary transpose per conv at most is always a win.
-//! - [`Target::Cpu`]: NCHW, always. The CPU path lowers convs to im2col + GEMM or direct
+//! - [`TargetKind::Cpu`]: NCHW, always. The CPU path lowers convs to im2col + GEMM or direct
 //!   loops, for which NCHW and NHWC cost about the same, so boundary transposes would be
 //!   pure overhead; the layout that does pay on CPUs is a blocked one (`NCHW[x]c`,
 //!   oneDNN-style, vector-width channel blocks), which is future work.
@@ -27,19 +27,12 @@
 //! agnostic ops, put `transpose(0,2,3,1)` on each entry and `transpose(0,3,1,2)` on each
 //! exit, and let `sink-transposes` clean up.
 
+use crate::partition::TargetKind;
 use crate::{OptError, Pass};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use tilec_ir::op::{LayoutOp, LinalgOp, NormOp};
 use tilec_ir::{Graph, Op, ValueId};
-
-/// The machine a pipeline compiles for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Target {
-    #[default]
-    Cpu,
-    Cuda,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
@@ -72,7 +65,7 @@ pub struct LayoutRegion {
 /// The per-region layout decisions for one graph and target.
 #[derive(Clone, Debug)]
 pub struct LayoutPlan {
-    pub target: Target,
+    pub target: TargetKind,
     pub regions: Vec<LayoutRegion>,
 }
 
@@ -148,7 +141,7 @@ fn find(parent: &mut [usize], mut i: usize) -> usize {
 }
 
 /// Computes the layout plan of `g` for `target` (the graph is not changed).
-pub fn plan_layout(g: &Graph, target: Target) -> LayoutPlan {
+pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
     let nn = g.nodes().len();
     let rank4 = |v: ValueId| g.value(v).ty.rank() == 4;
     // A node is eligible when it has a role and its first input and output are rank 4.
@@ -236,13 +229,13 @@ pub fn plan_layout(g: &Graph, target: Target) -> LayoutPlan {
         }
         let boundary = entries.len() + exits.len();
         let (layout, reason) = match target {
-            Target::Cpu => (Layout::Nchw, "cpu keeps NCHW (im2col/direct conv is layout-neutral; blocked NCHWc is future work)".to_string()),
-            Target::Cuda if convs == 0 => (Layout::Nchw, "no convolution to gain from channels-last".to_string()),
-            Target::Cuda if boundary <= convs => (
+            TargetKind::Cpu => (Layout::Nchw, "cpu keeps NCHW (im2col/direct conv is layout-neutral; blocked NCHWc is future work)".to_string()),
+            TargetKind::Cuda if convs == 0 => (Layout::Nchw, "no convolution to gain from channels-last".to_string()),
+            TargetKind::Cuda if boundary <= convs => (
                 Layout::Nhwc,
                 format!("{convs} tensor-core conv(s) run channels-last for {boundary} boundary transpose(s)"),
             ),
-            Target::Cuda => (
+            TargetKind::Cuda => (
                 Layout::Nchw,
                 format!("{boundary} boundary transposes outweigh {convs} conv(s)"),
             ),
@@ -267,12 +260,12 @@ pub fn plan_layout(g: &Graph, target: Target) -> LayoutPlan {
 /// The `choose-layout` pass: computes the plan (see the module doc: no rewrite yet, the
 /// IR's convolutions are NCHW only) and keeps it for [`ChooseLayout::last_plan`].
 pub struct ChooseLayout {
-    pub target: Target,
+    pub target: TargetKind,
     last: Mutex<Option<LayoutPlan>>,
 }
 
 impl ChooseLayout {
-    pub fn new(target: Target) -> ChooseLayout {
+    pub fn new(target: TargetKind) -> ChooseLayout {
         ChooseLayout {
             target,
             last: Mutex::new(None),

@@ -5,5 +5,6 @@
 mod choose;
 mod sink;
 
-pub use choose::{plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion, Target};
+pub use crate::partition::TargetKind;
+pub use choose::{plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion};
 pub use sink::{count_transposes, inverse, reduced_perm, transpose_of, SinkTransposes};
