@@ -512,6 +512,141 @@ fn attention_forms() {
     check(&attention(true, false), "attention", &["softmax"]);
 }
 
+/// How [`attention_masked`] masks the scores with the bool `keep = mask_in > -1` (about
+/// 3 in 4 kept; with the fixed seed no row is masked entirely).
+#[derive(Clone, Copy, Debug)]
+enum BoolMask {
+    /// `where(keep, scores, fill)`.
+    Select { fill: f32 },
+    /// `where(keep, fill, scores)` (kept positions replaced: not a mask).
+    SelectInverted,
+    /// `scores + where(keep, zero, fill)`.
+    Additive { zero: f32, fill: f32 },
+}
+
+/// `softmax(masked(q @ k^T * scale)) @ v` with a bool mask of shape `mshape`.
+fn attention_masked(mask: BoolMask, mshape: &[usize]) -> Graph {
+    use tilec_ir::op::{LayoutOp, LinalgOp};
+    let (bsz, h, s, d) = (2, 2, 6, 4);
+    let (mut b, q) = B::new(&[bsz, h, s, d]);
+    let k = b.input("k", &[bsz, h, s, d]);
+    let v = b.input("v", &[bsz, h, s, d]);
+    let mf = b.input("mask_in", mshape);
+    let kt =
+        b.g.add(
+            Op::Layout(LayoutOp::Transpose {
+                perm: vec![0, 1, 3, 2],
+            }),
+            &[k],
+        )
+        .unwrap();
+    let qk = b.g.add(Op::Linalg(LinalgOp::MatMul), &[q, kt]).unwrap();
+    let sc = b.c(1.0 / (d as f32).sqrt());
+    let sco = b.mul(qk, sc);
+    let thr = b.c(-1.0);
+    let keep = b.bin(BinaryOp::Greater, mf, thr);
+    let masked = match mask {
+        BoolMask::Select { fill } => {
+            let f = b.c(fill);
+            b.g.add(Op::Where, &[keep, sco, f]).unwrap()
+        }
+        BoolMask::SelectInverted => {
+            let f = b.c(f32::NEG_INFINITY);
+            b.g.add(Op::Where, &[keep, f, sco]).unwrap()
+        }
+        BoolMask::Additive { zero, fill } => {
+            let (z, f) = (b.c(zero), b.c(fill));
+            let add = b.g.add(Op::Where, &[keep, z, f]).unwrap();
+            b.add(sco, add)
+        }
+    };
+    let p =
+        b.g.add(Op::Norm(NormOp::Softmax { axis: 3 }), &[masked])
+            .unwrap();
+    let y = b.g.add(Op::Linalg(LinalgOp::MatMul), &[p, v]).unwrap();
+    b.done(vec![y])
+}
+
+/// The bool input of the rewritten Attention node, if it has one.
+fn attention_mask_dtype(h: &Graph) -> Option<DType> {
+    let n = h.nodes().iter().find(|n| n.op.name() == "attention")?;
+    n.inputs.get(3).map(|&m| h.value(m).ty.dtype)
+}
+
+#[test]
+fn attention_bool_masks() {
+    let inf = f32::NEG_INFINITY;
+    for mshape in [&[1, 1, 6, 6][..], &[2, 1, 1, 6], &[6]] {
+        // where(keep, scores, -inf): the op's own bool-mask semantics.
+        let h = check(
+            &attention_masked(BoolMask::Select { fill: inf }, mshape),
+            "attention",
+            &["softmax", "where"],
+        );
+        assert_eq!(attention_mask_dtype(&h), Some(DType::Bool), "{mshape:?}");
+        // scores + where(keep, 0, -inf): the same mask, passed as bool.
+        let h = check(
+            &attention_masked(BoolMask::Additive { zero: 0.0, fill: inf }, mshape),
+            "attention",
+            &["softmax", "where"],
+        );
+        assert_eq!(attention_mask_dtype(&h), Some(DType::Bool), "{mshape:?}");
+        // A finite additive fill is still an exact additive float mask.
+        let h = check(
+            &attention_masked(BoolMask::Additive { zero: 0.0, fill: -1e9 }, mshape),
+            "attention",
+            &["softmax"],
+        );
+        assert_eq!(attention_mask_dtype(&h), Some(DType::F32), "{mshape:?}");
+    }
+}
+
+#[test]
+fn attention_bool_mask_near_misses_not_rewritten() {
+    // Finite fills differ from -inf on fully masked rows; 0 is no mask at all.
+    for fill in [0.0, -1e9, f32::MIN, -3.4e38] {
+        check_unchanged(&attention_masked(BoolMask::Select { fill }, &[1, 1, 6, 6]));
+    }
+    check_unchanged(&attention_masked(BoolMask::SelectInverted, &[1, 1, 6, 6]));
+    // A mask broadcast along keys: the op would pad it with -inf instead.
+    let inf = f32::NEG_INFINITY;
+    check_unchanged(&attention_masked(BoolMask::Select { fill: inf }, &[1, 1, 6, 1]));
+    check_unchanged(&attention_masked(
+        BoolMask::Additive { zero: 0.0, fill: inf },
+        &[1, 1, 6, 1],
+    ));
+}
+
+/// Where the rewrite differs, documented: a row masked entirely is NaN before, zeros after.
+#[test]
+fn attention_bool_mask_fully_masked_row() {
+    let g = attention_masked(BoolMask::Select { fill: f32::NEG_INFINITY }, &[1, 1, 6, 6]);
+    let mut h = g.clone();
+    tilec_opt::recognize::run_all(&mut h).unwrap();
+    assert!(hist(&h).contains_key("attention"));
+    let mut seed = 3;
+    let mut ins: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&i| rand_tensor(&g.value(i).ty, &mut seed))
+        .collect();
+    // mask_in: row 2 all below the threshold, the rest kept.
+    let mut m = vec![1.0f64; 36];
+    m[12..18].iter_mut().for_each(|x| *x = -2.0);
+    ins[3] = Tensor::from_f64s(DType::F32, vec![1, 1, 6, 6], &m).unwrap();
+    let a = tilec_ref::run(&g, ins.clone()).unwrap()[0].to_f64_vec();
+    let b = tilec_ref::run(&h, ins).unwrap()[0].to_f64_vec();
+    // [2, 2, 6, 4]: element (b, h, i=2, d) at ((b*2+h)*6+2)*4+d.
+    for i in 0..a.len() {
+        let row = (i / 4) % 6;
+        if row == 2 {
+            assert!(a[i].is_nan() && b[i] == 0.0, "element {i}: {} vs {}", a[i], b[i]);
+        } else {
+            assert!((a[i] - b[i]).abs() <= 1e-6 + 1e-4 * a[i].abs(), "element {i}");
+        }
+    }
+}
+
 // ---- ONNX `_expanded` node tests: what exporters produce for the composite ops ----
 
 fn load_pbs(dir: &Path, prefix: &str) -> Vec<Tensor> {

@@ -3,12 +3,24 @@
 //! (`[0,1,3,2]`) or of the pre-head-transpose `[B, S, H, D]` view (`[0,2,3,1]`, then a
 //! `[0,2,1,3]` Transpose of that view is emitted as K). GQA head repetition
 //! (`reshape [B,Hkv,1,S,D] → expand [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, i.e. query
-//! head h reads KV head h / n, as the Attention op does) is folded into the op. Masks:
-//! additive float masks only (boolean `where` masks are left alone).
+//! head h reads KV head h / n, as the Attention op does) is folded into the op.
+//!
+//! Masks, all right-aligned against the scores `[B, H, S, T]` with last dim exactly `T`
+//! (the op pads a shorter mask with -inf, which broadcasting would not do) and never
+//! broadcasting the scores up:
+//! - additive float masks, `scores + mask`; `mask = where(keep, 0, -inf)` with a bool
+//!   `keep` becomes the bool mask `keep` itself;
+//! - boolean masks, `where(keep, scores, -inf)`: the op's bool mask adds 0 where true and
+//!   -inf where false, the same logits. Only an exact -inf fill is accepted: a finite
+//!   fill (`-1e9`, `finfo.min`) gives a different softmax for a fully masked row (uniform
+//!   weights instead of none), and a `0` fill is not a mask at all.
+//!
+//! A row masked entirely is the one place the rewrite is not bit-identical: softmax over
+//! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies).
 
 use super::pattern::{emit, Build, Matcher};
 use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NnOp, NormOp};
-use tilec_ir::{Dim, Op, ValueId};
+use tilec_ir::{DType, Dim, Op, ValueId};
 
 /// K for `kt`: `(k, perm to apply to the source first)`.
 fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, bool)> {
@@ -57,6 +69,31 @@ fn strip_repeat(m: &mut Matcher, v: ValueId) -> ValueId {
     .unwrap_or(v)
 }
 
+/// `where(keep, s, fill)` with a bool `keep` and a uniform constant `fill` of exactly
+/// -inf: returns `(keep, s)`.
+fn where_neg_inf(m: &mut Matcher, v: ValueId) -> Option<(ValueId, ValueId)> {
+    let n = m.op_where(v, |op| *op == Op::Where)?;
+    let (keep, s, fill) = (*n.inputs.first()?, *n.inputs.get(1)?, *n.inputs.get(2)?);
+    if m.g.value(keep).ty.dtype != DType::Bool || m.const_scalar(fill) != Some(f64::NEG_INFINITY) {
+        return None;
+    }
+    Some((keep, s))
+}
+
+/// An additive mask `where(keep, 0, -inf)` with a bool `keep`: returns `keep`, the same
+/// mask in the op's bool form.
+fn bool_of_additive(m: &mut Matcher, v: ValueId) -> Option<ValueId> {
+    // Not recorded: the where may be shared (one mask for every layer); only its input is read.
+    let n = m.node(v).filter(|n| n.op == Op::Where)?;
+    let (keep, zero, fill) = (*n.inputs.first()?, *n.inputs.get(1)?, *n.inputs.get(2)?);
+    let ok = m.g.value(keep).ty.dtype == DType::Bool
+        && m.const_scalar(zero) == Some(0.0)
+        && m.const_scalar(fill) == Some(f64::NEG_INFINITY)
+        // keep alone must give the where's shape (no broadcasting by the constants).
+        && m.g.value(keep).ty.shape == m.g.value(v).ty.shape;
+    ok.then_some(keep)
+}
+
 pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     let n = m.op_where(root, |op| *op == Op::Linalg(LinalgOp::MatMul))?;
     let (p, v0) = (n.inputs[0], n.inputs[1]);
@@ -86,22 +123,37 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
         let (k, from_bshd) = k_from_kt(m, pk.factors[0])?;
         Some((pq.factors[0], k, from_bshd, pr.coef * pq.coef * pk.coef))
     };
+    // (core match, scores value the core produced, mask)
     let mut found = None;
     if let Some((a, b)) = m.attempt(|m| m.binary(sc, BinaryOp::Add)) {
         for (s, mask) in [(a, b), (b, a)] {
             if let Some(c) = m.attempt(|m| core(m, s)) {
-                found = Some((c, Some(mask)));
+                let mask = m.attempt(|m| bool_of_additive(m, mask)).unwrap_or(mask);
+                found = Some((c, s, Some(mask)));
                 break;
             }
         }
     }
     if found.is_none() {
-        found = Some((m.attempt(|m| core(m, sc))?, None));
+        found = m.attempt(|m| {
+            let (keep, s) = where_neg_inf(m, sc)?;
+            Some((core(m, s)?, s, Some(keep)))
+        });
     }
-    let ((q, k0, from_bshd, scale), mask) = found?;
+    if found.is_none() {
+        found = Some((m.attempt(|m| core(m, sc))?, sc, None));
+    }
+    let ((q, k0, from_bshd, scale), scores, mask) = found?;
+    let sshape = &m.g.value(scores).ty.shape;
+    if m.g.value(sc).ty.shape != *sshape || sshape.len() != 4 {
+        return None;
+    }
     if let Some(mk) = mask {
         let t = &m.g.value(mk).ty;
-        if t.dtype != dtype || t.rank() == 0 || t.rank() > 4 {
+        if (t.dtype != dtype && t.dtype != DType::Bool) || t.rank() == 0 || t.rank() > 4 {
+            return None;
+        }
+        if t.shape.last() != sshape.last() {
             return None;
         }
     }
