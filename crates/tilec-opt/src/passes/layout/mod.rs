@@ -5,5 +5,5 @@
 mod choose;
 mod sink;
 
-pub use choose::{plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion, Target};
+pub use choose::{apply_plan, plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion, Target};
 pub use sink::{count_transposes, inverse, reduced_perm, transpose_of, SinkTransposes};
