@@ -2,7 +2,7 @@
 //! is imported (as the conformance suite does, binding shape operands), optimized with
 //! the O3 pipeline (verification after every pass) and run on the reference interpreter
 //! before and after, on the test's own inputs and on fresh random inputs of the same
-//! dtypes and shapes. Outputs must agree within the dtype's tolerance (bit-exact for
+//! dtypes and shapes; the light models also through the cuda pipeline (NHWC regions). Outputs must agree within the dtype's tolerance (bit-exact for
 //! integers and bool).
 //!
 //! Light models run on their test inputs only unless `TILEC_DIFF_LIGHT_RANDOM=1` (each
@@ -12,9 +12,11 @@ use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use tilec_ir::{DType, Graph, Tensor};
+use tilec_ir::op::LinalgOp;
+use tilec_ir::{DType, Graph, Op, Tensor};
 use tilec_onnx::{import_model, ImportError, ImportOptions};
 use tilec_opt::manager::{PassReport, Pipeline, PipelineOptions};
+use tilec_opt::passes::layout::{count_transposes, TargetKind};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -198,7 +200,7 @@ fn check_outputs(name: &str, what: &str, a: &[Tensor], b: &[Tensor], st: &mut St
     }
 }
 
-fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
+fn run_case(name: &str, dir: &Path, random: bool, target: TargetKind, st: &Mutex<Stats>) {
     let Some((g, feeds)) = import(dir) else {
         return;
     };
@@ -211,16 +213,17 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
         verify: true,
         print_ir_after: None,
     };
-    let reports: Vec<PassReport> = match Pipeline::for_level(3).run(&mut opt, &opts) {
-        Ok(r) => r,
-        Err(e) => {
-            st.lock()
-                .unwrap()
-                .mismatches
-                .push(format!("{name}: pipeline error: {e}"));
-            return;
-        }
-    };
+    let reports: Vec<PassReport> =
+        match Pipeline::for_level_and_target(3, target).run(&mut opt, &opts) {
+            Ok(r) => r,
+            Err(e) => {
+                st.lock()
+                    .unwrap()
+                    .mismatches
+                    .push(format!("{name}: pipeline error: {e}"));
+                return;
+            }
+        };
     let mut local = Stats::default();
     local.cases = 1;
     local.nodes_before = g.nodes().len();
@@ -268,6 +271,25 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
             hist(&opt)
         );
     }
+    if target == TargetKind::Cuda {
+        let nhwc_convs = opt
+            .nodes()
+            .iter()
+            .filter(
+                |n| matches!(&n.op, Op::Linalg(l @ LinalgOp::Conv { .. }) if l.is_channels_last()),
+            )
+            .count();
+        let convs = opt
+            .nodes()
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Linalg(LinalgOp::Conv { .. })))
+            .count();
+        println!(
+            "cuda {name}: {nhwc_convs}/{convs} convs NHWC; transposes {} imported -> {} after O3",
+            count_transposes(&g),
+            count_transposes(&opt)
+        );
+    }
     if name.starts_with("light/") {
         let mut per: BTreeMap<&'static str, i64> = BTreeMap::new();
         for r in &reports {
@@ -295,6 +317,16 @@ fn run_case(name: &str, dir: &Path, random: bool, st: &Mutex<Stats>) {
 
 #[test]
 fn optimized_graphs_match_the_original() {
+    differential(TargetKind::Cpu, &["light", "node"]);
+}
+
+/// The cuda pipeline (channels-last conv regions) on the light models.
+#[test]
+fn cuda_pipeline_matches_on_light_models() {
+    differential(TargetKind::Cuda, &["light"]);
+}
+
+fn differential(target: TargetKind, kinds: &[&str]) {
     let gen = repo_root().join("testdata/gen");
     assert!(
         gen.join("node").is_dir(),
@@ -303,7 +335,7 @@ fn optimized_graphs_match_the_original() {
     let filter = std::env::var("TILEC_DIFF_FILTER").ok();
     let light_random = std::env::var("TILEC_DIFF_LIGHT_RANDOM").is_ok();
     let mut cases: Vec<(String, PathBuf)> = Vec::new();
-    for kind in ["light", "node"] {
+    for &kind in kinds {
         let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(gen.join(kind))
             .map(|rd| {
                 rd.flatten()
@@ -335,7 +367,7 @@ fn optimized_graphs_match_the_original() {
                     break;
                 };
                 let random = !name.starts_with("light/") || light_random;
-                if std::panic::catch_unwind(|| run_case(name, dir, random, &st)).is_err() {
+                if std::panic::catch_unwind(|| run_case(name, dir, random, target, &st)).is_err() {
                     st.lock().unwrap().mismatches.push(format!("{name}: PANIC"));
                 }
             });

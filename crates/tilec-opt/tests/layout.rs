@@ -11,7 +11,7 @@ use tilec_ir::op::{
 use tilec_ir::{verify, DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::passes::layout::{
-    count_transposes, inverse, plan_layout, Layout, SinkTransposes, TargetKind,
+    apply_plan, count_transposes, inverse, plan_layout, Layout, SinkTransposes, TargetKind,
 };
 use tilec_opt::Pass;
 
@@ -362,7 +362,14 @@ fn conv_chain(g: &mut Graph, x: ValueId, n: usize) -> ValueId {
             pads: Padding::Explicit(vec![1; 4]),
         };
         v = g
-            .add(Op::Linalg(LinalgOp::Conv { window, group: 1 }), &[v, w, b])
+            .add(
+                Op::Linalg(LinalgOp::Conv {
+                    window,
+                    group: 1,
+                    channels_last: false,
+                }),
+                &[v, w, b],
+            )
             .unwrap();
         v = g.add(Op::Unary(UnaryOp::Relu), &[v]).unwrap();
     }
@@ -387,13 +394,24 @@ fn choose_layout_prefers_nhwc_on_cuda_for_conv_chains() {
     assert_eq!(r.layout, Layout::Nhwc);
     let cpu = plan_layout(&g, TargetKind::Cpu);
     assert_eq!(cpu.nhwc_regions(), 0);
+    // The rewrite: three channels-last convs, one transpose in and one out, same results.
+    let mut h = g.clone();
+    assert_eq!(apply_plan(&mut h, &cuda).unwrap(), 1);
+    verify(&h).unwrap();
+    let nhwc = h
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Linalg(l) if l.is_channels_last()))
+        .count();
+    assert_eq!((nhwc, count_transposes(&h)), (3, 2));
+    assert_same(&g, &h, 5);
     // A lone conv with inputs and outputs in NCHW does not pay for two transposes.
     let mut g = Graph::new("t");
     let x = input(&mut g, DType::F32, &[1, 4, 8, 8]);
     let y = conv_chain(&mut g, x, 1);
     g.set_outputs(vec![y]);
     assert_eq!(plan_layout(&g, TargetKind::Cuda).nhwc_regions(), 0);
-    // The pipeline for either target leaves results unchanged (the plan does not rewrite).
+    // The pipeline for either target leaves results unchanged.
     let mut o = g.clone();
     Pipeline::for_level_and_target(3, TargetKind::Cuda)
         .run(&mut o, &PipelineOptions::default())

@@ -414,7 +414,11 @@ fn conv_bn(extra_use: bool, fill_bias: bool) -> Graph {
         dilations: vec![1, 1],
     };
     let y = g
-        .add(Op::Linalg(LinalgOp::Conv { window, group: 1 }), &[x, w, b])
+        .add(Op::Linalg(LinalgOp::Conv {
+                window,
+                group: 1,
+                channels_last: false,
+            }), &[x, w, b])
         .unwrap();
     let s = f32c(&mut g, &[3], &r(3));
     let bb = f32c(&mut g, &[3], &r(3));

@@ -137,8 +137,14 @@ pub enum LinalgOp {
     /// Quantized matmul; inputs `a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp`.
     /// Output has `y_zp`'s dtype.
     QLinearMatMul,
-    /// Convolution; inputs `x [N, C, *S], w [M, C/group, *K], bias [M]`.
-    Conv { window: Window, group: usize },
+    /// Convolution; inputs `x [N, C, *S], w [M, C/group, *K], bias [M]`. With
+    /// `channels_last`, the activations `x` and the output are `[N, *S, C]` (weights stay
+    /// `[M, C/group, *K]`).
+    Conv {
+        window: Window,
+        group: usize,
+        channels_last: bool,
+    },
     /// Integer convolution; inputs `x, w, x_zero_point, w_zero_point` (scalar or per output
     /// channel). Output i32.
     ConvInteger { window: Window, group: usize },
@@ -156,14 +162,17 @@ pub enum LinalgOp {
         output_padding: Vec<usize>,
         group: usize,
     },
-    /// Windowed pooling over the spatial axes of `[N, C, *S]`.
+    /// Windowed pooling over the spatial axes of `[N, C, *S]` (`[N, *S, C]` with
+    /// `channels_last`; max-pool indices stay flat indices of the channels-first view).
     Pool {
         kind: PoolKind,
         window: Window,
         ceil_mode: bool,
+        channels_last: bool,
     },
-    /// Pooling over all spatial axes; output `[N, C, 1, ...]`.
-    GlobalPool { kind: PoolKind },
+    /// Pooling over all spatial axes; output `[N, C, 1, ...]` (`[N, 1, ..., C]` with
+    /// `channels_last`).
+    GlobalPool { kind: PoolKind, channels_last: bool },
     /// Einstein summation. Labels are bytes; ellipsis dimensions were expanded at import
     /// into labels of their own. Repeated labels within one input take diagonals; labels
     /// absent from `output` are summed; size-1 dims broadcast.
@@ -194,6 +203,77 @@ pub enum LinalgOp {
         group: usize,
         offset_group: usize,
     },
+}
+
+/// `[N, *S, C]` → `[N, C, *S]` (rank ≥ 2; shorter shapes are returned unchanged).
+pub fn channels_first_dims<T: Clone>(s: &[T]) -> Vec<T> {
+    if s.len() < 2 {
+        return s.to_vec();
+    }
+    let mut v = vec![s[0].clone(), s[s.len() - 1].clone()];
+    v.extend_from_slice(&s[1..s.len() - 1]);
+    v
+}
+
+/// `[N, C, *S]` → `[N, *S, C]` (rank ≥ 2; shorter shapes are returned unchanged).
+pub fn channels_last_dims<T: Clone>(s: &[T]) -> Vec<T> {
+    if s.len() < 2 {
+        return s.to_vec();
+    }
+    let mut v = vec![s[0].clone()];
+    v.extend_from_slice(&s[2..]);
+    v.push(s[1].clone());
+    v
+}
+
+/// The transpose permutation taking `[N, C, *S]` of the given rank to `[N, *S, C]`.
+pub fn to_channels_last_perm(rank: usize) -> Vec<usize> {
+    channels_last_dims(&(0..rank).collect::<Vec<_>>())
+}
+
+/// The transpose permutation taking `[N, *S, C]` of the given rank to `[N, C, *S]`.
+pub fn to_channels_first_perm(rank: usize) -> Vec<usize> {
+    channels_first_dims(&(0..rank).collect::<Vec<_>>())
+}
+
+impl LinalgOp {
+    /// Whether this is a conv/pool in channels-last layout.
+    pub fn is_channels_last(&self) -> bool {
+        matches!(
+            self,
+            LinalgOp::Conv {
+                channels_last: true,
+                ..
+            } | LinalgOp::Pool {
+                channels_last: true,
+                ..
+            } | LinalgOp::GlobalPool {
+                channels_last: true,
+                ..
+            }
+        )
+    }
+
+    /// For a channels-last conv/pool, the same op in channels-first layout; `None` for
+    /// every other op.
+    pub fn as_channels_first(&self) -> Option<LinalgOp> {
+        if !self.is_channels_last() {
+            return None;
+        }
+        Some(self.with_channels_last(false))
+    }
+
+    /// The same conv/pool with `channels_last` set to `cl` (other ops unchanged).
+    pub fn with_channels_last(&self, cl: bool) -> LinalgOp {
+        let mut op = self.clone();
+        if let LinalgOp::Conv { channels_last, .. }
+        | LinalgOp::Pool { channels_last, .. }
+        | LinalgOp::GlobalPool { channels_last, .. } = &mut op
+        {
+            *channels_last = cl;
+        }
+        op
+    }
 }
 
 fn check_float(dt: DType, what: &str) -> Result<(), String> {
@@ -348,12 +428,15 @@ impl OpInfo for LinalgOp {
             } => "lp_pool",
             LinalgOp::GlobalPool {
                 kind: PoolKind::Max { .. },
+                ..
             } => "global_max_pool",
             LinalgOp::GlobalPool {
                 kind: PoolKind::Avg { .. },
+                ..
             } => "global_avg_pool",
             LinalgOp::GlobalPool {
                 kind: PoolKind::Lp { .. },
+                ..
             } => "global_lp_pool",
             LinalgOp::Einsum { .. } => "einsum",
             LinalgOp::Det => "det",
@@ -364,6 +447,25 @@ impl OpInfo for LinalgOp {
     }
 
     fn infer(&self, inputs: &[&TensorType], cx: &mut InferCtx) -> Result<Vec<TensorType>, String> {
+        if let Some(nchw) = self.as_channels_first() {
+            // Channels-last: infer on the channels-first view of the activation (input 0),
+            // then move the channel axis of every output back to the end.
+            let x = inputs.first().ok_or("missing input")?;
+            if x.rank() < 3 {
+                return Err(format!(
+                    "channels-last input must be [N, *S, C], got rank {}",
+                    x.rank()
+                ));
+            }
+            let xt = TensorType::new(x.dtype, channels_first_dims(&x.shape));
+            let mut v: Vec<&TensorType> = inputs.to_vec();
+            v[0] = &xt;
+            let outs = nchw.infer(&v, cx)?;
+            return Ok(outs
+                .into_iter()
+                .map(|t| TensorType::new(t.dtype, channels_last_dims(&t.shape)))
+                .collect());
+        }
         match self {
             LinalgOp::MatMul => {
                 expect_arity(inputs, 2)?;
@@ -410,7 +512,7 @@ impl OpInfo for LinalgOp {
                     matmul_shape(a, b, cx)?,
                 )])
             }
-            LinalgOp::Conv { window, group } => {
+            LinalgOp::Conv { window, group, .. } => {
                 expect_arity(inputs, 3)?;
                 let (x, w, b) = (inputs[0], inputs[1], inputs[2]);
                 check_float(x.dtype, "input")?;
@@ -524,6 +626,7 @@ impl OpInfo for LinalgOp {
                 kind,
                 window,
                 ceil_mode,
+                ..
             } => {
                 expect_arity(inputs, 1)?;
                 let x = inputs[0];
@@ -555,7 +658,7 @@ impl OpInfo for LinalgOp {
                 }
                 Ok(res)
             }
-            LinalgOp::GlobalPool { kind } => {
+            LinalgOp::GlobalPool { kind, .. } => {
                 expect_arity(inputs, 1)?;
                 let x = inputs[0];
                 check_float(x.dtype, "input")?;

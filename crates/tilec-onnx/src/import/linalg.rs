@@ -299,7 +299,11 @@ fn map_conv(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         }
     };
     Ok(vec![cx.emit1(
-        lin(LinalgOp::Conv { window, group }),
+        lin(LinalgOp::Conv {
+            window,
+            group,
+            channels_last: false,
+        }),
         &[x, w, b],
     )?])
 }
@@ -485,6 +489,7 @@ fn map_pool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
             kind,
             window,
             ceil_mode,
+            channels_last: false,
         }),
         &[x],
     )?;
@@ -516,7 +521,10 @@ fn map_global_pool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         },
         _ => PoolKind::Lp { p: lp_p(cx)? },
     };
-    Ok(vec![cx.emit1(lin(LinalgOp::GlobalPool { kind }), &[x])?])
+    Ok(vec![cx.emit1(lin(LinalgOp::GlobalPool {
+        kind,
+        channels_last: false,
+    }), &[x])?])
 }
 
 // ---- einsum ----

@@ -19,20 +19,21 @@
 //!   pure overhead; the layout that does pay on CPUs is a blocked one (`NCHW[x]c`,
 //!   oneDNN-style, vector-width channel blocks), which is future work.
 //!
-//! Status: the IR's conv/pool/norm ops are NCHW only, so this pass does not rewrite the
-//! graph yet: it computes the [`LayoutPlan`] (which regions would switch, how many
-//! transposes that takes, which axis attributes would be remapped) and exposes it through
-//! [`plan_layout`] / [`ChooseLayout::last_plan`]. Once the IR grows an NHWC attribute on
-//! conv/pool/batch-norm, the rewrite is: permute constants, remap axes of the region's
-//! agnostic ops, put `transpose(0,2,3,1)` on each entry and `transpose(0,3,1,2)` on each
-//! exit, and let `sink-transposes` clean up.
+//! Rewrite ([`apply_plan`]): for each NHWC region, conv and pool ops get
+//! `channels_last` (weights stay OIHW), concat/softmax axes are remapped, elementwise ops
+//! read their operands channels-last (rank-4 operands through `transpose(0,2,3,1)`,
+//! lower-rank broadcast operands such as `[C,1,1]` biases through a reshape to rank 4 and
+//! the same transpose, all-ones shapes as they are), and every region value read outside
+//! gets `transpose(0,3,1,2)`. Ops that cannot run channels-last (batch/instance norm,
+//! LRN, max pool with indices) are wrapped: transposed back to NCHW around them. Constant
+//! folding and `sink-transposes` then fold the transposed constants and cancel pairs.
 
 use crate::partition::TargetKind;
 use crate::{OptError, Pass};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
-use tilec_ir::op::{LayoutOp, LinalgOp, NormOp};
-use tilec_ir::{Graph, Op, ValueId};
+use tilec_ir::op::{LayoutOp, LinalgOp, NormOp, PoolKind};
+use tilec_ir::{Dim, Graph, IrError, Op, ValueId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
@@ -257,8 +258,201 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
     LayoutPlan { target, regions }
 }
 
-/// The `choose-layout` pass: computes the plan (see the module doc: no rewrite yet, the
-/// IR's convolutions are NCHW only) and keeps it for [`ChooseLayout::last_plan`].
+const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+
+/// Where axis `a` of an NCHW tensor lands in NHWC.
+fn nhwc_axis(a: usize) -> usize {
+    TO_NHWC.iter().position(|&p| p == a).unwrap_or(a)
+}
+
+struct Rewriter {
+    /// Region value (NCHW) → its NHWC counterpart.
+    nhwc: HashMap<ValueId, ValueId>,
+    /// Outside value → its NHWC transpose (one per distinct entry).
+    entries: HashMap<ValueId, ValueId>,
+}
+
+impl Rewriter {
+    fn transpose(g: &mut Graph, x: ValueId, perm: &[usize]) -> Result<ValueId, IrError> {
+        g.add(
+            Op::Layout(LayoutOp::Transpose {
+                perm: perm.to_vec(),
+            }),
+            &[x],
+        )
+    }
+
+    /// The channels-last form of a rank-4 value.
+    fn nhwc_of(&mut self, g: &mut Graph, x: ValueId) -> Result<ValueId, IrError> {
+        if let Some(&v) = self.nhwc.get(&x).or_else(|| self.entries.get(&x)) {
+            return Ok(v);
+        }
+        let v = Self::transpose(g, x, &TO_NHWC)?;
+        self.entries.insert(x, v);
+        Ok(v)
+    }
+
+    /// An elementwise operand in channels-last form: rank 4 transposed, all-ones shapes
+    /// unchanged, lower ranks reshaped to rank 4 (leading ones, as broadcasting aligns
+    /// them) and transposed.
+    fn operand(&mut self, g: &mut Graph, x: ValueId) -> Result<ValueId, IrError> {
+        let shape = g.value(x).ty.shape.clone();
+        if shape.len() == 4 {
+            return self.nhwc_of(g, x);
+        }
+        if shape.iter().all(|d| *d == Dim::Fixed(1)) {
+            return Ok(x);
+        }
+        if shape.len() > 4 {
+            return Err(IrError::Graph(
+                "operand of rank > 4 in a rank-4 region".into(),
+            ));
+        }
+        let mut full = vec![Dim::Fixed(1); 4 - shape.len()];
+        full.extend(shape);
+        let r = g.add(Op::Layout(LayoutOp::Reshape { shape: full }), &[x])?;
+        Self::transpose(g, r, &TO_NHWC)
+    }
+
+    /// The channels-last counterpart of node `ni`, added to the graph; records the NHWC
+    /// form of its rank-4 outputs.
+    fn node(&mut self, g: &mut Graph, ni: usize) -> Result<(), IrError> {
+        let n = g.nodes()[ni].clone();
+        let name = format!("{}.nhwc", n.name);
+        let first = |g: &mut Graph, s: &mut Self| -> Result<Vec<ValueId>, IrError> {
+            let mut ins = n.inputs.clone();
+            if let Some(x) = ins.first_mut() {
+                *x = s.nhwc_of(g, *x)?;
+            }
+            Ok(ins)
+        };
+        let adapted: Option<(Op, Vec<ValueId>)> = match &n.op {
+            Op::Linalg(
+                l @ (LinalgOp::Conv { .. }
+                | LinalgOp::Pool {
+                    kind: PoolKind::Avg { .. } | PoolKind::Lp { .. },
+                    ..
+                }
+                | LinalgOp::Pool {
+                    kind: PoolKind::Max { indices: false, .. },
+                    ..
+                }
+                | LinalgOp::GlobalPool { .. }),
+            ) => Some((Op::Linalg(l.with_channels_last(true)), first(g, self)?)),
+            Op::Unary(_) | Op::Cast { .. } => Some((n.op.clone(), first(g, self)?)),
+            Op::Binary(_) | Op::Where => {
+                let mut ins = Vec::with_capacity(n.inputs.len());
+                for &x in &n.inputs {
+                    ins.push(self.operand(g, x)?);
+                }
+                Some((n.op.clone(), ins))
+            }
+            Op::Layout(LayoutOp::Concat { axis }) => {
+                let mut ins = Vec::with_capacity(n.inputs.len());
+                for &x in &n.inputs {
+                    if g.value(x).ty.rank() != 4 {
+                        return Err(IrError::Graph("concat operand not rank 4".into()));
+                    }
+                    ins.push(self.nhwc_of(g, x)?);
+                }
+                let axis = nhwc_axis(*axis);
+                Some((Op::Layout(LayoutOp::Concat { axis }), ins))
+            }
+            Op::Norm(NormOp::Softmax { axis }) => Some((
+                Op::Norm(NormOp::Softmax {
+                    axis: nhwc_axis(*axis),
+                }),
+                first(g, self)?,
+            )),
+            Op::Norm(NormOp::LogSoftmax { axis }) => Some((
+                Op::Norm(NormOp::LogSoftmax {
+                    axis: nhwc_axis(*axis),
+                }),
+                first(g, self)?,
+            )),
+            _ => None,
+        };
+        match adapted {
+            Some((op, ins)) => {
+                let outs = g.add_node(&name, op, &ins)?;
+                for (&o, &v) in n.outputs.iter().zip(&outs) {
+                    if g.value(o).ty.rank() == 4 {
+                        self.nhwc.insert(o, v);
+                    }
+                }
+            }
+            None => {
+                // Wrapped: runs NCHW on transposed-back region values.
+                let mut ins = Vec::with_capacity(n.inputs.len());
+                for &x in &n.inputs {
+                    ins.push(match self.nhwc.get(&x) {
+                        Some(&v) => Self::transpose(g, v, &TO_NCHW)?,
+                        None => x,
+                    });
+                }
+                let outs = g.add_node(&name, n.op.clone(), &ins)?;
+                for (&o, &v) in n.outputs.iter().zip(&outs) {
+                    g.replace_all_uses(o, v)?;
+                    if g.value(v).ty.rank() == 4 {
+                        let t = Self::transpose(g, v, &TO_NHWC)?;
+                        self.nhwc.insert(o, t);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rewrites the NHWC regions of `plan` (computed on `g`) to channels-last. Returns the
+/// number of regions rewritten. On error the graph may be partly edited: callers work on
+/// a copy.
+pub fn apply_plan(g: &mut Graph, plan: &LayoutPlan) -> Result<usize, IrError> {
+    let mut by_name: HashMap<&str, Option<usize>> = HashMap::new();
+    for (i, n) in g.nodes().iter().enumerate() {
+        by_name
+            .entry(n.name.as_str())
+            .and_modify(|e| *e = None)
+            .or_insert(Some(i));
+    }
+    let mut todo: Vec<Vec<usize>> = Vec::new();
+    for r in plan.regions.iter().filter(|r| r.layout == Layout::Nhwc) {
+        let idx: Option<Vec<usize>> = r
+            .nodes
+            .iter()
+            .map(|nm| by_name.get(nm.as_str()).copied().flatten())
+            .collect();
+        if let Some(idx) = idx {
+            todo.push(idx);
+        }
+    }
+    if todo.is_empty() {
+        return Ok(0);
+    }
+    for members in &todo {
+        let mut rw = Rewriter {
+            nhwc: HashMap::new(),
+            entries: HashMap::new(),
+        };
+        for &ni in members {
+            rw.node(g, ni)?;
+        }
+        // Every region value gets its NCHW form back for readers outside the region;
+        // `cleanup` drops the unread ones along with the old nodes.
+        let mut outs: Vec<(ValueId, ValueId)> = rw.nhwc.iter().map(|(&o, &v)| (o, v)).collect();
+        outs.sort_unstable();
+        for (o, v) in outs {
+            let back = Rewriter::transpose(g, v, &TO_NCHW)?;
+            g.replace_all_uses(o, back)?;
+        }
+    }
+    g.cleanup()?;
+    Ok(todo.len())
+}
+
+/// The `choose-layout` pass: computes the plan, keeps it for
+/// [`ChooseLayout::last_plan`], and applies its NHWC regions ([`apply_plan`]).
 pub struct ChooseLayout {
     pub target: TargetKind,
     last: Mutex<Option<LayoutPlan>>,
@@ -285,9 +479,19 @@ impl Pass for ChooseLayout {
 
     fn run(&self, g: &mut Graph) -> Result<bool, OptError> {
         let plan = plan_layout(g, self.target);
+        let mut changed = false;
+        if plan.nhwc_regions() > 0 {
+            let mut h = g.clone();
+            if let Ok(n) = apply_plan(&mut h, &plan) {
+                if n > 0 {
+                    *g = h;
+                    changed = true;
+                }
+            }
+        }
         if let Ok(mut l) = self.last.lock() {
             *l = Some(plan);
         }
-        Ok(false)
+        Ok(changed)
     }
 }

@@ -6,5 +6,5 @@ mod choose;
 mod sink;
 
 pub use crate::partition::TargetKind;
-pub use choose::{plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion};
+pub use choose::{apply_plan, plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion};
 pub use sink::{count_transposes, inverse, reduced_perm, transpose_of, SinkTransposes};

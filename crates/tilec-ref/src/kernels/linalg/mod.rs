@@ -10,10 +10,34 @@ mod misc;
 mod pool;
 
 use crate::EvalCtx;
-use tilec_ir::op::LinalgOp;
+use tilec_ir::op::{to_channels_first_perm, to_channels_last_perm, LayoutOp, LinalgOp};
 use tilec_ir::{DType, Tensor};
 
+fn transpose(x: &Tensor, perm: Vec<usize>, cx: &EvalCtx) -> Result<Tensor, String> {
+    let mut out = super::layout::eval(&LayoutOp::Transpose { perm }, &[x], cx)?;
+    out.pop()
+        .ok_or_else(|| "transpose produced no output".to_string())
+}
+
 pub fn eval(op: &LinalgOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>, String> {
+    if let Some(nchw) = op.as_channels_first() {
+        // Channels-last conv/pool: transpose the activation to channels-first, run the
+        // channels-first kernel, and move the channel axis of each output back to the end.
+        let x = *args.first().ok_or("missing input")?;
+        let rank = x.shape().len();
+        if rank < 3 {
+            return Err(format!(
+                "channels-last input must have rank >= 3, got {rank}"
+            ));
+        }
+        let xt = transpose(x, to_channels_first_perm(rank), cx)?;
+        let mut v: Vec<&Tensor> = args.to_vec();
+        v[0] = &xt;
+        return eval(&nchw, &v, cx)?
+            .iter()
+            .map(|t| transpose(t, to_channels_last_perm(t.shape().len()), cx))
+            .collect();
+    }
     let _ = cx;
     let need = |n: usize| -> Result<(), String> {
         if args.len() != n {
@@ -34,7 +58,7 @@ pub fn eval(op: &LinalgOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             need(8)?;
             Ok(vec![matmul::qlinear_matmul(args)?])
         }
-        LinalgOp::Conv { window, group } => {
+        LinalgOp::Conv { window, group, .. } => {
             need(3)?;
             Ok(vec![conv::conv(args, window, *group)?])
         }
@@ -82,11 +106,12 @@ pub fn eval(op: &LinalgOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             kind,
             window,
             ceil_mode,
+            ..
         } => {
             need(1)?;
             pool::pool(args[0], kind, window, *ceil_mode)
         }
-        LinalgOp::GlobalPool { kind } => {
+        LinalgOp::GlobalPool { kind, .. } => {
             need(1)?;
             Ok(vec![pool::global_pool(args[0], kind)?])
         }
