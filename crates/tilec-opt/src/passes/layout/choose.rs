@@ -482,8 +482,12 @@ impl Pass for ChooseLayout {
         let mut changed = false;
         if plan.nhwc_regions() > 0 {
             let mut h = g.clone();
+            // Keep the rewrite only when it stays within the plan's budget: one transpose
+            // in and one out per region. Ops that must stay NCHW inside a region (e.g. a
+            // batch norm after a concat) cost two more each, which the plan does not price.
+            let budget = super::count_transposes(g) + 2 * plan.nhwc_regions();
             if let Ok(n) = apply_plan(&mut h, &plan) {
-                if n > 0 {
+                if n > 0 && super::count_transposes(&h) <= budget {
                     *g = h;
                     changed = true;
                 }
