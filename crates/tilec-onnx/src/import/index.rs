@@ -294,37 +294,11 @@ fn map_max_roi_pool(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
 mod tests {
     use crate::import::{import_model, ImportError, ImportOptions};
     use crate::proto::tensor_proto::DataType;
-    use crate::proto::tensor_shape_proto::{dimension, Dimension};
-    use crate::proto::{
-        type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
-        ValueInfoProto,
-    };
+    use crate::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto};
     use tilec_ir::op::IndexOp;
     use tilec_ir::{Dim, Op};
 
-    fn vi(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
-        let dim = dims
-            .iter()
-            .map(|d| Dimension {
-                value: Some(match d {
-                    Some(v) => dimension::Value::DimValue(*v),
-                    None => dimension::Value::DimParam("N".into()),
-                }),
-                denotation: String::new(),
-            })
-            .collect();
-        ValueInfoProto {
-            name: name.into(),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: DataType::Float as i32,
-                    shape: Some(TensorShapeProto { dim }),
-                })),
-                denotation: String::new(),
-            }),
-            ..Default::default()
-        }
-    }
+    use super::super::test_util::vi;
 
     fn ints(name: &str, v: &[i64]) -> TensorProto {
         TensorProto {

@@ -20,6 +20,8 @@ mod nn;
 mod norm;
 mod reduce;
 mod source;
+#[cfg(test)]
+mod test_util;
 
 use crate::load::LoadError;
 use crate::proto::{self, AttributeProto, NodeProto};

@@ -283,39 +283,12 @@ fn map_loss(cx: &mut NodeCx, softmax: bool) -> Result<Vec<ValueId>, ImportError>
 #[cfg(test)]
 mod tests {
     use crate::proto::attribute_proto::AttributeType;
-    use crate::proto::tensor_proto::DataType;
-    use crate::proto::tensor_shape_proto::{dimension, Dimension};
-    use crate::proto::{
-        type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-        TensorShapeProto, TypeProto, ValueInfoProto,
-    };
+    use crate::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
     use crate::{import_model, ImportOptions};
     use tilec_ir::op::{LayoutOp, NormOp, ReduceKind, ReduceOp};
     use tilec_ir::{Dim, Op};
 
-    fn vi(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
-        let dim = dims
-            .iter()
-            .map(|d| Dimension {
-                value: Some(match d {
-                    Some(v) => dimension::Value::DimValue(*v),
-                    None => dimension::Value::DimParam("N".into()),
-                }),
-                denotation: String::new(),
-            })
-            .collect();
-        ValueInfoProto {
-            name: name.into(),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: DataType::Float as i32,
-                    shape: Some(TensorShapeProto { dim }),
-                })),
-                denotation: String::new(),
-            }),
-            ..Default::default()
-        }
-    }
+    use super::super::test_util::vi;
 
     fn int_attr(name: &str, v: i64) -> AttributeProto {
         AttributeProto {
