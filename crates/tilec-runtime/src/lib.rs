@@ -1,2 +1,16 @@
 //! Run-time support shared by the back ends: the memory planner (value lifetimes over the
-//! kernel order become offsets in one arena), buffers, and profiling records.
+//! kernel order become offsets in one arena), the arena itself, and profiling records.
+//!
+//! - [`plan`] assigns every buffer an offset in one arena so that buffers alive at the same
+//!   step never overlap, reusing the memory of dead buffers and honouring in-place hints;
+//!   [`check`] verifies a plan independently.
+//! - [`Arena`] is the owned, 64-byte aligned, zeroed allocation a plan is laid out in.
+//! - [`Profile`] collects per-kernel timings and renders them as a table or JSON.
+
+mod arena;
+mod plan;
+mod profile;
+
+pub use arena::{Arena, ArenaError, ARENA_ALIGN};
+pub use plan::{check, plan, BufferReq, MemoryPlan};
+pub use profile::{KernelProfile, Profile, ProfileRow};
