@@ -184,24 +184,22 @@ def bench_tilec_sgemm(timeout_s: float) -> dict:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if p.returncode != 0:
         return {"error": f"exit {p.returncode}: {tail(p.stderr or p.stdout)}"}
-    for line in reversed(p.stdout.strip().splitlines()):
-        line = line.strip()
-        if not line.startswith("["):
-            continue
+    return parse_sgemm_output(p.stdout)
+
+
+def parse_sgemm_output(stdout: str) -> dict:
+    """{"by_n": {n: gflops}} from the sgemm example's output: a JSON list of {n, gflops}, on
+    one line (other lines may surround it) or pretty-printed over several."""
+    candidates = [line.strip() for line in reversed(stdout.strip().splitlines()) if line.strip().startswith("[")]
+    if "[" in stdout:
+        candidates.append(stdout[stdout.index("[") :])
+    for text in candidates:
         try:
-            recs = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        try:
+            recs = json.loads(text)
             return {"by_n": {int(r["n"]): float(r["gflops"]) for r in recs}}
-        except (TypeError, KeyError, ValueError):
-            break
-    # The list may also be pretty-printed over several lines.
-    try:
-        recs = json.loads(p.stdout[p.stdout.index("[") :])
-        return {"by_n": {int(r["n"]): float(r["gflops"]) for r in recs}}
-    except (ValueError, TypeError, KeyError):
-        return {"error": f"no JSON list of {{n, gflops}} in the output: {tail(p.stdout)!r}"}
+        except (ValueError, TypeError, KeyError):
+            continue
+    return {"error": f"no JSON list of {{n, gflops}} in the output: {tail(stdout)!r}"}
 
 
 def machine() -> dict:
