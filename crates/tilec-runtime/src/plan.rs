@@ -84,11 +84,11 @@ fn round_up(x: usize, align: usize) -> Option<usize> {
     x.checked_next_multiple_of(align)
 }
 
-/// Places the buffers; see the module documentation for the strategy. Alignments should be
-/// powers of two (others are honoured, but `arena_bytes <= total_bytes` is then not
-/// guaranteed). Lifetimes given with
-/// `first > last` are read as `[last, first]`. Hints naming a buffer out of range or that are
-/// not legal are ignored.
+/// Places the buffers; see the module documentation for the strategy.
+///
+/// Alignments should be powers of two (others are honoured, but `arena_bytes <= total_bytes`
+/// is then not guaranteed). Lifetimes given with `first > last` are read as `[last, first]`.
+/// Hints naming a buffer out of range, or whose conditions do not hold, are ignored.
 pub fn plan(reqs: &[BufferReq]) -> MemoryPlan {
     let n = reqs.len();
     let total_bytes = reqs.iter().fold(0usize, |acc, r| {
