@@ -235,7 +235,7 @@ fn best_fit(reqs: &[BufferReq], placed: &[(usize, usize)], r: &BufferReq) -> usi
             if let Some(start) = round_up(cursor, align) {
                 if start.checked_add(r.size).is_some_and(|e| e <= o) {
                     let gap = o - cursor;
-                    if best.map_or(true, |(g, _)| gap < g) {
+                    if !matches!(best, Some((g, _)) if g <= gap) {
                         best = Some((gap, start));
                     }
                 }
@@ -455,7 +455,7 @@ mod tests {
 
     #[test]
     fn chain_in_place_uses_one_buffer() {
-        let reqs: Vec<BufferReq> = (0..4)
+        let reqs: Vec<BufferReq> = (0..4usize)
             .map(|i| BufferReq {
                 inplace_of: i.checked_sub(1),
                 ..BufferReq::new(1000, 64, i, i + 1)
