@@ -3,7 +3,10 @@
 //! (`[0,1,3,2]`) or of the pre-head-transpose `[B, S, H, D]` view (`[0,2,3,1]`, then a
 //! `[0,2,1,3]` Transpose of that view is emitted as K). GQA head repetition
 //! (`reshape [B,Hkv,1,S,D] → expand [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, i.e. query
-//! head h reads KV head h / n, as the Attention op does) is folded into the op.
+//! head h reads KV head h / n, as the Attention op does) is folded into the op. The scale
+//! may be split over Q and K (`(Q * c) @ (K * c)^T`, as ONNX's Attention function spells
+//! it, with the factor on either side of K's transpose). Softcapping
+//! (`cap * tanh(scores / cap)`, before the mask) becomes the op's `softcap`.
 //!
 //! Masks, all right-aligned against the scores `[B, H, S, T]` with last dim exactly `T`
 //! (the op pads a shorter mask with -inf, which broadcasting would not do) and never
@@ -15,8 +18,17 @@
 //!   fill (`-1e9`, `finfo.min`) gives a different softmax for a fully masked row (uniform
 //!   weights instead of none), and a `0` fill is not a mask at all.
 //!
+//! - a constant causal mask (`0` / `true` where `j <= i`, `-inf` / `false` elsewhere, over
+//!   `[S, T]` with leading ones), alone or added to another mask, becomes `is_causal`.
+//!
 //! A row masked entirely is the one place the rewrite is not bit-identical: softmax over
-//! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies).
+//! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies). The
+//! ONNX function's own guard, `where(max(mask, -1) == -inf, 0, softmax(..))` (or a constant
+//! all-false guard), gives those zeros too and is folded into the op, exactly.
+//!
+//! Not recognized: spellings where the QK product, the logits or the probabilities are
+//! themselves read outside (a graph output, as for `qk_matmul_output_mode`): the
+//! primitives would have to stay anyway.
 
 use super::pattern::{emit, Build, Matcher, Product};
 use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NnOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
