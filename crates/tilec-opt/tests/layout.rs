@@ -437,3 +437,213 @@ fn choose_layout_on_light_cnns() {
         assert_eq!(plan_layout(&g, TargetKind::Cpu).nhwc_regions(), 0);
     }
 }
+
+fn conv(g: &mut Graph, x: ValueId, cin: usize, cout: usize, seed: u64) -> ValueId {
+    let w = random_const(g, DType::F32, &[cout, cin, 3, 3], seed);
+    let b = random_const(g, DType::F32, &[cout], seed + 1);
+    let window = Window {
+        kernel: vec![3, 3],
+        strides: vec![1, 1],
+        dilations: vec![1, 1],
+        pads: Padding::Explicit(vec![1; 4]),
+    };
+    g.add(
+        Op::Linalg(LinalgOp::Conv {
+            window,
+            group: 1,
+            channels_last: false,
+        }),
+        &[x, w, b],
+    )
+    .unwrap()
+}
+
+/// A batch norm that `fold-batchnorm` cannot fold (its input is no conv output).
+fn batch_norm(g: &mut Graph, x: ValueId, c: usize, seed: u64) -> ValueId {
+    let s = random_const(g, DType::F32, &[c], seed);
+    let b = random_const(g, DType::F32, &[c], seed + 1);
+    let m = random_const(g, DType::F32, &[c], seed + 2);
+    let v: Vec<f64> = (0..c).map(|i| 0.5 + i as f64 * 0.25).collect();
+    let v = g.add_const("var", Tensor::from_f64s(DType::F32, vec![c], &v).unwrap());
+    g.add(
+        Op::Norm(NormOp::BatchNorm {
+            epsilon: 1e-5,
+            channels_last: false,
+        }),
+        &[x, s, b, m, v],
+    )
+    .unwrap()
+}
+
+fn reshape(g: &mut Graph, x: ValueId, shape: &[usize]) -> ValueId {
+    let shape = shape.iter().map(|&d| Dim::Fixed(d)).collect();
+    g.add(Op::Layout(LayoutOp::Reshape { shape }), &[x])
+        .unwrap()
+}
+
+/// Applies the cuda plan to `g`, checks it against the original, and returns
+/// (channels-last convs, channels-last norms, rank-4 transposes, rewritten graph).
+fn apply_cuda(g: &Graph, seed: u64) -> (usize, usize, usize, Graph) {
+    let plan = plan_layout(g, TargetKind::Cuda);
+    print!("{}", plan.report());
+    let mut h = g.clone();
+    apply_plan(&mut h, &plan).unwrap();
+    verify(&h).unwrap();
+    assert_same(g, &h, seed);
+    // The whole cuda pipeline too.
+    let mut o = g.clone();
+    Pipeline::for_level_and_target(3, TargetKind::Cuda)
+        .run(&mut o, &PipelineOptions::default())
+        .unwrap();
+    verify(&o).unwrap();
+    assert_same(g, &o, seed + 1);
+    let convs = o
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Linalg(l @ LinalgOp::Conv { .. }) if l.is_channels_last()))
+        .count();
+    let norms = o
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Norm(nm) if nm.is_channels_last()))
+        .count();
+    let tr4 = o
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Layout(LayoutOp::Transpose { perm }) if perm.len() == 4))
+        .count();
+    (convs, norms, tr4, o)
+}
+
+#[test]
+fn nhwc_regions_carry_batch_norm_and_lrn() {
+    // conv -> relu -> add(residual) -> batch norm -> lrn -> conv: the norms run
+    // channels-last instead of being wrapped in transposes.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[2, 4, 6, 5]);
+    let a = conv(&mut g, x, 4, 6, 1);
+    let a = g.add(Op::Unary(UnaryOp::Relu), &[a]).unwrap();
+    let r = conv(&mut g, x, 4, 6, 3);
+    let s = g.add(Op::Binary(BinaryOp::Add), &[a, r]).unwrap();
+    let bn = batch_norm(&mut g, s, 6, 5);
+    let lrn = g
+        .add(
+            Op::Norm(NormOp::Lrn {
+                size: 3,
+                alpha: 0.2,
+                beta: 0.75,
+                bias: 1.5,
+                channels_last: false,
+            }),
+            &[bn],
+        )
+        .unwrap();
+    let y = conv(&mut g, lrn, 6, 4, 9);
+    g.set_outputs(vec![y]);
+    let plan = plan_layout(&g, TargetKind::Cuda);
+    assert_eq!(plan.nhwc_regions(), 1);
+    assert_eq!(plan.regions[0].norms, 2);
+    let (convs, norms, tr4, _) = apply_cuda(&g, 11);
+    assert_eq!((convs, norms, tr4), (3, 2, 2));
+}
+
+#[test]
+fn nhwc_regions_carry_channel_shuffles() {
+    // ShuffleNet's unit: conv -> reshape [N, g, C/g, H, W] -> transpose(0,2,1,3,4) ->
+    // reshape [N, C, H, W] -> conv. In NHWC the shuffle is reshape [N, H, W, g, C/g] ->
+    // transpose(0,1,2,4,3) -> reshape [N, H, W, C].
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 4, 5, 7]);
+    let a = conv(&mut g, x, 4, 6, 1);
+    let a = reshape(&mut g, a, &[1, 2, 3, 5, 7]);
+    let a = tr(&mut g, a, &[0, 2, 1, 3, 4]);
+    let a = reshape(&mut g, a, &[1, 6, 5, 7]);
+    let y = conv(&mut g, a, 6, 4, 3);
+    g.set_outputs(vec![y]);
+    let plan = plan_layout(&g, TargetKind::Cuda);
+    assert_eq!(plan.regions.len(), 1, "{}", plan.report());
+    let (convs, _, tr4, o) = apply_cuda(&g, 13);
+    assert_eq!((convs, tr4), (2, 2));
+    let perms: Vec<&Vec<usize>> = o
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Layout(LayoutOp::Transpose { perm }) if perm.len() == 5 => Some(perm),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(perms, [&vec![0, 1, 2, 4, 3]]);
+    // A reshape that mixes channels with a spatial dim is no channel shuffle: the region
+    // stops there.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 4, 6, 6]);
+    let a = conv(&mut g, x, 4, 4, 1);
+    let a = reshape(&mut g, a, &[1, 6, 4, 6]);
+    let y = conv(&mut g, a, 6, 4, 3);
+    g.set_outputs(vec![y]);
+    let plan = plan_layout(&g, TargetKind::Cuda);
+    assert_eq!(plan.regions.len(), 2, "{}", plan.report());
+    apply_cuda(&g, 15);
+}
+
+#[test]
+fn nhwc_regions_carry_channel_concat_and_norm() {
+    // DenseNet's pattern: concat of conv outputs along channels, batch norm, relu, conv.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[2, 3, 5, 5]);
+    let a = conv(&mut g, x, 3, 4, 1);
+    let b = conv(&mut g, a, 4, 2, 3);
+    let c = g
+        .add(Op::Layout(LayoutOp::Concat { axis: 1 }), &[x, a, b])
+        .unwrap();
+    let c = batch_norm(&mut g, c, 9, 5);
+    let c = g.add(Op::Unary(UnaryOp::Relu), &[c]).unwrap();
+    let y = conv(&mut g, c, 9, 4, 7);
+    g.set_outputs(vec![y]);
+    let (convs, norms, tr4, o) = apply_cuda(&g, 17);
+    assert_eq!((convs, norms, tr4), (3, 1, 2));
+    assert!(o
+        .nodes()
+        .iter()
+        .any(|n| n.op == Op::Layout(LayoutOp::Concat { axis: 3 })));
+}
+
+/// Every light CNN goes channels-last as a whole on cuda: all convs NHWC, one rank-4
+/// transpose in, at most one out (a flatten before the classifier; a global pool's
+/// `[N, 1, 1, C]` needs none).
+#[test]
+fn light_cnns_go_nhwc_on_cuda() {
+    let light = repo_root().join("testdata/gen/light");
+    let Ok(rd) = std::fs::read_dir(&light) else {
+        return;
+    };
+    let mut names: Vec<String> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for m in names {
+        let p = light.join(&m).join("model.onnx");
+        if !p.exists() {
+            continue;
+        }
+        let mut g = import(&p);
+        Pipeline::for_level_and_target(3, TargetKind::Cuda)
+            .run(&mut g, &PipelineOptions::default())
+            .unwrap();
+        let count = |f: &dyn Fn(&Op) -> bool| g.nodes().iter().filter(|n| f(&n.op)).count();
+        let convs = count(&|op| matches!(op, Op::Linalg(LinalgOp::Conv { .. })));
+        let nhwc = count(
+            &|op| matches!(op, Op::Linalg(l @ LinalgOp::Conv { .. }) if l.is_channels_last()),
+        );
+        let norms =
+            count(&|op| matches!(op, Op::Norm(NormOp::BatchNorm { .. } | NormOp::Lrn { .. })));
+        let nhwc_norms = count(&|op| matches!(op, Op::Norm(nm) if nm.is_channels_last()));
+        let tr4 =
+            count(&|op| matches!(op, Op::Layout(LayoutOp::Transpose { perm }) if perm.len() == 4));
+        println!("{m}: {nhwc}/{convs} convs and {nhwc_norms}/{norms} norms NHWC, {tr4} rank-4 transposes");
+        assert_eq!(nhwc, convs, "{m}");
+        assert_eq!(nhwc_norms, norms, "{m}");
+        assert!((1..=2).contains(&tr4), "{m}: {tr4} rank-4 transposes");
+    }
+}

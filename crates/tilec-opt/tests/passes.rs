@@ -427,7 +427,10 @@ fn conv_bn(extra_use: bool, fill_bias: bool) -> Graph {
     let v = f32c(&mut g, &[3], &v);
     let z = g
         .add(
-            Op::Norm(NormOp::BatchNorm { epsilon: 1e-5 }),
+            Op::Norm(NormOp::BatchNorm {
+                epsilon: 1e-5,
+                channels_last: false,
+            }),
             &[y, s, bb, m, v],
         )
         .unwrap();

@@ -36,22 +36,25 @@ pub enum NormOp {
     },
     /// `x / sqrt(mean(x^2 over axis..rank) + epsilon) * scale`. Inputs: x, scale.
     RmsNorm { axis: usize, epsilon: f32 },
-    /// Inference-mode batch norm over channel axis 1. Inputs: x, scale, bias, mean,
-    /// var (each `[C]`).
-    BatchNorm { epsilon: f32 },
+    /// Inference-mode batch norm per channel. Inputs: x, scale, bias, mean, var (each
+    /// `[C]`). The channel axis is 1 (`[N, C, *S]`), or the last one (`[N, *S, C]`) with
+    /// `channels_last`.
+    BatchNorm { epsilon: f32, channels_last: bool },
     /// Per (n, c) normalization over the spatial dims. Inputs: x, scale `[C]`, bias `[C]`.
     InstanceNorm { epsilon: f32 },
     /// Per (n, group) normalization over the group's channels and the spatial dims, then a
     /// per-channel affine. Inputs: x, scale `[C]`, bias `[C]` (opset-18 per-group scales
     /// are expanded to per-channel by the importer).
     GroupNorm { num_groups: usize, epsilon: f32 },
-    /// Local response normalization across channels (axis 1):
-    /// `x / (bias + alpha / size * sum(x^2 over the window)) ^ beta`.
+    /// Local response normalization across channels:
+    /// `x / (bias + alpha / size * sum(x^2 over the window)) ^ beta`. The channel axis is 1
+    /// (`[N, C, *S]`), or the last one (`[N, *S, C]`) with `channels_last`.
     Lrn {
         size: usize,
         alpha: f32,
         beta: f32,
         bias: f32,
+        channels_last: bool,
     },
     /// `x / ||x||_p` along `axis` (`p` is 1 or 2); zero norms give 0.
     LpNorm { axis: usize, p: u32 },
@@ -107,12 +110,13 @@ fn expect_channel_param(
     p: &TensorType,
     what: &str,
     x: &TensorType,
+    channel_axis: usize,
     syms: &SymbolTable,
 ) -> Result<(), String> {
     if p.rank() != 1 {
         return Err(format!("{what} must be 1-D [C], got rank {}", p.rank()));
     }
-    if let (Dim::Fixed(a), Dim::Fixed(b)) = (p.shape[0], x.shape[1]) {
+    if let (Dim::Fixed(a), Dim::Fixed(b)) = (p.shape[0], x.shape[channel_axis]) {
         if a != b {
             return Err(format!(
                 "{what} has {a} elements, x has {b} channels (shape {})",
@@ -127,6 +131,35 @@ fn expect_channel_param(
         ));
     }
     Ok(())
+}
+
+impl NormOp {
+    /// Whether this is a batch norm or LRN with the channel axis last.
+    pub fn is_channels_last(&self) -> bool {
+        matches!(
+            self,
+            NormOp::BatchNorm {
+                channels_last: true,
+                ..
+            } | NormOp::Lrn {
+                channels_last: true,
+                ..
+            }
+        )
+    }
+
+    /// The same batch norm or LRN with `channels_last` set to `cl`; `None` for every other
+    /// op (they have no channels-last form).
+    pub fn with_channels_last(&self, cl: bool) -> Option<NormOp> {
+        let mut op = self.clone();
+        match &mut op {
+            NormOp::BatchNorm { channels_last, .. } | NormOp::Lrn { channels_last, .. } => {
+                *channels_last = cl;
+                Some(op)
+            }
+            _ => None,
+        }
+    }
 }
 
 impl OpInfo for NormOp {
@@ -226,8 +259,15 @@ impl OpInfo for NormOp {
                         x.rank()
                     ));
                 }
+                let channel_axis = match self {
+                    NormOp::BatchNorm {
+                        channels_last: true,
+                        ..
+                    } => x.rank() - 1,
+                    _ => 1,
+                };
                 for (p, what) in inputs[1..].iter().zip(names) {
-                    expect_channel_param(p, what, x, syms)?;
+                    expect_channel_param(p, what, x, channel_axis, syms)?;
                 }
                 if let NormOp::GroupNorm { num_groups, .. } = self {
                     if *num_groups == 0 {
@@ -310,7 +350,7 @@ impl OpInfo for NormOp {
                 }
                 if *has_weight {
                     let w = inputs[2];
-                    expect_channel_param(w, "weight", x, syms)?;
+                    expect_channel_param(w, "weight", x, 1, syms)?;
                 }
                 let shape = match reduction {
                     LossReduction::None => t.shape.clone(),

@@ -144,6 +144,7 @@ fn map_batch_norm(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     cx.emit(
         Op::Norm(NormOp::BatchNorm {
             epsilon: epsilon(cx)?,
+            channels_last: false,
         }),
         &inputs,
     )
@@ -215,6 +216,7 @@ fn map_lrn(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         alpha: cx.attr_f("alpha", 1e-4)?,
         beta: cx.attr_f("beta", 0.75)?,
         bias: cx.attr_f("bias", 1.0)?,
+        channels_last: false,
     };
     cx.emit(Op::Norm(op), &[x])
 }

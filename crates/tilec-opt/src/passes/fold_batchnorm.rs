@@ -52,12 +52,19 @@ fn known_value(g: &Graph, v: ValueId) -> Option<Tensor> {
 
 fn plan(g: &Graph, uses: &[tilec_ir::Uses], ni: usize) -> Option<Fold> {
     let n = &g.nodes()[ni];
-    let Op::Norm(NormOp::BatchNorm { epsilon }) = n.op else {
+    let Op::Norm(NormOp::BatchNorm {
+        epsilon,
+        channels_last,
+    }) = n.op
+    else {
         return None;
     };
     let y = n.inputs[0];
     let conv = g.node(g.producer(y)?);
-    if !matches!(conv.op, Op::Linalg(LinalgOp::Conv { .. })) || uses[y.index()].count() != 1 {
+    // Weights are `[M, C/group, *K]` in either layout; the norm's channel axis must be the
+    // conv's output-channel axis.
+    let same_layout = matches!(&conv.op, Op::Linalg(l @ LinalgOp::Conv { .. }) if l.is_channels_last() == channels_last);
+    if !same_layout || uses[y.index()].count() != 1 {
         return None;
     }
     let x = conv.inputs[0];

@@ -3,7 +3,10 @@
 //! (`[0,1,3,2]`) or of the pre-head-transpose `[B, S, H, D]` view (`[0,2,3,1]`, then a
 //! `[0,2,1,3]` Transpose of that view is emitted as K). GQA head repetition
 //! (`reshape [B,Hkv,1,S,D] → expand [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, i.e. query
-//! head h reads KV head h / n, as the Attention op does) is folded into the op.
+//! head h reads KV head h / n, as the Attention op does) is folded into the op. The scale
+//! may be split over Q and K (`(Q * c) @ (K * c)^T`, as ONNX's Attention function spells
+//! it, with the factor on either side of K's transpose). Softcapping
+//! (`cap * tanh(scores / cap)`, before the mask) becomes the op's `softcap`.
 //!
 //! Masks, all right-aligned against the scores `[B, H, S, T]` with last dim exactly `T`
 //! (the op pads a shorter mask with -inf, which broadcasting would not do) and never
@@ -15,26 +18,55 @@
 //!   fill (`-1e9`, `finfo.min`) gives a different softmax for a fully masked row (uniform
 //!   weights instead of none), and a `0` fill is not a mask at all.
 //!
+//! - a constant causal mask (`0` / `true` where `j <= i`, `-inf` / `false` elsewhere, over
+//!   `[S, T]` with leading ones), alone or added to another mask, becomes `is_causal`.
+//!
 //! A row masked entirely is the one place the rewrite is not bit-identical: softmax over
-//! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies).
+//! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies). The
+//! ONNX function's own guard, `where(max(mask, -1) == -inf, 0, softmax(..))` (or a constant
+//! all-false guard), gives those zeros too and is folded into the op, exactly.
+//!
+//! Not recognized: spellings where the QK product, the logits or the probabilities are
+//! themselves read outside (a graph output, as for `qk_matmul_output_mode`): the
+//! primitives would have to stay anyway.
 
-use super::pattern::{emit, Build, Matcher};
-use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NnOp, NormOp};
-use tilec_ir::{DType, Dim, Op, ValueId};
+use super::pattern::{emit, Build, Matcher, Product};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NnOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::{DType, Dim, Op, Tensor, ValueId};
 
-/// K for `kt`: `(k, perm to apply to the source first)`.
-fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, bool)> {
+/// `v` with a single-use product by constants around it opened: `(inner, coef)`.
+/// Exporters split the scale as `sqrt(scale)` on Q and on K (ONNX's Attention function
+/// does), and transpose sinking may leave K's factor under the transpose.
+fn strip_scale(m: &mut Matcher, v: ValueId) -> (ValueId, f64) {
+    if m.use_count(v) != 1 {
+        return (v, 1.0);
+    }
+    m.attempt(|m| {
+        let p = m.product(v);
+        (p.denoms.is_empty() && p.factors.len() == 1).then(|| (p.factors[0], p.coef))
+    })
+    .unwrap_or((v, 1.0))
+}
+
+/// K for `kt`: `(k, whether it is the pre-head-transpose [B, S, H, D] view, scale factor
+/// found between K and the transpose)`.
+fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, bool, f64)> {
     let n = m.op_where(kt, |op| {
         matches!(op, Op::Layout(LayoutOp::Transpose { .. }))
     })?;
     let Op::Layout(LayoutOp::Transpose { perm }) = &n.op else {
         return None;
     };
-    match perm.as_slice() {
-        [0, 1, 3, 2] => Some((n.inputs[0], false)),
-        [0, 2, 3, 1] => Some((n.inputs[0], true)),
-        _ => None,
+    let bshd = match perm.as_slice() {
+        [0, 1, 3, 2] => false,
+        [0, 2, 3, 1] => true,
+        _ => return None,
+    };
+    let (k, coef) = strip_scale(m, n.inputs[0]);
+    if m.g.value(k).ty.shape != m.g.value(n.inputs[0]).ty.shape {
+        return None;
     }
+    Some((k, bshd, coef))
 }
 
 /// Undoes GQA head repetition: returns the `[B, Hkv, S, D]` source, or `v` itself.
@@ -94,6 +126,108 @@ fn bool_of_additive(m: &mut Matcher, v: ValueId) -> Option<ValueId> {
     ok.then_some(keep)
 }
 
+/// `where(guard, 0, s)` with a bool `guard` that does not broadcast `s` up: returns
+/// `(guard, s)`. ONNX's Attention function zeroes the probabilities of fully masked rows
+/// this way, as the Attention op does.
+fn zero_guard(m: &mut Matcher, v: ValueId) -> Option<(ValueId, ValueId)> {
+    let n = m.op_where(v, |op| *op == Op::Where)?;
+    let (c, zero, s) = (*n.inputs.first()?, *n.inputs.get(1)?, *n.inputs.get(2)?);
+    let ok = m.g.value(c).ty.dtype == DType::Bool
+        && m.const_scalar(zero) == Some(0.0)
+        && m.g.value(s).ty.shape == m.g.value(v).ty.shape;
+    ok.then_some((c, s))
+}
+
+/// The value of a constant (or small constant-computed) value, up to `MAX_MASK_ELEMS`.
+fn known(m: &Matcher, v: ValueId) -> Option<Tensor> {
+    match m.g.const_value(v) {
+        Some(t) => (t.numel() <= MAX_MASK_ELEMS).then(|| t.clone()),
+        None => m.const_tensor(v),
+    }
+}
+
+/// Largest constant mask inspected (causal detection, all-false guards).
+const MAX_MASK_ELEMS: usize = 1 << 22;
+
+/// Whether the zero guard `c` flags exactly the rows the op treats as fully masked: a
+/// constant all-false guard (no row is), or `max(mask, last axis) == -inf` of the additive
+/// mask itself.
+fn guard_ok(m: &Matcher, c: ValueId, additive: Option<ValueId>) -> bool {
+    if let Some(t) = known(m, c) {
+        return t.dtype() == DType::Bool && t.to_i64_vec().iter().all(|&x| x == 0);
+    }
+    let Some(mask) = additive else {
+        return false;
+    };
+    let Some(n) = m.node(c) else {
+        return false;
+    };
+    if n.op != Op::Binary(BinaryOp::Equal) || n.inputs.len() != 2 {
+        return false;
+    }
+    let last = m.g.value(mask).ty.rank().wrapping_sub(1);
+    [(n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])]
+        .into_iter()
+        .any(|(a, b)| {
+            m.const_scalar(b) == Some(f64::NEG_INFINITY)
+                && m.node(a).is_some_and(|r| {
+                    r.inputs.first() == Some(&mask)
+                        && matches!(&r.op, Op::Reduce(ReduceOp::Reduce {
+                            kind: ReduceKind::Max,
+                            axes,
+                            keepdims: true,
+                        }) if axes.as_slice() == [last])
+                })
+        })
+}
+
+/// Whether `mask` is a constant causal mask for scores `[.., S, T]`: leading dims 1, then
+/// `[S, T]`, allowing exactly `j <= i` (0 / true) and masking the rest (-inf / false) —
+/// the op's `is_causal` without past or padding.
+fn is_causal_mask(m: &Matcher, mask: ValueId, scores: &[Dim]) -> bool {
+    let Some(t) = known(m, mask) else {
+        return false;
+    };
+    let sh = t.shape();
+    let (Some(Dim::Fixed(s)), Some(Dim::Fixed(tk))) =
+        (scores.get(scores.len().wrapping_sub(2)), scores.last())
+    else {
+        return false;
+    };
+    let r = sh.len();
+    if r < 2 || sh[r - 2] != *s || sh[r - 1] != *tk || sh[..r - 2].iter().any(|&d| d != 1) {
+        return false;
+    }
+    let boolean = t.dtype() == DType::Bool;
+    let vals = t.to_f64_vec();
+    (0..*s).all(|i| {
+        (0..*tk).all(|j| {
+            let x = vals[i * tk + j];
+            match (boolean, j <= i) {
+                (true, keep) => (x != 0.0) == keep,
+                (false, true) => x == 0.0,
+                (false, false) => x == f64::NEG_INFINITY,
+            }
+        })
+    })
+}
+
+/// `mask + causal` (either order) with a constant causal mask that does not broadcast the
+/// other mask up: returns the other mask. Not recorded: the sum may have other readers
+/// (the fully-masked-row guard reads it).
+fn split_causal(m: &Matcher, mask: ValueId, scores: &[Dim]) -> Option<ValueId> {
+    let n = m.node(mask)?;
+    if n.op != Op::Binary(BinaryOp::Add) || n.inputs.len() != 2 {
+        return None;
+    }
+    let (a, b) = (n.inputs[0], n.inputs[1]);
+    let same = |x: ValueId| m.g.value(x).ty == m.g.value(mask).ty;
+    [(a, b), (b, a)]
+        .into_iter()
+        .find(|&(x, c)| same(x) && is_causal_mask(m, c, scores))
+        .map(|(x, _)| x)
+}
+
 pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     let n = m.op_where(root, |op| *op == Op::Linalg(LinalgOp::MatMul))?;
     let (p, v0) = (n.inputs[0], n.inputs[1]);
@@ -101,13 +235,34 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     if !dtype.is_float() || m.g.value(root).ty.rank() != 4 {
         return None;
     }
+    let guard = m.attempt(|m| zero_guard(m, p));
+    let p = guard.map_or(p, |(_, s)| s);
     let sn = m.op_where(p, |op| *op == Op::Norm(NormOp::Softmax { axis: 3 }))?;
     let sc = sn.inputs[0];
-    // scores = product(q @ kt) [+ mask]
-    let core = |m: &mut Matcher, s: ValueId| -> Option<(ValueId, ValueId, bool, f64)> {
-        let pr = m.product(s);
+    // scores = product(q @ kt), or its softcapped form `cap * tanh(product(q @ kt) / cap)`
+    // (`q`, `k`, K from the [B, S, H, D] view, scale, softcap (0: none))
+    let core = |m: &mut Matcher, s: ValueId| -> Option<(ValueId, ValueId, bool, f64, f64)> {
+        let mut pr = m.product(s);
         if !pr.denoms.is_empty() || pr.factors.len() != 1 {
             return None;
+        }
+        let mut softcap = 0.0;
+        if let Some(x) = m.attempt(|m| m.unary(pr.factors[0], UnaryOp::Tanh)) {
+            // cap * tanh(y / cap): the outer coefficient is the cap, the inner one 1/cap
+            // times whatever scale was folded in there.
+            softcap = pr.coef;
+            if m.use_count(x) != 1 || !(softcap > 0.0 && softcap.is_finite()) {
+                return None;
+            }
+            let inner = m.product(x);
+            if !inner.denoms.is_empty() || inner.factors.len() != 1 {
+                return None;
+            }
+            pr = Product {
+                coef: inner.coef * softcap,
+                factors: inner.factors,
+                denoms: vec![],
+            };
         }
         let mm = m.op_where(pr.factors[0], |op| *op == Op::Linalg(LinalgOp::MatMul))?;
         let (qs, kts) = (mm.inputs[0], mm.inputs[1]);
@@ -120,15 +275,18 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
         {
             return None;
         }
-        let (k, from_bshd) = k_from_kt(m, pk.factors[0])?;
-        Some((pq.factors[0], k, from_bshd, pr.coef * pq.coef * pk.coef))
+        let (k, from_bshd, kc) = k_from_kt(m, pk.factors[0])?;
+        let scale = pr.coef * pq.coef * pk.coef * kc;
+        Some((pq.factors[0], k, from_bshd, scale, softcap))
     };
     // (core match, scores value the core produced, mask)
     let mut found = None;
+    // The additive mask as spelled in the graph (before turning it into a bool mask).
+    let mut additive = None;
     if let Some((a, b)) = m.attempt(|m| m.binary(sc, BinaryOp::Add)) {
         for (s, mask) in [(a, b), (b, a)] {
             if let Some(c) = m.attempt(|m| core(m, s)) {
-                let mask = m.attempt(|m| bool_of_additive(m, mask)).unwrap_or(mask);
+                additive = Some(mask);
                 found = Some((c, s, Some(mask)));
                 break;
             }
@@ -143,10 +301,28 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     if found.is_none() {
         found = Some((m.attempt(|m| core(m, sc))?, sc, None));
     }
-    let ((q, k0, from_bshd, scale), scores, mask) = found?;
+    let ((q, k0, from_bshd, scale, softcap), scores, mut mask) = found?;
     let sshape = &m.g.value(scores).ty.shape;
     if m.g.value(sc).ty.shape != *sshape || sshape.len() != 4 {
         return None;
+    }
+    if let Some((c, _)) = guard {
+        if !guard_ok(m, c, additive) {
+            return None;
+        }
+    }
+    // A constant causal mask becomes the op's `is_causal` (no mask read at all), also
+    // when it is added to another mask.
+    let mut is_causal = false;
+    if let Some(mk) = mask {
+        if is_causal_mask(m, mk, sshape) {
+            (is_causal, mask) = (true, None);
+        } else if let Some(rest) = split_causal(m, mk, sshape) {
+            (is_causal, mask) = (true, Some(rest));
+        }
+    }
+    if additive.is_some() {
+        mask = mask.map(|mk| m.attempt(|m| bool_of_additive(m, mk)).unwrap_or(mk));
     }
     if let Some(mk) = mask {
         let t = &m.g.value(mk).ty;
@@ -186,8 +362,8 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
             q_num_heads: 0,
             kv_num_heads: 0,
             scale: Some(scale as f32),
-            is_causal: false,
-            softcap: 0.0,
+            is_causal,
+            softcap: softcap as f32,
             qk_matmul_output_mode: 0,
             softmax_precision: None,
             left_window: -1,

@@ -59,8 +59,11 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
             let r = layer_norm(x, arg(1)?, None, *axis, *epsilon as f64, DType::F32, true)?;
             Ok(r.into_iter().take(1).collect())
         }
-        NormOp::BatchNorm { epsilon } => {
-            let (n, c, inner) = channels(x)?;
+        NormOp::BatchNorm {
+            epsilon,
+            channels_last,
+        } => {
+            let (n, c, inner) = channels(x, *channels_last)?;
             let p: Vec<Vec<f64>> = (1..5)
                 .map(|i| channel_param(arg(i)?, c))
                 .collect::<Result<_, _>>()?;
@@ -79,7 +82,7 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
             Ok(vec![out(&y)?])
         }
         NormOp::InstanceNorm { epsilon } => {
-            let (_, c, _) = channels(x)?;
+            let (_, c, _) = channels(x, false)?;
             let s = channel_param(arg(1)?, c)?;
             let b = channel_param(arg(2)?, c)?;
             Ok(vec![out(&group_norm(x, c, &s, &b, *epsilon as f64)?)?])
@@ -88,7 +91,7 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
             num_groups,
             epsilon,
         } => {
-            let (_, c, _) = channels(x)?;
+            let (_, c, _) = channels(x, false)?;
             let s = channel_param(arg(1)?, c)?;
             let b = channel_param(arg(2)?, c)?;
             Ok(vec![out(&group_norm(
@@ -104,8 +107,9 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
             alpha,
             beta,
             bias,
+            channels_last,
         } => {
-            let (n, c, inner) = channels(x)?;
+            let (n, c, inner) = channels(x, *channels_last)?;
             let v = x.to_f64_vec();
             let (lo, hi) = (
                 size.saturating_sub(1) / 2,
@@ -189,15 +193,18 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
     }
 }
 
-/// `[N, C, ...]` as (N, C, spatial element count).
-fn channels(x: &Tensor) -> Result<(usize, usize, usize), String> {
+/// `[N, C, ...]` as (N, C, spatial element count), or with `channels_last` `[N, ..., C]`
+/// as (N times the spatial element count, C, 1): the element of channel `ch` at outer
+/// index `o` and inner index `i` is at `(o * C + ch) * inner + i` either way.
+fn channels(x: &Tensor, channels_last: bool) -> Result<(usize, usize, usize), String> {
     if x.rank() < 2 {
         return Err(format!(
-            "x must have rank >= 2 ([N, C, ...]), got rank {}",
+            "x must have rank >= 2 ([N, C, ...] or [N, ..., C]), got rank {}",
             x.rank()
         ));
     }
-    Ok(split_at_axis(x.shape(), 1))
+    let axis = if channels_last { x.rank() - 1 } else { 1 };
+    Ok(split_at_axis(x.shape(), axis))
 }
 
 fn channel_param(p: &Tensor, c: usize) -> Result<Vec<f64>, String> {
@@ -313,7 +320,7 @@ fn group_norm(
     bias: &[f64],
     eps: f64,
 ) -> Result<Vec<f64>, String> {
-    let (n, c, inner) = channels(x)?;
+    let (n, c, inner) = channels(x, false)?;
     if groups == 0 || c % groups != 0 {
         return Err(format!("{c} channels do not divide into {groups} groups"));
     }
@@ -429,6 +436,86 @@ mod tests {
         }
         // Channel 1: mean 12, var 8; y = 2 * (x - 12) / sqrt(8) + 1.
         assert!((y[5] - (2.0 * 4.0 / 8f64.sqrt() + 1.0)).abs() < 1e-9);
+    }
+
+    /// `[N, C, H, W]` → `[N, H, W, C]`.
+    fn to_nhwc(v: &[f64], [n, c, h, w]: [usize; 4]) -> Vec<f64> {
+        let mut out = vec![f64::NAN; v.len()];
+        for b in 0..n {
+            for ch in 0..c {
+                for s in 0..h * w {
+                    out[(b * h * w + s) * c + ch] = v[(b * c + ch) * h * w + s];
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn batch_norm_and_lrn_channels_last_match_channels_first() {
+        let dims = [2, 5, 3, 2];
+        let numel: usize = dims.iter().product();
+        let v: Vec<f64> = (0..numel)
+            .map(|i| ((i * 7) % 11) as f64 * 0.25 - 1.0)
+            .collect();
+        let x = Tensor::from_f64s(DType::F32, dims.to_vec(), &v).unwrap();
+        let xl = Tensor::from_f64s(
+            DType::F32,
+            vec![dims[0], dims[2], dims[3], dims[1]],
+            &to_nhwc(&v, dims),
+        )
+        .unwrap();
+        let p = |k: usize| {
+            let pv: Vec<f64> = (0..dims[1])
+                .map(|c| 0.5 + (c * k % 5) as f64 * 0.3)
+                .collect();
+            Tensor::from_f64s(DType::F32, vec![dims[1]], &pv).unwrap()
+        };
+        let (s, b, m, var) = (p(1), p(2), p(3), p(4));
+        let g = tilec_ir::Graph::new("t");
+        let bound = std::collections::HashMap::new();
+        let cx = EvalCtx {
+            graph: &g,
+            bound: &bound,
+        };
+        for cl in [false, true] {
+            let ops = [
+                NormOp::BatchNorm {
+                    epsilon: 1e-3,
+                    channels_last: cl,
+                },
+                NormOp::Lrn {
+                    size: 3,
+                    alpha: 0.1,
+                    beta: 0.75,
+                    bias: 2.0,
+                    channels_last: cl,
+                },
+            ];
+            for op in ops {
+                let first = op.with_channels_last(false).unwrap();
+                let args: Vec<&Tensor> = if matches!(op, NormOp::BatchNorm { .. }) {
+                    vec![&x, &s, &b, &m, &var]
+                } else {
+                    vec![&x]
+                };
+                let want = eval(&first, &args, &cx).unwrap()[0].to_f64_vec();
+                let mut largs = args.clone();
+                largs[0] = if cl { &xl } else { &x };
+                let got = eval(&op, &largs, &cx).unwrap()[0].to_f64_vec();
+                let want = if cl { to_nhwc(&want, dims) } else { want };
+                assert_eq!(got.len(), want.len());
+                for (a, b) in got.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-6, "{op:?}: {a} vs {b}");
+                }
+            }
+        }
+        // A channels-last batch norm checks its parameters against the last axis.
+        let bad = NormOp::BatchNorm {
+            epsilon: 1e-3,
+            channels_last: true,
+        };
+        assert!(eval(&bad, &[&x, &s, &b, &m, &var], &cx).is_err());
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! `choose-layout`: picks NCHW or NHWC (channels-last) for each convolution region of a
 //! graph, per [`TargetKind`].
 //!
-//! A *region* is a connected set of rank-4 nodes that contains at least one convolution or
-//! pool: the layout-sensitive ops (conv, pool, global pool, batch/instance norm, LRN) plus
-//! the layout-agnostic ops between them (elementwise, cast, concat, softmax), connected
-//! through rank-4 values. Switching a region to NHWC costs one transpose per distinct
+//! A *region* is a connected set of nodes that contains at least one convolution or pool:
+//! the layout-sensitive ops (conv, pool, global pool, batch/instance norm, LRN) plus the
+//! layout-agnostic ops between them (elementwise, cast, concat, softmax), connected through
+//! rank-4 values, and the channel splits and merges of a channel shuffle (below).
+//! Switching a region to NHWC costs one transpose per distinct
 //! non-constant value entering it and one per value leaving it (sinking removes any in
 //! between); constants (conv weights `OIHW → OHWI`, per-channel `[C,1,1]` operands) are
 //! permuted at compile time for free.
@@ -19,14 +20,23 @@
 //!   pure overhead; the layout that does pay on CPUs is a blocked one (`NCHW[x]c`,
 //!   oneDNN-style, vector-width channel blocks), which is future work.
 //!
-//! Rewrite ([`apply_plan`]): for each NHWC region, conv and pool ops get
-//! `channels_last` (weights stay OIHW), concat/softmax axes are remapped, elementwise ops
-//! read their operands channels-last (rank-4 operands through `transpose(0,2,3,1)`,
-//! lower-rank broadcast operands such as `[C,1,1]` biases through a reshape to rank 4 and
-//! the same transpose, all-ones shapes as they are), and every region value read outside
-//! gets `transpose(0,3,1,2)`. Ops that cannot run channels-last (batch/instance norm,
-//! LRN, max pool with indices) are wrapped: transposed back to NCHW around them. Constant
-//! folding and `sink-transposes` then fold the transposed constants and cancel pairs.
+//! Channel shuffles (`reshape [N,C,H,W] → [N,g,C/g,H,W]`, `transpose(0,2,1,3,4)`,
+//! `reshape → [N,C,H,W]`, as in ShuffleNet) stay inside a region: a reshape that keeps N
+//! and the two spatial dims and only splits or merges the channel dims, and a transpose
+//! that only permutes those channel dims, have exact channels-last counterparts. A region
+//! value of rank `r >= 4` is `[N, c.., H, W]`; its channels-last form is `[N, H, W, c..]`
+//! (`transpose(0, r-2, r-1, 1, .., r-3)`).
+//!
+//! Rewrite ([`apply_plan`]): for each NHWC region, conv, pool, batch norm and LRN get
+//! `channels_last` (weights stay OIHW, norm parameters stay `[C]`), concat/softmax axes are
+//! remapped, channel-split reshapes and channel transposes are rewritten on the
+//! channels-last dims, elementwise ops read their operands channels-last (rank-4 operands
+//! through `transpose(0,2,3,1)`, lower-rank broadcast operands such as `[C,1,1]` biases
+//! through a reshape to rank 4 and the same transpose, all-ones shapes as they are), and
+//! every region value read outside gets the inverse transpose. Ops that cannot run
+//! channels-last (instance norm, max pool with indices) are wrapped: transposed back to
+//! NCHW around them. Constant folding and `sink-transposes` then fold the transposed
+//! constants and cancel pairs.
 
 use crate::partition::TargetKind;
 use crate::{OptError, Pass};
@@ -129,8 +139,55 @@ fn role(op: &Op) -> Option<Role> {
         | Op::Norm(NormOp::Softmax { .. } | NormOp::LogSoftmax { .. }) => {
             Role::Agnostic { remaps_axis: true }
         }
+        Op::Layout(LayoutOp::Reshape { .. } | LayoutOp::Transpose { .. }) => {
+            Role::Agnostic { remaps_axis: true }
+        }
         _ => return None,
     })
+}
+
+/// Whether a value can live in a region: rank 4 activations `[N, C, H, W]` and their
+/// channel-split forms `[N, c.., H, W]`.
+fn region_rank(r: usize) -> bool {
+    r >= 4
+}
+
+/// The permutation taking a region value `[N, c.., H, W]` of rank `r` to its
+/// channels-last form `[N, H, W, c..]` (`[0, 2, 3, 1]` for rank 4).
+fn to_nhwc_perm(r: usize) -> Vec<usize> {
+    let mut p = vec![0, r - 2, r - 1];
+    p.extend(1..r - 2);
+    p
+}
+
+/// Whether node `n` is eligible for a region.
+fn eligible_node(g: &Graph, n: &tilec_ir::Node) -> bool {
+    let (Some(&x), Some(&y)) = (n.inputs.first(), n.outputs.first()) else {
+        return false;
+    };
+    let (xs, ys) = (&g.value(x).ty.shape, &g.value(y).ty.shape);
+    match &n.op {
+        // A channel split or merge: N and the spatial dims kept, the fixed channel dims
+        // between them regrouped (row-major, so it is a pure split of the channel index).
+        Op::Layout(LayoutOp::Reshape { .. }) => {
+            let (ri, ro) = (xs.len(), ys.len());
+            let mid = |s: &[Dim]| -> Option<usize> {
+                s[1..s.len() - 2].iter().map(|d| d.fixed()).product()
+            };
+            region_rank(ri)
+                && region_rank(ro)
+                && xs[0] == ys[0]
+                && xs[ri - 2..] == ys[ro - 2..]
+                && mid(xs).is_some()
+                && mid(xs) == mid(ys)
+        }
+        // A permutation of the channel dims only.
+        Op::Layout(LayoutOp::Transpose { perm }) => {
+            let r = perm.len();
+            region_rank(r) && perm[0] == 0 && perm[r - 2] == r - 2 && perm[r - 1] == r - 1
+        }
+        op => role(op).is_some() && xs.len() == 4 && ys.len() == 4,
+    }
 }
 
 fn find(parent: &mut [usize], mut i: usize) -> usize {
@@ -144,17 +201,10 @@ fn find(parent: &mut [usize], mut i: usize) -> usize {
 /// Computes the layout plan of `g` for `target` (the graph is not changed).
 pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
     let nn = g.nodes().len();
-    let rank4 = |v: ValueId| g.value(v).ty.rank() == 4;
-    // A node is eligible when it has a role and its first input and output are rank 4.
-    let eligible: Vec<bool> = g
-        .nodes()
-        .iter()
-        .map(|n| {
-            role(&n.op).is_some()
-                && n.outputs.first().is_some_and(|&o| rank4(o))
-                && n.inputs.first().is_some_and(|&x| rank4(x))
-        })
-        .collect();
+    let rank4 = |v: ValueId| region_rank(g.value(v).ty.rank());
+    // A node is eligible when it has a role and its first input and output are rank 4, or
+    // it is a channel split/merge/permutation.
+    let eligible: Vec<bool> = g.nodes().iter().map(|n| eligible_node(g, n)).collect();
     let mut parent: Vec<usize> = (0..nn).collect();
     for (ni, n) in g.nodes().iter().enumerate() {
         if !eligible[ni] {
@@ -259,11 +309,15 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
 }
 
 const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
-const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
 
 /// Where axis `a` of an NCHW tensor lands in NHWC.
 fn nhwc_axis(a: usize) -> usize {
     TO_NHWC.iter().position(|&p| p == a).unwrap_or(a)
+}
+
+/// The transpose of a channels-last region value of rank `r` back to `[N, c.., H, W]`.
+fn to_nchw_perm(r: usize) -> Vec<usize> {
+    super::inverse(&to_nhwc_perm(r))
 }
 
 struct Rewriter {
@@ -274,7 +328,20 @@ struct Rewriter {
 }
 
 impl Rewriter {
+    /// `transpose(x, perm)`, or a reshape when the permutation only moves size-1 axes
+    /// (e.g. `[N, C, 1, 1]` ⇄ `[N, 1, 1, C]` after a global pool): the data order is then
+    /// unchanged.
     fn transpose(g: &mut Graph, x: ValueId, perm: &[usize]) -> Result<ValueId, IrError> {
+        let shape = &g.value(x).ty.shape;
+        let big: Vec<usize> = perm
+            .iter()
+            .copied()
+            .filter(|&a| shape.get(a) != Some(&Dim::Fixed(1)))
+            .collect();
+        if perm.len() == shape.len() && big.windows(2).all(|w| w[0] < w[1]) {
+            let shape = perm.iter().map(|&a| shape[a]).collect();
+            return g.add(Op::Layout(LayoutOp::Reshape { shape }), &[x]);
+        }
         g.add(
             Op::Layout(LayoutOp::Transpose {
                 perm: perm.to_vec(),
@@ -283,12 +350,18 @@ impl Rewriter {
         )
     }
 
-    /// The channels-last form of a rank-4 value.
+    /// The channels-last form of a region value (rank >= 4).
     fn nhwc_of(&mut self, g: &mut Graph, x: ValueId) -> Result<ValueId, IrError> {
         if let Some(&v) = self.nhwc.get(&x).or_else(|| self.entries.get(&x)) {
             return Ok(v);
         }
-        let v = Self::transpose(g, x, &TO_NHWC)?;
+        let r = g.value(x).ty.rank();
+        if !region_rank(r) {
+            return Err(IrError::Graph(format!(
+                "rank-{r} value read as a channels-last region value"
+            )));
+        }
+        let v = Self::transpose(g, x, &to_nhwc_perm(r))?;
         self.entries.insert(x, v);
         Ok(v)
     }
@@ -340,6 +413,26 @@ impl Rewriter {
                 }
                 | LinalgOp::GlobalPool { .. }),
             ) => Some((Op::Linalg(l.with_channels_last(true)), first(g, self)?)),
+            Op::Norm(nm @ (NormOp::BatchNorm { .. } | NormOp::Lrn { .. })) => {
+                match nm.with_channels_last(true) {
+                    Some(cl) => Some((Op::Norm(cl), first(g, self)?)),
+                    None => None,
+                }
+            }
+            Op::Layout(LayoutOp::Reshape { .. }) => {
+                // `[N, H, W, c..]` → `[N, H, W, c'..]`: the output shape, channels last.
+                let out = &g.value(n.outputs[0]).ty.shape;
+                let shape = to_nhwc_perm(out.len()).iter().map(|&i| out[i]).collect();
+                Some((Op::Layout(LayoutOp::Reshape { shape }), first(g, self)?))
+            }
+            Op::Layout(LayoutOp::Transpose { perm }) => {
+                // y = x.permute(p) and x_l = x.permute(L): y.permute(L) = x_l.permute(q)
+                // with q[i] = L⁻¹[p[L[i]]].
+                let l = to_nhwc_perm(perm.len());
+                let linv = super::inverse(&l);
+                let perm = l.iter().map(|&li| linv[perm[li]]).collect();
+                Some((Op::Layout(LayoutOp::Transpose { perm }), first(g, self)?))
+            }
             Op::Unary(_) | Op::Cast { .. } => Some((n.op.clone(), first(g, self)?)),
             Op::Binary(_) | Op::Where => {
                 let mut ins = Vec::with_capacity(n.inputs.len());
@@ -377,7 +470,7 @@ impl Rewriter {
             Some((op, ins)) => {
                 let outs = g.add_node(&name, op, &ins)?;
                 for (&o, &v) in n.outputs.iter().zip(&outs) {
-                    if g.value(o).ty.rank() == 4 {
+                    if region_rank(g.value(o).ty.rank()) {
                         self.nhwc.insert(o, v);
                     }
                 }
@@ -387,15 +480,19 @@ impl Rewriter {
                 let mut ins = Vec::with_capacity(n.inputs.len());
                 for &x in &n.inputs {
                     ins.push(match self.nhwc.get(&x) {
-                        Some(&v) => Self::transpose(g, v, &TO_NCHW)?,
+                        Some(&v) => {
+                            let r = g.value(v).ty.rank();
+                            Self::transpose(g, v, &to_nchw_perm(r))?
+                        }
                         None => x,
                     });
                 }
                 let outs = g.add_node(&name, n.op.clone(), &ins)?;
                 for (&o, &v) in n.outputs.iter().zip(&outs) {
                     g.replace_all_uses(o, v)?;
-                    if g.value(v).ty.rank() == 4 {
-                        let t = Self::transpose(g, v, &TO_NHWC)?;
+                    let r = g.value(v).ty.rank();
+                    if region_rank(r) {
+                        let t = Self::transpose(g, v, &to_nhwc_perm(r))?;
                         self.nhwc.insert(o, t);
                     }
                 }
@@ -443,12 +540,32 @@ pub fn apply_plan(g: &mut Graph, plan: &LayoutPlan) -> Result<usize, IrError> {
         let mut outs: Vec<(ValueId, ValueId)> = rw.nhwc.iter().map(|(&o, &v)| (o, v)).collect();
         outs.sort_unstable();
         for (o, v) in outs {
-            let back = Rewriter::transpose(g, v, &TO_NCHW)?;
+            let back = Rewriter::transpose(g, v, &to_nchw_perm(g.value(v).ty.rank()))?;
             g.replace_all_uses(o, back)?;
         }
     }
     g.cleanup()?;
     Ok(todo.len())
+}
+
+/// The number of transposes whose input is not known at compile time (constant folding
+/// turns the others into permuted constants).
+fn runtime_transposes(g: &Graph) -> usize {
+    let mut known = vec![false; g.values().len()];
+    let mut count = 0;
+    for n in g.nodes() {
+        let is_known = |v: &ValueId| g.const_value(*v).is_some() || known[v.index()];
+        let all_known = n.inputs.iter().all(is_known);
+        if matches!(n.op, Op::Layout(LayoutOp::Transpose { .. })) && !all_known {
+            count += 1;
+        }
+        if all_known {
+            for &o in &n.outputs {
+                known[o.index()] = true;
+            }
+        }
+    }
+    count
 }
 
 /// The `choose-layout` pass: computes the plan, keeps it for
@@ -483,11 +600,13 @@ impl Pass for ChooseLayout {
         if plan.nhwc_regions() > 0 {
             let mut h = g.clone();
             // Keep the rewrite only when it stays within the plan's budget: one transpose
-            // in and one out per region. Ops that must stay NCHW inside a region (e.g. a
-            // batch norm after a concat) cost two more each, which the plan does not price.
-            let budget = super::count_transposes(g) + 2 * plan.nhwc_regions();
+            // in and one out per region. Ops that must stay NCHW inside a region (e.g. an
+            // instance norm) cost two more each, which the plan does not price. Transposes
+            // of constants (permuted weights and per-channel operands) fold away and are
+            // not counted.
+            let budget = runtime_transposes(g) + 2 * plan.nhwc_regions();
             if let Ok(n) = apply_plan(&mut h, &plan) {
-                if n > 0 && super::count_transposes(&h) <= budget {
+                if n > 0 && runtime_transposes(&h) <= budget {
                     *g = h;
                     changed = true;
                 }
