@@ -104,13 +104,25 @@ fn init_of(op: BinOp, d: DType) -> Expr {
     }
 }
 
-/// out[i] = reduce_op over j of x[i, j] (accumulated in a mutable scalar).
+/// out[i] = reduce_op over j of (x[i, j] + off) (accumulated in a mutable scalar); the offset
+/// makes every max operand negative and every min operand positive, so a wrong identity shows.
 fn rowred(m: i64, n: i64, op: BinOp, d: DType) -> Case {
     let mut k = Kernel::new("rowred");
     let x = k.param("x", d, vec![m, n]);
     let out = k.param("out", d, vec![m]);
     let (i, j) = (k.index_var("i"), k.index_var("j"));
     let acc = k.new_var("acc", Ty::Elem(d), true);
+    let off = match op {
+        BinOp::Max => -3000.0,
+        BinOp::Min => 3000.0,
+        _ => 0.0,
+    };
+    let off = if d.is_float() {
+        lit(off, d)
+    } else {
+        Expr::Lit(Lit::Int(off as i64, d))
+    };
+    let val = bin(BinOp::Add, ld(x, vec![v(i), v(j)]), off);
     k.body.push(for_(
         i,
         m,
@@ -124,11 +136,31 @@ fn rowred(m: i64, n: i64, op: BinOp, d: DType) -> Case {
                 n,
                 vec![Stmt::Assign {
                     var: acc,
-                    value: bin(op, v(acc), ld(x, vec![v(i), v(j)])),
+                    value: bin(op, v(acc), val),
                 }],
             ),
             Stmt::store(out, vec![v(i)], v(acc)),
         ],
+    ));
+    Case {
+        k,
+        outputs: vec![1],
+    }
+}
+
+/// out[4 * o + i] = x[o, i] + o for i < 5: neighbouring iterations of `o` overwrite one element.
+fn overlap(n: i64) -> Case {
+    let d = DType::F32;
+    let mut k = Kernel::new("overlap");
+    let x = k.param("x", d, vec![n, 5]);
+    let out = k.param("out", d, vec![4 * n + 1]);
+    let (o, i) = (k.index_var("o"), k.index_var("i"));
+    let idx = Expr::add(Expr::mul(v(o), Expr::Int(4)), v(i));
+    let val = bin(BinOp::Add, ld(x, vec![v(o), v(i)]), Expr::cast(d, v(o)));
+    k.body.push(for_(
+        o,
+        n,
+        vec![for_(i, 5, vec![Stmt::store(out, vec![idx], val)])],
     ));
     Case {
         k,
@@ -468,6 +500,8 @@ fn all_cases(rng: &mut StdRng) -> Vec<Case> {
         out.push(accum_buf(m, n));
         out.push(gemm_case(rng.gen_range(1..3), m, n, rng.gen_range(1..7)));
         out.push(colmax_i32(m, n));
+        out.push(rowred(m, n, BinOp::Min, DType::I32));
+        out.push(overlap(rng.gen_range(1..6)));
     }
     out
 }
@@ -665,6 +699,7 @@ fn each_primitive_alone_preserves_results() {
             }
         }
     }
+    eprintln!("applied alone: {applied:?}");
     for p in [
         "split",
         "reorder",
@@ -725,6 +760,7 @@ fn random_sequences_preserve_results() {
             assert_eq!(again, k, "{what}");
         }
     }
+    eprintln!("random sequences applied {total} primitives");
     assert!(total > 200, "only {total} primitives applied");
 }
 
@@ -873,6 +909,21 @@ fn illegal_applications_are_refused() {
             loop_var: "i".into(),
         },
         "buffer `y`",
+    );
+    let o = overlap(4);
+    expect_err(
+        &o,
+        Primitive::Parallel {
+            loop_var: "o".into(),
+        },
+        "buffer `out`",
+    );
+    expect_err(
+        &o,
+        Primitive::Reorder {
+            loops: vec!["i".into(), "o".into()],
+        },
+        "buffer `out`",
     );
     let a = accum_buf(3, 4);
     expect_err(
