@@ -1334,3 +1334,77 @@ fn default_cpu_schedules_apply_and_preserve_results() {
     let s = schedule::default_cpu(&colmax_i32(8, 8).k, t);
     assert!(s.steps.is_empty(), "{s}");
 }
+
+/// Extreme or malformed parameters are refused with errors, never panics.
+#[test]
+fn extreme_parameters_are_refused_or_harmless() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let weird = [i64::MIN, -1, 0, 1, i64::MAX];
+    for case in all_cases(&mut rng) {
+        let mut ps = vec![
+            Primitive::Reorder { loops: vec![] },
+            Primitive::Split {
+                loop_var: String::new(),
+                factor: 2,
+            },
+            Primitive::CacheRead {
+                buffer: String::new(),
+                at: String::new(),
+                scope: CacheScope::Local,
+            },
+        ];
+        for l in names(&case.k) {
+            for &f in &weird {
+                ps.push(Primitive::Split {
+                    loop_var: l.clone(),
+                    factor: f,
+                });
+                ps.push(Primitive::Rfactor {
+                    loop_var: l.clone(),
+                    factor: f,
+                });
+            }
+            ps.push(Primitive::ComputeAt {
+                producer: l.clone(),
+                at: l.clone(),
+            });
+            ps.push(Primitive::Fuse {
+                outer: l.clone(),
+                inner: l.clone(),
+            });
+        }
+        for &x in &weird {
+            ps.push(Primitive::GemmBlocking {
+                gemm: None,
+                mr: x,
+                nr: x,
+                kc: x,
+                mc: x,
+                nc: x,
+            });
+        }
+        for p in ps {
+            let mut k = case.k.clone();
+            match schedule::apply_primitive(&mut k, &p) {
+                Ok(()) => {
+                    let tol = if matches!(p, Primitive::Rfactor { .. }) {
+                        1e-6
+                    } else {
+                        0.0
+                    };
+                    check_same(
+                        &case,
+                        &k,
+                        tol,
+                        &mut rng,
+                        &format!("{} after `{p}`", case.k.name),
+                    );
+                }
+                Err(e) => {
+                    assert_eq!(k, case.k);
+                    assert!(!e.reason.is_empty());
+                }
+            }
+        }
+    }
+}

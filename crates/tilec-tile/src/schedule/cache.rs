@@ -76,14 +76,15 @@ fn regions(
         .collect()
 }
 
-/// Whether `base + 0..ext` stays inside `0..size` for every value of the outer variables.
-fn in_bounds(r: &DimRegion, size: i64, outer: &Ranges) -> bool {
+/// Whether `base + 0..ext` provably stays at or above 0, and below `size`, for every value of
+/// the outer variables.
+fn in_bounds(r: &DimRegion, size: i64, outer: &Ranges) -> (bool, bool) {
     if r.full {
-        return true;
+        return (true, true);
     }
     match r.base.bounds(outer) {
-        Some((lo, hi)) => lo >= 0 && hi.checked_add(r.ext).is_some_and(|e| e <= size),
-        None => false,
+        Some((lo, hi)) => (lo >= 0, hi.checked_add(r.ext).is_some_and(|e| e <= size)),
+        None => (false, false),
     }
 }
 
@@ -170,8 +171,11 @@ fn and(a: Option<Expr>, b: Expr) -> Option<Expr> {
 fn bounds_guard(dims: &[DimRegion], idx: &[Expr], shape: &[i64], outer: &Ranges) -> Option<Expr> {
     let mut cond = None;
     for ((r, e), &n) in dims.iter().zip(idx).zip(shape) {
-        if !in_bounds(r, n, outer) {
+        let (low_ok, high_ok) = in_bounds(r, n, outer);
+        if !low_ok {
             cond = and(cond, Expr::bin(BinOp::Ge, e.clone(), Expr::Int(0)));
+        }
+        if !high_ok {
             cond = and(cond, Expr::bin(BinOp::Lt, e.clone(), Expr::Int(n)));
         }
     }
@@ -481,7 +485,7 @@ fn overwrites_box(cx: &AffineCx, pr: &Prepared) -> bool {
             _ => return false,
         };
         if !pr.region.defined.contains(&var)
-            || pr.region.ranges.get(&var) != Some(&(0, r.ext - 1))
+            || pr.region.ranges.get(&var) != Some(&(0, r.ext.saturating_sub(1)))
             || !used.insert(var)
         {
             return false;
@@ -589,6 +593,18 @@ pub fn compute_at(k: &mut Kernel, producer: &str, at: &str) -> Result<(), Schedu
             })?;
         // The store index must be the chain's variables.
         let idx0 = preg.stores[0].1.clone();
+        if idx0.len() != tbuf.shape.len() {
+            return Err(err(
+                k,
+                P,
+                format!(
+                    "buffer `{}` of rank {} is stored with {} indices",
+                    tbuf.name,
+                    tbuf.shape.len(),
+                    idx0.len()
+                ),
+            ));
+        }
         if preg.stores.iter().any(|s| s.1 != idx0) {
             return Err(err(
                 k,
@@ -721,7 +737,7 @@ pub fn compute_at(k: &mut Kernel, producer: &str, at: &str) -> Result<(), Schedu
         let c = loop_ref(k, &cpos).ok_or_else(|| err(k, P, "loop vanished"))?;
         let creg = Region::of(&c.body);
         let mut outer = cpos.outer_ranges();
-        outer.insert(cv, (0, (c.extent - 1).max(0)));
+        outer.insert(cv, (0, c.extent.saturating_sub(1).max(0)));
         let mut ranges = outer.clone();
         ranges.extend(creg.ranges.iter().map(|(k, v)| (*k, *v)));
         let snapshot = k.clone();

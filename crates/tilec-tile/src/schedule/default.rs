@@ -184,8 +184,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
         .collect();
     let parallel_ok = t.threads > 1 && work(&w.body) >= PARALLEL_MIN_WORK;
     let threads = t.threads as i64;
-    for root in roots {
-        let mut vector_loops: Vec<String> = vec![];
+    for mut root in roots {
         if parallel_ok {
             let mut cur = root.clone();
             // Single-loop nest: chunks of whole vectors, the chunks in parallel.
@@ -194,7 +193,9 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 if r.loops == 0 && r.gemms == 0 && l.extent >= 2 * threads {
                     let lanes = t.lanes(loop_dtype(&w, l));
                     let mut chunk = lanes;
-                    while chunk < 4096 && (chunk * 2) * threads * 4 <= l.extent {
+                    while chunk < 4096
+                        && (chunk * 2).saturating_mul(threads).saturating_mul(4) <= l.extent
+                    {
                         chunk *= 2;
                     }
                     if chunk < l.extent && l.extent % lanes == 0 {
@@ -203,7 +204,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                         }
                     }
                     let mut trial = w.clone();
-                    if let Ok((o, i)) = super::split(&mut trial, &cur, chunk) {
+                    if let Ok((o, _)) = super::split(&mut trial, &cur, chunk) {
                         if super::parallel(&mut trial, &o).is_ok() {
                             attempt(
                                 &mut w,
@@ -213,8 +214,14 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                                     factor: chunk,
                                 },
                             );
-                            attempt(&mut w, &mut s, Primitive::Parallel { loop_var: o });
-                            vector_loops.push(i);
+                            attempt(
+                                &mut w,
+                                &mut s,
+                                Primitive::Parallel {
+                                    loop_var: o.clone(),
+                                },
+                            );
+                            root = o;
                             cur.clear();
                         }
                     }
@@ -245,7 +252,8 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                                 inner,
                             },
                         );
-                        cur = f;
+                        cur = f.clone();
+                        root = f;
                     }
                     _ => break,
                 }
@@ -262,18 +270,15 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
         }
         // Innermost loops of the nest.
         let mut inner_loops = vec![];
-        if let Some((l, _)) = loop_named(&w, &root).or_else(|| None) {
+        if let Some((l, _)) = loop_named(&w, &root) {
             collect_innermost(
                 &w,
                 std::slice::from_ref(&Stmt::For(l.clone())),
                 &mut inner_loops,
             );
-        } else {
-            // The root was split or fused: find the innermost loops under what replaced it.
-            inner_loops = vector_loops.clone();
         }
         for name in inner_loops {
-            let Some((l, pos)) = loop_named(&w, &name) else {
+            let Some((l, _)) = loop_named(&w, &name) else {
                 continue;
             };
             if l.kind != LoopKind::Serial {
@@ -304,7 +309,6 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 }
                 continue;
             }
-            let _ = pos;
             if l.extent >= 2 {
                 attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
             }

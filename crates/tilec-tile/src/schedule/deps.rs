@@ -50,7 +50,8 @@ impl Region {
             Stmt::For(l) => {
                 self.loops += 1;
                 self.defined.insert(l.var);
-                self.ranges.insert(l.var, (0, (l.extent - 1).max(0)));
+                self.ranges
+                    .insert(l.var, (0, l.extent.saturating_sub(1).max(0)));
                 for s in &l.body {
                     self.stmt(s, cond);
                 }
@@ -91,7 +92,7 @@ impl Region {
                     (g.k_var, g.k),
                 ] {
                     self.defined.insert(v);
-                    self.ranges.insert(v, (0, (n - 1).max(0)));
+                    self.ranges.insert(v, (0, n.saturating_sub(1).max(0)));
                 }
                 self.defined.insert(g.acc_var);
                 self.expr(&g.a);

@@ -66,7 +66,7 @@ pub(crate) fn split_vars(
         }
     };
     let f = factor.min(n).max(1);
-    let outer_n = (n + f - 1) / f;
+    let outer_n = n / f + i64::from(n % f != 0);
     let o = fresh_var(k, &format!("{name}_o"), Ty::Index, false);
     let i = fresh_var(k, &format!("{name}_i"), Ty::Index, false);
     let index = Expr::add(Expr::mul(Expr::Var(o), Expr::Int(f)), Expr::Var(i));
@@ -386,7 +386,7 @@ pub fn gemm_blocking(
             format!("mc must be a multiple of mr and nc of nr, got {p:?}"),
         ));
     }
-    if p.mr * p.nr > 4096 {
+    if p.mr.checked_mul(p.nr).is_none_or(|x| x > 4096) {
         return Err(err(
             k,
             P,

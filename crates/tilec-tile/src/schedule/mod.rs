@@ -303,7 +303,7 @@ impl LoopPos {
     pub fn outer_ranges(&self) -> affine::Ranges {
         self.ancestors
             .iter()
-            .map(|&(v, n, _)| (v, (0, (n - 1).max(0))))
+            .map(|&(v, n, _)| (v, (0, n.saturating_sub(1).max(0))))
             .collect()
     }
 }
