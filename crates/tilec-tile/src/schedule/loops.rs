@@ -396,11 +396,9 @@ pub fn gemm_blocking(
     fn go(stmts: &mut [Stmt], want: Option<VarId>, p: GemmParams, n: &mut usize) {
         for s in stmts {
             match s {
-                Stmt::Gemm(g) => {
-                    if want.is_none() || want == Some(g.i_var) {
-                        g.params = p;
-                        *n += 1;
-                    }
+                Stmt::Gemm(g) if want.is_none() || want == Some(g.i_var) => {
+                    g.params = p;
+                    *n += 1;
                 }
                 Stmt::For(l) => go(&mut l.body, want, p, n),
                 Stmt::If { then_, else_, .. } => {
