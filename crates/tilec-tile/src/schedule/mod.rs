@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ir::*;
 
-pub use cache::{cache_read, cache_write, compute_at};
-pub use default::{default_cpu, CpuTarget};
+pub use cache::{cache_read, cache_write, compute_at, MAX_LOCAL_BYTES, MAX_REGISTER_ELEMS};
+pub use default::{default_cpu, gemm_params, CpuTarget, PARALLEL_MIN_WORK};
 pub use loops::{fuse, gemm_blocking, parallel, reorder, split, unroll, vectorize, MAX_UNROLL};
 pub use rfactor::rfactor;
 
