@@ -9,5 +9,6 @@
 pub mod ir;
 pub mod interp;
 pub mod print;
+pub mod schedule;
 
 pub use ir::*;

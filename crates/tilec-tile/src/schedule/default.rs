@@ -1,0 +1,408 @@
+//! Default CPU schedules from simple heuristics.
+
+use tilec_ir::DType;
+
+use super::affine::AffineCx;
+use super::deps::Region;
+use super::{apply_primitive, locate, loop_ref, var_name, Primitive, Schedule};
+use crate::ir::*;
+
+/// Below this many innermost iterations a kernel is not worth spreading over threads.
+pub const PARALLEL_MIN_WORK: u128 = 1 << 16;
+
+/// What the default schedules know about the CPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuTarget {
+    /// Worker threads for parallel loops.
+    pub threads: usize,
+    /// Width of a vector register in bytes (64 for AVX-512, 32 for AVX2, 16 for SSE/NEON).
+    pub vector_bytes: usize,
+    /// L1 data cache per core, bytes.
+    pub l1_bytes: usize,
+    /// L2 cache per core, bytes.
+    pub l2_bytes: usize,
+}
+
+impl CpuTarget {
+    /// The machine this runs on: vector width from the CPU features, threads from the available
+    /// parallelism, cache sizes from sysfs where readable (32 KiB / 1 MiB otherwise).
+    pub fn host() -> CpuTarget {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let (l1, l2) = sysfs_caches();
+        CpuTarget {
+            threads,
+            vector_bytes: host_vector_bytes(),
+            l1_bytes: l1.unwrap_or(32 << 10),
+            l2_bytes: l2.unwrap_or(1 << 20),
+        }
+    }
+
+    /// Vector lanes for elements of `d`.
+    pub fn lanes(&self, d: DType) -> i64 {
+        (self.vector_bytes / d.size_bytes().max(1)).max(1) as i64
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn host_vector_bytes() -> usize {
+    if is_x86_feature_detected!("avx512f") {
+        64
+    } else if is_x86_feature_detected!("avx2") {
+        32
+    } else {
+        16
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn host_vector_bytes() -> usize {
+    16
+}
+
+fn sysfs_caches() -> (Option<usize>, Option<usize>) {
+    let (mut l1, mut l2) = (None, None);
+    for i in 0..8 {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("{dir}/{f}"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        let (Some(level), Some(ty), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
+            continue;
+        };
+        let bytes = parse_size(&size);
+        match (level.as_str(), ty.as_str()) {
+            ("1", "Data") => l1 = bytes,
+            ("2", "Unified") | ("2", "Data") => l2 = bytes,
+            _ => {}
+        }
+    }
+    (l1, l2)
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok().map(|n| n * mul)
+}
+
+/// Innermost-iteration count of statements (a gemm counts `batch * m * n * k`).
+fn work(stmts: &[Stmt]) -> u128 {
+    stmts
+        .iter()
+        .map(|s| match s {
+            Stmt::For(l) => (l.extent.max(0) as u128).saturating_mul(work(&l.body).max(1)),
+            Stmt::If { then_, else_, .. } => work(then_).max(work(else_)).max(1),
+            Stmt::Gemm(g) => [g.batch, g.m, g.n, g.k]
+                .iter()
+                .map(|&x| x.max(0) as u128)
+                .product(),
+            _ => 1,
+        })
+        .fold(0u128, |a, b| a.saturating_add(b))
+}
+
+/// Blocking for a gemm: an `mr × nr` register tile with `nr` two vectors wide, a `kc` deep
+/// B micro-panel filling half of L1, an `mc × kc` A block filling half of L2.
+pub fn gemm_params(g: &Gemm, t: &CpuTarget) -> GemmParams {
+    let elem = g.acc_dtype.size_bytes().clamp(4, 8) as i64;
+    let lanes = (t.vector_bytes as i64 / elem).max(1);
+    let nr = 2 * lanes;
+    let mr = if t.vector_bytes >= 32 { 6 } else { 4 };
+    let round_up = |x: i64, m: i64| (x.max(1) + m - 1) / m * m;
+    let kc = ((t.l1_bytes as i64 / 2 / (nr * elem)) / 8 * 8)
+        .clamp(8, 512)
+        .min(round_up(g.k, 8));
+    let mc = ((t.l2_bytes as i64 / 2 / (kc * elem)) / mr * mr)
+        .clamp(mr, 1024 / mr * mr)
+        .min(round_up(g.m, mr));
+    let nc = round_up(g.n.min(4096), nr);
+    GemmParams { mr, nr, kc, mc, nc }
+}
+
+/// The default CPU schedule of a kernel:
+/// - every gemm gets [`gemm_params`] blocking;
+/// - the outermost loop of each loop nest is made parallel when the kernel does at least
+///   [`PARALLEL_MIN_WORK`] innermost iterations, after fusing it with the loops below it (never
+///   the innermost one) while its extent is below the thread count; a nest that is a single loop
+///   is first split into chunks of whole vectors;
+/// - innermost loops with stride-1 accesses are vectorized when their iterations are
+///   independent, and reductions over such loops (long enough: at least four vectors) are
+///   rfactored into one partial accumulator per vector lane and the partial loop vectorized.
+///
+/// Every step is tried on a copy and kept only when it applies, so the result always applies to
+/// `k`.
+pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
+    let mut w = k.clone();
+    let mut s = Schedule::new();
+    let attempt = |w: &mut Kernel, s: &mut Schedule, p: Primitive| -> bool {
+        let ok = apply_primitive(w, &p).is_ok();
+        if ok {
+            s.push(p);
+        }
+        ok
+    };
+    // Gemm blocking.
+    let mut gemms = vec![];
+    for st in &w.body {
+        st.visit(&mut |st| {
+            if let Stmt::Gemm(g) = st {
+                gemms.push((var_name(k, g.i_var), gemm_params(g, t)));
+            }
+        });
+    }
+    for (name, p) in gemms {
+        attempt(
+            &mut w,
+            &mut s,
+            Primitive::GemmBlocking {
+                gemm: Some(name),
+                mr: p.mr,
+                nr: p.nr,
+                kc: p.kc,
+                mc: p.mc,
+                nc: p.nc,
+            },
+        );
+    }
+    let roots: Vec<String> = w
+        .body
+        .iter()
+        .filter_map(|st| match st {
+            Stmt::For(l) => Some(var_name(&w, l.var)),
+            _ => None,
+        })
+        .collect();
+    let parallel_ok = t.threads > 1 && work(&w.body) >= PARALLEL_MIN_WORK;
+    let threads = t.threads as i64;
+    for mut root in roots {
+        if parallel_ok {
+            let mut cur = root.clone();
+            // Single-loop nest: chunks of whole vectors, the chunks in parallel.
+            if let Some((l, _)) = loop_named(&w, &cur) {
+                let r = Region::of(&l.body);
+                if r.loops == 0 && r.gemms == 0 && l.extent >= 2 * threads {
+                    let lanes = t.lanes(loop_dtype(&w, l));
+                    let mut chunk = lanes;
+                    while chunk < 4096
+                        && (chunk * 2).saturating_mul(threads).saturating_mul(4) <= l.extent
+                    {
+                        chunk *= 2;
+                    }
+                    if chunk < l.extent && l.extent % lanes == 0 {
+                        while l.extent % chunk != 0 {
+                            chunk -= lanes;
+                        }
+                    }
+                    let mut trial = w.clone();
+                    if let Ok((o, _)) = super::split(&mut trial, &cur, chunk) {
+                        if super::parallel(&mut trial, &o).is_ok() {
+                            attempt(
+                                &mut w,
+                                &mut s,
+                                Primitive::Split {
+                                    loop_var: cur.clone(),
+                                    factor: chunk,
+                                },
+                            );
+                            attempt(
+                                &mut w,
+                                &mut s,
+                                Primitive::Parallel {
+                                    loop_var: o.clone(),
+                                },
+                            );
+                            root = o;
+                            cur.clear();
+                        }
+                    }
+                }
+            }
+            // Fuse small outer loops, then parallelize.
+            while !cur.is_empty() {
+                let Some((l, _)) = loop_named(&w, &cur) else {
+                    break;
+                };
+                if l.extent >= threads {
+                    break;
+                }
+                let inner = match l.body.as_slice() {
+                    [Stmt::For(inner)] if Region::of(&inner.body).loops > 0 => {
+                        var_name(&w, inner.var)
+                    }
+                    _ => break,
+                };
+                let mut trial = w.clone();
+                match super::fuse(&mut trial, &cur, &inner) {
+                    Ok(f) if super::parallel(&mut trial.clone(), &f).is_ok() => {
+                        attempt(
+                            &mut w,
+                            &mut s,
+                            Primitive::Fuse {
+                                outer: cur.clone(),
+                                inner,
+                            },
+                        );
+                        cur = f.clone();
+                        root = f;
+                    }
+                    _ => break,
+                }
+            }
+            if !cur.is_empty() {
+                attempt(
+                    &mut w,
+                    &mut s,
+                    Primitive::Parallel {
+                        loop_var: cur.clone(),
+                    },
+                );
+            }
+        }
+        // Innermost loops of the nest.
+        let mut inner_loops = vec![];
+        if let Some((l, _)) = loop_named(&w, &root) {
+            collect_innermost(
+                &w,
+                std::slice::from_ref(&Stmt::For(l.clone())),
+                &mut inner_loops,
+            );
+        }
+        for name in inner_loops {
+            let Some((l, _)) = loop_named(&w, &name) else {
+                continue;
+            };
+            if l.kind != LoopKind::Serial {
+                continue;
+            }
+            let l = l.clone();
+            let lanes = t.lanes(loop_dtype(&w, &l));
+            if !contiguous(&w, &l) {
+                continue;
+            }
+            let carried = !Region::of(&l.body).carried_scalars().is_empty();
+            if carried {
+                if l.extent >= 4 * lanes && lanes > 1 {
+                    let mut trial = w.clone();
+                    if let Ok((_, i)) = super::rfactor(&mut trial, &name, lanes) {
+                        if super::vectorize(&mut trial, &i).is_ok() {
+                            attempt(
+                                &mut w,
+                                &mut s,
+                                Primitive::Rfactor {
+                                    loop_var: name.clone(),
+                                    factor: lanes,
+                                },
+                            );
+                            attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: i });
+                        }
+                    }
+                }
+                continue;
+            }
+            if l.extent >= 2 {
+                attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
+            }
+        }
+    }
+    s
+}
+
+fn loop_named<'a>(k: &'a Kernel, name: &str) -> Option<(&'a Loop, super::LoopPos)> {
+    let v = k.var_named(name)?;
+    let pos = locate(&k.body, v)?;
+    Some((loop_ref(k, &pos)?, pos))
+}
+
+/// Names of the loops without loops inside, under `stmts`.
+fn collect_innermost(k: &Kernel, stmts: &[Stmt], out: &mut Vec<String>) {
+    for s in stmts {
+        match s {
+            Stmt::For(l) => {
+                let r = Region::of(&l.body);
+                if r.loops == 0 && r.gemms == 0 {
+                    out.push(var_name(k, l.var));
+                } else {
+                    collect_innermost(k, &l.body, out);
+                }
+            }
+            Stmt::If { then_, else_, .. } => {
+                collect_innermost(k, then_, out);
+                collect_innermost(k, else_, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The element type a loop mostly works on: its first store's buffer, else its accumulator's,
+/// else its first load's, else f32.
+fn loop_dtype(k: &Kernel, l: &Loop) -> DType {
+    let r = Region::of(&l.body);
+    if let Some((b, _, _)) = r.stores.first() {
+        return k.buf(*b).dtype;
+    }
+    for v in r.carried_scalars() {
+        if let Ty::Elem(d) = k.var_info(v).ty {
+            return d;
+        }
+    }
+    r.loads
+        .first()
+        .map(|(b, _)| k.buf(*b).dtype)
+        .unwrap_or(DType::F32)
+}
+
+/// Whether the loop walks memory with stride one: some access has the loop variable with
+/// coefficient one in its last dimension, and no store uses the variable with another stride.
+fn contiguous(k: &Kernel, l: &Loop) -> bool {
+    let cx = AffineCx::new(k);
+    let r = Region::of(&l.body);
+    let atom = super::affine::Atom::Var(l.var);
+    let stride = |idx: &[Expr]| -> Option<Option<i64>> {
+        // Some(Some(c)): coefficient c in the last dim and unused elsewhere; Some(None): unused.
+        let mut used_elsewhere = false;
+        for e in &idx[..idx.len().saturating_sub(1)] {
+            match cx.affine(e) {
+                Some(a) => used_elsewhere |= a.vars().contains(&l.var),
+                None => used_elsewhere |= e.uses_var(l.var),
+            }
+        }
+        let last = match idx.last() {
+            None => return Some(None),
+            Some(e) => cx.affine(e)?,
+        };
+        let c = last.terms.get(&atom).copied();
+        let inside = last
+            .terms
+            .keys()
+            .any(|a| !matches!(a, super::affine::Atom::Var(_)) && a.vars().contains(&l.var));
+        if used_elsewhere || inside {
+            return None;
+        }
+        Some(c)
+    };
+    let mut any_unit = false;
+    for (_, idx, _) in &r.stores {
+        match stride(idx) {
+            Some(None) => {}
+            Some(Some(1)) => any_unit = true,
+            _ => return false,
+        }
+    }
+    for (_, idx) in &r.loads {
+        if stride(idx) == Some(Some(1)) {
+            any_unit = true;
+        }
+    }
+    any_unit
+}

@@ -1,0 +1,320 @@
+//! rfactor: partial accumulators for a reduction loop.
+
+use tilec_ir::DType;
+
+use super::deps::Region;
+use super::loops::split_vars;
+use super::{
+    atomically, block_mut, err, find_loop, fresh_buffer, fresh_var, locate, loop_ref, var_name,
+    ScheduleError,
+};
+use crate::ir::*;
+
+/// How an accumulator is updated: `acc = op(acc, x)` (`acc_left`) or `acc = op(x, acc)`.
+#[derive(Clone, Copy, Debug)]
+struct Update {
+    acc: VarId,
+    op: BinOp,
+    acc_left: bool,
+    dtype: DType,
+}
+
+/// The identity element of a combine op, or `None` for bool accumulators.
+fn identity(op: BinOp, d: DType) -> Option<Lit> {
+    if d == DType::Bool {
+        return None;
+    }
+    if d.is_float() {
+        // e4m3 has no infinities: its largest finite magnitude is 448.
+        let big = if d == DType::F8E4M3 {
+            448.0
+        } else {
+            f64::INFINITY
+        };
+        let x = match op {
+            BinOp::Add => -0.0,
+            BinOp::Mul => 1.0,
+            BinOp::Max => -big,
+            _ => big,
+        };
+        return Some(Lit::Float(x, d));
+    }
+    let bits = d.size_bytes() as u32 * 8;
+    let signed = matches!(d, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+    Some(if signed {
+        let (min, max) = if bits == 64 {
+            (i64::MIN, i64::MAX)
+        } else {
+            (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1)
+        };
+        Lit::Int(
+            match op {
+                BinOp::Add => 0,
+                BinOp::Mul => 1,
+                BinOp::Max => min,
+                _ => max,
+            },
+            d,
+        )
+    } else {
+        let max = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        Lit::UInt(
+            match op {
+                BinOp::Add => 0,
+                BinOp::Mul => 1,
+                BinOp::Max => 0,
+                _ => max,
+            },
+            d,
+        )
+    })
+}
+
+fn count_var_reads(stmts: &[Stmt], v: VarId) -> usize {
+    let mut n = 0;
+    let mut e = |x: &Expr| {
+        x.visit(&mut |x| {
+            if *x == Expr::Var(v) {
+                n += 1
+            }
+        })
+    };
+    for s in stmts {
+        s.visit(&mut |s| match s {
+            Stmt::Store { index, value, .. } => {
+                index.iter().for_each(&mut e);
+                e(value);
+            }
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => e(value),
+            Stmt::If { cond, .. } => e(cond),
+            Stmt::Gemm(g) => {
+                e(&g.a);
+                e(&g.b);
+            }
+            _ => {}
+        });
+    }
+    n
+}
+
+/// Collects the assignments to `acc` in `stmts`.
+fn assigns(stmts: &[Stmt], acc: VarId, out: &mut Vec<Expr>) {
+    for s in stmts {
+        s.visit(&mut |s| {
+            if let Stmt::Assign { var, value } = s {
+                if *var == acc {
+                    out.push(value.clone());
+                }
+            }
+        });
+    }
+}
+
+/// Replaces `acc = op(acc, x)` by `rf[i] = op(rf[i], x)`.
+fn rewrite(stmts: &mut [Stmt], u: &Update, rf: BufId, i: VarId) {
+    for s in stmts {
+        match s {
+            Stmt::Assign { var, value } if *var == u.acc => {
+                let x = match std::mem::replace(value, Expr::Int(0)) {
+                    Expr::Binary(_, a, b) => {
+                        if u.acc_left {
+                            *b
+                        } else {
+                            *a
+                        }
+                    }
+                    other => other,
+                };
+                let cur = Expr::load(rf, vec![Expr::Var(i)]);
+                let v = if u.acc_left {
+                    Expr::bin(u.op, cur, x)
+                } else {
+                    Expr::bin(u.op, x, cur)
+                };
+                *s = Stmt::store(rf, vec![Expr::Var(i)], v);
+            }
+            Stmt::For(l) => rewrite(&mut l.body, u, rf, i),
+            Stmt::If { then_, else_, .. } => {
+                rewrite(then_, u, rf, i);
+                rewrite(else_, u, rf, i);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Splits reduction loop `name` by `factor` (see [`split`](super::split): `name_o` around
+/// `name_i`) and gives each scalar accumulator updated in it `factor` partial accumulators in a
+/// local buffer `<acc>_rf`: initialized to the identity of the update, updated as
+/// `<acc>_rf[name_i] = op(<acc>_rf[name_i], x)`, and combined into the accumulator after the
+/// loop. `name_i` then has independent iterations (it can be vectorized).
+///
+/// Every accumulator (a mutable scalar declared outside the loop and assigned inside it) must be
+/// updated only as `acc = op(acc, x)` or `acc = op(x, acc)` with `op` one of add, mul, max, min
+/// and `x` not reading any accumulator, and must not be read otherwise inside the loop. The
+/// result differs from the serial loop only by reassociation of `op` (exact for integers,
+/// max and min). Returns the names of the new outer and inner loops.
+pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, String), ScheduleError> {
+    const P: &str = "rfactor";
+    atomically(k, |k| {
+        let (_, pos) = find_loop(k, P, name)?;
+        if factor < 1 {
+            return Err(err(
+                k,
+                P,
+                format!("factor {factor} of loop `{name}` must be at least 1"),
+            ));
+        }
+        let l = loop_ref(k, &pos)
+            .ok_or_else(|| err(k, P, "loop vanished"))?
+            .clone();
+        if l.kind != LoopKind::Serial {
+            return Err(err(
+                k,
+                P,
+                format!("loop `{name}` is {:?}, not serial", l.kind),
+            ));
+        }
+        let region = Region::of(&l.body);
+        if region.gemms > 0 {
+            return Err(err(k, P, format!("loop `{name}` contains a gemm")));
+        }
+        let accs = region.carried_scalars();
+        if accs.is_empty() {
+            return Err(err(
+                k,
+                P,
+                format!("loop `{name}` updates no accumulator declared outside it"),
+            ));
+        }
+        let mut updates = vec![];
+        for &acc in &accs {
+            let an = var_name(k, acc);
+            let dtype = match k.var_info(acc).ty {
+                Ty::Elem(d) if d != DType::Bool => d,
+                _ => {
+                    return Err(err(
+                        k,
+                        P,
+                        format!("accumulator `{an}` is not a numeric element"),
+                    ))
+                }
+            };
+            let mut vals = vec![];
+            assigns(&l.body, acc, &mut vals);
+            let mut update: Option<Update> = None;
+            for v in &vals {
+                let (op, a, b) = match v {
+                    Expr::Binary(op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min), a, b) => (*op, a, b),
+                    _ => {
+                        return Err(err(k, P, format!("accumulator `{an}` is not updated as `{an} = op({an}, x)` with op add, mul, max or min")))
+                    }
+                };
+                let acc_left = match (&**a, &**b) {
+                    (Expr::Var(x), _) if *x == acc => true,
+                    (_, Expr::Var(x)) if *x == acc => false,
+                    _ => {
+                        return Err(err(
+                            k,
+                            P,
+                            format!("an update of `{an}` does not combine `{an}` with a value"),
+                        ))
+                    }
+                };
+                let x = if acc_left { b } else { a };
+                if let Some(o) = accs.iter().find(|o| x.uses_var(**o)) {
+                    return Err(err(
+                        k,
+                        P,
+                        format!(
+                            "the update of `{an}` reads accumulator `{}`",
+                            var_name(k, *o)
+                        ),
+                    ));
+                }
+                match update {
+                    None => {
+                        update = Some(Update {
+                            acc,
+                            op,
+                            acc_left,
+                            dtype,
+                        })
+                    }
+                    Some(u) if u.op == op => {}
+                    Some(u) => {
+                        return Err(err(
+                            k,
+                            P,
+                            format!(
+                                "accumulator `{an}` is updated with both {:?} and {op:?}",
+                                u.op
+                            ),
+                        ))
+                    }
+                }
+            }
+            let Some(u) = update else {
+                return Err(err(k, P, format!("accumulator `{an}` is not updated")));
+            };
+            if count_var_reads(&l.body, acc) != vals.len() {
+                return Err(err(
+                    k,
+                    P,
+                    format!("accumulator `{an}` is read inside loop `{name}` outside its updates"),
+                ));
+            }
+            updates.push(u);
+        }
+        let (o, i) = split_vars(k, name, factor)?;
+        let opos = locate(&k.body, o).ok_or_else(|| err(k, P, "loop vanished"))?;
+        let f = loop_ref(k, &opos)
+            .and_then(|l| match l.body.first() {
+                Some(Stmt::For(inner)) => Some(inner.extent),
+                _ => None,
+            })
+            .ok_or_else(|| err(k, P, "split produced an unexpected nest"))?;
+        let init_v = fresh_var(k, &format!("{name}_init"), Ty::Index, false);
+        let comb_v = fresh_var(k, &format!("{name}_comb"), Ty::Index, false);
+        let mut allocs = vec![];
+        let mut init = vec![];
+        let mut comb = vec![];
+        let mut rfs = vec![];
+        for u in &updates {
+            let an = var_name(k, u.acc);
+            let id = identity(u.op, u.dtype)
+                .ok_or_else(|| err(k, P, format!("no identity for `{an}`")))?;
+            let rf = fresh_buffer(k, &format!("{an}_rf"), u.dtype, vec![f], Scope::Local);
+            allocs.push(Stmt::Alloc(rf));
+            init.push(Stmt::store(rf, vec![Expr::Var(init_v)], Expr::Lit(id)));
+            let part = Expr::load(rf, vec![Expr::Var(comb_v)]);
+            let value = if u.acc_left {
+                Expr::bin(u.op, Expr::Var(u.acc), part)
+            } else {
+                Expr::bin(u.op, part, Expr::Var(u.acc))
+            };
+            comb.push(Stmt::Assign { var: u.acc, value });
+            rfs.push(rf);
+        }
+        let kname = k.name.clone();
+        let block = block_mut(&mut k.body, &opos.block).ok_or_else(|| ScheduleError {
+            kernel: kname,
+            primitive: P.into(),
+            reason: "loop vanished".into(),
+        })?;
+        if let Some(Stmt::For(lo)) = block.get_mut(opos.idx) {
+            for (u, rf) in updates.iter().zip(&rfs) {
+                rewrite(&mut lo.body, u, *rf, i);
+            }
+        }
+        let at = opos.idx;
+        block.insert(at + 1, Stmt::for_(comb_v, f, comb));
+        allocs.push(Stmt::for_(init_v, f, init));
+        block.splice(at..at, allocs);
+        Ok((var_name(k, o), var_name(k, i)))
+    })
+}
