@@ -926,7 +926,12 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
         match kind {
             PoolKind::Max { .. } if want_idx => {
                 let bi = Expr::Var(vars[1]);
-                let better = bin(BinOp::And, inside.clone(), bin(BinOp::Or, bin(BinOp::Lt, bi.clone(), lit_i(0, DType::I64)), bin(BinOp::Gt, v.clone(), a0.clone())));
+                // A select, not `and`: the load must not be evaluated outside the input.
+                let better = Expr::select(
+                    inside.clone(),
+                    bin(BinOp::Or, bin(BinOp::Lt, bi.clone(), lit_i(0, DType::I64)), bin(BinOp::Gt, v.clone(), a0.clone())),
+                    Expr::Lit(Lit::Bool(false)),
+                );
                 let t = l.elem_var("t", DType::Bool, false);
                 inner.push(Stmt::Let { var: t, value: better });
                 // Flat spatial index of the tap (row-major, or column-major spatial part).
