@@ -8,6 +8,7 @@
 
 pub mod ir;
 pub mod interp;
+pub mod lower;
 pub mod print;
 pub mod schedule;
 

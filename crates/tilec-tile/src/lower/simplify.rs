@@ -1,0 +1,398 @@
+//! Simplification of index expressions.
+//!
+//! Index expressions are normalized to affine sums `c + sum k_i * atom_i` over atoms (loop
+//! variables, divisions, remainders, selects, ...), using the extents of loop variables to
+//! prove ranges: `(x * 12 + y) / 12 = x` when `0 <= y < 12`, `(x * 12 + y) % 12 = y`,
+//! `(z / 4) * 4 + z % 4 = z`. After a reshape round trip (ravel then unravel) this brings an
+//! index back to the loop variables it came from, which is how the lowering recognizes that
+//! an epilogue reads the element its anchor just produced. The normal form is deterministic,
+//! so two equal indices compare equal structurally.
+//!
+//! Division and remainder by a positive constant follow floor semantics. `Div`/`Rem` (C
+//! semantics) are emitted only when the dividend is provably non-negative, where both agree;
+//! otherwise `FloorDiv`/`FloorMod`.
+
+use std::collections::HashMap;
+
+use crate::ir::{BinOp, Expr, VarId};
+
+/// Extents of loop variables (a variable `v` ranges over `0..ranges[v]`).
+pub type Ranges = HashMap<VarId, i64>;
+
+#[derive(Clone, Debug)]
+struct Lin {
+    terms: Vec<(Expr, i64)>,
+    c: i64,
+}
+
+impl Lin {
+    fn constant(c: i64) -> Lin {
+        Lin { terms: vec![], c }
+    }
+    fn atom(e: Expr) -> Lin {
+        Lin { terms: vec![(e, 1)], c: 0 }
+    }
+    fn add_term(&mut self, e: Expr, k: i64) {
+        if k == 0 {
+            return;
+        }
+        if let Some(t) = self.terms.iter_mut().find(|t| t.0 == e) {
+            t.1 += k;
+        } else {
+            self.terms.push((e, k));
+        }
+        self.terms.retain(|t| t.1 != 0);
+    }
+    fn add(mut self, o: Lin, sign: i64) -> Lin {
+        self.c += sign * o.c;
+        for (e, k) in o.terms {
+            self.add_term(e, sign * k);
+        }
+        self
+    }
+    fn scale(mut self, k: i64) -> Lin {
+        if k == 0 {
+            return Lin::constant(0);
+        }
+        self.c *= k;
+        for t in &mut self.terms {
+            t.1 *= k;
+        }
+        self
+    }
+    fn as_const(&self) -> Option<i64> {
+        self.terms.is_empty().then_some(self.c)
+    }
+}
+
+fn atom_range(e: &Expr, r: &Ranges) -> Option<(i64, i64)> {
+    match e {
+        Expr::Int(c) => Some((*c, *c)),
+        Expr::Var(v) => r.get(v).map(|&n| (0, (n - 1).max(0))),
+        Expr::Binary(op @ (BinOp::Div | BinOp::FloorDiv), x, d) => {
+            let Expr::Int(d) = **d else { return None };
+            if d <= 0 {
+                return None;
+            }
+            let (lo, hi) = expr_range(x, r)?;
+            if *op == BinOp::Div && lo < 0 {
+                return None;
+            }
+            Some((lo.div_euclid(d), hi.div_euclid(d)))
+        }
+        Expr::Binary(BinOp::Rem | BinOp::FloorMod, x, d) => {
+            let Expr::Int(d) = **d else { return None };
+            if d <= 0 {
+                return None;
+            }
+            match expr_range(x, r) {
+                Some((lo, hi)) if lo >= 0 && hi < d => Some((lo, hi)),
+                Some((lo, _)) if lo >= 0 => Some((0, d - 1)),
+                _ => {
+                    if matches!(e, Expr::Binary(BinOp::FloorMod, ..)) {
+                        Some((0, d - 1))
+                    } else {
+                        None
+                    }
+                }
+            }
+        }
+        Expr::Binary(BinOp::Min, a, b) => {
+            let (a, b) = (expr_range(a, r)?, expr_range(b, r)?);
+            Some((a.0.min(b.0), a.1.min(b.1)))
+        }
+        Expr::Binary(BinOp::Max, a, b) => {
+            let (a, b) = (expr_range(a, r)?, expr_range(b, r)?);
+            Some((a.0.max(b.0), a.1.max(b.1)))
+        }
+        Expr::Select(_, a, b) => {
+            let (a, b) = (expr_range(a, r)?, expr_range(b, r)?);
+            Some((a.0.min(b.0), a.1.max(b.1)))
+        }
+        _ => None,
+    }
+}
+
+fn lin_range(l: &Lin, r: &Ranges) -> Option<(i64, i64)> {
+    let (mut lo, mut hi) = (l.c, l.c);
+    for (e, k) in &l.terms {
+        let (a, b) = atom_range(e, r)?;
+        let (x, y) = (a.checked_mul(*k)?, b.checked_mul(*k)?);
+        lo = lo.checked_add(x.min(y))?;
+        hi = hi.checked_add(x.max(y))?;
+    }
+    Some((lo, hi))
+}
+
+/// The range `[lo, hi]` of an index expression, when the variables' extents prove one.
+pub fn expr_range(e: &Expr, r: &Ranges) -> Option<(i64, i64)> {
+    lin_range(&to_lin(e.clone(), r), r)
+}
+
+fn is_nonneg(l: &Lin, r: &Ranges) -> bool {
+    matches!(lin_range(l, r), Some((lo, _)) if lo >= 0)
+}
+
+fn div_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
+    if d == 1 {
+        return l;
+    }
+    let mut q = Lin::constant(l.c.div_euclid(d));
+    let mut rest = Lin::constant(l.c.rem_euclid(d));
+    for (e, k) in l.terms {
+        if k % d == 0 {
+            q.add_term(e, k / d);
+        } else {
+            rest.add_term(e, k);
+        }
+    }
+    if let Some((lo, hi)) = lin_range(&rest, r) {
+        if lo.div_euclid(d) == hi.div_euclid(d) {
+            q.c += lo.div_euclid(d);
+            return q;
+        }
+    }
+    // (y / a) / d = y / (a * d) for positive a, d (floor division).
+    if rest.c == 0 && rest.terms.len() == 1 && rest.terms[0].1 == 1 {
+        if let Expr::Binary(op @ (BinOp::Div | BinOp::FloorDiv), y, a) = &rest.terms[0].0 {
+            if let Expr::Int(a) = **a {
+                if a > 0 {
+                    let inner = to_lin((**y).clone(), r);
+                    let _ = op;
+                    return q.add(div_lin(inner, a * d, r), 1);
+                }
+            }
+        }
+    }
+    let op = if is_nonneg(&rest, r) { BinOp::Div } else { BinOp::FloorDiv };
+    q.add_term(Expr::bin(op, from_lin(rest), Expr::Int(d)), 1);
+    q
+}
+
+fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
+    if d == 1 {
+        return Lin::constant(0);
+    }
+    let mut rest = Lin::constant(l.c.rem_euclid(d));
+    for (e, k) in l.terms {
+        let k = k.rem_euclid(d);
+        if k != 0 {
+            rest.add_term(e, k);
+        }
+    }
+    if let Some((lo, hi)) = lin_range(&rest, r) {
+        if lo >= 0 && hi < d {
+            return rest;
+        }
+        if lo.div_euclid(d) == hi.div_euclid(d) {
+            rest.c -= lo.div_euclid(d) * d;
+            return rest;
+        }
+    }
+    // (y % a) % d = y % d when d divides a.
+    if rest.c == 0 && rest.terms.len() == 1 && rest.terms[0].1 == 1 {
+        if let Expr::Binary(BinOp::Rem | BinOp::FloorMod, y, a) = &rest.terms[0].0 {
+            if let Expr::Int(a) = **a {
+                if a > 0 && a % d == 0 {
+                    return rem_lin(to_lin((**y).clone(), r), d, r);
+                }
+            }
+        }
+    }
+    let op = if is_nonneg(&rest, r) { BinOp::Rem } else { BinOp::FloorMod };
+    Lin::atom(Expr::bin(op, from_lin(rest), Expr::Int(d)))
+}
+
+/// `(y / a) * (k * a) + (y % a) * k` → `y * k`, repeatedly.
+fn recombine(mut l: Lin, r: &Ranges) -> Lin {
+    loop {
+        let mut hit = None;
+        'outer: for (i, (e1, k1)) in l.terms.iter().enumerate() {
+            let Expr::Binary(dop @ (BinOp::Div | BinOp::FloorDiv), y1, a1) = e1 else { continue };
+            let Expr::Int(a) = **a1 else { continue };
+            for (j, (e2, k2)) in l.terms.iter().enumerate() {
+                let Expr::Binary(mop @ (BinOp::Rem | BinOp::FloorMod), y2, a2) = e2 else { continue };
+                let pair_ok = matches!((dop, mop), (BinOp::Div, BinOp::Rem) | (BinOp::FloorDiv, BinOp::FloorMod));
+                if pair_ok && **a2 == Expr::Int(a) && y1 == y2 && *k1 == k2 * a {
+                    hit = Some((i, j, (**y1).clone(), *k2));
+                    break 'outer;
+                }
+            }
+        }
+        let Some((i, j, y, k)) = hit else { return l };
+        let (hi, lo) = if i > j { (i, j) } else { (j, i) };
+        l.terms.remove(hi);
+        l.terms.remove(lo);
+        l = l.add(to_lin(y, r).scale(k), 1);
+    }
+}
+
+fn to_lin(e: Expr, r: &Ranges) -> Lin {
+    match e {
+        Expr::Int(c) => Lin::constant(c),
+        Expr::Binary(BinOp::Add, a, b) => recombine(to_lin(*a, r).add(to_lin(*b, r), 1), r),
+        Expr::Binary(BinOp::Sub, a, b) => recombine(to_lin(*a, r).add(to_lin(*b, r), -1), r),
+        Expr::Binary(BinOp::Mul, a, b) => {
+            let (la, lb) = (to_lin(*a, r), to_lin(*b, r));
+            match (la.as_const(), lb.as_const()) {
+                (Some(x), _) => lb.scale(x),
+                (_, Some(y)) => la.scale(y),
+                _ => Lin::atom(Expr::bin(BinOp::Mul, from_lin(la), from_lin(lb))),
+            }
+        }
+        Expr::Binary(op @ (BinOp::Div | BinOp::FloorDiv | BinOp::Rem | BinOp::FloorMod), a, b)
+            if matches!(*b, Expr::Int(d) if d > 0) =>
+        {
+            let Expr::Int(d) = *b else { unreachable!() };
+            let la = to_lin(*a, r);
+            if let Some(c) = la.as_const() {
+                let v = match op {
+                    BinOp::Div | BinOp::FloorDiv => c.div_euclid(d),
+                    _ => c.rem_euclid(d),
+                };
+                // Truncating forms of a negative constant differ; keep floor semantics only
+                // where they were asked for or agree.
+                if c >= 0 || matches!(op, BinOp::FloorDiv | BinOp::FloorMod) {
+                    return Lin::constant(v);
+                }
+                return Lin::atom(Expr::bin(op, Expr::Int(c), Expr::Int(d)));
+            }
+            let trunc = matches!(op, BinOp::Div | BinOp::Rem);
+            if trunc && !is_nonneg(&la, r) {
+                // C semantics on a possibly negative dividend: leave as is.
+                return Lin::atom(Expr::bin(op, from_lin(la), Expr::Int(d)));
+            }
+            match op {
+                BinOp::Div | BinOp::FloorDiv => div_lin(la, d, r),
+                _ => rem_lin(la, d, r),
+            }
+        }
+        other => Lin::atom(simplify_children(other, r)),
+    }
+}
+
+fn simplify_children(e: Expr, r: &Ranges) -> Expr {
+    match e {
+        Expr::Load(b, idx) => Expr::Load(b, idx.into_iter().map(|x| simplify(x, r)).collect()),
+        Expr::Unary(op, a) => Expr::Unary(op, Box::new(simplify_any(*a, r))),
+        Expr::Cast(d, a) => Expr::Cast(d, Box::new(simplify_any(*a, r))),
+        Expr::ToIndex(a) => Expr::ToIndex(Box::new(simplify_any(*a, r))),
+        Expr::Binary(op, a, b) => Expr::Binary(op, Box::new(simplify_any(*a, r)), Box::new(simplify_any(*b, r))),
+        Expr::Select(c, a, b) => Expr::Select(
+            Box::new(simplify_any(*c, r)),
+            Box::new(simplify_any(*a, r)),
+            Box::new(simplify_any(*b, r)),
+        ),
+        e => e,
+    }
+}
+
+/// Simplifies index sub-expressions inside any expression (element-typed parts are kept).
+fn simplify_any(e: Expr, r: &Ranges) -> Expr {
+    if is_index_shaped(&e) {
+        simplify(e, r)
+    } else {
+        simplify_children(e, r)
+    }
+}
+
+/// Whether an expression is built only from index arithmetic at its root.
+fn is_index_shaped(e: &Expr) -> bool {
+    match e {
+        Expr::Int(_) | Expr::Var(_) | Expr::ToIndex(_) => true,
+        Expr::Binary(op, a, b) => {
+            matches!(
+                op,
+                BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem | BinOp::FloorDiv | BinOp::FloorMod
+            ) && is_index_shaped(a)
+                && is_index_shaped(b)
+        }
+        _ => false,
+    }
+}
+
+fn term_key(e: &Expr) -> (u8, u32, String) {
+    match e {
+        Expr::Var(v) => (0, v.0, String::new()),
+        e => (1, 0, format!("{e:?}")),
+    }
+}
+
+fn from_lin(mut l: Lin) -> Expr {
+    l.terms.sort_by_key(|a| term_key(&a.0));
+    let mut out: Option<Expr> = None;
+    for (e, k) in l.terms {
+        let (neg, mag) = if k < 0 { (true, -k) } else { (false, k) };
+        let t = if mag == 1 { e } else { Expr::bin(BinOp::Mul, e, Expr::Int(mag)) };
+        out = Some(match (out, neg) {
+            (None, false) => t,
+            (None, true) => Expr::bin(BinOp::Sub, Expr::Int(0), t),
+            (Some(o), false) => Expr::bin(BinOp::Add, o, t),
+            (Some(o), true) => Expr::bin(BinOp::Sub, o, t),
+        });
+    }
+    match out {
+        None => Expr::Int(l.c),
+        Some(o) if l.c == 0 => o,
+        Some(o) if l.c > 0 => Expr::bin(BinOp::Add, o, Expr::Int(l.c)),
+        Some(o) => Expr::bin(BinOp::Sub, o, Expr::Int(-l.c)),
+    }
+}
+
+/// Simplifies an index expression to its normal form.
+pub fn simplify(e: Expr, r: &Ranges) -> Expr {
+    from_lin(to_lin(e, r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(i: u32) -> Expr {
+        Expr::Var(VarId(i))
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Add, a, b)
+    }
+    fn mul(a: Expr, k: i64) -> Expr {
+        Expr::bin(BinOp::Mul, a, Expr::Int(k))
+    }
+    fn div(a: Expr, k: i64) -> Expr {
+        Expr::bin(BinOp::Div, a, Expr::Int(k))
+    }
+    fn rem(a: Expr, k: i64) -> Expr {
+        Expr::bin(BinOp::Rem, a, Expr::Int(k))
+    }
+
+    #[test]
+    fn reshape_round_trip_returns_the_variables() {
+        let r: Ranges = [(VarId(0), 2), (VarId(1), 3), (VarId(2), 4)].into_iter().collect();
+        // flat = v0*12 + v1*4 + v2; unravel into [6, 4] then ravel into [2, 3, 4] again.
+        let flat = add(add(mul(v(0), 12), mul(v(1), 4)), v(2));
+        let a = div(flat.clone(), 4);
+        let b = rem(flat, 4);
+        let flat2 = add(mul(a, 4), b);
+        assert_eq!(simplify(div(flat2.clone(), 12), &r), v(0));
+        assert_eq!(simplify(rem(div(flat2.clone(), 4), 3), &r), v(1));
+        assert_eq!(simplify(rem(flat2, 4), &r), v(2));
+    }
+
+    #[test]
+    fn recombines_div_and_rem() {
+        let r: Ranges = [(VarId(0), 100)].into_iter().collect();
+        let e = add(mul(div(v(0), 8), 8), rem(v(0), 8));
+        assert_eq!(simplify(e, &r), v(0));
+        // Not provable without a range: a negative offset keeps floor forms.
+        let e = div(add(v(0), Expr::Int(-3)), 2);
+        let s = simplify(e, &r);
+        assert!(matches!(s, Expr::Binary(BinOp::FloorDiv, ..)), "{s:?}");
+    }
+
+    #[test]
+    fn normal_form_is_order_independent() {
+        let r = Ranges::new();
+        let a = add(add(v(1), mul(v(0), 3)), Expr::Int(2));
+        let b = add(Expr::Int(2), add(mul(v(0), 3), v(1)));
+        assert_eq!(simplify(a, &r), simplify(b, &r));
+    }
+}
