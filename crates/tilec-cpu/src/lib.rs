@@ -1,6 +1,22 @@
-//! The CPU back end: scheduled tile-IR kernels rendered to C, compiled by the system C compiler
-//! into a shared object, cached on disk and loaded.
+//! The CPU back end: renders tile-IR kernels to C (with a BLIS-style GEMM template for
+//! `Stmt::Gemm`), compiles them with the system C compiler and OpenMP into a cached shared
+//! library, and loads it.
 //!
-//! Calling convention of every generated kernel:
-//! `void NAME(void *const *args)`, where `args[i]` points at the first element of the kernel's
-//! `i`-th parameter buffer (`Kernel::params` order), row-major and contiguous.
+//! ```text
+//! render_c(&kernel)              -> C source of one kernel
+//! Compiler::new(opts).compile(&kernels) -> Module
+//! module.get("name")             -> KernelFn = unsafe extern "C" fn(*const *mut c_void)
+//! ```
+
+pub mod compiler;
+pub mod cpuinfo;
+pub mod gemm;
+pub mod render;
+
+pub use compiler::{
+    default_cache_dir, default_flags, tensor_ptr, CompileError, CompileOptions, CompileStats,
+    Compiler, KernelFn, Module,
+};
+pub use cpuinfo::CpuInfo;
+pub use gemm::gemm_params;
+pub use render::{c_symbol, render_c, render_c_with, render_function, RenderError, RenderOptions};

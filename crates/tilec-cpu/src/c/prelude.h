@@ -1,0 +1,287 @@
+/* Runtime helpers shared by every generated kernel. */
+#include <stdint.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define TC_INLINE static inline __attribute__((always_inline))
+#define TC_RESTRICT __restrict__
+
+/* Thread count used by every parallel region (0: the OpenMP default). One copy per library. */
+__attribute__((weak, visibility("hidden"))) int tc_nthreads = 0;
+
+__attribute__((weak)) void tilec_set_threads(int n) {
+    tc_nthreads = n > 0 ? n : 0;
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#endif
+}
+
+TC_INLINE int tc_threads(void) {
+#ifdef _OPENMP
+    return tc_nthreads > 0 ? tc_nthreads : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+TC_INLINE void *tc_alloc(size_t bytes) {
+    size_t n = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (!p) abort();
+    return p;
+}
+
+/* ---- bit casts ---- */
+TC_INLINE uint32_t tc_fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+TC_INLINE float tc_bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- f16 (IEEE binary16), round to nearest even ---- */
+TC_INLINE uint16_t tc_f2h(float f) {
+    uint32_t x = tc_fbits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7fffffffu;
+    uint32_t r;
+    if (a > 0x7f800000u) {
+        r = 0x7e00u | ((a >> 13) & 0x3ffu);            /* NaN, quiet */
+    } else if (a >= 0x47800000u) {
+        r = 0x7c00u;                                    /* >= 65536: infinity */
+    } else if (a < 0x38800000u) {
+        /* Subnormal or zero: adding 0.5 puts the f16 quantum (2^-24) at the float's last bit. */
+        float t = tc_bitsf(a) + 0.5f;
+        r = tc_fbits(t) - 0x3f000000u;
+    } else {
+        uint32_t odd = (a >> 13) & 1u;
+        r = (a + 0xc8000fffu + odd) >> 13;              /* rebias exponent by -112, round */
+    }
+    return (uint16_t)(sign | r);
+}
+TC_INLINE float tc_h2f(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    uint32_t bits;
+    if (em >= 0x7c00u) bits = 0x7f800000u | ((em & 0x3ffu) << 13);
+    else if (em >= 0x0400u) bits = (em << 13) + 0x38000000u;
+    else bits = tc_fbits((float)em * 5.9604644775390625e-8f);
+    return tc_bitsf(sign | bits);
+}
+TC_INLINE float tc_rnd_f16(float f) { return tc_h2f(tc_f2h(f)); }
+
+/* ---- bf16 ---- */
+TC_INLINE uint16_t tc_f2bf(float f) {
+    uint32_t x = tc_fbits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+TC_INLINE float tc_bf2f(uint16_t h) { return tc_bitsf((uint32_t)h << 16); }
+TC_INLINE float tc_rnd_bf16(float f) { return tc_bf2f(tc_f2bf(f)); }
+
+/* ---- fp8 e4m3fn (no infinities; out of range saturates to +-448) ---- */
+TC_INLINE uint8_t tc_f2e4m3(float f) {
+    uint32_t x = tc_fbits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t a = x & 0x7fffffffu;
+    uint32_t r;
+    if (a > 0x7f800000u) r = 0x7fu;
+    else if (a >= 0x43e00000u) r = 0x7eu;               /* >= 448 (and inf): saturate */
+    else if (a < 0x3c800000u) {                         /* below 2^-6: subnormal */
+        float t = tc_bitsf(a) + 16384.0f;
+        r = tc_fbits(t) - 0x46800000u;
+    } else {
+        uint32_t odd = (a >> 20) & 1u;
+        r = ((a + 0x7ffffu + odd) >> 20) - (120u << 3);
+        if (r > 0x7eu) r = 0x7eu;
+    }
+    return (uint8_t)(sign | r);
+}
+TC_INLINE float tc_e4m32f(uint8_t b) {
+    uint32_t sign = ((uint32_t)b & 0x80u) << 24;
+    uint32_t em = b & 0x7fu;
+    uint32_t bits;
+    if (em == 0x7fu) bits = 0x7fc00000u;
+    else if (em >= 0x08u) bits = (em << 20) + (120u << 23);
+    else bits = tc_fbits((float)em * 0.001953125f);
+    return tc_bitsf(sign | bits);
+}
+TC_INLINE float tc_rnd_e4m3(float f) { return tc_e4m32f(tc_f2e4m3(f)); }
+
+/* ---- fp8 e5m2 (saturating conversion: out of range and infinities become +-57344) ---- */
+TC_INLINE uint8_t tc_f2e5m2(float f) {
+    uint32_t x = tc_fbits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t a = x & 0x7fffffffu;
+    uint32_t r;
+    if (a > 0x7f800000u) r = 0x7fu;
+    else if (a >= 0x47700000u) r = 0x7bu;               /* >= 61440 rounds past the max */
+    else if (a < 0x38800000u) {                         /* below 2^-14: subnormal */
+        float t = tc_bitsf(a) + 128.0f;
+        r = tc_fbits(t) - 0x43000000u;
+    } else {
+        uint32_t odd = (a >> 21) & 1u;
+        r = ((a + 0xfffffu + odd) >> 21) - (112u << 2);
+        if (r > 0x7bu) r = 0x7bu;
+    }
+    return (uint8_t)(sign | r);
+}
+TC_INLINE float tc_e5m22f(uint8_t b) { return tc_h2f((uint16_t)((uint16_t)b << 8)); }
+TC_INLINE float tc_rnd_e5m2(float f) { return tc_e5m22f(tc_f2e5m2(f)); }
+
+/* ---- float -> integer conversions without undefined behaviour (saturate to 64 bits, NaN -> 0) ---- */
+TC_INLINE int64_t tc_f2i64(double x) {
+    if (x != x) return 0;
+    if (x >= 9223372036854775808.0) return INT64_MAX;
+    if (x <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)x;
+}
+TC_INLINE uint64_t tc_f2u64(double x) {
+    if (!(x > -1.0)) return 0;
+    if (x >= 18446744073709551616.0) return UINT64_MAX;
+    return (uint64_t)x;
+}
+
+/* ---- integer arithmetic without undefined behaviour ---- */
+TC_INLINE int64_t tc_sdiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    return a / b;
+}
+TC_INLINE int64_t tc_srem(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
+    return a % b;
+}
+TC_INLINE int64_t tc_sfloordiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    int64_t q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+    return q;
+}
+TC_INLINE int64_t tc_sfloormod(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
+    int64_t r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return r;
+}
+TC_INLINE uint64_t tc_udiv(uint64_t a, uint64_t b) { return b ? a / b : 0; }
+TC_INLINE uint64_t tc_urem(uint64_t a, uint64_t b) { return b ? a % b : 0; }
+TC_INLINE uint64_t tc_upow(uint64_t a, uint64_t e) {
+    uint64_t r = 1;
+    while (e) { if (e & 1u) r *= a; a *= a; e >>= 1; }
+    return r;
+}
+TC_INLINE int64_t tc_spow(int64_t a, int64_t e) {
+    if (e < 0) return 0;
+    if (e > 4294967295LL) e = 4294967295LL;
+    return (int64_t)tc_upow((uint64_t)a, (uint64_t)e);
+}
+TC_INLINE int64_t tc_sshl(int64_t a, int64_t b) {
+    uint32_t s = (uint32_t)b;
+    return s >= 64 ? 0 : (int64_t)((uint64_t)a << s);
+}
+TC_INLINE int64_t tc_sshr(int64_t a, int64_t b) {
+    uint32_t s = (uint32_t)b;
+    return s >= 64 ? 0 : a >> s;
+}
+TC_INLINE uint64_t tc_ushl(uint64_t a, uint64_t b) {
+    uint32_t s = (uint32_t)b;
+    return s >= 64 ? 0 : a << s;
+}
+TC_INLINE uint64_t tc_ushr(uint64_t a, uint64_t b) {
+    uint32_t s = (uint32_t)b;
+    return s >= 64 ? 0 : a >> s;
+}
+/* Index floor division / modulo (fast when the divisor is a positive constant). */
+TC_INLINE int64_t tc_ifloordiv(int64_t a, int64_t b) {
+    if (b > 0) { int64_t q = a / b; return q - ((a % b) < 0); }
+    return tc_sfloordiv(a, b);
+}
+TC_INLINE int64_t tc_ifloormod(int64_t a, int64_t b) {
+    if (b > 0) { int64_t r = a % b; return r < 0 ? r + b : r; }
+    return tc_sfloormod(a, b);
+}
+
+/* ---- NaN-propagating min / max ---- */
+TC_INLINE float tc_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
+TC_INLINE float tc_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
+TC_INLINE double tc_fmin(double a, double b) { return (a < b || a != a) ? a : b; }
+TC_INLINE double tc_fmax(double a, double b) { return (a > b || a != a) ? a : b; }
+
+/* ---- vectorizable single-precision math (branch-free; about 1-2 ulp) ---- */
+TC_INLINE float tc_expf(float x) {
+    /* exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2. */
+    float xc = x > 88.7228394f ? 88.7228394f : (x < -103.972084f ? -103.972084f : x);
+    float n = __builtin_rintf(xc * 1.44269504088896341f);
+    float r = __builtin_fmaf(n, -0.693145751953125f, xc);
+    r = __builtin_fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.9875691500e-4f;
+    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+    p = __builtin_fmaf(p * r, r, r) + 1.0f;
+    /* Scale in two steps so that n in [-150, 128] never overflows the exponent field. */
+    int32_t ni = (int32_t)n;
+    int32_t n1 = ni / 2, n2 = ni - n1;
+    float s1 = tc_bitsf((uint32_t)(n1 + 127) << 23);
+    float s2 = tc_bitsf((uint32_t)(n2 + 127) << 23);
+    float y = p * s1 * s2;
+    y = x > 88.7228394f ? __builtin_inff() : y;
+    y = x < -103.972084f ? 0.0f : y;
+    return x != x ? x : y;
+}
+TC_INLINE float tc_sigmoidf(float x) { return 1.0f / (1.0f + tc_expf(-x)); }
+TC_INLINE float tc_tanhf(float x) {
+    float a = __builtin_fabsf(x);
+    float x2 = x * x;
+    /* Taylor series near zero. */
+    float p = -1.4558343870513183e-3f;     /* x^15 coefficient; x^13 ... x^3 follow */
+    p = __builtin_fmaf(p, x2, 3.5921280365724810e-3f);
+    p = __builtin_fmaf(p, x2, -8.8632355299021966e-3f);
+    p = __builtin_fmaf(p, x2, 2.1869488536155203e-2f);
+    p = __builtin_fmaf(p, x2, -5.3968253968253968e-2f);
+    p = __builtin_fmaf(p, x2, 1.3333333333333333e-1f);
+    p = __builtin_fmaf(p, x2, -3.3333333333333333e-1f);
+    float small = __builtin_fmaf(p * x2, x, x);
+    float e = tc_expf(2.0f * (a < 9.0f ? a : 9.0f));
+    float big = 1.0f - 2.0f / (e + 1.0f);
+    big = __builtin_copysignf(big, x);
+    float y = a < 0.25f ? small : big;
+    return x != x ? x : y;
+}
+TC_INLINE float tc_erff(float x) {
+    float a = __builtin_fabsf(x);
+    float x2 = x * x;
+    /* Maclaurin series for |x| < 0.5. */
+    float p = 1.0f / 75600.0f;
+    p = __builtin_fmaf(p, -x2, 1.0f / 9360.0f);
+    p = __builtin_fmaf(p, -x2, 1.0f / 1320.0f);
+    p = __builtin_fmaf(p, -x2, 1.0f / 216.0f);
+    p = __builtin_fmaf(p, -x2, 1.0f / 42.0f);
+    p = __builtin_fmaf(p, -x2, 1.0f / 10.0f);
+    p = __builtin_fmaf(p, -x2, 1.0f / 3.0f);
+    p = __builtin_fmaf(p, -x2, 1.0f);
+    float small = 1.1283791670955126f * x * p;
+    /* erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a/2): fractional error below 1.2e-7. */
+    float ac = a < 10.0f ? a : 10.0f;
+    float t = 1.0f / (1.0f + 0.5f * ac);
+    float q = 0.17087277f;
+    q = __builtin_fmaf(q, t, -0.82215223f);
+    q = __builtin_fmaf(q, t, 1.48851587f);
+    q = __builtin_fmaf(q, t, -1.13520398f);
+    q = __builtin_fmaf(q, t, 0.27886807f);
+    q = __builtin_fmaf(q, t, -0.18628806f);
+    q = __builtin_fmaf(q, t, 0.09678418f);
+    q = __builtin_fmaf(q, t, 0.37409196f);
+    q = __builtin_fmaf(q, t, 1.00002368f);
+    q = __builtin_fmaf(q, t, -1.26551223f);
+    float erfc = t * tc_expf(-ac * ac + q);
+    float big = __builtin_copysignf(1.0f - erfc, x);
+    float y = a < 0.5f ? small : big;
+    return x != x ? x : y;
+}
+TC_INLINE double tc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }

@@ -1,0 +1,544 @@
+//! Compiling kernels to a shared library: rendering, deduplication, parallel `cc` runs, an
+//! on-disk cache and loading.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tilec_ir::{DType, Tensor};
+use tilec_tile::ir::Kernel;
+
+use crate::cpuinfo::CpuInfo;
+use crate::render::{render_function, RenderError, RenderOptions, PRELUDE};
+
+/// A compiled kernel: `args[i]` points at the first element of the kernel's `i`-th parameter.
+pub type KernelFn = unsafe extern "C" fn(*const *mut c_void);
+
+/// Bumped whenever the generated code's conventions change, to invalidate cached libraries.
+const FORMAT_VERSION: &str = "tilec-cpu-1";
+
+/// How kernels are compiled.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// The C compiler (`$CC`, else `cc`).
+    pub cc: String,
+    /// Flags for every compile (see [`default_flags`]).
+    pub flags: Vec<String>,
+    /// Where compiled libraries are cached; `None` picks [`default_cache_dir`].
+    pub cache_dir: Option<PathBuf>,
+    /// Parallel compiler processes (and translation units).
+    pub jobs: usize,
+    /// The CPU the code is generated for (must match what `flags` target).
+    pub cpu: CpuInfo,
+    /// Gemms with fewer multiply-adds than this run single-threaded.
+    pub gemm_parallel_min_flops: i64,
+    /// Also keep the generated C sources next to the cached library (`<library>.unitN.c`).
+    pub keep_sources: bool,
+}
+
+/// `-O3 -march=native -fopenmp` and friends; no `-ffast-math` (NaN semantics must hold).
+pub fn default_flags() -> Vec<String> {
+    [
+        "-std=gnu11",
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-fPIC",
+        "-w",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `$TILEC_CACHE_DIR`, else `$XDG_CACHE_HOME/tilec`, else `$HOME/.cache/tilec`, else a
+/// directory under the system temp dir.
+pub fn default_cache_dir() -> PathBuf {
+    let nonempty = |v: &str| {
+        std::env::var_os(v)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = nonempty("TILEC_CACHE_DIR") {
+        return d;
+    }
+    if let Some(d) = nonempty("XDG_CACHE_HOME") {
+        return d.join("tilec");
+    }
+    if let Some(d) = nonempty("HOME") {
+        return d.join(".cache").join("tilec");
+    }
+    std::env::temp_dir().join("tilec-cache")
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            cc: std::env::var("CC")
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "cc".into()),
+            flags: default_flags(),
+            cache_dir: None,
+            jobs: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            cpu: CpuInfo::detect(),
+            gemm_parallel_min_flops: 1 << 18,
+            keep_sources: std::env::var_os("TILEC_KEEP_SOURCES")
+                .is_some_and(|v| !v.is_empty() && v != "0"),
+        }
+    }
+}
+
+/// What a compilation did.
+#[derive(Clone, Debug, Default)]
+pub struct CompileStats {
+    /// Kernels asked for.
+    pub kernels: usize,
+    /// Distinct kernels after deduplication.
+    pub unique: usize,
+    /// Translation units compiled (0 on a cache hit).
+    pub units: usize,
+    /// The library came from the cache.
+    pub cache_hit: bool,
+    pub render_time: Duration,
+    /// Time in the C compiler and linker (zero on a cache hit).
+    pub compile_time: Duration,
+    /// Everything, including loading.
+    pub total_time: Duration,
+    /// The shared library that was loaded.
+    pub library: PathBuf,
+}
+
+/// Errors of [`Compiler::compile`].
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error("two kernels are named {0:?}")]
+    DuplicateName(String),
+    #[error("C compiler failed on kernels [{}] ({command}):\n{stderr}", kernels.join(", "))]
+    Cc {
+        kernels: Vec<String>,
+        command: String,
+        stderr: String,
+    },
+    #[error("cannot run the C compiler {cc:?}: {msg}")]
+    NoCompiler { cc: String, msg: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("cannot load {path}: {msg}")]
+    Load { path: PathBuf, msg: String },
+    #[error("kernel {kernel}: {msg}")]
+    Call { kernel: String, msg: String },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CompileError {
+    let what = what.into();
+    move |source| CompileError::Io { what, source }
+}
+
+/// Compiles kernels into loadable modules. Cheap to share; counts cache hits and misses.
+pub struct Compiler {
+    opts: CompileOptions,
+    cc_version: OnceLock<Result<String, String>>,
+    hits: std::sync::atomic::AtomicUsize,
+    misses: std::sync::atomic::AtomicUsize,
+}
+
+/// A loaded library of compiled kernels.
+pub struct Module {
+    // Function pointers below stay valid while the library is loaded.
+    fns: HashMap<String, KernelFn>,
+    set_threads: Option<unsafe extern "C" fn(i32)>,
+    stats: CompileStats,
+    params: HashMap<String, Vec<(DType, i64)>>,
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("kernels", &self.fns.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+struct Unit {
+    source: String,
+    kernels: Vec<String>,
+}
+
+impl Compiler {
+    pub fn new(opts: CompileOptions) -> Compiler {
+        Compiler {
+            opts,
+            cc_version: OnceLock::new(),
+            hits: 0.into(),
+            misses: 0.into(),
+        }
+    }
+
+    pub fn options(&self) -> &CompileOptions {
+        &self.opts
+    }
+
+    /// (cache hits, cache misses) so far.
+    pub fn cache_counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+
+    fn cc_version(&self) -> Result<String, CompileError> {
+        self.cc_version
+            .get_or_init(
+                || match Command::new(&self.opts.cc).arg("--version").output() {
+                    Ok(o) if o.status.success() => {
+                        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+                    }
+                    Ok(o) => Err(String::from_utf8_lossy(&o.stderr).into_owned()),
+                    Err(e) => Err(e.to_string()),
+                },
+            )
+            .clone()
+            .map_err(|msg| CompileError::NoCompiler {
+                cc: self.opts.cc.clone(),
+                msg,
+            })
+    }
+
+    /// Renders, compiles (or finds in the cache) and loads `kernels`.
+    pub fn compile(&self, kernels: &[Kernel]) -> Result<Module, CompileError> {
+        let t0 = Instant::now();
+        let ropts = RenderOptions {
+            cpu: self.opts.cpu.clone(),
+            gemm_parallel_min_flops: self.opts.gemm_parallel_min_flops,
+        };
+        // Render each kernel under a canonical name; identical bodies share one symbol.
+        let mut by_hash: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+        let mut symbol_of: HashMap<String, String> = HashMap::new();
+        let mut params = HashMap::new();
+        for k in kernels {
+            if symbol_of.contains_key(&k.name) {
+                return Err(CompileError::DuplicateName(k.name.clone()));
+            }
+            let body = render_function(k, "TC_KERNEL_NAME", &ropts)?;
+            let hash = hex(&Sha256::digest(body.as_bytes()))[..24].to_string();
+            let sym = format!("tk_{hash}");
+            symbol_of.insert(k.name.clone(), sym.clone());
+            params.insert(
+                k.name.clone(),
+                k.params
+                    .iter()
+                    .map(|&p| (k.buf(p).dtype, k.buf(p).numel()))
+                    .collect(),
+            );
+            by_hash
+                .entry(sym)
+                .or_insert_with(|| (body, vec![]))
+                .1
+                .push(k.name.clone());
+        }
+        let render_time = t0.elapsed();
+
+        // Split into translation units of similar size.
+        let jobs = self.opts.jobs.max(1).min(by_hash.len().max(1));
+        let mut units: Vec<Unit> = (0..jobs)
+            .map(|_| Unit {
+                source: String::new(),
+                kernels: vec![],
+            })
+            .collect();
+        let mut entries: Vec<(&String, &(String, Vec<String>))> = by_hash.iter().collect();
+        entries.sort_by(|a, b| b.1 .0.len().cmp(&a.1 .0.len()).then(a.0.cmp(b.0)));
+        for (sym, (body, names)) in entries {
+            let u = units
+                .iter_mut()
+                .min_by_key(|u| u.source.len())
+                .expect("at least one unit");
+            u.source.push_str(&body.replacen("TC_KERNEL_NAME", sym, 1));
+            u.source.push('\n');
+            u.kernels.extend(names.iter().cloned());
+        }
+        for u in &mut units {
+            u.source = format!("{PRELUDE}\n{}", u.source);
+        }
+        // Units are deterministic given the set of unique kernels.
+
+        let version = self.cc_version()?;
+        let mut h = Sha256::new();
+        h.update(FORMAT_VERSION.as_bytes());
+        h.update(self.opts.cc.as_bytes());
+        h.update(version.as_bytes());
+        for f in &self.opts.flags {
+            h.update(f.as_bytes());
+            h.update([0]);
+        }
+        h.update(format!("{:?}", self.opts.cpu).as_bytes());
+        h.update(host_cpu_id().as_bytes());
+        for u in &units {
+            h.update(u.source.as_bytes());
+            h.update([0]);
+        }
+        let key = hex(&h.finalize())[..32].to_string();
+        let dir = self
+            .opts
+            .cache_dir
+            .clone()
+            .unwrap_or_else(default_cache_dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(io(format!("creating cache directory {}", dir.display())))?;
+        let lib_path = dir.join(format!("tilec-{key}.so"));
+
+        let mut stats = CompileStats {
+            kernels: kernels.len(),
+            unique: by_hash.len(),
+            render_time,
+            library: lib_path.clone(),
+            ..Default::default()
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        if lib_path.is_file() {
+            stats.cache_hit = true;
+            self.hits.fetch_add(1, Relaxed);
+        } else {
+            self.misses.fetch_add(1, Relaxed);
+            let tc = Instant::now();
+            self.build(&units, &dir, &key, &lib_path)?;
+            stats.compile_time = tc.elapsed();
+            stats.units = units.len();
+        }
+        let mut m = load(&lib_path, &symbol_of, params)?;
+        stats.total_time = t0.elapsed();
+        m.stats = stats;
+        Ok(m)
+    }
+
+    fn build(
+        &self,
+        units: &[Unit],
+        dir: &Path,
+        key: &str,
+        lib_path: &Path,
+    ) -> Result<(), CompileError> {
+        let work = dir.join(format!(
+            "tmp-{key}-{}-{}",
+            std::process::id(),
+            unique_suffix()
+        ));
+        std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
+        let result = self.build_in(units, &work, lib_path);
+        let _ = std::fs::remove_dir_all(&work);
+        result
+    }
+
+    fn build_in(&self, units: &[Unit], work: &Path, lib_path: &Path) -> Result<(), CompileError> {
+        let mut children = vec![];
+        for (i, u) in units.iter().enumerate() {
+            let c = work.join(format!("unit{i}.c"));
+            let o = work.join(format!("unit{i}.o"));
+            std::fs::write(&c, &u.source).map_err(io(format!("writing {}", c.display())))?;
+            if self.opts.keep_sources {
+                let keep = lib_path.with_extension(format!("unit{i}.c"));
+                std::fs::write(&keep, &u.source)
+                    .map_err(io(format!("writing {}", keep.display())))?;
+            }
+            let mut cmd = Command::new(&self.opts.cc);
+            cmd.args(&self.opts.flags)
+                .arg("-c")
+                .arg(&c)
+                .arg("-o")
+                .arg(&o);
+            let desc = format!(
+                "{} {} -c {}",
+                self.opts.cc,
+                self.opts.flags.join(" "),
+                c.display()
+            );
+            let child = cmd
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| CompileError::NoCompiler {
+                    cc: self.opts.cc.clone(),
+                    msg: e.to_string(),
+                })?;
+            children.push((child, o, desc, i));
+        }
+        let mut objects = vec![];
+        let mut failure: Option<CompileError> = None;
+        for (child, o, desc, i) in children {
+            let out = child
+                .wait_with_output()
+                .map_err(io(format!("waiting for {desc}")))?;
+            if !out.status.success() && failure.is_none() {
+                failure = Some(CompileError::Cc {
+                    kernels: units[i].kernels.clone(),
+                    command: desc,
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                });
+            }
+            objects.push(o);
+        }
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        let tmp_lib = work.join("lib.so");
+        let mut link = Command::new(&self.opts.cc);
+        link.args(&self.opts.flags)
+            .arg("-shared")
+            .arg("-o")
+            .arg(&tmp_lib)
+            .args(&objects)
+            .arg("-lm");
+        let out = link.output().map_err(|e| CompileError::NoCompiler {
+            cc: self.opts.cc.clone(),
+            msg: e.to_string(),
+        })?;
+        if !out.status.success() {
+            return Err(CompileError::Cc {
+                kernels: units
+                    .iter()
+                    .flat_map(|u| u.kernels.iter().cloned())
+                    .collect(),
+                command: format!("{} -shared (link)", self.opts.cc),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        // Publish atomically: concurrent compilers of the same key race harmlessly.
+        std::fs::rename(&tmp_lib, lib_path)
+            .map_err(io(format!("moving the library to {}", lib_path.display())))?;
+        Ok(())
+    }
+}
+
+fn unique_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (N.fetch_add(1, Ordering::Relaxed) << 48)
+}
+
+/// Identifies the host CPU model for the cache key (`-march=native` code is CPU specific).
+fn host_cpu_id() -> String {
+    let Ok(s) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return String::new();
+    };
+    s.lines()
+        .filter(|l| l.starts_with("model name") || l.starts_with("flags"))
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn load(
+    path: &Path,
+    symbol_of: &HashMap<String, String>,
+    params: HashMap<String, Vec<(DType, i64)>>,
+) -> Result<Module, CompileError> {
+    let lerr = |msg: String| CompileError::Load {
+        path: path.to_path_buf(),
+        msg,
+    };
+    // SAFETY: the library was produced by this crate's code generator; its initializers are
+    // those of the C runtime and OpenMP.
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| lerr(e.to_string()))?;
+    let mut fns = HashMap::new();
+    for (name, sym) in symbol_of {
+        // SAFETY: every generated kernel has the `KernelFn` signature.
+        let f: libloading::Symbol<KernelFn> =
+            unsafe { lib.get(sym.as_bytes()) }.map_err(|e| lerr(format!("kernel {name}: {e}")))?;
+        fns.insert(name.clone(), *f);
+    }
+    // SAFETY: `tilec_set_threads(int)` is defined by the prelude of every unit.
+    let set_threads = unsafe { lib.get::<unsafe extern "C" fn(i32)>(b"tilec_set_threads") }
+        .ok()
+        .map(|f| *f);
+    Ok(Module {
+        fns,
+        set_threads,
+        stats: CompileStats::default(),
+        params,
+        _lib: lib,
+    })
+}
+
+impl Module {
+    /// The compiled kernel named `name` (valid while this module is alive).
+    pub fn get(&self, name: &str) -> Option<KernelFn> {
+        self.fns.get(name).copied()
+    }
+
+    /// Names of the kernels in the module.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.fns.keys().map(|s| s.as_str())
+    }
+
+    /// Threads used by parallel loops and gemms of this module (0: the OpenMP default).
+    pub fn set_threads(&self, n: usize) {
+        if let Some(f) = self.set_threads {
+            // SAFETY: plain C function setting an int.
+            unsafe { f(n.min(i32::MAX as usize) as i32) }
+        }
+    }
+
+    pub fn stats(&self) -> &CompileStats {
+        &self.stats
+    }
+
+    /// Runs kernel `name` on tensors (one per parameter, in order), checking dtypes and sizes.
+    pub fn run(&self, name: &str, args: &mut [Tensor]) -> Result<(), CompileError> {
+        let err = |msg: String| CompileError::Call {
+            kernel: name.to_string(),
+            msg,
+        };
+        let f = self
+            .get(name)
+            .ok_or_else(|| err("no such kernel in the module".into()))?;
+        let ps = &self.params[name];
+        if ps.len() != args.len() {
+            return Err(err(format!(
+                "expected {} arguments, got {}",
+                ps.len(),
+                args.len()
+            )));
+        }
+        for (i, ((d, n), t)) in ps.iter().zip(args.iter()).enumerate() {
+            if t.dtype() != *d || t.numel() as i64 != *n {
+                return Err(err(format!(
+                    "argument {i}: expected {d} with {n} elements, got {} with {}",
+                    t.dtype(),
+                    t.numel()
+                )));
+            }
+        }
+        let ptrs: Vec<*mut c_void> = args.iter_mut().map(tensor_ptr).collect();
+        // SAFETY: every pointer addresses a live buffer of the dtype and element count the
+        // kernel was compiled for; the tensors are distinct objects so buffers do not overlap.
+        unsafe { f(ptrs.as_ptr()) };
+        Ok(())
+    }
+}
+
+/// A pointer to the first element of a tensor's buffer.
+pub fn tensor_ptr(t: &mut Tensor) -> *mut c_void {
+    tilec_ir::dispatch!(t.data_mut(), v => v.as_mut_ptr() as *mut c_void)
+}

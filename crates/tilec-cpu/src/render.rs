@@ -1,0 +1,887 @@
+//! Rendering of tile-IR kernels to C.
+//!
+//! A kernel becomes `void NAME(void *const *args)`; `args[i]` points at the first element of
+//! `k.params[i]` (dense, row-major). Scalars follow the interpreter's semantics: floats compute in
+//! their own precision (f16, bf16 and fp8 values are held in `float` and rounded after every
+//! operation), integer arithmetic wraps, integer division by zero yields 0 and float-to-integer
+//! conversions saturate instead of invoking undefined behaviour.
+//!
+//! Global arguments are declared `restrict`: distinct arguments must not overlap.
+
+use std::collections::HashSet;
+use std::fmt::Write;
+
+use tilec_ir::DType;
+use tilec_tile::ir::*;
+
+use crate::cpuinfo::CpuInfo;
+use crate::gemm;
+
+/// The C helpers every translation unit starts with.
+pub const PRELUDE: &str = include_str!("c/prelude.h");
+
+/// Why a kernel cannot be rendered.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("kernel {kernel}: {msg}")]
+pub struct RenderError {
+    pub kernel: String,
+    pub msg: String,
+}
+
+/// Options of the renderer.
+#[derive(Clone, Debug)]
+pub struct RenderOptions {
+    /// The machine the code is compiled for (vector width of the GEMM template).
+    pub cpu: CpuInfo,
+    /// Gemms with fewer multiply-adds than this run on one thread.
+    pub gemm_parallel_min_flops: i64,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        RenderOptions {
+            cpu: CpuInfo::detect(),
+            gemm_parallel_min_flops: 1 << 18,
+        }
+    }
+}
+
+/// Renders `k` as a complete C translation unit (helpers plus the kernel function, named after
+/// the kernel with characters outside `[A-Za-z0-9_]` replaced by `_`).
+pub fn render_c(k: &Kernel) -> Result<String, RenderError> {
+    render_c_with(k, &RenderOptions::default())
+}
+
+/// [`render_c`] with explicit options.
+pub fn render_c_with(k: &Kernel, opts: &RenderOptions) -> Result<String, RenderError> {
+    let body = render_function(k, &c_symbol(&k.name), opts)?;
+    Ok(format!("{PRELUDE}\n{body}"))
+}
+
+/// A C identifier for a kernel name.
+pub fn c_symbol(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() || s.as_bytes()[0].is_ascii_digit() {
+        s.insert_str(0, "k_");
+    }
+    s
+}
+
+/// Renders only the kernel function (no prelude), named `symbol`. Identifiers inside are derived
+/// from buffer and variable ids only, so structurally identical kernels render identically.
+pub fn render_function(
+    k: &Kernel,
+    symbol: &str,
+    opts: &RenderOptions,
+) -> Result<String, RenderError> {
+    let mut r = Renderer {
+        k,
+        opts,
+        out: String::new(),
+        pre: String::new(),
+        indent: 1,
+        declared: vec![HashSet::new()],
+        heap: vec![vec![]],
+        tmp: 0,
+    };
+    r.validate()?;
+    let mut head = format!("void {symbol}(void *const *args) {{\n");
+    let written = written_buffers(k);
+    for (i, &p) in k.params.iter().enumerate() {
+        let b = k.buf(p);
+        if b.scope != Scope::Global {
+            return Err(r.err(format!("parameter {} is not a global buffer", b.name)));
+        }
+        let cst = if written.contains(&p) { "" } else { "const " };
+        let _ = writeln!(
+            head,
+            "    {cst}{} *TC_RESTRICT b{} = ({cst}{} *)args[{i}];",
+            storage_type(b.dtype),
+            p.0,
+            storage_type(b.dtype)
+        );
+    }
+    r.block_stmts(&k.body, Ctx::default())?;
+    let mut s = r.pre.clone();
+    s.push_str(&head);
+    s.push_str(&r.out);
+    s.push_str("}\n");
+    Ok(s)
+}
+
+fn written_buffers(k: &Kernel) -> HashSet<BufId> {
+    let mut w = HashSet::new();
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Store { buf, .. } = s {
+                w.insert(*buf);
+            }
+        });
+    }
+    w
+}
+
+/// The C type a buffer element is stored as.
+pub fn storage_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 | DType::BF16 => "uint16_t",
+        DType::F8E4M3 | DType::F8E5M2 | DType::Bool | DType::U8 => "uint8_t",
+        DType::I8 => "int8_t",
+        DType::I16 => "int16_t",
+        DType::I32 => "int32_t",
+        DType::I64 => "int64_t",
+        DType::U16 => "uint16_t",
+        DType::U32 => "uint32_t",
+        DType::U64 => "uint64_t",
+    }
+}
+
+/// The C type a scalar of type `t` is computed in.
+pub fn value_type(t: Ty) -> &'static str {
+    match t {
+        Ty::Index => "int64_t",
+        Ty::Elem(d) => match d {
+            DType::F64 => "double",
+            DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "float",
+            d => storage_type(d),
+        },
+    }
+}
+
+fn is_lowp(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2)
+}
+
+fn is_float(t: Ty) -> bool {
+    matches!(t, Ty::Elem(d) if d.is_float())
+}
+
+fn is_unsigned(t: Ty) -> bool {
+    matches!(
+        t,
+        Ty::Elem(DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    )
+}
+
+/// Rounds a `float` holding a computed value to the precision of a low-precision dtype.
+fn round_lowp(d: DType, code: String) -> String {
+    match d {
+        DType::F16 => format!("tc_rnd_f16({code})"),
+        DType::BF16 => format!("tc_rnd_bf16({code})"),
+        DType::F8E4M3 => format!("tc_rnd_e4m3({code})"),
+        DType::F8E5M2 => format!("tc_rnd_e5m2({code})"),
+        _ => code,
+    }
+}
+
+/// Code converting the value `code` of type `from` to type `to` (the interpreter's
+/// `Val::convert` semantics).
+pub(crate) fn convert(code: &str, from: Ty, to: Ty) -> String {
+    if from == to {
+        return code.to_string();
+    }
+    match to {
+        Ty::Index => match from {
+            Ty::Elem(d) if d.is_float() => format!("tc_f2i64((double)({code}))"),
+            _ => format!("((int64_t)({code}))"),
+        },
+        Ty::Elem(DType::Bool) => format!("((uint8_t)(({code}) != 0))"),
+        Ty::Elem(d) if d.is_float() => {
+            let src = match from {
+                Ty::Elem(s) if s.is_float() => {
+                    // float -> float: via the computation type.
+                    if d == DType::F64 {
+                        return format!("((double)({code}))");
+                    }
+                    format!("((float)({code}))")
+                }
+                // Integers go through double like the interpreter (as_f64 then round).
+                _ => {
+                    if d == DType::F64 {
+                        return format!("((double)({code}))");
+                    }
+                    format!("((float)(double)({code}))")
+                }
+            };
+            round_lowp(d, src)
+        }
+        Ty::Elem(d) => {
+            let t = storage_type(d);
+            match from {
+                Ty::Elem(s) if s.is_float() => {
+                    if is_unsigned(to) {
+                        format!("(({t})tc_f2u64((double)({code})))")
+                    } else {
+                        format!("(({t})tc_f2i64((double)({code})))")
+                    }
+                }
+                _ => format!("(({t})({code}))"),
+            }
+        }
+    }
+}
+
+/// Loads an element of storage type into its value type.
+fn load_conv(d: DType, code: String) -> String {
+    match d {
+        DType::F16 => format!("tc_h2f({code})"),
+        DType::BF16 => format!("tc_bf2f({code})"),
+        DType::F8E4M3 => format!("tc_e4m32f({code})"),
+        DType::F8E5M2 => format!("tc_e5m22f({code})"),
+        _ => code,
+    }
+}
+
+/// Encodes a value (already rounded/converted to `d`) for storage.
+fn store_conv(d: DType, code: String) -> String {
+    match d {
+        DType::F16 => format!("tc_f2h({code})"),
+        DType::BF16 => format!("tc_f2bf({code})"),
+        DType::F8E4M3 => format!("tc_f2e4m3({code})"),
+        DType::F8E5M2 => format!("tc_f2e5m2({code})"),
+        _ => code,
+    }
+}
+
+fn float_lit(x: f64, d: DType) -> String {
+    if d == DType::F64 {
+        if x.is_nan() {
+            "((double)NAN)".into()
+        } else if x.is_infinite() {
+            if x > 0.0 {
+                "((double)INFINITY)".into()
+            } else {
+                "(-(double)INFINITY)".into()
+            }
+        } else {
+            format!("({x:.17e})")
+        }
+    } else {
+        let f = x as f32;
+        let s = if f.is_nan() {
+            "NAN".to_string()
+        } else if f.is_infinite() {
+            if f > 0.0 {
+                "INFINITY".into()
+            } else {
+                "(-INFINITY)".into()
+            }
+        } else {
+            format!("({f:.9e}f)")
+        };
+        round_lowp(d, s)
+    }
+}
+
+fn int_lit(x: i64) -> String {
+    if x == i64::MIN {
+        "(-9223372036854775807LL - 1)".into()
+    } else if x < 0 {
+        format!("({x}LL)")
+    } else {
+        format!("{x}LL")
+    }
+}
+
+#[derive(Copy, Clone, Default)]
+pub(crate) struct Ctx {
+    /// Inside a parallel loop: nested parallel loops render serial.
+    pub in_parallel: bool,
+    /// Inside an `omp simd` loop: no OpenMP constructs allowed.
+    pub in_simd: bool,
+}
+
+pub(crate) struct Renderer<'a> {
+    pub k: &'a Kernel,
+    pub opts: &'a RenderOptions,
+    pub out: String,
+    /// File-scope code the function needs (micro-kernels), emitted before it.
+    pub pre: String,
+    pub indent: usize,
+    /// Variables declared in each open C scope.
+    pub declared: Vec<HashSet<VarId>>,
+    /// Heap-allocated local buffers of each open scope (freed at its end).
+    pub heap: Vec<Vec<BufId>>,
+    pub tmp: usize,
+}
+
+/// Local buffers larger than this go on the heap.
+const STACK_LIMIT_BYTES: i64 = 64 * 1024;
+
+impl<'a> Renderer<'a> {
+    pub fn err(&self, msg: impl Into<String>) -> RenderError {
+        RenderError {
+            kernel: self.k.name.clone(),
+            msg: msg.into(),
+        }
+    }
+
+    pub fn line(&mut self, s: &str) {
+        for _ in 0..self.indent {
+            self.out.push_str("    ");
+        }
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+
+    pub fn fresh(&mut self, base: &str) -> String {
+        self.tmp += 1;
+        format!("{base}{}", self.tmp)
+    }
+
+    fn validate(&self) -> Result<(), RenderError> {
+        if self.k.params.is_empty() && self.k.body.is_empty() {
+            return Ok(());
+        }
+        for b in &self.k.buffers {
+            if b.shape.iter().any(|&d| d < 0) {
+                return Err(self.err(format!(
+                    "buffer {} has a negative dimension {:?}",
+                    b.name, b.shape
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn var_name(&self, v: VarId) -> String {
+        format!("v{}", v.0)
+    }
+
+    fn is_declared(&self, v: VarId) -> bool {
+        self.declared.iter().any(|s| s.contains(&v))
+    }
+
+    pub fn declare(&mut self, v: VarId) {
+        if let Some(s) = self.declared.last_mut() {
+            s.insert(v);
+        }
+    }
+
+    pub fn open_scope(&mut self) {
+        self.declared.push(HashSet::new());
+        self.heap.push(vec![]);
+        self.indent += 1;
+    }
+
+    pub fn close_scope(&mut self) {
+        if let Some(bufs) = self.heap.pop() {
+            for b in bufs {
+                self.line(&format!("free(b{});", b.0));
+            }
+        }
+        self.declared.pop();
+        self.indent -= 1;
+    }
+
+    /// Renders statements in a fresh C block scope (the caller emits the braces).
+    pub fn block_stmts(&mut self, stmts: &[Stmt], ctx: Ctx) -> Result<(), RenderError> {
+        for s in stmts {
+            self.stmt(s, ctx)?;
+        }
+        // Free heap buffers of the outermost scope (function body).
+        if self.declared.len() == 1 {
+            if let Some(bufs) = self.heap.last_mut() {
+                let bufs = std::mem::take(bufs);
+                for b in bufs {
+                    self.line(&format!("free(b{});", b.0));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn nested_block(&mut self, stmts: &[Stmt], ctx: Ctx) -> Result<(), RenderError> {
+        self.open_scope();
+        for s in stmts {
+            self.stmt(s, ctx)?;
+        }
+        self.close_scope();
+        Ok(())
+    }
+
+    pub fn stmt(&mut self, s: &Stmt, ctx: Ctx) -> Result<(), RenderError> {
+        match s {
+            Stmt::For(l) => self.for_loop(l, ctx),
+            Stmt::Store { buf, index, value } => {
+                let b = self.k.buf(*buf);
+                let off = self.offset(*buf, index)?;
+                let (v, t) = self.expr(value)?;
+                let v = convert(&v, t, Ty::Elem(b.dtype));
+                let v = store_conv(b.dtype, v);
+                self.line(&format!("b{}[{off}] = {v};", buf.0));
+                Ok(())
+            }
+            Stmt::Let { var, value } => {
+                let info = self.k.var_info(*var);
+                let (v, t) = self.expr(value)?;
+                let v = convert(&v, t, info.ty);
+                let name = self.var_name(*var);
+                if self.declared.last().is_some_and(|s| s.contains(var)) {
+                    self.line(&format!("{name} = {v};"));
+                } else {
+                    self.line(&format!("{} {name} = {v};", value_type(info.ty)));
+                    self.declare(*var);
+                }
+                Ok(())
+            }
+            Stmt::Assign { var, value } => {
+                let info = self.k.var_info(*var);
+                if !self.is_declared(*var) {
+                    return Err(self.err(format!(
+                        "assignment to variable {} before its definition",
+                        info.name
+                    )));
+                }
+                let (v, t) = self.expr(value)?;
+                let v = convert(&v, t, info.ty);
+                self.line(&format!("{} = {v};", self.var_name(*var)));
+                Ok(())
+            }
+            Stmt::Alloc(b) => {
+                let buf = self.k.buf(*b);
+                if buf.scope == Scope::Global {
+                    return Err(self.err(format!("Alloc of global buffer {}", buf.name)));
+                }
+                let n = buf.numel().max(1);
+                let t = storage_type(buf.dtype);
+                let bytes = n.saturating_mul(buf.dtype.size_bytes() as i64);
+                if bytes > STACK_LIMIT_BYTES && buf.scope != Scope::Register {
+                    self.line(&format!(
+                        "{t} *TC_RESTRICT b{} = ({t} *)tc_alloc({bytes});",
+                        b.0
+                    ));
+                    if let Some(h) = self.heap.last_mut() {
+                        h.push(*b);
+                    }
+                } else {
+                    self.line(&format!("{t} b{}[{n}] __attribute__((aligned(64)));", b.0));
+                }
+                Ok(())
+            }
+            Stmt::If { cond, then_, else_ } => {
+                let (c, _) = self.expr(cond)?;
+                self.line(&format!("if ({c}) {{"));
+                self.nested_block(then_, ctx)?;
+                if !else_.is_empty() {
+                    self.line("} else {");
+                    self.nested_block(else_, ctx)?;
+                }
+                self.line("}");
+                Ok(())
+            }
+            Stmt::Barrier => Ok(()),
+            Stmt::Gemm(g) => gemm::render_gemm(self, g, ctx),
+        }
+    }
+
+    fn for_loop(&mut self, l: &Loop, ctx: Ctx) -> Result<(), RenderError> {
+        let v = self.var_name(l.var);
+        let mut inner = ctx;
+        match l.kind {
+            LoopKind::Parallel if !ctx.in_parallel && !ctx.in_simd => {
+                if l.extent > 1 {
+                    self.line(
+                        "#pragma omp parallel for schedule(static) num_threads(tc_threads())",
+                    );
+                }
+                inner.in_parallel = true;
+            }
+            LoopKind::Vectorized if !ctx.in_simd => match self.simd_clause(l) {
+                Some(clause) => {
+                    self.line(&format!("#pragma omp simd{clause}"));
+                    inner.in_simd = true;
+                }
+                None => self.line("#pragma GCC ivdep"),
+            },
+            LoopKind::Unrolled => {
+                let n = l.extent.clamp(1, 1024);
+                self.line(&format!("#pragma GCC unroll {n}"));
+            }
+            _ => {}
+        }
+        self.line(&format!(
+            "for (int64_t {v} = 0; {v} < {}; ++{v}) {{",
+            l.extent
+        ));
+        self.open_scope();
+        self.declare(l.var);
+        for s in &l.body {
+            self.stmt(s, inner)?;
+        }
+        self.close_scope();
+        self.line("}");
+        Ok(())
+    }
+
+    /// The clause of an `omp simd` pragma for a vectorized loop, or `None` when the body updates
+    /// variables defined outside it in a way that is not a plain sum (then the loop is left to
+    /// the compiler's own vectorizer).
+    fn simd_clause(&self, l: &Loop) -> Option<String> {
+        let mut local = HashSet::new();
+        let mut outer_assigned: Vec<(VarId, bool)> = vec![];
+        let mut has_gemm = false;
+        for s in &l.body {
+            s.visit(&mut |s| match s {
+                Stmt::Let { var, .. } => {
+                    local.insert(*var);
+                }
+                Stmt::For(inner) => {
+                    local.insert(inner.var);
+                }
+                Stmt::Gemm(_) => has_gemm = true,
+                _ => {}
+            });
+        }
+        if has_gemm {
+            return None;
+        }
+        for s in &l.body {
+            s.visit(&mut |s| {
+                if let Stmt::Assign { var, value } = s {
+                    if !local.contains(var) {
+                        let is_sum = matches!(value, Expr::Binary(BinOp::Add, a, b)
+                            if **a == Expr::Var(*var) && !b.uses_var(*var) || **b == Expr::Var(*var) && !a.uses_var(*var));
+                        outer_assigned.push((*var, is_sum));
+                    }
+                }
+            });
+        }
+        if outer_assigned.is_empty() {
+            return Some(String::new());
+        }
+        if outer_assigned.iter().all(|(_, s)| *s) {
+            let mut vars: Vec<VarId> = outer_assigned.iter().map(|(v, _)| *v).collect();
+            vars.sort();
+            vars.dedup();
+            // Reductions only on types C can reduce with `+` directly.
+            if vars.iter().any(
+                |v| matches!(self.k.var_info(*v).ty, Ty::Elem(d) if is_lowp(d) || d == DType::Bool),
+            ) {
+                return None;
+            }
+            let names: Vec<String> = vars.iter().map(|v| self.var_name(*v)).collect();
+            return Some(format!(" reduction(+:{})", names.join(",")));
+        }
+        None
+    }
+
+    /// The linear element offset of a multi-dimensional index.
+    pub fn offset(&mut self, b: BufId, index: &[Expr]) -> Result<String, RenderError> {
+        let buf = self.k.buf(b);
+        if index.len() != buf.shape.len() {
+            return Err(self.err(format!(
+                "{} has rank {}, indexed with {} indices",
+                buf.name,
+                buf.shape.len(),
+                index.len()
+            )));
+        }
+        let strides = buf.strides();
+        let mut terms = vec![];
+        let mut konst = 0i64;
+        for (e, s) in index.iter().zip(strides) {
+            if let Expr::Int(c) = e {
+                konst += c * s;
+                continue;
+            }
+            let (c, t) = self.expr(e)?;
+            let c = convert(&c, t, Ty::Index);
+            terms.push(if s == 1 { c } else { format!("({c}) * {s}") });
+        }
+        if konst != 0 || terms.is_empty() {
+            terms.push(int_lit(konst));
+        }
+        Ok(terms.join(" + "))
+    }
+
+    /// Renders an expression: its C code and its type.
+    pub fn expr(&mut self, e: &Expr) -> Result<(String, Ty), RenderError> {
+        Ok(match e {
+            Expr::Int(x) => (int_lit(*x), Ty::Index),
+            Expr::Lit(l) => {
+                let d = l.dtype();
+                let t = Ty::Elem(d);
+                let code = match *l {
+                    Lit::Float(x, d) if d.is_float() => float_lit(x, d),
+                    Lit::Float(x, _) => convert(&float_lit(x, DType::F64), Ty::Elem(DType::F64), t),
+                    Lit::Int(x, _) => convert(&int_lit(x), Ty::Index, t),
+                    Lit::UInt(x, _) => convert(&format!("{x}ULL"), Ty::Elem(DType::U64), t),
+                    Lit::Bool(b) => format!("((uint8_t){})", b as u8),
+                };
+                (code, t)
+            }
+            Expr::Var(v) => {
+                if !self.is_declared(*v) {
+                    return Err(self.err(format!(
+                        "variable {} read before it is set",
+                        self.k.var_info(*v).name
+                    )));
+                }
+                (self.var_name(*v), self.k.var_info(*v).ty)
+            }
+            Expr::Load(b, idx) => {
+                let off = self.offset(*b, idx)?;
+                let d = self.k.buf(*b).dtype;
+                (load_conv(d, format!("b{}[{off}]", b.0)), Ty::Elem(d))
+            }
+            Expr::Cast(d, a) => {
+                let (c, t) = self.expr(a)?;
+                (convert(&c, t, Ty::Elem(*d)), Ty::Elem(*d))
+            }
+            Expr::ToIndex(a) => {
+                let (c, t) = self.expr(a)?;
+                (convert(&c, t, Ty::Index), Ty::Index)
+            }
+            Expr::Select(c, a, b) => {
+                let (cc, _) = self.expr(c)?;
+                let (ac, at) = self.expr(a)?;
+                let (bc, bt) = self.expr(b)?;
+                let t = if at == Ty::Index { bt } else { at };
+                (
+                    format!(
+                        "(({cc}) ? {} : {})",
+                        convert(&ac, at, t),
+                        convert(&bc, bt, t)
+                    ),
+                    t,
+                )
+            }
+            Expr::Unary(op, a) => {
+                let (c, t) = self.expr(a)?;
+                self.unary(*op, c, t)?
+            }
+            Expr::Binary(op, a, b) => {
+                let (ac, at) = self.expr(a)?;
+                let (bc, bt) = self.expr(b)?;
+                let t = if at == Ty::Index { bt } else { at };
+                let ac = convert(&ac, at, t);
+                let bc = convert(&bc, bt, t);
+                self.binary(*op, ac, bc, t, b)?
+            }
+        })
+    }
+
+    fn unary(&self, op: UnOp, a: String, t: Ty) -> Result<(String, Ty), RenderError> {
+        use UnOp::*;
+        let boolean = Ty::Elem(DType::Bool);
+        if !is_float(t) {
+            let ct = value_type(t);
+            let signed = !is_unsigned(t) && t != boolean;
+            let code = match op {
+                Not => return Ok((format!("((uint8_t)!({a}))"), boolean)),
+                IsNan | IsInf => return Ok(("((uint8_t)0)".into(), boolean)),
+                Neg if t != boolean => format!("(({ct})(0 - (uint64_t)({a})))"),
+                Abs if signed => format!(
+                    "({{ {ct} _a = ({a}); ({ct})(_a < 0 ? 0 - (uint64_t)_a : (uint64_t)_a); }})"
+                ),
+                BitNot if t != boolean => format!("(({ct})~({a}))"),
+                Sign if signed => format!("({{ {ct} _a = ({a}); ({ct})((_a > 0) - (_a < 0)); }})"),
+                Sign if t != boolean => format!("(({ct})(({a}) != 0))"),
+                _ => a,
+            };
+            return Ok((code, t));
+        }
+        let Ty::Elem(d) = t else { unreachable!() };
+        let dbl = d == DType::F64;
+        let f = |name: &str| {
+            if dbl {
+                format!("{name}({a})")
+            } else {
+                format!("{name}f({a})")
+            }
+        };
+        let one = if dbl { "1.0" } else { "1.0f" };
+        let code = match op {
+            Neg => format!("(-({a}))"),
+            Not => return Ok((format!("((uint8_t)(({a}) == 0))"), boolean)),
+            BitNot => a.clone(),
+            IsNan => return Ok((format!("((uint8_t)__builtin_isnan({a}))"), boolean)),
+            IsInf => return Ok((format!("((uint8_t)__builtin_isinf({a}))"), boolean)),
+            Abs => f("fabs"),
+            Sqrt => f("sqrt"),
+            Rsqrt => format!("({one} / {})", f("sqrt")),
+            Recip => format!("({one} / ({a}))"),
+            Exp => {
+                if dbl {
+                    f("exp")
+                } else {
+                    format!("tc_expf({a})")
+                }
+            }
+            Log => f("log"),
+            Sin => f("sin"),
+            Cos => f("cos"),
+            Tan => f("tan"),
+            Asin => f("asin"),
+            Acos => f("acos"),
+            Atan => f("atan"),
+            Sinh => f("sinh"),
+            Cosh => f("cosh"),
+            Tanh => {
+                if dbl {
+                    f("tanh")
+                } else {
+                    format!("tc_tanhf({a})")
+                }
+            }
+            Asinh => f("asinh"),
+            Acosh => f("acosh"),
+            Atanh => f("atanh"),
+            Erf => {
+                if dbl {
+                    f("erf")
+                } else {
+                    format!("tc_erff({a})")
+                }
+            }
+            Floor => f("floor"),
+            Ceil => f("ceil"),
+            Round => {
+                if dbl {
+                    format!("__builtin_rint({a})")
+                } else {
+                    format!("__builtin_rintf({a})")
+                }
+            }
+            Trunc => f("trunc"),
+            Sign => {
+                let m = if dbl { "-1.0" } else { "-1.0f" };
+                let ft = if dbl { "double" } else { "float" };
+                format!("({{ {ft} _a = ({a}); _a > 0 ? {one} : (_a < 0 ? {m} : _a); }})")
+            }
+            Sigmoid => {
+                if dbl {
+                    format!("tc_sigmoid({a})")
+                } else {
+                    format!("tc_sigmoidf({a})")
+                }
+            }
+        };
+        Ok((round_lowp(d, code), t))
+    }
+
+    fn binary(
+        &self,
+        op: BinOp,
+        a: String,
+        b: String,
+        t: Ty,
+        b_expr: &Expr,
+    ) -> Result<(String, Ty), RenderError> {
+        use BinOp::*;
+        let boolean = Ty::Elem(DType::Bool);
+        if op.is_logical() {
+            let o = match op {
+                And => "&",
+                Or => "|",
+                _ => "^",
+            };
+            return Ok((
+                format!("((uint8_t)((({a}) != 0) {o} (({b}) != 0)))"),
+                boolean,
+            ));
+        }
+        if op.is_compare() {
+            let o = match op {
+                Lt => "<",
+                Le => "<=",
+                Gt => ">",
+                Ge => ">=",
+                Eq => "==",
+                _ => "!=",
+            };
+            return Ok((format!("((uint8_t)(({a}) {o} ({b})))"), boolean));
+        }
+        if is_float(t) {
+            let Ty::Elem(d) = t else { unreachable!() };
+            let dbl = d == DType::F64;
+            let sfx = if dbl { "" } else { "f" };
+            let code = match op {
+                Add => format!("(({a}) + ({b}))"),
+                Sub => format!("(({a}) - ({b}))"),
+                Mul => format!("(({a}) * ({b}))"),
+                Div => format!("(({a}) / ({b}))"),
+                Rem => format!("fmod{sfx}({a}, {b})"),
+                FloorDiv => format!("floor{sfx}(({a}) / ({b}))"),
+                FloorMod => {
+                    let ft = if dbl { "double" } else { "float" };
+                    format!("({{ {ft} _a = ({a}), _b = ({b}); _a - _b * floor{sfx}(_a / _b); }})")
+                }
+                Min => format!("tc_fmin{sfx}({a}, {b})"),
+                Max => format!("tc_fmax{sfx}({a}, {b})"),
+                Pow => format!("pow{sfx}({a}, {b})"),
+                Atan2 => format!("atan2{sfx}({a}, {b})"),
+                _ => return Err(self.err(format!("{op:?} is not defined on floats"))),
+            };
+            return Ok((round_lowp(d, code), t));
+        }
+        let ct = value_type(t);
+        let positive_const = matches!(b_expr, Expr::Int(c) if *c > 0);
+        if t == Ty::Index {
+            // Index arithmetic: plain C (loop analysis relies on it), safe division.
+            let code = match op {
+                Add => format!("(({a}) + ({b}))"),
+                Sub => format!("(({a}) - ({b}))"),
+                Mul => format!("(({a}) * ({b}))"),
+                Div if positive_const => format!("(({a}) / ({b}))"),
+                Rem if positive_const => format!("(({a}) % ({b}))"),
+                Div => format!("tc_sdiv({a}, {b})"),
+                Rem => format!("tc_srem({a}, {b})"),
+                FloorDiv => format!("tc_ifloordiv({a}, {b})"),
+                FloorMod => format!("tc_ifloormod({a}, {b})"),
+                Min => format!("({{ {ct} _a = ({a}), _b = ({b}); _a < _b ? _a : _b; }})"),
+                Max => format!("({{ {ct} _a = ({a}), _b = ({b}); _a > _b ? _a : _b; }})"),
+                Pow => format!("tc_spow({a}, {b})"),
+                BitAnd => format!("(({a}) & ({b}))"),
+                BitOr => format!("(({a}) | ({b}))"),
+                BitXor => format!("(({a}) ^ ({b}))"),
+                Shl => format!("tc_sshl({a}, {b})"),
+                Shr => format!("tc_sshr({a}, {b})"),
+                _ => return Err(self.err(format!("{op:?} is not defined on indices"))),
+            };
+            return Ok((code, t));
+        }
+        let unsigned = is_unsigned(t);
+        let w = if unsigned { "uint64_t" } else { "int64_t" };
+        let p = if unsigned { "u" } else { "s" };
+        let code = match op {
+            Add => format!("(({ct})((uint64_t)({a}) + (uint64_t)({b})))"),
+            Sub => format!("(({ct})((uint64_t)({a}) - (uint64_t)({b})))"),
+            Mul => format!("(({ct})((uint64_t)({a}) * (uint64_t)({b})))"),
+            Div => format!("(({ct})tc_{p}div(({w})({a}), ({w})({b})))"),
+            Rem => format!("(({ct})tc_{p}rem(({w})({a}), ({w})({b})))"),
+            FloorDiv if unsigned => format!("(({ct})tc_udiv(({w})({a}), ({w})({b})))"),
+            FloorMod if unsigned => format!("(({ct})tc_urem(({w})({a}), ({w})({b})))"),
+            FloorDiv => format!("(({ct})tc_sfloordiv(({w})({a}), ({w})({b})))"),
+            FloorMod => format!("(({ct})tc_sfloormod(({w})({a}), ({w})({b})))"),
+            Min => format!("({{ {ct} _a = ({a}), _b = ({b}); _a < _b ? _a : _b; }})"),
+            Max => format!("({{ {ct} _a = ({a}), _b = ({b}); _a > _b ? _a : _b; }})"),
+            Pow if unsigned => format!("(({ct})tc_upow(({w})({a}), (uint32_t)({b})))"),
+            Pow => format!("(({ct})tc_spow(({w})({a}), ({w})({b})))"),
+            BitAnd => format!("(({ct})(({a}) & ({b})))"),
+            BitOr => format!("(({ct})(({a}) | ({b})))"),
+            BitXor => format!("(({ct})(({a}) ^ ({b})))"),
+            Shl => format!("(({ct})tc_{p}shl(({w})({a}), ({w})({b})))"),
+            Shr => format!("(({ct})tc_{p}shr(({w})({a}), ({w})({b})))"),
+            _ => return Err(self.err(format!("{op:?} is not defined on integers"))),
+        };
+        let code = if t == boolean {
+            format!("((uint8_t)(({code}) != 0))")
+        } else {
+            code
+        };
+        Ok((code, t))
+    }
+}
