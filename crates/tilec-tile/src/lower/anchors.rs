@@ -718,7 +718,7 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
                 Ok(vec![(y, i.to_vec(), l.down(bin(BinOp::Div, bin(BinOp::Sub, v, stats[0].clone()), stats[1].clone()), d))])
             })
         }
-        NormOp::Lrn { size, alpha, beta, bias } => {
+        NormOp::Lrn { size, alpha, beta, bias, channels_last: false } => {
             let c = xs[1];
             let (lo, hi) = ((*size as i64 - 1) / 2, (*size as i64 - 1 + 1) / 2);
             let (alpha, beta, bias, size) = (*alpha as f64, *beta as f64, *bias as f64, *size as i64);
@@ -758,6 +758,7 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
             })
         }
         NormOp::BatchNorm { .. } | NormOp::NllLoss { .. } => l.unsupported(n, "not a row normalization"),
+        NormOp::Lrn { channels_last: true, .. } => l.unsupported(n, "channels-last LRN is not lowered yet"),
     }
 }
 

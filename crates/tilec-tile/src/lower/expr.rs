@@ -134,7 +134,7 @@ impl Lowerer<'_> {
                 Ok(Expr::cast(*to, x))
             }
             Op::Quant(q) => self.quant(n, q, idx),
-            Op::Norm(NormOp::BatchNorm { epsilon }) => {
+            Op::Norm(NormOp::BatchNorm { epsilon, channels_last: false }) => {
                 // y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1).
                 let d = self.dtype(ins[0]);
                 let ct = compute_dtype(d);
