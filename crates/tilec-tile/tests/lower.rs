@@ -46,7 +46,10 @@ fn coarsest(g: &Graph, vals: impl Iterator<Item = ValueId>) -> DType {
         DType::BF16 => 3,
         _ => 4,
     };
-    vals.map(|v| g.value(v).ty.dtype).filter(|d| d.is_float()).max_by_key(|&d| rank(d)).unwrap_or(DType::F64)
+    vals.map(|v| g.value(v).ty.dtype)
+        .filter(|d| d.is_float())
+        .max_by_key(|&d| rank(d))
+        .unwrap_or(DType::F64)
 }
 
 fn compare(want: &Tensor, got: &Tensor) -> Option<String> {
@@ -55,13 +58,25 @@ fn compare(want: &Tensor, got: &Tensor) -> Option<String> {
 
 fn compare_at(want: &Tensor, got: &Tensor, tol: DType) -> Option<String> {
     if want.dtype() != got.dtype() || want.shape() != got.shape() {
-        return Some(format!("{}{:?} vs {}{:?}", want.dtype(), want.shape(), got.dtype(), got.shape()));
+        return Some(format!(
+            "{}{:?} vs {}{:?}",
+            want.dtype(),
+            want.shape(),
+            got.dtype(),
+            got.shape()
+        ));
     }
     if !want.dtype().is_float() {
         let (x, y) = (want.to_i64_vec(), got.to_i64_vec());
-        return (0..x.len()).find(|&i| x[i] != y[i]).map(|i| format!("element {i}: want {} got {}", x[i], y[i]));
+        return (0..x.len())
+            .find(|&i| x[i] != y[i])
+            .map(|i| format!("element {i}: want {} got {}", x[i], y[i]));
     }
-    let tol = if tolerance(tol).0 > tolerance(want.dtype()).0 { tol } else { want.dtype() };
+    let tol = if tolerance(tol).0 > tolerance(want.dtype()).0 {
+        tol
+    } else {
+        want.dtype()
+    };
     let (rtol, atol) = tolerance(tol);
     let (x, y) = (want.to_f64_vec(), got.to_f64_vec());
     let mut bad = 0;
@@ -79,7 +94,14 @@ fn compare_at(want: &Tensor, got: &Tensor, tol: DType) -> Option<String> {
             first.get_or_insert(i);
         }
     }
-    first.map(|i| format!("{bad}/{} differ; element {i}: want {} got {}", x.len(), x[i], y[i]))
+    first.map(|i| {
+        format!(
+            "{bad}/{} differ; element {i}: want {} got {}",
+            x.len(),
+            x[i],
+            y[i]
+        )
+    })
 }
 
 fn random_like(d: DType, shape: &[usize], rng: &mut impl Rng) -> Tensor {
@@ -105,7 +127,12 @@ fn poisoned(d: DType, shape: &[i64]) -> Tensor {
     } else if d == DType::Bool {
         Tensor::from_i64s(d, shape, &vec![1; n]).unwrap()
     } else {
-        Tensor::from_i64s(d, shape, &vec![0x5a5a_5a5a_5a5a_5a5a_i64 >> (64 - 8 * d.size_bytes() as u32).min(63); n]).unwrap()
+        Tensor::from_i64s(
+            d,
+            shape,
+            &vec![0x5a5a_5a5a_5a5a_5a5a_i64 >> (64 - 8 * d.size_bytes() as u32).min(63); n],
+        )
+        .unwrap()
     }
 }
 
@@ -154,8 +181,12 @@ fn eval_node(g: &Graph, n: NodeId, env: &mut HashMap<ValueId, Tensor>) -> Result
         .collect::<Result<_, _>>()?;
     let refs: Vec<&Tensor> = args.iter().collect();
     let bound = HashMap::new();
-    let cx = EvalCtx { graph: g, bound: &bound };
-    let outs = tilec_ref::eval_op(&node.op, &refs, &cx).map_err(|e| format!("node '{}' ({}): {e}", node.name, node.op.name()))?;
+    let cx = EvalCtx {
+        graph: g,
+        bound: &bound,
+    };
+    let outs = tilec_ref::eval_op(&node.op, &refs, &cx)
+        .map_err(|e| format!("node '{}' ({}): {e}", node.name, node.op.name()))?;
     for (&v, t) in node.outputs.iter().zip(outs) {
         env.insert(v, t);
     }
@@ -175,10 +206,17 @@ fn reference_env(g: &Graph, inputs: &[Tensor]) -> Result<HashMap<ValueId, Tensor
 }
 
 /// Runs a lowered kernel on the values in `env`; returns its outputs.
-fn run_lowered(g: &Graph, lw: &Lowered, env: &HashMap<ValueId, Tensor>) -> Result<Vec<Tensor>, String> {
+fn run_lowered(
+    g: &Graph,
+    lw: &Lowered,
+    env: &HashMap<ValueId, Tensor>,
+) -> Result<Vec<Tensor>, String> {
     let mut args = Vec::new();
     for &v in &lw.inputs {
-        args.push(value_of(g, env, v).ok_or_else(|| format!("input '{}' has no value", g.value(v).name))?);
+        args.push(
+            value_of(g, env, v)
+                .ok_or_else(|| format!("input '{}' has no value", g.value(v).name))?,
+        );
     }
     for (k, &v) in lw.outputs.iter().enumerate() {
         let b = lw.kernel.buf(lw.kernel.params[lw.inputs.len() + k]);
@@ -186,7 +224,8 @@ fn run_lowered(g: &Graph, lw: &Lowered, env: &HashMap<ValueId, Tensor>) -> Resul
         args.push(poisoned(b.dtype, &b.shape));
     }
     interp::run(&lw.kernel, &mut args).map_err(|e| e.to_string())?;
-    Ok(args.split_off(lw.inputs.len())
+    Ok(args
+        .split_off(lw.inputs.len())
         .into_iter()
         .zip(&lw.outputs)
         .map(|(t, &v)| {
@@ -204,9 +243,22 @@ fn check_kernel(g: &Graph, lw: &Lowered) -> Result<(), String> {
     }
     for (i, &v) in lw.inputs.iter().chain(&lw.outputs).enumerate() {
         let b = k.buf(k.params[i]);
-        let want: Vec<i64> = g.value(v).ty.fixed_shape().unwrap_or_default().iter().map(|&d| d as i64).collect();
+        let want: Vec<i64> = g
+            .value(v)
+            .ty
+            .fixed_shape()
+            .unwrap_or_default()
+            .iter()
+            .map(|&d| d as i64)
+            .collect();
         if b.dtype != g.value(v).ty.dtype || b.shape != want {
-            return Err(format!("param {i} is {}{:?}, value is {}{:?}", b.dtype, b.shape, g.value(v).ty.dtype, want));
+            return Err(format!(
+                "param {i} is {}{:?}, value is {}{:?}",
+                b.dtype,
+                b.shape,
+                g.value(v).ty.dtype,
+                want
+            ));
         }
     }
     let mut names = std::collections::HashSet::new();
@@ -220,7 +272,12 @@ fn check_kernel(g: &Graph, lw: &Lowered) -> Result<(), String> {
 
 /// Executes the partitioned graph group by group; compares each lowered group's outputs
 /// with the reference values and returns the graph outputs.
-fn run_partitioned(name: &str, g: &Graph, inputs: &[Tensor], st: &mut Stats) -> Result<Vec<Tensor>, String> {
+fn run_partitioned(
+    name: &str,
+    g: &Graph,
+    inputs: &[Tensor],
+    st: &mut Stats,
+) -> Result<Vec<Tensor>, String> {
     let reference = reference_env(g, inputs)?;
     let part = partition(g, &Target::preset(TargetKind::Cpu));
     let mut env: HashMap<ValueId, Tensor> = HashMap::new();
@@ -230,19 +287,32 @@ fn run_partitioned(name: &str, g: &Graph, inputs: &[Tensor], st: &mut Stats) -> 
     let verbose = std::env::var("TILEC_LOWER_VERBOSE").is_ok();
     // Groups run when their inputs are ready (the group graph is acyclic); a source node
     // outside every group runs as soon as its own inputs are.
-    let sources: Vec<NodeId> = (0..g.nodes().len()).filter(|&i| part.group_of[i].is_none()).map(|i| NodeId(i as u32)).collect();
+    let sources: Vec<NodeId> = (0..g.nodes().len())
+        .filter(|&i| part.group_of[i].is_none())
+        .map(|i| NodeId(i as u32))
+        .collect();
     let mut src_done = vec![false; sources.len()];
     let mut pending: Vec<usize> = (0..part.groups.len()).collect();
     while !pending.is_empty() {
         let mut progress = false;
         for (k, &n) in sources.iter().enumerate() {
-            if !src_done[k] && g.node(n).inputs.iter().all(|&v| value_of(g, &env, v).is_some()) {
+            if !src_done[k]
+                && g.node(n)
+                    .inputs
+                    .iter()
+                    .all(|&v| value_of(g, &env, v).is_some())
+            {
                 eval_node(g, n, &mut env)?;
                 src_done[k] = true;
                 progress = true;
             }
         }
-        let ready = pending.iter().position(|&gi| part.groups[gi].inputs.iter().all(|&v| value_of(g, &env, v).is_some()));
+        let ready = pending.iter().position(|&gi| {
+            part.groups[gi]
+                .inputs
+                .iter()
+                .all(|&v| value_of(g, &env, v).is_some())
+        });
         let Some(pos) = ready else {
             if progress {
                 continue;
@@ -258,15 +328,24 @@ fn run_partitioned(name: &str, g: &Graph, inputs: &[Tensor], st: &mut Stats) -> 
                 if let Err(e) = check_kernel(g, &lw) {
                     st.mismatches.push(format!("{name} group {gi}: {e}"));
                 }
-                let outs = run_lowered(g, &lw, &env).map_err(|e| format!("group {gi} ({:?}): {e}", grp.kind))?;
-                let vals = grp.nodes.iter().flat_map(|&n| g.node(n).inputs.iter().chain(&g.node(n).outputs).copied());
+                let outs = run_lowered(g, &lw, &env)
+                    .map_err(|e| format!("group {gi} ({:?}): {e}", grp.kind))?;
+                let vals = grp
+                    .nodes
+                    .iter()
+                    .flat_map(|&n| g.node(n).inputs.iter().chain(&g.node(n).outputs).copied());
                 let tol = coarsest(g, vals);
                 for (&v, t) in lw.outputs.iter().zip(outs) {
                     st.checked_outputs += 1;
                     if let Some(want) = reference.get(&v) {
                         if let Some(m) = compare_at(want, &t, tol) {
-                            let ops: Vec<&str> = grp.nodes.iter().map(|&n| g.node(n).op.name()).collect();
-                            st.mismatches.push(format!("{name} group {gi} {:?} {ops:?} value '{}': {m}", grp.kind, g.value(v).name));
+                            let ops: Vec<&str> =
+                                grp.nodes.iter().map(|&n| g.node(n).op.name()).collect();
+                            st.mismatches.push(format!(
+                                "{name} group {gi} {:?} {ops:?} value '{}': {m}",
+                                grp.kind,
+                                g.value(v).name
+                            ));
                         }
                     }
                     env.insert(v, t);
@@ -293,7 +372,13 @@ fn run_partitioned(name: &str, g: &Graph, inputs: &[Tensor], st: &mut Stats) -> 
             eval_node(g, n, &mut env)?;
         }
     }
-    g.outputs().iter().map(|&v| value_of(g, &env, v).ok_or_else(|| format!("graph output '{}' not computed", g.value(v).name))).collect()
+    g.outputs()
+        .iter()
+        .map(|&v| {
+            value_of(g, &env, v)
+                .ok_or_else(|| format!("graph output '{}' not computed", g.value(v).name))
+        })
+        .collect()
 }
 
 /// Optimizes, runs partitioned and compares graph outputs with the reference interpreter.
@@ -320,8 +405,14 @@ fn check_graph(name: &str, g: &Graph, inputs: &[Tensor], st: &mut Stats) {
 }
 
 fn optimize(g: &mut Graph) -> Result<(), String> {
-    let opts = PipelineOptions { verify: true, print_ir_after: None };
-    Pipeline::for_level_and_target(3, TargetKind::Cpu).run(g, &opts).map(|_| ()).map_err(|e| e.to_string())
+    let opts = PipelineOptions {
+        verify: true,
+        print_ir_after: None,
+    };
+    Pipeline::for_level_and_target(3, TargetKind::Cpu)
+        .run(g, &opts)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 fn fixed(g: &Graph) -> bool {
@@ -331,7 +422,10 @@ fn fixed(g: &Graph) -> bool {
 // ------------------------------------------------------------------ conformance cases
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn load_pbs(dir: &Path, prefix: &str) -> Option<Vec<Tensor>> {
@@ -356,8 +450,14 @@ fn import(dir: &Path) -> Option<(Graph, Vec<Tensor>)> {
     let model = tilec_onnx::load_model(&dir.join("model.onnx")).ok()?;
     let inputs = load_pbs(&dir.join("test_data_set_0"), "input")?;
     let gp = model.graph.as_ref()?;
-    let init: std::collections::HashSet<&str> = gp.initializer.iter().map(|t| t.name.as_str()).collect();
-    let names: Vec<String> = gp.input.iter().filter(|i| !init.contains(i.name.as_str())).map(|i| i.name.clone()).collect();
+    let init: std::collections::HashSet<&str> =
+        gp.initializer.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<String> = gp
+        .input
+        .iter()
+        .filter(|i| !init.contains(i.name.as_str()))
+        .map(|i| i.name.clone())
+        .collect();
     if names.len() != inputs.len() {
         return None;
     }
@@ -366,14 +466,19 @@ fn import(dir: &Path) -> Option<(Graph, Vec<Tensor>)> {
     let g = loop {
         match import_model(&model, &opts) {
             Ok(g) => break g,
-            Err(ImportError::NonConstant { input, .. }) if by_name.contains_key(&input) && !opts.bind_inputs.contains_key(&input) => {
-                opts.bind_inputs.insert(input.clone(), by_name[&input].clone());
+            Err(ImportError::NonConstant { input, .. })
+                if by_name.contains_key(&input) && !opts.bind_inputs.contains_key(&input) =>
+            {
+                opts.bind_inputs
+                    .insert(input.clone(), by_name[&input].clone());
             }
             Err(ImportError::NonConstant { .. }) => {
                 let before = opts.bind_inputs.len();
                 for (k, t) in &by_name {
                     if t.dtype().is_int() && t.numel() <= 64 {
-                        opts.bind_inputs.entry(k.clone()).or_insert_with(|| t.clone());
+                        opts.bind_inputs
+                            .entry(k.clone())
+                            .or_insert_with(|| t.clone());
                     }
                 }
                 if opts.bind_inputs.len() == before {
@@ -383,13 +488,19 @@ fn import(dir: &Path) -> Option<(Graph, Vec<Tensor>)> {
             Err(_) => return None,
         }
     };
-    let feeds = g.inputs().iter().map(|&v| by_name.get(&g.value(v).name).cloned()).collect::<Option<Vec<_>>>()?;
+    let feeds = g
+        .inputs()
+        .iter()
+        .map(|&v| by_name.get(&g.value(v).name).cloned())
+        .collect::<Option<Vec<_>>>()?;
     Some((g, feeds))
 }
 
 fn run_node_case(name: &str, dir: &Path) -> Stats {
     let mut st = Stats::default();
-    let Some((mut g, feeds)) = import(dir) else { return st };
+    let Some((mut g, feeds)) = import(dir) else {
+        return st;
+    };
     if tilec_ref::run(&g, feeds.clone()).is_err() {
         return st;
     }
@@ -401,11 +512,21 @@ fn run_node_case(name: &str, dir: &Path) -> Stats {
         st.symbolic += 1;
         return st;
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(name.bytes().fold(11u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)));
-    let rnd: Vec<Tensor> = feeds.iter().map(|t| random_like(t.dtype(), t.shape(), &mut rng)).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        name.bytes()
+            .fold(11u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)),
+    );
+    let rnd: Vec<Tensor> = feeds
+        .iter()
+        .map(|t| random_like(t.dtype(), t.shape(), &mut rng))
+        .collect();
     // Random values may be meaningless for an op (indices out of range): then the test's
     // own inputs.
-    let inputs = if tilec_ref::run(&g, rnd.clone()).is_ok() { rnd } else { feeds };
+    let inputs = if tilec_ref::run(&g, rnd.clone()).is_ok() {
+        rnd
+    } else {
+        feeds
+    };
     check_graph(name, &g, &inputs, &mut st);
     st
 }
@@ -413,7 +534,10 @@ fn run_node_case(name: &str, dir: &Path) -> Stats {
 #[test]
 fn conformance_node_cases_lower_and_match() {
     let dir = repo_root().join("testdata/gen/node");
-    assert!(dir.is_dir(), "testdata/gen missing: run scripts/setup-venv.sh");
+    assert!(
+        dir.is_dir(),
+        "testdata/gen missing: run scripts/setup-venv.sh"
+    );
     let filter = std::env::var("TILEC_LOWER_FILTER").ok();
     let mut cases: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
         .unwrap()
@@ -427,15 +551,22 @@ fn conformance_node_cases_lower_and_match() {
     }
     let total = Mutex::new(Stats::default());
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((name, dir)) = cases.get(i) else { break };
+                let Some((name, dir)) = cases.get(i) else {
+                    break;
+                };
                 let st = match std::panic::catch_unwind(|| run_node_case(name, dir)) {
                     Ok(st) => st,
-                    Err(_) => Stats { mismatches: vec![format!("{name}: PANIC")], ..Default::default() },
+                    Err(_) => Stats {
+                        mismatches: vec![format!("{name}: PANIC")],
+                        ..Default::default()
+                    },
                 };
                 total.lock().unwrap().merge(st);
             });
@@ -443,7 +574,11 @@ fn conformance_node_cases_lower_and_match() {
     });
     let st = total.into_inner().unwrap();
     report("conformance", &st);
-    assert!(st.mismatches.is_empty(), "{} mismatches", st.mismatches.len());
+    assert!(
+        st.mismatches.is_empty(),
+        "{} mismatches",
+        st.mismatches.len()
+    );
     assert!(st.lowered > 0 || filter.is_some());
 }
 
@@ -476,7 +611,12 @@ fn rand_const(g: &mut Graph, name: &str, shape: &[usize], rng: &mut impl Rng) ->
 }
 
 fn window(kernel: &[usize], strides: &[usize], dil: &[usize], pads: Padding) -> Window {
-    Window { kernel: kernel.to_vec(), strides: strides.to_vec(), dilations: dil.to_vec(), pads }
+    Window {
+        kernel: kernel.to_vec(),
+        strides: strides.to_vec(),
+        dilations: dil.to_vec(),
+        pads,
+    }
 }
 
 fn gelu() -> Op {
@@ -500,8 +640,22 @@ fn built_graphs() -> Vec<(String, Graph)> {
         let h = g.add(gelu(), &[h]).unwrap();
         let y = g.add(Op::Linalg(LinalgOp::MatMul), &[h, w2]).unwrap();
         let y = g.add(Op::Binary(BinaryOp::Add), &[y, x]).unwrap();
-        let r = g.add(Op::Layout(LayoutOp::Reshape { shape: vec![Dim::Fixed(2), Dim::Fixed(5), Dim::Fixed(4), Dim::Fixed(6)] }), &[y]).unwrap();
-        let t = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 1, 3] }), &[r]).unwrap();
+        let r = g
+            .add(
+                Op::Layout(LayoutOp::Reshape {
+                    shape: vec![Dim::Fixed(2), Dim::Fixed(5), Dim::Fixed(4), Dim::Fixed(6)],
+                }),
+                &[y],
+            )
+            .unwrap();
+        let t = g
+            .add(
+                Op::Layout(LayoutOp::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                }),
+                &[r],
+            )
+            .unwrap();
         g.set_outputs(vec![t]);
         out.push(("mlp".to_string(), g));
     }
@@ -520,21 +674,116 @@ fn built_graphs() -> Vec<(String, Graph)> {
     // Convolutions: GEMM path (padding, stride, dilation, groups), direct path (depthwise),
     // 1-D and 3-D, channels-last, transposed.
     let convs: Vec<(&str, Vec<usize>, Vec<usize>, Window, usize, bool)> = vec![
-        ("conv2d", vec![2, 6, 9, 8], vec![8, 6, 3, 3], window(&[3, 3], &[1, 1], &[1, 1], Padding::Explicit(vec![1, 1, 1, 1])), 1, false),
-        ("conv2d_s2_d2", vec![1, 4, 11, 10], vec![8, 4, 3, 2], window(&[3, 2], &[2, 1], &[2, 1], Padding::Explicit(vec![2, 0, 1, 1])), 1, false),
-        ("conv2d_groups", vec![1, 8, 7, 7], vec![8, 4, 3, 3], window(&[3, 3], &[1, 1], &[1, 1], Padding::SameUpper), 2, false),
-        ("conv2d_depthwise", vec![1, 6, 7, 6], vec![6, 1, 3, 3], window(&[3, 3], &[2, 2], &[1, 1], Padding::Explicit(vec![1, 1, 1, 1])), 6, false),
-        ("conv1d", vec![2, 5, 12], vec![7, 5, 4], window(&[4], &[2], &[1], Padding::Explicit(vec![1, 2])), 1, false),
-        ("conv3d", vec![1, 3, 4, 5, 5], vec![4, 3, 2, 2, 2], window(&[2, 2, 2], &[1, 1, 1], &[1, 1, 1], Padding::Explicit(vec![0, 1, 0, 0, 1, 0])), 1, false),
-        ("conv2d_nhwc", vec![2, 7, 6, 6], vec![8, 6, 3, 3], window(&[3, 3], &[1, 1], &[1, 1], Padding::Explicit(vec![1, 1, 1, 1])), 1, true),
-        ("conv2d_nhwc_small", vec![1, 5, 5, 2], vec![3, 2, 1, 1], window(&[1, 1], &[1, 1], &[1, 1], Padding::Explicit(vec![0, 0, 0, 0])), 1, true),
+        (
+            "conv2d",
+            vec![2, 6, 9, 8],
+            vec![8, 6, 3, 3],
+            window(
+                &[3, 3],
+                &[1, 1],
+                &[1, 1],
+                Padding::Explicit(vec![1, 1, 1, 1]),
+            ),
+            1,
+            false,
+        ),
+        (
+            "conv2d_s2_d2",
+            vec![1, 4, 11, 10],
+            vec![8, 4, 3, 2],
+            window(
+                &[3, 2],
+                &[2, 1],
+                &[2, 1],
+                Padding::Explicit(vec![2, 0, 1, 1]),
+            ),
+            1,
+            false,
+        ),
+        (
+            "conv2d_groups",
+            vec![1, 8, 7, 7],
+            vec![8, 4, 3, 3],
+            window(&[3, 3], &[1, 1], &[1, 1], Padding::SameUpper),
+            2,
+            false,
+        ),
+        (
+            "conv2d_depthwise",
+            vec![1, 6, 7, 6],
+            vec![6, 1, 3, 3],
+            window(
+                &[3, 3],
+                &[2, 2],
+                &[1, 1],
+                Padding::Explicit(vec![1, 1, 1, 1]),
+            ),
+            6,
+            false,
+        ),
+        (
+            "conv1d",
+            vec![2, 5, 12],
+            vec![7, 5, 4],
+            window(&[4], &[2], &[1], Padding::Explicit(vec![1, 2])),
+            1,
+            false,
+        ),
+        (
+            "conv3d",
+            vec![1, 3, 4, 5, 5],
+            vec![4, 3, 2, 2, 2],
+            window(
+                &[2, 2, 2],
+                &[1, 1, 1],
+                &[1, 1, 1],
+                Padding::Explicit(vec![0, 1, 0, 0, 1, 0]),
+            ),
+            1,
+            false,
+        ),
+        (
+            "conv2d_nhwc",
+            vec![2, 7, 6, 6],
+            vec![8, 6, 3, 3],
+            window(
+                &[3, 3],
+                &[1, 1],
+                &[1, 1],
+                Padding::Explicit(vec![1, 1, 1, 1]),
+            ),
+            1,
+            true,
+        ),
+        (
+            "conv2d_nhwc_small",
+            vec![1, 5, 5, 2],
+            vec![3, 2, 1, 1],
+            window(
+                &[1, 1],
+                &[1, 1],
+                &[1, 1],
+                Padding::Explicit(vec![0, 0, 0, 0]),
+            ),
+            1,
+            true,
+        ),
     ];
     for (name, xs, ws, w, group, cl) in convs {
         let mut g = Graph::new(name);
         let x = g.add_input("x", f32t(&xs));
         let wt = rand_const(&mut g, "w", &ws, &mut rng);
         let b = rand_const(&mut g, "b", &[ws[0]], &mut rng);
-        let c = g.add(Op::Linalg(LinalgOp::Conv { window: w, group, channels_last: cl }), &[x, wt, b]).unwrap();
+        let c = g
+            .add(
+                Op::Linalg(LinalgOp::Conv {
+                    window: w,
+                    group,
+                    channels_last: cl,
+                }),
+                &[x, wt, b],
+            )
+            .unwrap();
         let r = g.add(Op::Unary(UnaryOp::Relu), &[c]).unwrap();
         g.set_outputs(vec![r]);
         out.push((name.to_string(), g));
@@ -558,17 +807,92 @@ fn built_graphs() -> Vec<(String, Graph)> {
     }
     // Pools.
     let pools: Vec<(&str, PoolKind, Window, bool, bool)> = vec![
-        ("maxpool_ceil", PoolKind::Max { indices: true, column_major: false }, window(&[3, 3], &[2, 2], &[1, 1], Padding::Explicit(vec![1, 1, 0, 0])), true, false),
-        ("avgpool_incl", PoolKind::Avg { count_include_pad: true }, window(&[3, 2], &[2, 2], &[1, 1], Padding::Explicit(vec![1, 1, 1, 0])), true, false),
-        ("avgpool_excl", PoolKind::Avg { count_include_pad: false }, window(&[3, 3], &[1, 2], &[2, 1], Padding::SameLower), false, false),
-        ("lppool", PoolKind::Lp { p: 2 }, window(&[2, 2], &[1, 1], &[1, 1], Padding::Explicit(vec![0, 0, 0, 0])), false, false),
-        ("maxpool_nhwc", PoolKind::Max { indices: false, column_major: false }, window(&[2, 2], &[2, 2], &[1, 1], Padding::Explicit(vec![0, 0, 1, 1])), false, true),
+        (
+            "maxpool_ceil",
+            PoolKind::Max {
+                indices: true,
+                column_major: false,
+            },
+            window(
+                &[3, 3],
+                &[2, 2],
+                &[1, 1],
+                Padding::Explicit(vec![1, 1, 0, 0]),
+            ),
+            true,
+            false,
+        ),
+        (
+            "avgpool_incl",
+            PoolKind::Avg {
+                count_include_pad: true,
+            },
+            window(
+                &[3, 2],
+                &[2, 2],
+                &[1, 1],
+                Padding::Explicit(vec![1, 1, 1, 0]),
+            ),
+            true,
+            false,
+        ),
+        (
+            "avgpool_excl",
+            PoolKind::Avg {
+                count_include_pad: false,
+            },
+            window(&[3, 3], &[1, 2], &[2, 1], Padding::SameLower),
+            false,
+            false,
+        ),
+        (
+            "lppool",
+            PoolKind::Lp { p: 2 },
+            window(
+                &[2, 2],
+                &[1, 1],
+                &[1, 1],
+                Padding::Explicit(vec![0, 0, 0, 0]),
+            ),
+            false,
+            false,
+        ),
+        (
+            "maxpool_nhwc",
+            PoolKind::Max {
+                indices: false,
+                column_major: false,
+            },
+            window(
+                &[2, 2],
+                &[2, 2],
+                &[1, 1],
+                Padding::Explicit(vec![0, 0, 1, 1]),
+            ),
+            false,
+            true,
+        ),
     ];
     for (name, kind, w, ceil, cl) in pools {
         let mut g = Graph::new(name);
-        let xs = if cl { vec![2, 7, 6, 3] } else { vec![2, 3, 7, 6] };
+        let xs = if cl {
+            vec![2, 7, 6, 3]
+        } else {
+            vec![2, 3, 7, 6]
+        };
         let x = g.add_input("x", f32t(&xs));
-        let outs = g.add_node(name, Op::Linalg(LinalgOp::Pool { kind, window: w, ceil_mode: ceil, channels_last: cl }), &[x]).unwrap();
+        let outs = g
+            .add_node(
+                name,
+                Op::Linalg(LinalgOp::Pool {
+                    kind,
+                    window: w,
+                    ceil_mode: ceil,
+                    channels_last: cl,
+                }),
+                &[x],
+            )
+            .unwrap();
         g.set_outputs(outs);
         out.push((name.to_string(), g));
     }
@@ -580,22 +904,102 @@ fn built_graphs() -> Vec<(String, Graph)> {
         let s = rand_const(&mut g, "s", &[10], &mut rng);
         let b = rand_const(&mut g, "b", &[10], &mut rng);
         let h = g.add(Op::Binary(BinaryOp::Add), &[x, r]).unwrap();
-        let ln = g.add_node("ln", Op::Norm(NormOp::LayerNorm { axis: 2, epsilon: 1e-5, stash: DType::F32, has_bias: true }), &[h, s, b]).unwrap();
+        let ln = g
+            .add_node(
+                "ln",
+                Op::Norm(NormOp::LayerNorm {
+                    axis: 2,
+                    epsilon: 1e-5,
+                    stash: DType::F32,
+                    has_bias: true,
+                }),
+                &[h, s, b],
+            )
+            .unwrap();
         let y = g.add(Op::Binary(BinaryOp::Mul), &[ln[0], ln[0]]).unwrap();
         let sm = g.add(Op::Norm(NormOp::Softmax { axis: 1 }), &[x]).unwrap();
-        let lsm = g.add(Op::Norm(NormOp::LogSoftmax { axis: 2 }), &[x]).unwrap();
-        let rms = g.add(Op::Norm(NormOp::RmsNorm { axis: 1, epsilon: 1e-6 }), &[x, s]).unwrap();
-        let red = g.add(Op::Reduce(ReduceOp::Reduce { kind: ReduceKind::Mean, axes: vec![0, 2], keepdims: false }), &[x]).unwrap();
+        let lsm = g
+            .add(Op::Norm(NormOp::LogSoftmax { axis: 2 }), &[x])
+            .unwrap();
+        let rms = g
+            .add(
+                Op::Norm(NormOp::RmsNorm {
+                    axis: 1,
+                    epsilon: 1e-6,
+                }),
+                &[x, s],
+            )
+            .unwrap();
+        let red = g
+            .add(
+                Op::Reduce(ReduceOp::Reduce {
+                    kind: ReduceKind::Mean,
+                    axes: vec![0, 2],
+                    keepdims: false,
+                }),
+                &[x],
+            )
+            .unwrap();
         let red = g.add(Op::Unary(UnaryOp::Exp), &[red]).unwrap();
-        let lse = g.add(Op::Reduce(ReduceOp::Reduce { kind: ReduceKind::LogSumExp, axes: vec![1], keepdims: true }), &[x]).unwrap();
-        let am = g.add(Op::Reduce(ReduceOp::ArgMax { axis: 2, keepdims: false, select_last_index: false }), &[x]).unwrap();
-        let x4 = g.add(Op::Layout(LayoutOp::Reshape { shape: vec![Dim::Fixed(3), Dim::Fixed(4), Dim::Fixed(5), Dim::Fixed(2)] }), &[x]).unwrap();
+        let lse = g
+            .add(
+                Op::Reduce(ReduceOp::Reduce {
+                    kind: ReduceKind::LogSumExp,
+                    axes: vec![1],
+                    keepdims: true,
+                }),
+                &[x],
+            )
+            .unwrap();
+        let am = g
+            .add(
+                Op::Reduce(ReduceOp::ArgMax {
+                    axis: 2,
+                    keepdims: false,
+                    select_last_index: false,
+                }),
+                &[x],
+            )
+            .unwrap();
+        let x4 = g
+            .add(
+                Op::Layout(LayoutOp::Reshape {
+                    shape: vec![Dim::Fixed(3), Dim::Fixed(4), Dim::Fixed(5), Dim::Fixed(2)],
+                }),
+                &[x],
+            )
+            .unwrap();
         let gs = rand_const(&mut g, "gs", &[4], &mut rng);
         let gb = rand_const(&mut g, "gb", &[4], &mut rng);
-        let gn = g.add(Op::Norm(NormOp::GroupNorm { num_groups: 2, epsilon: 1e-5 }), &[x4, gs, gb]).unwrap();
-        let inorm = g.add(Op::Norm(NormOp::InstanceNorm { epsilon: 1e-5 }), &[x4, gs, gb]).unwrap();
-        let lrn = g.add(Op::Norm(NormOp::Lrn { size: 3, alpha: 1e-2, beta: 0.75, bias: 1.0 }), &[x4]).unwrap();
-        g.set_outputs(vec![y, ln[1], ln[2], sm, lsm, rms, red, lse, am, gn, inorm, lrn]);
+        let gn = g
+            .add(
+                Op::Norm(NormOp::GroupNorm {
+                    num_groups: 2,
+                    epsilon: 1e-5,
+                }),
+                &[x4, gs, gb],
+            )
+            .unwrap();
+        let inorm = g
+            .add(
+                Op::Norm(NormOp::InstanceNorm { epsilon: 1e-5 }),
+                &[x4, gs, gb],
+            )
+            .unwrap();
+        let lrn = g
+            .add(
+                Op::Norm(NormOp::Lrn {
+                    size: 3,
+                    alpha: 1e-2,
+                    beta: 0.75,
+                    bias: 1.0,
+                }),
+                &[x4],
+            )
+            .unwrap();
+        g.set_outputs(vec![
+            y, ln[1], ln[2], sm, lsm, rms, red, lse, am, gn, inorm, lrn,
+        ]);
         out.push(("norms".to_string(), g));
     }
     // Attention: 4-D with a float mask and GQA, 3-D causal with a bool mask and a past.
@@ -620,7 +1024,9 @@ fn built_graphs() -> Vec<(String, Graph)> {
             has_nonpad: false,
         };
         let outs = g.add_node("att", Op::Nn(op), &[q, k, v, m]).unwrap();
-        let y = g.add(Op::Binary(BinaryOp::Add), &[outs[0], q]).unwrap_or(outs[0]);
+        let y = g
+            .add(Op::Binary(BinaryOp::Add), &[outs[0], q])
+            .unwrap_or(outs[0]);
         g.set_outputs(vec![y, outs[1]]);
         out.push(("attention4d".to_string(), g));
     }
@@ -646,7 +1052,9 @@ fn built_graphs() -> Vec<(String, Graph)> {
             has_past: true,
             has_nonpad: false,
         };
-        let outs = g.add_node("att", Op::Nn(op), &[q, k, v, m, pk, pv]).unwrap();
+        let outs = g
+            .add_node("att", Op::Nn(op), &[q, k, v, m, pk, pv])
+            .unwrap();
         g.set_outputs(vec![outs[0], outs[1], outs[2]]);
         out.push(("attention3d".to_string(), g));
     }
@@ -655,24 +1063,62 @@ fn built_graphs() -> Vec<(String, Graph)> {
         let mut g = Graph::new("reindex");
         let x = g.add_input("x", f32t(&[3, 4]));
         let y = g.add_input("y", f32t(&[3, 2]));
-        let i = g.add_const("i", Tensor::from_vec(vec![2, 2], vec![2i64, -1, 0, 1]).unwrap());
-        let c = g.add(Op::Layout(LayoutOp::Concat { axis: 1 }), &[x, y]).unwrap();
+        let i = g.add_const(
+            "i",
+            Tensor::from_vec(vec![2, 2], vec![2i64, -1, 0, 1]).unwrap(),
+        );
+        let c = g
+            .add(Op::Layout(LayoutOp::Concat { axis: 1 }), &[x, y])
+            .unwrap();
         let fill = g.add_const("f", Tensor::scalar(0.5f32));
-        let p = g.add(Op::Layout(LayoutOp::Pad { pads: vec![1, 0, 0, 2], mode: PadMode::Constant }), &[c, fill]).unwrap();
-        let pr = g.add(Op::Layout(LayoutOp::Pad { pads: vec![2, 1, 1, 3], mode: PadMode::Reflect }), &[x, fill]).unwrap();
-        let s = g.add(
-            Op::Layout(LayoutOp::Slice {
-                axes: vec![0, 1],
-                starts: vec![SliceBound::Index(-1), SliceBound::Index(1)],
-                ends: vec![SliceBound::Index(0), SliceBound::Index(100)],
-                steps: vec![-1, 2],
-            }),
-            &[p],
-        )
-        .unwrap();
-        let gt = g.add(Op::Index(IndexOp::Gather { axis: 1 }), &[x, i]).unwrap();
-        let e = g.add(Op::Layout(LayoutOp::Expand { shape: vec![Dim::Fixed(2), Dim::Fixed(3), Dim::Fixed(2), Dim::Fixed(2)] }), &[gt]).unwrap();
-        let t = g.add(Op::Layout(LayoutOp::Tile { repeats: vec![2, 1] }), &[y]).unwrap();
+        let p = g
+            .add(
+                Op::Layout(LayoutOp::Pad {
+                    pads: vec![1, 0, 0, 2],
+                    mode: PadMode::Constant,
+                }),
+                &[c, fill],
+            )
+            .unwrap();
+        let pr = g
+            .add(
+                Op::Layout(LayoutOp::Pad {
+                    pads: vec![2, 1, 1, 3],
+                    mode: PadMode::Reflect,
+                }),
+                &[x, fill],
+            )
+            .unwrap();
+        let s = g
+            .add(
+                Op::Layout(LayoutOp::Slice {
+                    axes: vec![0, 1],
+                    starts: vec![SliceBound::Index(-1), SliceBound::Index(1)],
+                    ends: vec![SliceBound::Index(0), SliceBound::Index(100)],
+                    steps: vec![-1, 2],
+                }),
+                &[p],
+            )
+            .unwrap();
+        let gt = g
+            .add(Op::Index(IndexOp::Gather { axis: 1 }), &[x, i])
+            .unwrap();
+        let e = g
+            .add(
+                Op::Layout(LayoutOp::Expand {
+                    shape: vec![Dim::Fixed(2), Dim::Fixed(3), Dim::Fixed(2), Dim::Fixed(2)],
+                }),
+                &[gt],
+            )
+            .unwrap();
+        let t = g
+            .add(
+                Op::Layout(LayoutOp::Tile {
+                    repeats: vec![2, 1],
+                }),
+                &[y],
+            )
+            .unwrap();
         g.set_outputs(vec![s, pr, e, t]);
         out.push(("reindex".to_string(), g));
     }
@@ -702,9 +1148,17 @@ fn built_graphs_lower_and_match() {
         check_graph(&format!("{name} (O3)"), &o, &inputs, &mut st);
     }
     report("built graphs", &st);
-    assert!(st.mismatches.is_empty(), "{} mismatches", st.mismatches.len());
+    assert!(
+        st.mismatches.is_empty(),
+        "{} mismatches",
+        st.mismatches.len()
+    );
     let fb: usize = st.fallback_ops.values().sum();
-    assert_eq!(fb, 0, "every group of the built graphs lowers: {:?}", st.fallback_ops);
+    assert_eq!(
+        fb, 0,
+        "every group of the built graphs lowers: {:?}",
+        st.fallback_ops
+    );
 }
 
 /// Each node of the built graphs lowered alone, and the whole graph as one kernel.
@@ -715,7 +1169,9 @@ fn single_nodes_and_whole_graphs_lower() {
     for (name, g) in built_graphs() {
         let inputs = inputs_for(&g, &mut rng);
         let env = reference_env(&g, &inputs).unwrap();
-        let mut sets: Vec<Vec<NodeId>> = (0..g.nodes().len()).map(|i| vec![NodeId(i as u32)]).collect();
+        let mut sets: Vec<Vec<NodeId>> = (0..g.nodes().len())
+            .map(|i| vec![NodeId(i as u32)])
+            .collect();
         sets.push((0..g.nodes().len()).map(|i| NodeId(i as u32)).collect());
         for (si, set) in sets.iter().enumerate() {
             let lw = match lower_nodes(&g, set, &format!("{name}_{si}")) {
@@ -762,15 +1218,47 @@ fn kernel_structure_is_predictable() {
     let e = g.add(Op::Unary(UnaryOp::Tanh), &[x]).unwrap();
     g.set_outputs(vec![h, e]);
     let mm = lower_nodes(&g, &[NodeId(0), NodeId(1), NodeId(2)], "mm").unwrap();
-    assert_eq!(mm.inputs, vec![x, w, b].into_iter().filter(|v| g.const_value(*v).is_none() || true).collect::<Vec<_>>());
+    assert_eq!(
+        mm.inputs,
+        vec![x, w, b]
+            .into_iter()
+            .filter(|v| g.const_value(*v).is_none() || true)
+            .collect::<Vec<_>>()
+    );
     assert_eq!(mm.outputs, vec![h]);
-    let gemm = mm.kernel.body.iter().find_map(|s| if let Stmt::Gemm(gm) = s { Some(gm) } else { None }).expect("a gemm stmt");
+    let gemm = mm
+        .kernel
+        .body
+        .iter()
+        .find_map(|s| {
+            if let Stmt::Gemm(gm) = s {
+                Some(gm)
+            } else {
+                None
+            }
+        })
+        .expect("a gemm stmt");
     assert_eq!((gemm.batch, gemm.m, gemm.n, gemm.k), (4, 6, 8, 16));
-    assert_eq!(gemm.epilogue.iter().filter(|s| matches!(s, Stmt::Store { .. })).count(), 1);
+    assert_eq!(
+        gemm.epilogue
+            .iter()
+            .filter(|s| matches!(s, Stmt::Store { .. }))
+            .count(),
+        1
+    );
     let ew = lower_nodes(&g, &[NodeId(3)], "ew").unwrap();
     let loops = ew.kernel.loops();
-    assert_eq!(loops.iter().map(|l| l.extent).collect::<Vec<_>>(), vec![4, 6, 16]);
-    assert_eq!(loops.iter().map(|l| ew.kernel.var_info(l.var).name.clone()).collect::<Vec<_>>(), vec!["i0", "i1", "i2"]);
+    assert_eq!(
+        loops.iter().map(|l| l.extent).collect::<Vec<_>>(),
+        vec![4, 6, 16]
+    );
+    assert_eq!(
+        loops
+            .iter()
+            .map(|l| ew.kernel.var_info(l.var).name.clone())
+            .collect::<Vec<_>>(),
+        vec!["i0", "i1", "i2"]
+    );
     let inner = loops[2];
     match &inner.body[..] {
         [Stmt::Store { index, .. }] => assert_eq!(index.last(), Some(&Expr::Var(inner.var))),
@@ -782,7 +1270,18 @@ fn kernel_structure_is_predictable() {
 fn unsupported_and_symbolic_nodes_are_reported() {
     let mut g = Graph::new("u");
     let x = g.add_input("x", f32t(&[4, 5]));
-    let t = g.add_node("topk", Op::Reduce(ReduceOp::TopK { axis: 1, k: 2, largest: true, sorted: true }), &[x]).unwrap();
+    let t = g
+        .add_node(
+            "topk",
+            Op::Reduce(ReduceOp::TopK {
+                axis: 1,
+                k: 2,
+                largest: true,
+                sorted: true,
+            }),
+            &[x],
+        )
+        .unwrap();
     g.set_outputs(t);
     match lower_nodes(&g, &[NodeId(0)], "k") {
         Err(LowerError::Unsupported { node, op, .. }) => {
@@ -793,9 +1292,18 @@ fn unsupported_and_symbolic_nodes_are_reported() {
     }
     let mut g = Graph::new("s");
     let b = g.syms.free("batch");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::Sym(b), Dim::Fixed(3)]));
+    let x = g.add_input(
+        "x",
+        TensorType::new(DType::F32, vec![Dim::Sym(b), Dim::Fixed(3)]),
+    );
     let y = g.add(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
     g.set_outputs(vec![y]);
-    assert!(matches!(lower_nodes(&g, &[NodeId(0)], "k"), Err(LowerError::Symbolic { .. })));
-    assert!(matches!(lower_nodes(&g, &[], "k"), Err(LowerError::Invalid(_))));
+    assert!(matches!(
+        lower_nodes(&g, &[NodeId(0)], "k"),
+        Err(LowerError::Symbolic { .. })
+    ));
+    assert!(matches!(
+        lower_nodes(&g, &[], "k"),
+        Err(LowerError::Invalid(_))
+    ));
 }

@@ -12,7 +12,8 @@
 //!   the weighted sum of values into a local output row.
 
 use tilec_ir::op::{
-    window_geometry, LinalgOp, NnOp, NormOp, Padding, PoolKind, ReduceKind, ReduceOp, ScanKind, Window,
+    window_geometry, LinalgOp, LossReduction, NnOp, NormOp, Padding, PoolKind, ReduceKind,
+    ReduceOp, ScanKind, Window,
 };
 use tilec_ir::{DType, NodeId, Op, ValueId};
 
@@ -23,6 +24,10 @@ pub(crate) fn kind_of(op: &Op) -> Kind {
     match op {
         Op::Reduce(_) | Op::Linalg(_) => Kind::Anchor,
         Op::Norm(NormOp::BatchNorm { .. }) => Kind::Inline,
+        Op::Norm(NormOp::NllLoss {
+            reduction: LossReduction::None,
+            ..
+        }) => Kind::Inline,
         Op::Norm(_) => Kind::Anchor,
         Op::Nn(NnOp::Attention { .. }) => Kind::Anchor,
         _ => Kind::Inline,
@@ -40,9 +45,13 @@ pub(crate) fn check(l: &Lowerer, n: NodeId) -> R<()> {
     let bad = |why: String| Err(Fail::Unsupported(n, why));
     let name = node.op.name();
     match &node.op {
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Quant(_) | Op::Layout(_) | Op::Source(_) => {
-            super::expr::check_inline(l, n)
-        }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Quant(_)
+        | Op::Layout(_)
+        | Op::Source(_) => super::expr::check_inline(l, n),
         Op::Norm(NormOp::BatchNorm { .. }) => Ok(()),
         Op::Nn(NnOp::SwiGlu { .. }) => Ok(()),
         Op::Index(ix) => match ix {
@@ -56,9 +65,12 @@ pub(crate) fn check(l: &Lowerer, n: NodeId) -> R<()> {
             ReduceOp::TopK { .. } => bad("top-k is not lowered".into()),
             _ => Ok(()),
         },
-        Op::Norm(NormOp::NllLoss { .. }) => bad("nll loss is not lowered".into()),
+        Op::Norm(NormOp::NllLoss { .. }) => Ok(()),
+        Op::Nn(NnOp::RotaryEmbedding { .. }) => Ok(()),
         Op::Norm(_) => {
-            if !l.dtype(node.inputs[0]).is_float() && !matches!(node.op, Op::Norm(NormOp::Hardmax { .. })) {
+            if !l.dtype(node.inputs[0]).is_float()
+                && !matches!(node.op, Op::Norm(NormOp::Hardmax { .. }))
+            {
                 return bad("normalization of a non-float tensor".into());
             }
             Ok(())
@@ -77,14 +89,7 @@ pub(crate) fn check(l: &Lowerer, n: NodeId) -> R<()> {
             },
             _ => bad(format!("{name} is not lowered")),
         },
-        Op::Nn(NnOp::Attention { has_nonpad, qk_matmul_output_mode: _, .. }) => {
-            if *has_nonpad {
-                return bad("attention with nonpad_kv_seqlen is not lowered".into());
-            }
-            let qk = node.outputs[3];
-            if l.outputs.contains(&qk) || l.uses[qk.index()].by_node.iter().any(|(c, _)| l.set.contains(c)) {
-                return bad("attention's qk output is not lowered".into());
-            }
+        Op::Nn(NnOp::Attention { .. }) => {
             if !l.dtype(node.inputs[0]).is_float() {
                 return bad("integer attention".into());
             }
@@ -98,24 +103,51 @@ pub(crate) fn check(l: &Lowerer, n: NodeId) -> R<()> {
 pub(crate) fn lower_anchor(l: &mut Lowerer, n: NodeId) -> R<Vec<Stmt>> {
     let op = l.g.node(n).op.clone();
     match &op {
-        Op::Reduce(ReduceOp::Reduce { kind, axes, keepdims }) => reduce(l, n, *kind, axes, *keepdims),
-        Op::Reduce(ReduceOp::ArgMax { axis, keepdims, select_last_index }) => {
-            arg_reduce(l, n, *axis, *keepdims, *select_last_index, true)
-        }
-        Op::Reduce(ReduceOp::ArgMin { axis, keepdims, select_last_index }) => {
-            arg_reduce(l, n, *axis, *keepdims, *select_last_index, false)
-        }
-        Op::Reduce(ReduceOp::Scan { kind, axis, exclusive, reverse }) => scan(l, n, *kind, *axis, *exclusive, *reverse),
+        Op::Reduce(ReduceOp::Reduce {
+            kind,
+            axes,
+            keepdims,
+        }) => reduce(l, n, *kind, axes, *keepdims),
+        Op::Reduce(ReduceOp::ArgMax {
+            axis,
+            keepdims,
+            select_last_index,
+        }) => arg_reduce(l, n, *axis, *keepdims, *select_last_index, true),
+        Op::Reduce(ReduceOp::ArgMin {
+            axis,
+            keepdims,
+            select_last_index,
+        }) => arg_reduce(l, n, *axis, *keepdims, *select_last_index, false),
+        Op::Reduce(ReduceOp::Scan {
+            kind,
+            axis,
+            exclusive,
+            reverse,
+        }) => scan(l, n, *kind, *axis, *exclusive, *reverse),
         Op::Norm(no) => norm(l, n, no),
         Op::Linalg(LinalgOp::MatMul) => matmul(l, n),
-        Op::Linalg(LinalgOp::Conv { window, group, channels_last }) => conv(l, n, window, *group, *channels_last),
-        Op::Linalg(LinalgOp::ConvTranspose { strides, dilations, pads, group, .. }) => {
-            conv_transpose(l, n, strides, dilations, pads, *group)
-        }
-        Op::Linalg(LinalgOp::Pool { kind, window, ceil_mode, channels_last }) => {
-            pool(l, n, kind, window, *ceil_mode, *channels_last)
-        }
-        Op::Linalg(LinalgOp::GlobalPool { kind, channels_last }) => global_pool(l, n, kind, *channels_last),
+        Op::Linalg(LinalgOp::Conv {
+            window,
+            group,
+            channels_last,
+        }) => conv(l, n, window, *group, *channels_last),
+        Op::Linalg(LinalgOp::ConvTranspose {
+            strides,
+            dilations,
+            pads,
+            group,
+            ..
+        }) => conv_transpose(l, n, strides, dilations, pads, *group),
+        Op::Linalg(LinalgOp::Pool {
+            kind,
+            window,
+            ceil_mode,
+            channels_last,
+        }) => pool(l, n, kind, window, *ceil_mode, *channels_last),
+        Op::Linalg(LinalgOp::GlobalPool {
+            kind,
+            channels_last,
+        }) => global_pool(l, n, kind, *channels_last),
         Op::Linalg(LinalgOp::Einsum { inputs, output }) => einsum(l, n, inputs, output),
         Op::Nn(NnOp::Attention { .. }) => attention(l, n, &op),
         _ => l.unsupported(n, "not an anchor"),
@@ -167,7 +199,10 @@ fn accumulate(
     let mut vars = Vec::new();
     for (d, init) in accs {
         let a = l.elem_var("acc", d, true);
-        stmts.push(Stmt::Let { var: a, value: init });
+        stmts.push(Stmt::Let {
+            var: a,
+            value: init,
+        });
         vars.push(a);
     }
     let acc_exprs: Vec<Expr> = vars.iter().map(|&v| Expr::Var(v)).collect();
@@ -187,7 +222,10 @@ fn accumulate(
     let mut inner = l.end_block(m);
     let new = new?;
     if new.len() == 1 {
-        inner.push(Stmt::Assign { var: vars[0], value: new.into_iter().next().unwrap_or(Expr::Int(0)) });
+        inner.push(Stmt::Assign {
+            var: vars[0],
+            value: new.into_iter().next().unwrap_or(Expr::Int(0)),
+        });
     } else {
         let mut temps = Vec::new();
         for (k, e) in new.into_iter().enumerate() {
@@ -200,7 +238,10 @@ fn accumulate(
             temps.push(t);
         }
         for (k, t) in temps.into_iter().enumerate() {
-            inner.push(Stmt::Assign { var: vars[k], value: Expr::Var(t) });
+            inner.push(Stmt::Assign {
+                var: vars[k],
+                value: Expr::Var(t),
+            });
         }
     }
     stmts.extend(Lowerer::nest(&loops, inner));
@@ -235,7 +276,11 @@ fn row_loop(
 
 /// The outer loops of a row kernel over `shape`: every dimension not in `row_dims`. Returns
 /// the loops and the index with the row dimensions set to 0 (placeholders).
-fn outer_space(l: &mut Lowerer, shape: &[i64], row_dims: &[usize]) -> (Vec<(VarId, i64)>, Vec<Expr>) {
+fn outer_space(
+    l: &mut Lowerer,
+    shape: &[i64],
+    row_dims: &[usize],
+) -> (Vec<(VarId, i64)>, Vec<Expr>) {
     let mut loops = Vec::new();
     let mut idx = Vec::new();
     for (d, &n) in shape.iter().enumerate() {
@@ -271,12 +316,22 @@ fn val(l: &mut Lowerer, x: ValueId, idx: &[Expr]) -> R<Expr> {
 }
 
 fn is_used(l: &Lowerer, v: ValueId) -> bool {
-    l.outputs.contains(&v) || l.uses[v.index()].by_node.iter().any(|(c, _)| l.set.contains(c))
+    l.outputs.contains(&v)
+        || l.uses[v.index()]
+            .by_node
+            .iter()
+            .any(|(c, _)| l.set.contains(c))
 }
 
 // ---------------------------------------------------------------- reductions
 
-fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims: bool) -> R<Vec<Stmt>> {
+fn reduce(
+    l: &mut Lowerer,
+    n: NodeId,
+    kind: ReduceKind,
+    axes: &[usize],
+    keepdims: bool,
+) -> R<Vec<Stmt>> {
     let node = l.g.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
@@ -289,34 +344,59 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
     let oidx: Vec<Expr> = if keepdims {
         base.clone()
     } else {
-        base.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, e)| e.clone()).collect()
+        base.iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, e)| e.clone())
+            .collect()
     };
     let m = l.begin_block();
     let mut body = Vec::new();
     // Real-valued results of integer inputs are computed in f64 and truncated.
-    let via_f64 = !float && matches!(kind, ReduceKind::L2 | ReduceKind::LogSum | ReduceKind::LogSumExp);
+    let via_f64 = !float
+        && matches!(
+            kind,
+            ReduceKind::L2 | ReduceKind::LogSum | ReduceKind::LogSumExp
+        );
     let (cd, xin): (DType, Box<dyn Fn(&mut Lowerer, &[Expr]) -> R<Expr>>) = if via_f64 {
-        (DType::F64, Box::new(move |l: &mut Lowerer, i: &[Expr]| Ok(Expr::cast(DType::F64, l.value_at(x, i)?))))
+        (
+            DType::F64,
+            Box::new(move |l: &mut Lowerer, i: &[Expr]| {
+                Ok(Expr::cast(DType::F64, l.value_at(x, i)?))
+            }),
+        )
     } else if float {
-        (ad, Box::new(move |l: &mut Lowerer, i: &[Expr]| val(l, x, i)))
+        (
+            ad,
+            Box::new(move |l: &mut Lowerer, i: &[Expr]| val(l, x, i)),
+        )
     } else {
-        (ad, Box::new(move |l: &mut Lowerer, i: &[Expr]| Ok(Expr::cast(ad, l.value_at(x, i)?))))
+        (
+            ad,
+            Box::new(move |l: &mut Lowerer, i: &[Expr]| Ok(Expr::cast(ad, l.value_at(x, i)?))),
+        )
     };
     let zero = lit(0.0, cd);
     let result: Expr = match kind {
-        ReduceKind::Sum | ReduceKind::Mean | ReduceKind::L1 | ReduceKind::L2 | ReduceKind::SumSquare | ReduceKind::LogSum => {
-            let (st, acc) = accumulate(l, &row, &base, vec![(cd, zero.clone())], &mut |l, i, a| {
-                let v = xin(l, i)?;
-                let t = match kind {
-                    ReduceKind::L1 => Expr::un(UnOp::Abs, v),
-                    ReduceKind::L2 | ReduceKind::SumSquare => {
-                        let v = l.reuse(v, cd);
-                        bin(BinOp::Mul, v.clone(), v)
-                    }
-                    _ => v,
-                };
-                Ok(vec![bin(BinOp::Add, a[0].clone(), t)])
-            })?;
+        ReduceKind::Sum
+        | ReduceKind::Mean
+        | ReduceKind::L1
+        | ReduceKind::L2
+        | ReduceKind::SumSquare
+        | ReduceKind::LogSum => {
+            let (st, acc) =
+                accumulate(l, &row, &base, vec![(cd, zero.clone())], &mut |l, i, a| {
+                    let v = xin(l, i)?;
+                    let t = match kind {
+                        ReduceKind::L1 => Expr::un(UnOp::Abs, v),
+                        ReduceKind::L2 | ReduceKind::SumSquare => {
+                            let v = l.reuse(v, cd);
+                            bin(BinOp::Mul, v.clone(), v)
+                        }
+                        _ => v,
+                    };
+                    Ok(vec![bin(BinOp::Add, a[0].clone(), t)])
+                })?;
             body.extend(st);
             let s = acc[0].clone();
             match kind {
@@ -334,17 +414,25 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
             }
         }
         ReduceKind::Prod => {
-            let (st, acc) = accumulate(l, &row, &base, vec![(cd, lit(1.0, cd))], &mut |l, i, a| {
-                let v = xin(l, i)?;
-                Ok(vec![bin(BinOp::Mul, a[0].clone(), v)])
-            })?;
+            let (st, acc) =
+                accumulate(l, &row, &base, vec![(cd, lit(1.0, cd))], &mut |l, i, a| {
+                    let v = xin(l, i)?;
+                    Ok(vec![bin(BinOp::Mul, a[0].clone(), v)])
+                })?;
             body.extend(st);
             acc[0].clone()
         }
         ReduceKind::Max | ReduceKind::Min => {
             let max = kind == ReduceKind::Max;
             let init = if float {
-                lit(if max { f64::NEG_INFINITY } else { f64::INFINITY }, cd)
+                lit(
+                    if max {
+                        f64::NEG_INFINITY
+                    } else {
+                        f64::INFINITY
+                    },
+                    cd,
+                )
             } else {
                 let (lo, hi) = int_bounds(d);
                 lit_i(if max { lo } else { hi }, cd)
@@ -370,17 +458,33 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
                 Expr::un(UnOp::Not, Expr::un(UnOp::IsInf, mx.clone())),
             );
             let mx2 = mx.clone();
-            let (st, acc) = accumulate(l, &row, &base, vec![(cd, zero.clone())], &mut |l, i, a| {
-                let v = xin(l, i)?;
-                Ok(vec![bin(BinOp::Add, a[0].clone(), Expr::un(UnOp::Exp, bin(BinOp::Sub, v, mx2.clone())))])
-            })?;
+            let (st, acc) =
+                accumulate(l, &row, &base, vec![(cd, zero.clone())], &mut |l, i, a| {
+                    let v = xin(l, i)?;
+                    Ok(vec![bin(
+                        BinOp::Add,
+                        a[0].clone(),
+                        Expr::un(UnOp::Exp, bin(BinOp::Sub, v, mx2.clone())),
+                    )])
+                })?;
             body.extend(st);
-            Expr::select(finite, bin(BinOp::Add, Expr::un(UnOp::Log, acc[0].clone()), mx.clone()), mx)
+            Expr::select(
+                finite,
+                bin(BinOp::Add, Expr::un(UnOp::Log, acc[0].clone()), mx.clone()),
+                mx,
+            )
         }
     };
     let od = l.dtype(out);
     let result = if via_f64 {
-        Expr::cast(od, Expr::select(Expr::un(UnOp::IsNan, result.clone()), lit(0.0, DType::F64), Expr::un(UnOp::Trunc, result)))
+        Expr::cast(
+            od,
+            Expr::select(
+                Expr::un(UnOp::IsNan, result.clone()),
+                lit(0.0, DType::F64),
+                Expr::un(UnOp::Trunc, result),
+            ),
+        )
     } else if compute_dtype(od) != cd || od != cd {
         Expr::cast(od, result)
     } else {
@@ -409,11 +513,26 @@ fn arg_better(c: Expr, b: Expr, float: bool, max: bool, last: bool) -> Expr {
     }
     let (cn, bn) = (Expr::un(UnOp::IsNan, c), Expr::un(UnOp::IsNan, b));
     let not = |e: Expr| Expr::un(UnOp::Not, e);
-    let nan_case = if last { cn.clone() } else { bin(BinOp::And, cn.clone(), not(bn.clone())) };
-    bin(BinOp::Or, nan_case, bin(BinOp::And, bin(BinOp::And, not(cn), not(bn)), plain))
+    let nan_case = if last {
+        cn.clone()
+    } else {
+        bin(BinOp::And, cn.clone(), not(bn.clone()))
+    };
+    bin(
+        BinOp::Or,
+        nan_case,
+        bin(BinOp::And, bin(BinOp::And, not(cn), not(bn)), plain),
+    )
 }
 
-fn arg_reduce(l: &mut Lowerer, n: NodeId, axis: usize, keepdims: bool, last: bool, max: bool) -> R<Vec<Stmt>> {
+fn arg_reduce(
+    l: &mut Lowerer,
+    n: NodeId,
+    axis: usize,
+    keepdims: bool,
+    last: bool,
+    max: bool,
+) -> R<Vec<Stmt>> {
     let node = l.g.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
@@ -424,8 +543,15 @@ fn arg_reduce(l: &mut Lowerer, n: NodeId, axis: usize, keepdims: bool, last: boo
     let cd = acc_dtype(d);
     let float = d.is_float();
     let (loops, base) = outer_space(l, &xs, &[axis]);
-    let oidx: Vec<Expr> =
-        if keepdims { base.clone() } else { base.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, e)| e.clone()).collect() };
+    let oidx: Vec<Expr> = if keepdims {
+        base.clone()
+    } else {
+        base.iter()
+            .enumerate()
+            .filter(|(i, _)| *i != axis)
+            .map(|(_, e)| e.clone())
+            .collect()
+    };
     let m = l.begin_block();
     let first = {
         let e = l.value_at(x, &base)?;
@@ -435,15 +561,24 @@ fn arg_reduce(l: &mut Lowerer, n: NodeId, axis: usize, keepdims: bool, last: boo
             Expr::cast(cd, e)
         }
     };
-    let (st, acc) = accumulate(l, &[(axis, xs[axis])], &base, vec![(cd, first), (DType::I64, lit_i(0, DType::I64))], &mut |l, i, a| {
-        let v = l.value_at(x, i)?;
-        let v = if float { l.up(v, d) } else { Expr::cast(cd, v) };
-        let v = l.reuse(v, cd);
-        let better = arg_better(v.clone(), a[0].clone(), float, max, last);
-        let better = l.reuse(better, DType::Bool);
-        let k = Expr::cast(DType::I64, i[axis].clone());
-        Ok(vec![Expr::select(better.clone(), v, a[0].clone()), Expr::select(better, k, a[1].clone())])
-    })?;
+    let (st, acc) = accumulate(
+        l,
+        &[(axis, xs[axis])],
+        &base,
+        vec![(cd, first), (DType::I64, lit_i(0, DType::I64))],
+        &mut |l, i, a| {
+            let v = l.value_at(x, i)?;
+            let v = if float { l.up(v, d) } else { Expr::cast(cd, v) };
+            let v = l.reuse(v, cd);
+            let better = arg_better(v.clone(), a[0].clone(), float, max, last);
+            let better = l.reuse(better, DType::Bool);
+            let k = Expr::cast(DType::I64, i[axis].clone());
+            Ok(vec![
+                Expr::select(better.clone(), v, a[0].clone()),
+                Expr::select(better, k, a[1].clone()),
+            ])
+        },
+    )?;
     let mut body = st;
     body.extend(l.take_lets());
     body.extend(l.epilogue(out, &oidx, acc[1].clone())?);
@@ -452,31 +587,64 @@ fn arg_reduce(l: &mut Lowerer, n: NodeId, axis: usize, keepdims: bool, last: boo
     Ok(Lowerer::nest(&loops, inner))
 }
 
-fn scan(l: &mut Lowerer, n: NodeId, kind: ScanKind, axis: usize, exclusive: bool, reverse: bool) -> R<Vec<Stmt>> {
+fn scan(
+    l: &mut Lowerer,
+    n: NodeId,
+    kind: ScanKind,
+    axis: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> R<Vec<Stmt>> {
     let node = l.g.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let d = l.dtype(x);
     let cd = acc_dtype(d);
     output_nest(l, &xs, &mut |l, idx| {
-        let neutral = if kind == ScanKind::Sum { lit(0.0, cd) } else { lit(1.0, cd) };
+        let neutral = if kind == ScanKind::Sum {
+            lit(0.0, cd)
+        } else {
+            lit(1.0, cd)
+        };
         let i = idx[axis].clone();
-        let (st, acc) = accumulate(l, &[(axis, xs[axis])], idx, vec![(cd, neutral.clone())], &mut |l, ri, a| {
-            let k = ri[axis].clone();
-            let inc = match (exclusive, reverse) {
-                (false, false) => bin(BinOp::Le, k, i.clone()),
-                (true, false) => bin(BinOp::Lt, k, i.clone()),
-                (false, true) => bin(BinOp::Ge, k, i.clone()),
-                (true, true) => bin(BinOp::Gt, k, i.clone()),
-            };
-            let v = l.value_at(x, ri)?;
-            let v = if d.is_float() { l.up(v, d) } else { Expr::cast(cd, v) };
-            let op = if kind == ScanKind::Sum { BinOp::Add } else { BinOp::Mul };
-            Ok(vec![Expr::select(inc, bin(op, a[0].clone(), v), a[0].clone())])
-        })?;
+        let (st, acc) = accumulate(
+            l,
+            &[(axis, xs[axis])],
+            idx,
+            vec![(cd, neutral.clone())],
+            &mut |l, ri, a| {
+                let k = ri[axis].clone();
+                let inc = match (exclusive, reverse) {
+                    (false, false) => bin(BinOp::Le, k, i.clone()),
+                    (true, false) => bin(BinOp::Lt, k, i.clone()),
+                    (false, true) => bin(BinOp::Ge, k, i.clone()),
+                    (true, true) => bin(BinOp::Gt, k, i.clone()),
+                };
+                let v = l.value_at(x, ri)?;
+                let v = if d.is_float() {
+                    l.up(v, d)
+                } else {
+                    Expr::cast(cd, v)
+                };
+                let op = if kind == ScanKind::Sum {
+                    BinOp::Add
+                } else {
+                    BinOp::Mul
+                };
+                Ok(vec![Expr::select(
+                    inc,
+                    bin(op, a[0].clone(), v),
+                    a[0].clone(),
+                )])
+            },
+        )?;
         let mut body = st;
         body.extend(l.take_lets());
-        let r = if cd != d { Expr::cast(d, acc[0].clone()) } else { acc[0].clone() };
+        let r = if cd != d {
+            Expr::cast(d, acc[0].clone())
+        } else {
+            acc[0].clone()
+        };
         body.extend(l.epilogue(out, idx, r)?);
         Ok(body)
     })
@@ -506,117 +674,256 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
     match no {
         NormOp::Softmax { axis } | NormOp::LogSoftmax { axis } => {
             let log = matches!(no, NormOp::LogSoftmax { .. });
-            let spec = RowNorm { shape: xs.clone(), row: vec![(*axis, xs[*axis])], map: &ident };
-            row_norm(l, &spec, &mut |l, base| {
-                let (s1, a1) = accumulate(l, &spec.row, base, vec![(cd, neg_inf(cd))], &mut |l, i, a| {
+            let spec = RowNorm {
+                shape: xs.clone(),
+                row: vec![(*axis, xs[*axis])],
+                map: &ident,
+            };
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let (s1, a1) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, neg_inf(cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, i)?;
+                            Ok(vec![bin(BinOp::Max, a[0].clone(), v)])
+                        },
+                    )?;
+                    let mx = a1[0].clone();
+                    let m2 = mx.clone();
+                    let (s2, a2) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, i)?;
+                            Ok(vec![bin(
+                                BinOp::Add,
+                                a[0].clone(),
+                                Expr::un(UnOp::Exp, bin(BinOp::Sub, v, m2.clone())),
+                            )])
+                        },
+                    )?;
+                    let mut st = s1;
+                    st.extend(s2);
+                    let s = a2[0].clone();
+                    let stat = if log {
+                        Expr::un(UnOp::Log, s)
+                    } else {
+                        Expr::un(UnOp::Recip, s)
+                    };
+                    let stat = l.hoist(stat, cd);
+                    st.extend(l.take_lets());
+                    Ok((st, vec![mx, stat]))
+                },
+                &mut |l, i, stats| {
                     let v = val(l, x, i)?;
-                    Ok(vec![bin(BinOp::Max, a[0].clone(), v)])
-                })?;
-                let mx = a1[0].clone();
-                let m2 = mx.clone();
-                let (s2, a2) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
-                    let v = val(l, x, i)?;
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), Expr::un(UnOp::Exp, bin(BinOp::Sub, v, m2.clone())))])
-                })?;
-                let mut st = s1;
-                st.extend(s2);
-                let s = a2[0].clone();
-                let stat = if log { Expr::un(UnOp::Log, s) } else { Expr::un(UnOp::Recip, s) };
-                let stat = l.hoist(stat, cd);
-                st.extend(l.take_lets());
-                Ok((st, vec![mx, stat]))
-            }, &mut |l, i, stats| {
-                let v = val(l, x, i)?;
-                let dlt = bin(BinOp::Sub, v, stats[0].clone());
-                let e = if log { bin(BinOp::Sub, dlt, stats[1].clone()) } else { bin(BinOp::Mul, Expr::un(UnOp::Exp, dlt), stats[1].clone()) };
-                Ok(vec![(y, i.to_vec(), l.down(e, d))])
-            })
+                    let dlt = bin(BinOp::Sub, v, stats[0].clone());
+                    let e = if log {
+                        bin(BinOp::Sub, dlt, stats[1].clone())
+                    } else {
+                        bin(BinOp::Mul, Expr::un(UnOp::Exp, dlt), stats[1].clone())
+                    };
+                    Ok(vec![(y, i.to_vec(), l.down(e, d))])
+                },
+            )
         }
         NormOp::Hardmax { axis } => {
             let float = d.is_float();
             let ad = acc_dtype(d);
-            let spec = RowNorm { shape: xs.clone(), row: vec![(*axis, xs[*axis])], map: &ident };
+            let spec = RowNorm {
+                shape: xs.clone(),
+                row: vec![(*axis, xs[*axis])],
+                map: &ident,
+            };
             let a0 = *axis;
-            row_norm(l, &spec, &mut |l, base| {
-                let first = {
-                    let e = l.value_at(x, base)?;
-                    if float { l.up(e, d) } else { Expr::cast(ad, e) }
-                };
-                let (st, acc) = accumulate(l, &spec.row, base, vec![(ad, first), (DType::I64, lit_i(0, DType::I64))], &mut |l, i, a| {
-                    let v = l.value_at(x, i)?;
-                    let v = if float { l.up(v, d) } else { Expr::cast(ad, v) };
-                    let v = l.reuse(v, ad);
-                    let better = l.reuse(arg_better(v.clone(), a[0].clone(), float, true, false), DType::Bool);
-                    Ok(vec![Expr::select(better.clone(), v, a[0].clone()), Expr::select(better, Expr::cast(DType::I64, i[a0].clone()), a[1].clone())])
-                })?;
-                Ok((st, vec![acc[1].clone()]))
-            }, &mut |_l, i, stats| {
-                let k = Expr::cast(DType::I64, i[a0].clone());
-                Ok(vec![(y, i.to_vec(), Expr::select(bin(BinOp::Eq, k, stats[0].clone()), lit(1.0, d), lit(0.0, d)))])
-            })
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let first = {
+                        let e = l.value_at(x, base)?;
+                        if float {
+                            l.up(e, d)
+                        } else {
+                            Expr::cast(ad, e)
+                        }
+                    };
+                    let (st, acc) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(ad, first), (DType::I64, lit_i(0, DType::I64))],
+                        &mut |l, i, a| {
+                            let v = l.value_at(x, i)?;
+                            let v = if float { l.up(v, d) } else { Expr::cast(ad, v) };
+                            let v = l.reuse(v, ad);
+                            let better = l.reuse(
+                                arg_better(v.clone(), a[0].clone(), float, true, false),
+                                DType::Bool,
+                            );
+                            Ok(vec![
+                                Expr::select(better.clone(), v, a[0].clone()),
+                                Expr::select(
+                                    better,
+                                    Expr::cast(DType::I64, i[a0].clone()),
+                                    a[1].clone(),
+                                ),
+                            ])
+                        },
+                    )?;
+                    Ok((st, vec![acc[1].clone()]))
+                },
+                &mut |_l, i, stats| {
+                    let k = Expr::cast(DType::I64, i[a0].clone());
+                    Ok(vec![(
+                        y,
+                        i.to_vec(),
+                        Expr::select(
+                            bin(BinOp::Eq, k, stats[0].clone()),
+                            lit(1.0, d),
+                            lit(0.0, d),
+                        ),
+                    )])
+                },
+            )
         }
-        NormOp::LayerNorm { axis, epsilon, stash, has_bias } => {
+        NormOp::LayerNorm {
+            axis,
+            epsilon,
+            stash,
+            has_bias,
+        } => {
             let row: Vec<(usize, i64)> = (*axis..r).map(|a| (a, xs[a])).collect();
             let cnt: i64 = xs[*axis..].iter().product();
-            let spec = RowNorm { shape: xs.clone(), row, map: &ident };
+            let spec = RowNorm {
+                shape: xs.clone(),
+                row,
+                map: &ident,
+            };
             let (scale, bias) = (ins[1], if *has_bias { Some(ins[2]) } else { None });
             let (mean_out, inv_out) = (outs[1], outs[2]);
             let (want_mean, want_inv) = (is_used(l, mean_out), is_used(l, inv_out));
             let eps = *epsilon as f64;
             let stash = *stash;
             let axis = *axis;
-            row_norm(l, &spec, &mut |l, base| {
-                let (mut st, mean) = mean_pass(l, &spec.row, base, x, cd, cnt)?;
-                let m2 = mean.clone();
-                let (s2, var) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let (mut st, mean) = mean_pass(l, &spec.row, base, x, cd, cnt)?;
+                    let m2 = mean.clone();
+                    let (s2, var) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, i)?;
+                            let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
+                            Ok(vec![bin(
+                                BinOp::Add,
+                                a[0].clone(),
+                                bin(BinOp::Mul, dd.clone(), dd),
+                            )])
+                        },
+                    )?;
+                    st.extend(s2);
+                    let inv = Expr::un(
+                        UnOp::Rsqrt,
+                        bin(
+                            BinOp::Add,
+                            bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)),
+                            lit(eps, cd),
+                        ),
+                    );
+                    let inv = l.hoist(inv, cd);
+                    st.extend(l.take_lets());
+                    let mut sidx = base[..axis].to_vec();
+                    sidx.resize(r, Expr::Int(0));
+                    if want_mean {
+                        st.extend(l.epilogue(mean_out, &sidx, Expr::cast(stash, mean.clone()))?);
+                    }
+                    if want_inv {
+                        st.extend(l.epilogue(inv_out, &sidx, Expr::cast(stash, inv.clone()))?);
+                    }
+                    Ok((st, vec![mean, inv]))
+                },
+                &mut |l, i, stats| {
                     let v = val(l, x, i)?;
-                    let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), bin(BinOp::Mul, dd.clone(), dd))])
-                })?;
-                st.extend(s2);
-                let inv = Expr::un(UnOp::Rsqrt, bin(BinOp::Add, bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)), lit(eps, cd)));
-                let inv = l.hoist(inv, cd);
-                st.extend(l.take_lets());
-                let mut sidx = base[..axis].to_vec();
-                sidx.resize(r, Expr::Int(0));
-                if want_mean {
-                    st.extend(l.epilogue(mean_out, &sidx, Expr::cast(stash, mean.clone()))?);
-                }
-                if want_inv {
-                    st.extend(l.epilogue(inv_out, &sidx, Expr::cast(stash, inv.clone()))?);
-                }
-                Ok((st, vec![mean, inv]))
-            }, &mut |l, i, stats| {
-                let v = val(l, x, i)?;
-                let sc = val(l, scale, &l.bcast_idx(scale, i))?;
-                let mut e = bin(BinOp::Mul, bin(BinOp::Mul, bin(BinOp::Sub, v, stats[0].clone()), stats[1].clone()), sc);
-                if let Some(b) = bias {
-                    e = bin(BinOp::Add, e, val(l, b, &l.bcast_idx(b, i))?);
-                }
-                Ok(vec![(y, i.to_vec(), l.down(e, d))])
-            })
+                    let sc = val(l, scale, &l.bcast_idx(scale, i))?;
+                    let mut e = bin(
+                        BinOp::Mul,
+                        bin(
+                            BinOp::Mul,
+                            bin(BinOp::Sub, v, stats[0].clone()),
+                            stats[1].clone(),
+                        ),
+                        sc,
+                    );
+                    if let Some(b) = bias {
+                        e = bin(BinOp::Add, e, val(l, b, &l.bcast_idx(b, i))?);
+                    }
+                    Ok(vec![(y, i.to_vec(), l.down(e, d))])
+                },
+            )
         }
         NormOp::RmsNorm { axis, epsilon } => {
             let row: Vec<(usize, i64)> = (*axis..r).map(|a| (a, xs[a])).collect();
             let cnt: i64 = xs[*axis..].iter().product();
-            let spec = RowNorm { shape: xs.clone(), row, map: &ident };
+            let spec = RowNorm {
+                shape: xs.clone(),
+                row,
+                map: &ident,
+            };
             let scale = ins[1];
             let eps = *epsilon as f64;
-            row_norm(l, &spec, &mut |l, base| {
-                let (mut st, ss) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let (mut st, ss) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, i)?;
+                            let v = l.reuse(v, cd);
+                            Ok(vec![bin(
+                                BinOp::Add,
+                                a[0].clone(),
+                                bin(BinOp::Mul, v.clone(), v),
+                            )])
+                        },
+                    )?;
+                    let inv = Expr::un(
+                        UnOp::Rsqrt,
+                        bin(
+                            BinOp::Add,
+                            bin(BinOp::Div, ss[0].clone(), lit(cnt as f64, cd)),
+                            lit(eps, cd),
+                        ),
+                    );
+                    let inv = l.hoist(inv, cd);
+                    st.extend(l.take_lets());
+                    Ok((st, vec![inv]))
+                },
+                &mut |l, i, stats| {
                     let v = val(l, x, i)?;
-                    let v = l.reuse(v, cd);
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), bin(BinOp::Mul, v.clone(), v))])
-                })?;
-                let inv = Expr::un(UnOp::Rsqrt, bin(BinOp::Add, bin(BinOp::Div, ss[0].clone(), lit(cnt as f64, cd)), lit(eps, cd)));
-                let inv = l.hoist(inv, cd);
-                st.extend(l.take_lets());
-                Ok((st, vec![inv]))
-            }, &mut |l, i, stats| {
-                let v = val(l, x, i)?;
-                let sc = val(l, scale, &l.bcast_idx(scale, i))?;
-                Ok(vec![(y, i.to_vec(), l.down(bin(BinOp::Mul, bin(BinOp::Mul, v, stats[0].clone()), sc), d))])
-            })
+                    let sc = val(l, scale, &l.bcast_idx(scale, i))?;
+                    Ok(vec![(
+                        y,
+                        i.to_vec(),
+                        l.down(bin(BinOp::Mul, bin(BinOp::Mul, v, stats[0].clone()), sc), d),
+                    )])
+                },
+            )
         }
         NormOp::InstanceNorm { epsilon } | NormOp::GroupNorm { epsilon, .. } => {
             let groups = match no {
@@ -633,106 +940,235 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
             // Virtual shape [N, G, Cg * S].
             let vshape = vec![xs[0], groups, cpg * spn];
             let map = move |i: &[Expr]| -> Vec<Expr> {
-                let ch = bin(BinOp::Add, bin(BinOp::Mul, i[1].clone(), Expr::Int(cpg)), bin(BinOp::Div, i[2].clone(), Expr::Int(spn)));
+                let ch = bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, i[1].clone(), Expr::Int(cpg)),
+                    bin(BinOp::Div, i[2].clone(), Expr::Int(spn)),
+                );
                 let mut v = vec![i[0].clone(), ch];
                 v.extend(unravel(bin(BinOp::Rem, i[2].clone(), Expr::Int(spn)), &sp));
                 v
             };
             let cnt = cpg * spn;
-            let spec = RowNorm { shape: vshape, row: vec![(2, cpg * spn)], map: &map };
+            let spec = RowNorm {
+                shape: vshape,
+                row: vec![(2, cpg * spn)],
+                map: &map,
+            };
             let (scale, bias) = (ins[1], ins[2]);
             let eps = *epsilon as f64;
-            row_norm(l, &spec, &mut |l, base| {
-                let (mut st, mean) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
-                    let v = val(l, x, &(spec.map)(i))?;
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), v)])
-                })?;
-                let mean = l.hoist(bin(BinOp::Div, mean[0].clone(), lit(cnt as f64, cd)), cd);
-                st.extend(l.take_lets());
-                let m2 = mean.clone();
-                let (s2, var) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
-                    let v = val(l, x, &(spec.map)(i))?;
-                    let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), bin(BinOp::Mul, dd.clone(), dd))])
-                })?;
-                st.extend(s2);
-                let inv = Expr::un(UnOp::Rsqrt, bin(BinOp::Add, bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)), lit(eps, cd)));
-                let inv = l.hoist(inv, cd);
-                st.extend(l.take_lets());
-                Ok((st, vec![mean, inv]))
-            }, &mut |l, vi, stats| {
-                let i = (spec.map)(vi);
-                let i: Vec<Expr> = i.into_iter().map(|e| l.simp(e)).collect();
-                let v = val(l, x, &i)?;
-                let ch = vec![i[1].clone()];
-                let sc = val(l, scale, &ch)?;
-                let b = val(l, bias, &ch)?;
-                let e = bin(BinOp::Add, bin(BinOp::Mul, bin(BinOp::Mul, bin(BinOp::Sub, v, stats[0].clone()), stats[1].clone()), sc), b);
-                Ok(vec![(y, i, l.down(e, d))])
-            })
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let (mut st, mean) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, &(spec.map)(i))?;
+                            Ok(vec![bin(BinOp::Add, a[0].clone(), v)])
+                        },
+                    )?;
+                    let mean = l.hoist(bin(BinOp::Div, mean[0].clone(), lit(cnt as f64, cd)), cd);
+                    st.extend(l.take_lets());
+                    let m2 = mean.clone();
+                    let (s2, var) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, &(spec.map)(i))?;
+                            let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
+                            Ok(vec![bin(
+                                BinOp::Add,
+                                a[0].clone(),
+                                bin(BinOp::Mul, dd.clone(), dd),
+                            )])
+                        },
+                    )?;
+                    st.extend(s2);
+                    let inv = Expr::un(
+                        UnOp::Rsqrt,
+                        bin(
+                            BinOp::Add,
+                            bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)),
+                            lit(eps, cd),
+                        ),
+                    );
+                    let inv = l.hoist(inv, cd);
+                    st.extend(l.take_lets());
+                    Ok((st, vec![mean, inv]))
+                },
+                &mut |l, vi, stats| {
+                    let i = (spec.map)(vi);
+                    let i: Vec<Expr> = i.into_iter().map(|e| l.simp(e)).collect();
+                    let v = val(l, x, &i)?;
+                    let ch = vec![i[1].clone()];
+                    let sc = val(l, scale, &ch)?;
+                    let b = val(l, bias, &ch)?;
+                    let e = bin(
+                        BinOp::Add,
+                        bin(
+                            BinOp::Mul,
+                            bin(
+                                BinOp::Mul,
+                                bin(BinOp::Sub, v, stats[0].clone()),
+                                stats[1].clone(),
+                            ),
+                            sc,
+                        ),
+                        b,
+                    );
+                    Ok(vec![(y, i, l.down(e, d))])
+                },
+            )
         }
         NormOp::LpNorm { axis, p } => {
-            let spec = RowNorm { shape: xs.clone(), row: vec![(*axis, xs[*axis])], map: &ident };
+            let spec = RowNorm {
+                shape: xs.clone(),
+                row: vec![(*axis, xs[*axis])],
+                map: &ident,
+            };
             let p = *p;
-            row_norm(l, &spec, &mut |l, base| {
-                let (mut st, s) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
-                    let v = val(l, x, i)?;
-                    let t = if p == 1 {
-                        Expr::un(UnOp::Abs, v)
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let (mut st, s) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, i)?;
+                            let t = if p == 1 {
+                                Expr::un(UnOp::Abs, v)
+                            } else {
+                                let v = l.reuse(v, cd);
+                                bin(BinOp::Mul, v.clone(), v)
+                            };
+                            Ok(vec![bin(BinOp::Add, a[0].clone(), t)])
+                        },
+                    )?;
+                    let nrm = if p == 1 {
+                        s[0].clone()
                     } else {
-                        let v = l.reuse(v, cd);
-                        bin(BinOp::Mul, v.clone(), v)
+                        Expr::un(UnOp::Sqrt, s[0].clone())
                     };
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), t)])
-                })?;
-                let nrm = if p == 1 { s[0].clone() } else { Expr::un(UnOp::Sqrt, s[0].clone()) };
-                let nrm = l.hoist(nrm, cd);
-                st.extend(l.take_lets());
-                Ok((st, vec![nrm]))
-            }, &mut |l, i, stats| {
-                let v = val(l, x, i)?;
-                let z = lit(0.0, cd);
-                let e = Expr::select(bin(BinOp::Eq, stats[0].clone(), z.clone()), z, bin(BinOp::Div, v, stats[0].clone()));
-                Ok(vec![(y, i.to_vec(), l.down(e, d))])
-            })
+                    let nrm = l.hoist(nrm, cd);
+                    st.extend(l.take_lets());
+                    Ok((st, vec![nrm]))
+                },
+                &mut |l, i, stats| {
+                    let v = val(l, x, i)?;
+                    let z = lit(0.0, cd);
+                    let e = Expr::select(
+                        bin(BinOp::Eq, stats[0].clone(), z.clone()),
+                        z,
+                        bin(BinOp::Div, v, stats[0].clone()),
+                    );
+                    Ok(vec![(y, i.to_vec(), l.down(e, d))])
+                },
+            )
         }
         NormOp::MeanVarianceNorm { axes } => {
             let row: Vec<(usize, i64)> = axes.iter().map(|&a| (a, xs[a])).collect();
             let cnt: i64 = axes.iter().map(|&a| xs[a]).product();
-            let spec = RowNorm { shape: xs.clone(), row, map: &ident };
-            row_norm(l, &spec, &mut |l, base| {
-                let (mut st, mean) = mean_pass(l, &spec.row, base, x, cd, cnt)?;
-                let m2 = mean.clone();
-                let (s2, var) = accumulate(l, &spec.row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
+            let spec = RowNorm {
+                shape: xs.clone(),
+                row,
+                map: &ident,
+            };
+            row_norm(
+                l,
+                &spec,
+                &mut |l, base| {
+                    let (mut st, mean) = mean_pass(l, &spec.row, base, x, cd, cnt)?;
+                    let m2 = mean.clone();
+                    let (s2, var) = accumulate(
+                        l,
+                        &spec.row,
+                        base,
+                        vec![(cd, lit(0.0, cd))],
+                        &mut |l, i, a| {
+                            let v = val(l, x, i)?;
+                            let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
+                            Ok(vec![bin(
+                                BinOp::Add,
+                                a[0].clone(),
+                                bin(BinOp::Mul, dd.clone(), dd),
+                            )])
+                        },
+                    )?;
+                    st.extend(s2);
+                    let den = bin(
+                        BinOp::Add,
+                        Expr::un(
+                            UnOp::Sqrt,
+                            bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)),
+                        ),
+                        lit(1e-9, cd),
+                    );
+                    let den = l.hoist(den, cd);
+                    st.extend(l.take_lets());
+                    Ok((st, vec![mean, den]))
+                },
+                &mut |l, i, stats| {
                     let v = val(l, x, i)?;
-                    let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
-                    Ok(vec![bin(BinOp::Add, a[0].clone(), bin(BinOp::Mul, dd.clone(), dd))])
-                })?;
-                st.extend(s2);
-                let den = bin(BinOp::Add, Expr::un(UnOp::Sqrt, bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd))), lit(1e-9, cd));
-                let den = l.hoist(den, cd);
-                st.extend(l.take_lets());
-                Ok((st, vec![mean, den]))
-            }, &mut |l, i, stats| {
-                let v = val(l, x, i)?;
-                Ok(vec![(y, i.to_vec(), l.down(bin(BinOp::Div, bin(BinOp::Sub, v, stats[0].clone()), stats[1].clone()), d))])
-            })
+                    Ok(vec![(
+                        y,
+                        i.to_vec(),
+                        l.down(
+                            bin(
+                                BinOp::Div,
+                                bin(BinOp::Sub, v, stats[0].clone()),
+                                stats[1].clone(),
+                            ),
+                            d,
+                        ),
+                    )])
+                },
+            )
         }
-        NormOp::Lrn { size, alpha, beta, bias, channels_last: false } => {
+        NormOp::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+            channels_last: false,
+        } => {
             let c = xs[1];
             let (lo, hi) = ((*size as i64 - 1) / 2, (*size as i64 - 1 + 1) / 2);
-            let (alpha, beta, bias, size) = (*alpha as f64, *beta as f64, *bias as f64, *size as i64);
+            let (alpha, beta, bias, size) =
+                (*alpha as f64, *beta as f64, *bias as f64, *size as i64);
             output_nest(l, &xs, &mut |l, idx| {
                 let ch = idx[1].clone();
-                let (mut st, acc) = accumulate(l, &[], idx, vec![(cd, lit(0.0, cd))], &mut |_l, _i, a| Ok(vec![a[0].clone()]))?;
+                let (mut st, acc) =
+                    accumulate(l, &[], idx, vec![(cd, lit(0.0, cd))], &mut |_l, _i, a| {
+                        Ok(vec![a[0].clone()])
+                    })?;
                 st.clear();
                 let _ = acc;
                 // Window over channels ch - lo ..= ch + hi, clipped to 0..C.
                 let wv = l.loop_var("r", lo + hi + 1);
                 let a = l.elem_var("acc", cd, true);
-                st.push(Stmt::Let { var: a, value: lit(0.0, cd) });
-                let k = bin(BinOp::Add, bin(BinOp::Sub, ch.clone(), Expr::Int(lo)), Expr::Var(wv));
-                let inside = bin(BinOp::And, bin(BinOp::Ge, k.clone(), Expr::Int(0)), bin(BinOp::Lt, k.clone(), Expr::Int(c)));
+                st.push(Stmt::Let {
+                    var: a,
+                    value: lit(0.0, cd),
+                });
+                let k = bin(
+                    BinOp::Add,
+                    bin(BinOp::Sub, ch.clone(), Expr::Int(lo)),
+                    Expr::Var(wv),
+                );
+                let inside = bin(
+                    BinOp::And,
+                    bin(BinOp::Ge, k.clone(), Expr::Int(0)),
+                    bin(BinOp::Lt, k.clone(), Expr::Int(c)),
+                );
                 let mut xi = idx.to_vec();
                 xi[1] = k;
                 let m = l.begin_block();
@@ -743,12 +1179,19 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
                 let v = v?;
                 let sq = bin(BinOp::Mul, v.clone(), v);
                 let mut inner = lets;
-                inner.push(Stmt::Assign { var: a, value: Expr::select(inside, bin(BinOp::Add, Expr::Var(a), sq), Expr::Var(a)) });
+                inner.push(Stmt::Assign {
+                    var: a,
+                    value: Expr::select(inside, bin(BinOp::Add, Expr::Var(a), sq), Expr::Var(a)),
+                });
                 st.push(Stmt::for_(wv, lo + hi + 1, inner));
                 let xv = val(l, x, idx)?;
                 let den = bin(
                     BinOp::Pow,
-                    bin(BinOp::Add, lit(bias, cd), bin(BinOp::Mul, lit(alpha / size as f64, cd), Expr::Var(a))),
+                    bin(
+                        BinOp::Add,
+                        lit(bias, cd),
+                        bin(BinOp::Mul, lit(alpha / size as f64, cd), Expr::Var(a)),
+                    ),
                     lit(beta, cd),
                 );
                 let e = l.down(bin(BinOp::Div, xv, den), d);
@@ -757,12 +1200,54 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
                 Ok(st)
             })
         }
-        NormOp::BatchNorm { .. } | NormOp::NllLoss { .. } => l.unsupported(n, "not a row normalization"),
+        NormOp::NllLoss { reduction, .. } => {
+            // Sum or weighted mean of the per-element losses over the whole target.
+            let target = ins[1];
+            let ts = l.shape(target);
+            let row: Vec<(usize, i64)> = ts.iter().copied().enumerate().collect();
+            let base = vec![Expr::Int(0); ts.len()];
+            let mean = *reduction == LossReduction::Mean;
+            let m = l.begin_block();
+            let res = (|| -> R<Vec<Stmt>> {
+                let (mut st, acc) = accumulate(
+                    l,
+                    &row,
+                    &base,
+                    vec![(cd, lit(0.0, cd)), (cd, lit(0.0, cd))],
+                    &mut |l, i, a| {
+                        let (loss, wt) = l.nll_element(n, i)?;
+                        Ok(vec![
+                            bin(BinOp::Add, a[0].clone(), loss),
+                            bin(BinOp::Add, a[1].clone(), wt),
+                        ])
+                    },
+                )?;
+                let r = if mean {
+                    bin(BinOp::Div, acc[0].clone(), acc[1].clone())
+                } else {
+                    acc[0].clone()
+                };
+                st.extend(l.take_lets());
+                st.extend(l.epilogue(y, &[], l.down(r, d))?);
+                Ok(st)
+            })();
+            let mut inner = l.end_block(m);
+            inner.extend(res?);
+            Ok(inner)
+        }
+        NormOp::BatchNorm { .. } => l.unsupported(n, "not a row normalization"),
         NormOp::Lrn { channels_last: true, .. } => l.unsupported(n, "channels-last LRN is not lowered yet"),
     }
 }
 
-fn mean_pass(l: &mut Lowerer, row: &[(usize, i64)], base: &[Expr], x: ValueId, cd: DType, cnt: i64) -> R<(Vec<Stmt>, Expr)> {
+fn mean_pass(
+    l: &mut Lowerer,
+    row: &[(usize, i64)],
+    base: &[Expr],
+    x: ValueId,
+    cd: DType,
+    cnt: i64,
+) -> R<(Vec<Stmt>, Expr)> {
     let (mut st, s) = accumulate(l, row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
         let v = val(l, x, i)?;
         Ok(vec![bin(BinOp::Add, a[0].clone(), v)])
@@ -810,7 +1295,11 @@ fn global_pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, cl: bool) -> R<Vec<S
     let r = xs.len();
     let d = l.dtype(x);
     let cd = compute_dtype(d);
-    let sp: Vec<usize> = if cl { (1..r - 1).collect() } else { (2..r).collect() };
+    let sp: Vec<usize> = if cl {
+        (1..r - 1).collect()
+    } else {
+        (2..r).collect()
+    };
     let cnt: i64 = sp.iter().map(|&a| xs[a]).product();
     let row: Vec<(usize, i64)> = sp.iter().map(|&a| (a, xs[a])).collect();
     let (loops, base) = outer_space(l, &xs, &sp);
@@ -843,7 +1332,13 @@ fn global_pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, cl: bool) -> R<Vec<S
 // ---------------------------------------------------------------- windows
 
 /// Per spatial axis: (output length, pad begin, pad end).
-fn geometry(l: &Lowerer, n: NodeId, xs_sp: &[i64], w: &Window, ceil: bool) -> R<Vec<(i64, i64, i64)>> {
+fn geometry(
+    l: &Lowerer,
+    n: NodeId,
+    xs_sp: &[i64],
+    w: &Window,
+    ceil: bool,
+) -> R<Vec<(i64, i64, i64)>> {
     let mut v = Vec::new();
     for (i, &s) in xs_sp.iter().enumerate() {
         match window_geometry(s as usize, w, i, ceil) {
@@ -854,7 +1349,14 @@ fn geometry(l: &Lowerer, n: NodeId, xs_sp: &[i64], w: &Window, ceil: bool) -> R<
     Ok(v)
 }
 
-fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl: bool) -> R<Vec<Stmt>> {
+fn pool(
+    l: &mut Lowerer,
+    n: NodeId,
+    kind: &PoolKind,
+    w: &Window,
+    ceil: bool,
+    cl: bool,
+) -> R<Vec<Stmt>> {
     let node = l.g.node(n);
     let x = node.inputs[0];
     let outs = node.outputs.clone();
@@ -862,21 +1364,36 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
     let r = xs.len();
     let d = l.dtype(x);
     let cd = compute_dtype(d);
-    let sp_axes: Vec<usize> = if cl { (1..r - 1).collect() } else { (2..r).collect() };
+    let sp_axes: Vec<usize> = if cl {
+        (1..r - 1).collect()
+    } else {
+        (2..r).collect()
+    };
     let c_axis = if cl { r - 1 } else { 1 };
     let sp: Vec<i64> = sp_axes.iter().map(|&a| xs[a]).collect();
     let geo = geometry(l, n, &sp, w, ceil)?;
-    let want_idx = matches!(kind, PoolKind::Max { indices: true, .. }) && outs.len() > 1 && is_used(l, outs[1]);
-    let column_major = matches!(kind, PoolKind::Max { column_major: true, .. });
+    let want_idx = matches!(kind, PoolKind::Max { indices: true, .. })
+        && outs.len() > 1
+        && is_used(l, outs[1]);
+    let column_major = matches!(
+        kind,
+        PoolKind::Max {
+            column_major: true,
+            ..
+        }
+    );
     let oshape = l.shape(outs[0]);
     let kernel: Vec<i64> = w.kernel.iter().map(|&k| k as i64).collect();
     let kind = kind.clone();
     output_nest(l, &oshape, &mut |l, oidx| {
         // Accumulators: value (max or sum), count (avg) or best index (max with indices).
-        let mut accs = vec![(cd, match kind {
-            PoolKind::Max { .. } => neg_inf(cd),
-            _ => lit(0.0, cd),
-        })];
+        let mut accs = vec![(
+            cd,
+            match kind {
+                PoolKind::Max { .. } => neg_inf(cd),
+                _ => lit(0.0, cd),
+            },
+        )];
         let count_acc = matches!(kind, PoolKind::Avg { .. });
         if count_acc || want_idx {
             accs.push((DType::I64, lit_i(if want_idx { -1 } else { 0 }, DType::I64)));
@@ -892,7 +1409,10 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
         let mut st = Vec::new();
         for (dt, init) in accs {
             let a = l.elem_var("acc", dt, true);
-            st.push(Stmt::Let { var: a, value: init });
+            st.push(Stmt::Let {
+                var: a,
+                value: init,
+            });
             vars.push(a);
         }
         // Tap coordinates.
@@ -904,14 +1424,32 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
             let (_, pb, pe) = geo[j];
             let c = bin(
                 BinOp::Sub,
-                bin(BinOp::Add, bin(BinOp::Mul, oidx[a].clone(), Expr::Int(w.strides[j] as i64)), bin(BinOp::Mul, rvars[j].clone(), Expr::Int(w.dilations[j] as i64))),
+                bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, oidx[a].clone(), Expr::Int(w.strides[j] as i64)),
+                    bin(
+                        BinOp::Mul,
+                        rvars[j].clone(),
+                        Expr::Int(w.dilations[j] as i64),
+                    ),
+                ),
                 Expr::Int(pb),
             );
             let c = l.simp(c);
-            let ok = bin(BinOp::And, bin(BinOp::Ge, c.clone(), Expr::Int(0)), bin(BinOp::Lt, c.clone(), Expr::Int(sp[j])));
-            inside = Some(match inside { None => ok, Some(p) => bin(BinOp::And, p, ok) });
+            let ok = bin(
+                BinOp::And,
+                bin(BinOp::Ge, c.clone(), Expr::Int(0)),
+                bin(BinOp::Lt, c.clone(), Expr::Int(sp[j])),
+            );
+            inside = Some(match inside {
+                None => ok,
+                Some(p) => bin(BinOp::And, p, ok),
+            });
             let okp = bin(BinOp::Lt, c.clone(), Expr::Int(sp[j] + pe));
-            in_pad = Some(match in_pad { None => okp, Some(p) => bin(BinOp::And, p, okp) });
+            in_pad = Some(match in_pad {
+                None => okp,
+                Some(p) => bin(BinOp::And, p, okp),
+            });
             xi[a] = c.clone();
             coords.push(c);
         }
@@ -930,41 +1468,78 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
                 // A select, not `and`: the load must not be evaluated outside the input.
                 let better = Expr::select(
                     inside.clone(),
-                    bin(BinOp::Or, bin(BinOp::Lt, bi.clone(), lit_i(0, DType::I64)), bin(BinOp::Gt, v.clone(), a0.clone())),
+                    bin(
+                        BinOp::Or,
+                        bin(BinOp::Lt, bi.clone(), lit_i(0, DType::I64)),
+                        bin(BinOp::Gt, v.clone(), a0.clone()),
+                    ),
                     Expr::Lit(Lit::Bool(false)),
                 );
                 let t = l.elem_var("t", DType::Bool, false);
-                inner.push(Stmt::Let { var: t, value: better });
+                inner.push(Stmt::Let {
+                    var: t,
+                    value: better,
+                });
                 // Flat spatial index of the tap (row-major, or column-major spatial part).
                 let mut flat = Expr::Int(0);
                 if column_major {
                     let mut stride = 1;
                     for (j, c) in coords.iter().enumerate() {
-                        flat = bin(BinOp::Add, flat, bin(BinOp::Mul, c.clone(), Expr::Int(stride)));
+                        flat = bin(
+                            BinOp::Add,
+                            flat,
+                            bin(BinOp::Mul, c.clone(), Expr::Int(stride)),
+                        );
                         stride *= sp[j];
                     }
                 } else {
                     for (j, c) in coords.iter().enumerate() {
                         let stride: i64 = sp[j + 1..].iter().product();
-                        flat = bin(BinOp::Add, flat, bin(BinOp::Mul, c.clone(), Expr::Int(stride)));
+                        flat = bin(
+                            BinOp::Add,
+                            flat,
+                            bin(BinOp::Mul, c.clone(), Expr::Int(stride)),
+                        );
                     }
                 }
                 let flat = l.simp(flat);
-                inner.push(Stmt::Assign { var: vars[0], value: Expr::select(Expr::Var(t), v, a0.clone()) });
-                inner.push(Stmt::Assign { var: vars[1], value: Expr::select(Expr::Var(t), Expr::cast(DType::I64, flat), bi) });
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(Expr::Var(t), v, a0.clone()),
+                });
+                inner.push(Stmt::Assign {
+                    var: vars[1],
+                    value: Expr::select(Expr::Var(t), Expr::cast(DType::I64, flat), bi),
+                });
             }
             PoolKind::Max { .. } => {
-                inner.push(Stmt::Assign { var: vars[0], value: Expr::select(inside, bin(BinOp::Max, a0.clone(), v), a0.clone()) });
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(inside, bin(BinOp::Max, a0.clone(), v), a0.clone()),
+                });
             }
             PoolKind::Avg { count_include_pad } => {
-                inner.push(Stmt::Assign { var: vars[0], value: Expr::select(inside.clone(), bin(BinOp::Add, a0.clone(), v), a0.clone()) });
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(inside.clone(), bin(BinOp::Add, a0.clone(), v), a0.clone()),
+                });
                 let cnt_if = if count_include_pad { in_pad } else { inside };
                 let c1 = Expr::Var(vars[1]);
-                inner.push(Stmt::Assign { var: vars[1], value: Expr::select(cnt_if, bin(BinOp::Add, c1.clone(), lit_i(1, DType::I64)), c1) });
+                inner.push(Stmt::Assign {
+                    var: vars[1],
+                    value: Expr::select(
+                        cnt_if,
+                        bin(BinOp::Add, c1.clone(), lit_i(1, DType::I64)),
+                        c1,
+                    ),
+                });
             }
             PoolKind::Lp { p } => {
                 let t = bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(p as f64, cd));
-                inner.push(Stmt::Assign { var: vars[0], value: Expr::select(inside, bin(BinOp::Add, a0.clone(), t), a0.clone()) });
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(inside, bin(BinOp::Add, a0.clone(), t), a0.clone()),
+                });
             }
         }
         st.extend(Lowerer::nest(&loops, inner));
@@ -972,7 +1547,11 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
             PoolKind::Max { .. } => a0.clone(),
             PoolKind::Avg { count_include_pad } => {
                 let c = Expr::cast(cd, Expr::Var(vars[1]));
-                let c = if count_include_pad { bin(BinOp::Max, c, lit(1.0, cd)) } else { c };
+                let c = if count_include_pad {
+                    bin(BinOp::Max, c, lit(1.0, cd))
+                } else {
+                    c
+                };
                 bin(BinOp::Div, a0.clone(), c)
             }
             PoolKind::Lp { p } => bin(BinOp::Pow, a0.clone(), lit(1.0 / p as f64, cd)),
@@ -982,9 +1561,17 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
         if want_idx {
             // Plane offset: (n * C + c) * prod(spatial).
             let spn: i64 = sp.iter().product();
-            let plane = bin(BinOp::Add, bin(BinOp::Mul, oidx[0].clone(), Expr::Int(xs[c_axis])), oidx[c_axis].clone());
+            let plane = bin(
+                BinOp::Add,
+                bin(BinOp::Mul, oidx[0].clone(), Expr::Int(xs[c_axis])),
+                oidx[c_axis].clone(),
+            );
             let bi = bin(BinOp::Max, Expr::Var(vars[1]), lit_i(0, DType::I64));
-            let e = bin(BinOp::Add, Expr::cast(DType::I64, bin(BinOp::Mul, plane, Expr::Int(spn))), bi);
+            let e = bin(
+                BinOp::Add,
+                Expr::cast(DType::I64, bin(BinOp::Mul, plane, Expr::Int(spn))),
+                bi,
+            );
             st.extend(l.epilogue(outs[1], oidx, e)?);
         }
         Ok(st)
@@ -994,7 +1581,13 @@ fn pool(l: &mut Lowerer, n: NodeId, kind: &PoolKind, w: &Window, ceil: bool, cl:
 // ---------------------------------------------------------------- matmul, conv
 
 fn gemm_params() -> GemmParams {
-    GemmParams { mr: 6, nr: 16, kc: 256, mc: 96, nc: 2048 }
+    GemmParams {
+        mr: 6,
+        nr: 16,
+        kc: 256,
+        mc: 96,
+        nc: 2048,
+    }
 }
 
 struct GemmVars {
@@ -1042,7 +1635,14 @@ fn matmul(l: &mut Lowerer, n: NodeId) -> R<Vec<Stmt>> {
         return output_nest(l, &so, &mut |l, oidx| {
             let nb = batch_shape.len();
             let bi = &oidx[..nb];
-            let (i, j) = (if a1 { Expr::Int(0) } else { oidx[nb].clone() }, if b1 { Expr::Int(0) } else { oidx[oidx.len() - 1].clone() });
+            let (i, j) = (
+                if a1 { Expr::Int(0) } else { oidx[nb].clone() },
+                if b1 {
+                    Expr::Int(0)
+                } else {
+                    oidx[oidx.len() - 1].clone()
+                },
+            );
             let kv = l.loop_var("r", k);
             let acc = l.elem_var("acc", ad, true);
             let ai = mm_index(&sa, bi, &i, &Expr::Var(kv), true);
@@ -1054,9 +1654,19 @@ fn matmul(l: &mut Lowerer, n: NodeId) -> R<Vec<Stmt>> {
             let (av, bv) = (av?, bv?);
             inner.push(Stmt::Assign {
                 var: acc,
-                value: bin(BinOp::Add, Expr::Var(acc), bin(BinOp::Mul, Expr::cast(ad, av), Expr::cast(ad, bv))),
+                value: bin(
+                    BinOp::Add,
+                    Expr::Var(acc),
+                    bin(BinOp::Mul, Expr::cast(ad, av), Expr::cast(ad, bv)),
+                ),
             });
-            let mut st = vec![Stmt::Let { var: acc, value: lit(0.0, ad) }, Stmt::for_(kv, k, inner)];
+            let mut st = vec![
+                Stmt::Let {
+                    var: acc,
+                    value: lit(0.0, ad),
+                },
+                Stmt::for_(kv, k, inner),
+            ];
             st.extend(l.epilogue(out, oidx, Expr::cast(d, Expr::Var(acc)))?);
             Ok(st)
         });
@@ -1076,7 +1686,11 @@ fn matmul(l: &mut Lowerer, n: NodeId) -> R<Vec<Stmt>> {
     if !b1 {
         oidx.push(vj.clone());
     }
-    let accv = if acc_d != d { Expr::cast(d, Expr::Var(gv.acc)) } else { Expr::Var(gv.acc) };
+    let accv = if acc_d != d {
+        Expr::cast(d, Expr::Var(gv.acc))
+    } else {
+        Expr::Var(gv.acc)
+    };
     let m2 = l.begin_block();
     let epi = l.epilogue(out, &oidx, accv);
     let mut e = l.end_block(m2);
@@ -1107,7 +1721,15 @@ fn mm_index(s: &[i64], bidx: &[Expr], r: &Expr, c: &Expr, lhs: bool) -> Vec<Expr
     }
     let nb = s.len() - 2;
     let off = bidx.len() - nb;
-    let mut v: Vec<Expr> = (0..nb).map(|i| if s[i] == 1 { Expr::Int(0) } else { bidx[off + i].clone() }).collect();
+    let mut v: Vec<Expr> = (0..nb)
+        .map(|i| {
+            if s[i] == 1 {
+                Expr::Int(0)
+            } else {
+                bidx[off + i].clone()
+            }
+        })
+        .collect();
     v.push(r.clone());
     v.push(c.clone());
     v
@@ -1115,13 +1737,22 @@ fn mm_index(s: &[i64], bidx: &[Expr], r: &Expr, c: &Expr, lhs: bool) -> Vec<Expr
 
 fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec<Stmt>> {
     let node = l.g.node(n);
-    let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
+    let (x, wt, bias, out) = (
+        node.inputs[0],
+        node.inputs[1],
+        node.inputs[2],
+        node.outputs[0],
+    );
     let (xs, ws, os) = (l.shape(x), l.shape(wt), l.shape(out));
     let r = xs.len();
     let d = l.dtype(out);
     let cd = compute_dtype(d);
     let g = group as i64;
-    let sp_axes: Vec<usize> = if cl { (1..r - 1).collect() } else { (2..r).collect() };
+    let sp_axes: Vec<usize> = if cl {
+        (1..r - 1).collect()
+    } else {
+        (2..r).collect()
+    };
     let c_axis = if cl { r - 1 } else { 1 };
     let sp: Vec<i64> = sp_axes.iter().map(|&a| xs[a]).collect();
     let geo = geometry(l, n, &sp, w, false)?;
@@ -1141,13 +1772,24 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
             let (_, pb, pe) = geo[j];
             let e = bin(
                 BinOp::Sub,
-                bin(BinOp::Add, bin(BinOp::Mul, o[j].clone(), Expr::Int(w.strides[j] as i64)), bin(BinOp::Mul, t[j].clone(), Expr::Int(w.dilations[j] as i64))),
+                bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, o[j].clone(), Expr::Int(w.strides[j] as i64)),
+                    bin(BinOp::Mul, t[j].clone(), Expr::Int(w.dilations[j] as i64)),
+                ),
                 Expr::Int(pb),
             );
             let e = l.simp(e);
             if pb > 0 || pe > 0 {
-                let ok = bin(BinOp::And, bin(BinOp::Ge, e.clone(), Expr::Int(0)), bin(BinOp::Lt, e.clone(), Expr::Int(sp[j])));
-                cond = Some(match cond { None => ok, Some(p) => bin(BinOp::And, p, ok) });
+                let ok = bin(
+                    BinOp::And,
+                    bin(BinOp::Ge, e.clone(), Expr::Int(0)),
+                    bin(BinOp::Lt, e.clone(), Expr::Int(sp[j])),
+                );
+                cond = Some(match cond {
+                    None => ok,
+                    Some(p) => bin(BinOp::And, p, ok),
+                });
             }
             coords.push(e);
         }
@@ -1181,7 +1823,11 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
                 t.push(Expr::Var(v));
             }
             let (coords, cond) = tap(l, &o, &t);
-            let ch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(cg)), Expr::Var(cv));
+            let ch = bin(
+                BinOp::Add,
+                bin(BinOp::Mul, grp, Expr::Int(cg)),
+                Expr::Var(cv),
+            );
             let acc = l.elem_var("acc", cd, true);
             let m2 = l.begin_block();
             if cond.is_some() {
@@ -1201,8 +1847,14 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
                 Some(c) => Expr::select(c, upd, Expr::Var(acc)),
                 None => upd,
             };
-            inner.push(Stmt::Assign { var: acc, value: upd });
-            let mut st = vec![Stmt::Let { var: acc, value: lit(0.0, cd) }];
+            inner.push(Stmt::Assign {
+                var: acc,
+                value: upd,
+            });
+            let mut st = vec![Stmt::Let {
+                var: acc,
+                value: lit(0.0, cd),
+            }];
             st.extend(Lowerer::nest(&loops, inner));
             let bv = val(l, bias, &[mch])?;
             st.extend(l.take_lets());
@@ -1214,20 +1866,39 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
     let batch = nb * g;
     let (rows, cols) = if cl { (p, mg) } else { (mg, p) };
     let gv = gemm_vars(l, batch, rows, cols, kk, cd);
-    let (vb, vi, vj, vk) = (Expr::Var(gv.b), Expr::Var(gv.i), Expr::Var(gv.j), Expr::Var(gv.k));
+    let (vb, vi, vj, vk) = (
+        Expr::Var(gv.b),
+        Expr::Var(gv.i),
+        Expr::Var(gv.j),
+        Expr::Var(gv.k),
+    );
     let n_ = bin(BinOp::Div, vb.clone(), Expr::Int(g));
     let grp = bin(BinOp::Rem, vb.clone(), Expr::Int(g));
     // k = (c, taps) channels-first; (taps, c) channels-last (contiguous channels in x).
     let (cidx, tflat) = if cl {
-        (bin(BinOp::Rem, vk.clone(), Expr::Int(cg)), bin(BinOp::Div, vk.clone(), Expr::Int(cg)))
+        (
+            bin(BinOp::Rem, vk.clone(), Expr::Int(cg)),
+            bin(BinOp::Div, vk.clone(), Expr::Int(cg)),
+        )
     } else {
-        (bin(BinOp::Div, vk.clone(), Expr::Int(taps)), bin(BinOp::Rem, vk.clone(), Expr::Int(taps)))
+        (
+            bin(BinOp::Div, vk.clone(), Expr::Int(taps)),
+            bin(BinOp::Rem, vk.clone(), Expr::Int(taps)),
+        )
     };
     let t = unravel(tflat, &kern);
-    let (pos, mloc) = if cl { (vi.clone(), vj.clone()) } else { (vj.clone(), vi.clone()) };
+    let (pos, mloc) = if cl {
+        (vi.clone(), vj.clone())
+    } else {
+        (vj.clone(), vi.clone())
+    };
     let o = unravel(pos, &osp);
     let (coords, cond) = tap(l, &o, &t);
-    let ch = bin(BinOp::Add, bin(BinOp::Mul, grp.clone(), Expr::Int(cg)), cidx.clone());
+    let ch = bin(
+        BinOp::Add,
+        bin(BinOp::Mul, grp.clone(), Expr::Int(cg)),
+        cidx.clone(),
+    );
     let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), mloc);
     let xi = x_at(n_.clone(), ch, coords);
     let xe = operand(l, &mut |l| {
@@ -1272,9 +1943,21 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
     }))])
 }
 
-fn conv_transpose(l: &mut Lowerer, n: NodeId, strides: &[usize], dil: &[usize], pads: &[i64], group: usize) -> R<Vec<Stmt>> {
+fn conv_transpose(
+    l: &mut Lowerer,
+    n: NodeId,
+    strides: &[usize],
+    dil: &[usize],
+    pads: &[i64],
+    group: usize,
+) -> R<Vec<Stmt>> {
     let node = l.g.node(n);
-    let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
+    let (x, wt, bias, out) = (
+        node.inputs[0],
+        node.inputs[1],
+        node.inputs[2],
+        node.outputs[0],
+    );
     let (xs, ws, os) = (l.shape(x), l.shape(wt), l.shape(out));
     let d = l.dtype(out);
     let cd = compute_dtype(d);
@@ -1299,19 +1982,38 @@ fn conv_transpose(l: &mut Lowerer, n: NodeId, strides: &[usize], dil: &[usize], 
         let mut coords = Vec::new();
         for j in 0..sp.len() {
             // i * s + t * dil - pb = o  →  i = (o + pb - t * dil) / s when exact.
-            let num = bin(BinOp::Sub, bin(BinOp::Add, oidx[2 + j].clone(), Expr::Int(pads[j])), bin(BinOp::Mul, t[j].clone(), Expr::Int(dil[j] as i64)));
+            let num = bin(
+                BinOp::Sub,
+                bin(BinOp::Add, oidx[2 + j].clone(), Expr::Int(pads[j])),
+                bin(BinOp::Mul, t[j].clone(), Expr::Int(dil[j] as i64)),
+            );
             let num = l.simp(num);
             let s = strides[j] as i64;
             let i = l.simp(bin(BinOp::FloorDiv, num.clone(), Expr::Int(s)));
             let ok = bin(
                 BinOp::And,
-                bin(BinOp::Eq, l.simp(bin(BinOp::FloorMod, num, Expr::Int(s))), Expr::Int(0)),
-                bin(BinOp::And, bin(BinOp::Ge, i.clone(), Expr::Int(0)), bin(BinOp::Lt, i.clone(), Expr::Int(sp[j]))),
+                bin(
+                    BinOp::Eq,
+                    l.simp(bin(BinOp::FloorMod, num, Expr::Int(s))),
+                    Expr::Int(0),
+                ),
+                bin(
+                    BinOp::And,
+                    bin(BinOp::Ge, i.clone(), Expr::Int(0)),
+                    bin(BinOp::Lt, i.clone(), Expr::Int(sp[j])),
+                ),
             );
-            cond = Some(match cond { None => ok, Some(p) => bin(BinOp::And, p, ok) });
+            cond = Some(match cond {
+                None => ok,
+                Some(p) => bin(BinOp::And, p, ok),
+            });
             coords.push(i);
         }
-        let ch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(cg)), Expr::Var(cv));
+        let ch = bin(
+            BinOp::Add,
+            bin(BinOp::Mul, grp, Expr::Int(cg)),
+            Expr::Var(cv),
+        );
         let acc = l.elem_var("acc", cd, true);
         let mut xi = vec![n_.clone(), ch.clone()];
         xi.extend(coords);
@@ -1328,8 +2030,14 @@ fn conv_transpose(l: &mut Lowerer, n: NodeId, strides: &[usize], dil: &[usize], 
             Some(c) => Expr::select(c, upd, Expr::Var(acc)),
             None => upd,
         };
-        inner.push(Stmt::Assign { var: acc, value: upd });
-        let mut st = vec![Stmt::Let { var: acc, value: lit(0.0, cd) }];
+        inner.push(Stmt::Assign {
+            var: acc,
+            value: upd,
+        });
+        let mut st = vec![Stmt::Let {
+            var: acc,
+            value: lit(0.0, cd),
+        }];
         st.extend(Lowerer::nest(&loops, inner));
         let bv = val(l, bias, &[mch])?;
         st.extend(l.take_lets());
@@ -1356,11 +2064,19 @@ fn einsum(l: &mut Lowerer, n: NodeId, subs: &[Vec<u8>], output: &[u8]) -> R<Vec<
             }
         }
     }
-    let summed: Vec<(u8, i64)> = ext.iter().copied().filter(|(lb, _)| !output.contains(lb)).collect();
+    let summed: Vec<(u8, i64)> = ext
+        .iter()
+        .copied()
+        .filter(|(lb, _)| !output.contains(lb))
+        .collect();
     let subs = subs.to_vec();
     let output = output.to_vec();
     output_nest(l, &os, &mut |l, oidx| {
-        let mut at: Vec<(u8, Expr)> = output.iter().zip(oidx).map(|(&lb, e)| (lb, e.clone())).collect();
+        let mut at: Vec<(u8, Expr)> = output
+            .iter()
+            .zip(oidx)
+            .map(|(&lb, e)| (lb, e.clone()))
+            .collect();
         let mut loops = Vec::new();
         for &(lb, e) in &summed {
             if e == 1 {
@@ -1379,7 +2095,16 @@ fn einsum(l: &mut Lowerer, n: NodeId, subs: &[Vec<u8>], output: &[u8]) -> R<Vec<
             let idx: Vec<Expr> = s
                 .iter()
                 .enumerate()
-                .map(|(i, lb)| if sh[i] == 1 { Expr::Int(0) } else { at.iter().find(|a| a.0 == *lb).map(|a| a.1.clone()).unwrap_or(Expr::Int(0)) })
+                .map(|(i, lb)| {
+                    if sh[i] == 1 {
+                        Expr::Int(0)
+                    } else {
+                        at.iter()
+                            .find(|a| a.0 == *lb)
+                            .map(|a| a.1.clone())
+                            .unwrap_or(Expr::Int(0))
+                    }
+                })
                 .collect();
             let v = l.value_at(ins[t], &idx);
             let v = match v {
@@ -1389,14 +2114,31 @@ fn einsum(l: &mut Lowerer, n: NodeId, subs: &[Vec<u8>], output: &[u8]) -> R<Vec<
                     return Err(e);
                 }
             };
-            let v = if d.is_float() { l.up(v, l.dtype(ins[t])) } else { Expr::cast(cd, v) };
-            prod = Some(match prod { None => v, Some(p) => bin(BinOp::Mul, p, v) });
+            let v = if d.is_float() {
+                l.up(v, l.dtype(ins[t]))
+            } else {
+                Expr::cast(cd, v)
+            };
+            prod = Some(match prod {
+                None => v,
+                Some(p) => bin(BinOp::Mul, p, v),
+            });
         }
         let mut inner = l.end_block(m2);
-        inner.push(Stmt::Assign { var: acc, value: bin(BinOp::Add, Expr::Var(acc), prod.unwrap_or(lit(1.0, cd))) });
-        let mut st = vec![Stmt::Let { var: acc, value: lit(0.0, cd) }];
+        inner.push(Stmt::Assign {
+            var: acc,
+            value: bin(BinOp::Add, Expr::Var(acc), prod.unwrap_or(lit(1.0, cd))),
+        });
+        let mut st = vec![Stmt::Let {
+            var: acc,
+            value: lit(0.0, cd),
+        }];
         st.extend(Lowerer::nest(&loops, inner));
-        let r = if cd != d { Expr::cast(d, Expr::Var(acc)) } else { Expr::Var(acc) };
+        let r = if cd != d {
+            Expr::cast(d, Expr::Var(acc))
+        } else {
+            Expr::Var(acc)
+        };
         st.extend(l.epilogue(out, oidx, r)?);
         Ok(st)
     })
@@ -1416,11 +2158,22 @@ struct Att {
 }
 
 fn att_geom(l: &Lowerer, n: NodeId, op: &Op) -> R<Att> {
-    let Op::Nn(NnOp::Attention { q_num_heads, kv_num_heads, has_past, has_mask, .. }) = op else {
+    let Op::Nn(NnOp::Attention {
+        q_num_heads,
+        kv_num_heads,
+        has_past,
+        has_mask,
+        ..
+    }) = op
+    else {
         return l.unsupported(n, "not attention");
     };
     let node = l.g.node(n);
-    let (qs, ks, vs) = (l.shape(node.inputs[0]), l.shape(node.inputs[1]), l.shape(node.inputs[2]));
+    let (qs, ks, vs) = (
+        l.shape(node.inputs[0]),
+        l.shape(node.inputs[1]),
+        l.shape(node.inputs[2]),
+    );
     let rank3 = qs.len() == 3;
     let (hq, sq, dh, hkv, skv, dv) = if rank3 {
         let (hq, hkv) = (*q_num_heads as i64, *kv_num_heads as i64);
@@ -1440,7 +2193,16 @@ fn att_geom(l: &Lowerer, n: NodeId, op: &Op) -> R<Att> {
     } else {
         0
     };
-    Ok(Att { rank3, hq, hkv, sq, skv, past, dh, dv })
+    Ok(Att {
+        rank3,
+        hq,
+        hkv,
+        sq,
+        skv,
+        past,
+        dh,
+        dv,
+    })
 }
 
 /// Element (b, h, s, d) of a 3-D `[B, S, H*D]` or 4-D `[B, H, S, D]` tensor.
@@ -1453,8 +2215,20 @@ fn head_idx(rank3: bool, dsz: i64, b: Expr, h: Expr, s: Expr, d: Expr) -> Vec<Ex
 }
 
 /// K (which = 1) or V (which = 2) with the past prepended, at (b, kh, j, d).
-fn kv_at(l: &mut Lowerer, n: NodeId, op: &Op, a: &Att, which: usize, b: Expr, kh: Expr, j: Expr, d: Expr) -> R<Expr> {
-    let Op::Nn(NnOp::Attention { has_mask, .. }) = op else { return l.unsupported(n, "not attention") };
+fn kv_at(
+    l: &mut Lowerer,
+    n: NodeId,
+    op: &Op,
+    a: &Att,
+    which: usize,
+    b: Expr,
+    kh: Expr,
+    j: Expr,
+    d: Expr,
+) -> R<Expr> {
+    let Op::Nn(NnOp::Attention { has_mask, .. }) = op else {
+        return l.unsupported(n, "not attention");
+    };
     let node = l.g.node(n);
     let cur = node.inputs[which];
     let dsz = if which == 1 { a.dh } else { a.dv };
@@ -1474,7 +2248,17 @@ fn kv_at(l: &mut Lowerer, n: NodeId, op: &Op, a: &Att, which: usize, b: Expr, kh
     }
     l.guard += 1;
     let p = l.value_at(pv, &[b.clone(), kh.clone(), j.clone(), d.clone()]);
-    let c = l.value_at(cur, &head_idx(a.rank3, dsz, b, kh, bin(BinOp::Sub, j.clone(), Expr::Int(a.past)), d));
+    let c = l.value_at(
+        cur,
+        &head_idx(
+            a.rank3,
+            dsz,
+            b,
+            kh,
+            bin(BinOp::Sub, j.clone(), Expr::Int(a.past)),
+            d,
+        ),
+    );
     l.guard -= 1;
     Ok(Expr::select(bin(BinOp::Lt, j, Expr::Int(a.past)), p?, c?))
 }
@@ -1483,26 +2267,72 @@ fn kv_at(l: &mut Lowerer, n: NodeId, op: &Op, a: &Att, which: usize, b: Expr, kh
 pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[Expr]) -> R<Expr> {
     let op = l.g.node(n).op.clone();
     let a = att_geom(l, n, &op)?;
-    kv_at(l, n, &op, &a, out, idx[0].clone(), idx[1].clone(), idx[2].clone(), idx[3].clone())
+    kv_at(
+        l,
+        n,
+        &op,
+        &a,
+        out,
+        idx[0].clone(),
+        idx[1].clone(),
+        idx[2].clone(),
+        idx[3].clone(),
+    )
 }
 
 fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    let Op::Nn(NnOp::Attention { scale, is_causal, softcap, left_window, right_window, has_mask, .. }) = op else {
+    let Op::Nn(NnOp::Attention {
+        scale,
+        is_causal,
+        softcap,
+        left_window,
+        right_window,
+        has_mask,
+        has_past,
+        has_nonpad,
+        qk_matmul_output_mode,
+        ..
+    }) = op
+    else {
         return l.unsupported(n, "not attention");
     };
     let a = att_geom(l, n, op)?;
     let node = l.g.node(n);
     let (q, y) = (node.inputs[0], node.outputs[0]);
-    let mask = if *has_mask { Some(node.inputs[3]) } else { None };
+    let mask = if *has_mask {
+        Some(node.inputs[3])
+    } else {
+        None
+    };
+    let nonpad = if *has_nonpad {
+        Some(node.inputs[3 + usize::from(*has_mask) + 2 * usize::from(*has_past)])
+    } else {
+        None
+    };
+    let qk_out = node.outputs[3];
+    let qk_mode = if is_used(l, qk_out) {
+        Some(*qk_matmul_output_mode)
+    } else {
+        None
+    };
     let dt = l.dtype(q);
     let cd = compute_dtype(dt);
     let t = a.past + a.skv;
     let reps = a.hq / a.hkv;
     let bsz = l.shape(q)[0];
-    let sc = (scale.map(|s| s as f64).unwrap_or(1.0 / (a.dh as f64).sqrt())).sqrt();
+    let sc = (scale
+        .map(|s| s as f64)
+        .unwrap_or(1.0 / (a.dh as f64).sqrt()))
+    .sqrt();
     let sc = Tensor1::round(dt, sc);
     let cap = *softcap as f64;
-    let rnd = |e: Expr| if cd != dt { Expr::cast(cd, Expr::cast(dt, e)) } else { e };
+    let rnd = |e: Expr| {
+        if cd != dt {
+            Expr::cast(cd, Expr::cast(dt, e))
+        } else {
+            e
+        }
+    };
     let (lw, rw) = (*left_window, *right_window);
     let windowed = lw >= 0 || rw >= 0;
     let causal = *is_causal;
@@ -1515,24 +2345,59 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let m_outer = l.begin_block();
     // Pass 1: logits and their maximum.
     let mx = l.elem_var("acc", cd, true);
-    body.push(Stmt::Let { var: mx, value: neg_inf(cd) });
+    body.push(Stmt::Let {
+        var: mx,
+        value: neg_inf(cd),
+    });
     let jv = l.loop_var("r", t);
     let j = Expr::Var(jv);
     let dv_ = l.loop_var("r", a.dh);
     let dd = Expr::Var(dv_);
     let s = l.elem_var("acc", cd, true);
-    let mut jbody = vec![Stmt::Let { var: s, value: lit(0.0, cd) }];
+    let mut jbody = vec![Stmt::Let {
+        var: s,
+        value: lit(0.0, cd),
+    }];
     let mb = l.begin_block();
-    let qv = val(l, q, &head_idx(a.rank3, a.dh, b.clone(), h.clone(), i.clone(), dd.clone()));
-    let kv = kv_at(l, n, op, &a, 1, b.clone(), kh.clone(), j.clone(), dd.clone()).map(|e| l.up(e, dt));
+    let qv = val(
+        l,
+        q,
+        &head_idx(a.rank3, a.dh, b.clone(), h.clone(), i.clone(), dd.clone()),
+    );
+    let kv = kv_at(
+        l,
+        n,
+        op,
+        &a,
+        1,
+        b.clone(),
+        kh.clone(),
+        j.clone(),
+        dd.clone(),
+    )
+    .map(|e| l.up(e, dt));
     let mut dbody = l.end_block(mb);
     let (qv, kv) = (qv?, kv?);
-    let prod = bin(BinOp::Mul, rnd(bin(BinOp::Mul, qv, lit(sc, cd))), rnd(bin(BinOp::Mul, kv, lit(sc, cd))));
-    dbody.push(Stmt::Assign { var: s, value: bin(BinOp::Add, Expr::Var(s), prod) });
+    let prod = bin(
+        BinOp::Mul,
+        rnd(bin(BinOp::Mul, qv, lit(sc, cd))),
+        rnd(bin(BinOp::Mul, kv, lit(sc, cd))),
+    );
+    dbody.push(Stmt::Assign {
+        var: s,
+        value: bin(BinOp::Add, Expr::Var(s), prod),
+    });
     jbody.push(Stmt::for_(dv_, a.dh, dbody));
     let mut logit = rnd(Expr::Var(s));
     if cap > 0.0 {
-        logit = rnd(bin(BinOp::Mul, lit(cap, cd), rnd(Expr::un(UnOp::Tanh, rnd(bin(BinOp::Div, logit, lit(cap, cd)))))));
+        logit = rnd(bin(
+            BinOp::Mul,
+            lit(cap, cd),
+            rnd(Expr::un(
+                UnOp::Tanh,
+                rnd(bin(BinOp::Div, logit, lit(cap, cd))),
+            )),
+        ));
     }
     // Additive bias: mask, causal and window terms.
     let mb = l.begin_block();
@@ -1541,7 +2406,17 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         let ms = l.shape(mv);
         let full = [b.clone(), h.clone(), i.clone(), j.clone()];
         let off = 4 - ms.len();
-        let mi: Vec<Expr> = ms.iter().enumerate().map(|(k, &dsz)| if dsz == 1 { Expr::Int(0) } else { full[off + k].clone() }).collect();
+        let mi: Vec<Expr> = ms
+            .iter()
+            .enumerate()
+            .map(|(k, &dsz)| {
+                if dsz == 1 {
+                    Expr::Int(0)
+                } else {
+                    full[off + k].clone()
+                }
+            })
+            .collect();
         let last = ms[ms.len() - 1];
         let guarded = last < t;
         if guarded {
@@ -1552,14 +2427,44 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             l.guard -= 1;
         }
         let m = m?;
-        let mval = if l.dtype(mv) == DType::Bool { Expr::select(m, lit(0.0, cd), neg_inf(cd)) } else { l.up(m, l.dtype(mv)) };
-        let mval = if guarded { Expr::select(bin(BinOp::Lt, j.clone(), Expr::Int(last)), mval, neg_inf(cd)) } else { mval };
+        let mval = if l.dtype(mv) == DType::Bool {
+            Expr::select(m, lit(0.0, cd), neg_inf(cd))
+        } else {
+            l.up(m, l.dtype(mv))
+        };
+        let mval = if guarded {
+            Expr::select(
+                bin(BinOp::Lt, j.clone(), Expr::Int(last)),
+                mval,
+                neg_inf(cd),
+            )
+        } else {
+            mval
+        };
         bias = Some(rnd(mval));
     }
-    let diff = bin(BinOp::Sub, bin(BinOp::Add, i.clone(), Expr::Int(a.past)), j.clone());
     let mut blocked: Option<Expr> = None;
+    let offset = match nonpad {
+        Some(np) if !*has_past => {
+            let v = l.value_at(np, &[b.clone()])?;
+            let npi = Expr::ToIndex(Box::new(v));
+            blocked = Some(bin(BinOp::Ge, j.clone(), npi.clone()));
+            bin(BinOp::Sub, npi, Expr::Int(a.sq))
+        }
+        Some(np) => {
+            let v = l.value_at(np, &[b.clone()])?;
+            blocked = Some(bin(BinOp::Ge, j.clone(), Expr::ToIndex(Box::new(v))));
+            Expr::Int(a.past)
+        }
+        None => Expr::Int(a.past),
+    };
+    let diff = bin(BinOp::Sub, bin(BinOp::Add, i.clone(), offset), j.clone());
     if causal {
-        blocked = Some(bin(BinOp::Lt, diff.clone(), Expr::Int(0)));
+        let c = bin(BinOp::Lt, diff.clone(), Expr::Int(0));
+        blocked = Some(match blocked {
+            None => c,
+            Some(p) => bin(BinOp::Or, p, c),
+        });
     }
     if windowed {
         let mut ok = Expr::Lit(Lit::Bool(true));
@@ -1567,10 +2472,36 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             ok = bin(BinOp::And, ok, bin(BinOp::Le, diff.clone(), Expr::Int(lw)));
         }
         if rw >= 0 {
-            ok = bin(BinOp::And, ok, bin(BinOp::Le, bin(BinOp::Sub, Expr::Int(0), diff.clone()), Expr::Int(rw)));
+            ok = bin(
+                BinOp::And,
+                ok,
+                bin(
+                    BinOp::Le,
+                    bin(BinOp::Sub, Expr::Int(0), diff.clone()),
+                    Expr::Int(rw),
+                ),
+            );
         }
         let nb = Expr::un(UnOp::Not, ok);
-        blocked = Some(match blocked { None => nb, Some(p) => bin(BinOp::Or, p, nb) });
+        blocked = Some(match blocked {
+            None => nb,
+            Some(p) => bin(BinOp::Or, p, nb),
+        });
+    }
+    let raw = l.elem_var("t", cd, false);
+    let lets = l.end_block(mb);
+    jbody.extend(lets);
+    jbody.push(Stmt::Let {
+        var: raw,
+        value: logit,
+    });
+    let logit = Expr::Var(raw);
+    let mb = l.begin_block();
+    let qk_at = vec![b.clone(), h.clone(), i.clone(), j.clone()];
+    if matches!(qk_mode, Some(0 | 1)) {
+        let e = l.down(logit.clone(), dt);
+        let st = l.epilogue(qk_out, &qk_at, e)?;
+        jbody.extend(st);
     }
     let mut lg = match bias {
         Some(bv) => rnd(bin(BinOp::Add, logit, bv)),
@@ -1583,57 +2514,115 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     jbody.extend(lets);
     let lt = l.elem_var("t", cd, false);
     jbody.push(Stmt::Let { var: lt, value: lg });
+    if qk_mode == Some(2) {
+        let e = l.down(Expr::Var(lt), dt);
+        let st = l.epilogue(qk_out, &qk_at, e)?;
+        jbody.extend(st);
+    }
     jbody.push(Stmt::store(scores, vec![j.clone()], Expr::Var(lt)));
-    jbody.push(Stmt::Assign { var: mx, value: bin(BinOp::Max, Expr::Var(mx), Expr::Var(lt)) });
+    jbody.push(Stmt::Assign {
+        var: mx,
+        value: bin(BinOp::Max, Expr::Var(mx), Expr::Var(lt)),
+    });
     body.push(Stmt::for_(jv, t, jbody));
     // Pass 2: exponentials and their sum.
     let m0 = l.elem_var("t", cd, false);
     body.push(Stmt::Let {
         var: m0,
-        value: Expr::select(bin(BinOp::Eq, Expr::Var(mx), neg_inf(cd)), lit(0.0, cd), Expr::Var(mx)),
+        value: Expr::select(
+            bin(BinOp::Eq, Expr::Var(mx), neg_inf(cd)),
+            lit(0.0, cd),
+            Expr::Var(mx),
+        ),
     });
     let sum = l.elem_var("acc", cd, true);
-    body.push(Stmt::Let { var: sum, value: lit(0.0, cd) });
+    body.push(Stmt::Let {
+        var: sum,
+        value: lit(0.0, cd),
+    });
     let jv2 = l.loop_var("r", t);
     let e = l.elem_var("t", cd, false);
     body.push(Stmt::for_(
         jv2,
         t,
         vec![
-            Stmt::Let { var: e, value: rnd(Expr::un(UnOp::Exp, rnd(bin(BinOp::Sub, Expr::Load(scores, vec![Expr::Var(jv2)]), Expr::Var(m0))))) },
+            Stmt::Let {
+                var: e,
+                value: rnd(Expr::un(
+                    UnOp::Exp,
+                    rnd(bin(
+                        BinOp::Sub,
+                        Expr::Load(scores, vec![Expr::Var(jv2)]),
+                        Expr::Var(m0),
+                    )),
+                )),
+            },
             Stmt::store(scores, vec![Expr::Var(jv2)], Expr::Var(e)),
-            Stmt::Assign { var: sum, value: bin(BinOp::Add, Expr::Var(sum), Expr::Var(e)) },
+            Stmt::Assign {
+                var: sum,
+                value: bin(BinOp::Add, Expr::Var(sum), Expr::Var(e)),
+            },
         ],
     ));
     let inv = l.elem_var("t", cd, false);
     let sr = rnd(Expr::Var(sum));
     body.push(Stmt::Let {
         var: inv,
-        value: Expr::select(bin(BinOp::Eq, sr.clone(), lit(0.0, cd)), lit(0.0, cd), Expr::un(UnOp::Recip, sr)),
+        value: Expr::select(
+            bin(BinOp::Eq, sr.clone(), lit(0.0, cd)),
+            lit(0.0, cd),
+            Expr::un(UnOp::Recip, sr),
+        ),
     });
     // Pass 3: y = sum_j p_j v_j into the local row.
     let dz = l.loop_var("r", a.dv);
-    body.push(Stmt::for_(dz, a.dv, vec![Stmt::store(yrow, vec![Expr::Var(dz)], lit(0.0, cd))]));
+    body.push(Stmt::for_(
+        dz,
+        a.dv,
+        vec![Stmt::store(yrow, vec![Expr::Var(dz)], lit(0.0, cd))],
+    ));
     let jv3 = l.loop_var("r", t);
     let p = l.elem_var("t", cd, false);
     let dv3 = l.loop_var("r", a.dv);
     let mb = l.begin_block();
-    let vv = kv_at(l, n, op, &a, 2, b.clone(), kh.clone(), Expr::Var(jv3), Expr::Var(dv3)).map(|e| l.up(e, dt));
+    let vv = kv_at(
+        l,
+        n,
+        op,
+        &a,
+        2,
+        b.clone(),
+        kh.clone(),
+        Expr::Var(jv3),
+        Expr::Var(dv3),
+    )
+    .map(|e| l.up(e, dt));
     let mut vbody = l.end_block(mb);
     let vv = vv?;
     vbody.push(Stmt::store(
         yrow,
         vec![Expr::Var(dv3)],
-        bin(BinOp::Add, Expr::Load(yrow, vec![Expr::Var(dv3)]), bin(BinOp::Mul, Expr::Var(p), vv)),
+        bin(
+            BinOp::Add,
+            Expr::Load(yrow, vec![Expr::Var(dv3)]),
+            bin(BinOp::Mul, Expr::Var(p), vv),
+        ),
     ));
-    body.push(Stmt::for_(
-        jv3,
-        t,
-        vec![
-            Stmt::Let { var: p, value: rnd(bin(BinOp::Mul, Expr::Load(scores, vec![Expr::Var(jv3)]), Expr::Var(inv))) },
-            Stmt::for_(dv3, a.dv, vbody),
-        ],
-    ));
+    let mut pbody = vec![Stmt::Let {
+        var: p,
+        value: rnd(bin(
+            BinOp::Mul,
+            Expr::Load(scores, vec![Expr::Var(jv3)]),
+            Expr::Var(inv),
+        )),
+    }];
+    if qk_mode == Some(3) {
+        let at = vec![b.clone(), h.clone(), i.clone(), Expr::Var(jv3)];
+        let e = l.down(Expr::Var(p), dt);
+        pbody.extend(l.epilogue(qk_out, &at, e)?);
+    }
+    pbody.push(Stmt::for_(dv3, a.dv, vbody));
+    body.push(Stmt::for_(jv3, t, pbody));
     // Output row through the epilogue.
     let dout = l.loop_var("i", a.dv);
     let yi = head_idx(a.rank3, a.dv, b, h, i, Expr::Var(dout));

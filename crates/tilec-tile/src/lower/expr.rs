@@ -5,7 +5,9 @@
 //! Arithmetic runs in the compute dtype (f32 for narrow floats) and each node's result is
 //! rounded to its dtype, as the reference interpreter rounds every op's output.
 
-use tilec_ir::op::{BinaryOp, DimValue, IndexOp, LayoutOp, NnOp, NormOp, PadMode, QuantOp, SourceOp, UnaryOp};
+use tilec_ir::op::{
+    BinaryOp, DimValue, IndexOp, LayoutOp, NnOp, NormOp, PadMode, QuantOp, SourceOp, UnaryOp,
+};
 use tilec_ir::{DType, Dim, NodeId, Op};
 
 use super::{bin, compute_dtype, lit, lit_i, ravel, unravel, Fail, Lowerer, R};
@@ -18,18 +20,29 @@ pub(crate) fn check_inline(l: &Lowerer, n: NodeId) -> R<()> {
     let bad = |why: &str| Err(Fail::Unsupported(n, why.to_string()));
     match &node.op {
         Op::Unary(UnaryOp::BitCast { .. }) => bad("bit casts are not lowered"),
-        Op::Binary(BinaryOp::Pow) if in_dt.is_some_and(|d| !d.is_float()) => bad("integer pow is not lowered"),
-        Op::Cast { to, saturate: false } if matches!(to, DType::F8E4M3 | DType::F8E5M2) => {
+        Op::Binary(BinaryOp::Pow) if in_dt.is_some_and(|d| !d.is_float()) => {
+            bad("integer pow is not lowered")
+        }
+        Op::Cast {
+            to,
+            saturate: false,
+        } if matches!(to, DType::F8E4M3 | DType::F8E5M2) => {
             bad("non-saturating fp8 casts are not lowered")
         }
-        Op::Quant(QuantOp::QuantizeLinear { to, .. }) if matches!(to, DType::F8E4M3 | DType::F8E5M2) => {
+        Op::Quant(QuantOp::QuantizeLinear { to, .. })
+            if matches!(to, DType::F8E4M3 | DType::F8E5M2) =>
+        {
             bad("fp8 quantization is not lowered")
         }
         Op::Quant(QuantOp::DynamicQuantizeLinear) => bad("dynamic quantization is not lowered"),
         Op::Layout(LayoutOp::Resize(_)) => bad("resize is not lowered"),
-        Op::Source(SourceOp::DimValues { elems, .. }) if elems.len() > 64 => bad("large dim-value tensors are not lowered"),
+        Op::Source(SourceOp::DimValues { elems, .. }) if elems.len() > 64 => {
+            bad("large dim-value tensors are not lowered")
+        }
         Op::Source(SourceOp::DimValues { elems, .. })
-            if elems.iter().any(|e| matches!(e, DimValue::Dim(Dim::Sym(_)))) =>
+            if elems
+                .iter()
+                .any(|e| matches!(e, DimValue::Dim(Dim::Sym(_)))) =>
         {
             bad("symbolic dim values")
         }
@@ -70,7 +83,15 @@ impl Lowerer<'_> {
     pub(crate) fn bcast_idx(&self, v: tilec_ir::ValueId, idx: &[Expr]) -> Vec<Expr> {
         let s = self.shape(v);
         let off = idx.len() - s.len();
-        (0..s.len()).map(|i| if s[i] == 1 { Expr::Int(0) } else { idx[off + i].clone() }).collect()
+        (0..s.len())
+            .map(|i| {
+                if s[i] == 1 {
+                    Expr::Int(0)
+                } else {
+                    idx[off + i].clone()
+                }
+            })
+            .collect()
     }
 
     /// The operand's element at output index `idx`, in its compute dtype.
@@ -86,8 +107,16 @@ impl Lowerer<'_> {
     pub(crate) fn index_value(&self, e: Expr, len: i64) -> Expr {
         let i = Expr::ToIndex(Box::new(e));
         let i = self.reuse_index(i);
-        let norm = Expr::select(bin(BinOp::Lt, i.clone(), Expr::Int(0)), bin(BinOp::Add, i.clone(), Expr::Int(len)), i);
-        bin(BinOp::Min, bin(BinOp::Max, norm, Expr::Int(0)), Expr::Int(len - 1))
+        let norm = Expr::select(
+            bin(BinOp::Lt, i.clone(), Expr::Int(0)),
+            bin(BinOp::Add, i.clone(), Expr::Int(len)),
+            i,
+        );
+        bin(
+            BinOp::Min,
+            bin(BinOp::Max, norm, Expr::Int(0)),
+            Expr::Int(len - 1),
+        )
     }
 
     fn reuse_index(&self, e: Expr) -> Expr {
@@ -129,7 +158,11 @@ impl Lowerer<'_> {
                 // NaN converts to 0 for integer targets, as the reference does.
                 if d.is_float() && !to.is_float() && *to != DType::Bool {
                     let x = self.reuse(x, d);
-                    return Ok(Expr::select(Expr::un(UnOp::IsNan, x.clone()), lit(0.0, *to), Expr::cast(*to, x)));
+                    return Ok(Expr::select(
+                        Expr::un(UnOp::IsNan, x.clone()),
+                        lit(0.0, *to),
+                        Expr::cast(*to, x),
+                    ));
                 }
                 Ok(Expr::cast(*to, x))
             }
@@ -148,18 +181,45 @@ impl Lowerer<'_> {
                 let a = bin(
                     BinOp::Div,
                     p[0].clone(),
-                    Expr::un(UnOp::Sqrt, bin(BinOp::Add, p[3].clone(), lit(*epsilon as f64, ct))),
+                    Expr::un(
+                        UnOp::Sqrt,
+                        bin(BinOp::Add, p[3].clone(), lit(*epsilon as f64, ct)),
+                    ),
                 );
-                let y = bin(BinOp::Add, bin(BinOp::Mul, bin(BinOp::Sub, x, p[2].clone()), a), p[1].clone());
+                let y = bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, bin(BinOp::Sub, x, p[2].clone()), a),
+                    p[1].clone(),
+                );
                 Ok(self.down(y, od))
             }
+            Op::Norm(NormOp::NllLoss { .. }) => {
+                let (loss, _) = self.nll_element(n, idx)?;
+                Ok(self.down(loss, od))
+            }
+            Op::Nn(NnOp::RotaryEmbedding {
+                interleaved,
+                rotary_dim,
+                num_heads,
+                has_position_ids,
+            }) => self.rotary(
+                n,
+                *interleaved,
+                *rotary_dim,
+                *num_heads,
+                *has_position_ids,
+                idx,
+            ),
             Op::Nn(NnOp::SwiGlu { alpha }) => {
                 let d = self.dtype(ins[0]);
                 let ct = compute_dtype(d);
                 let a = self.operand(ins[0], idx)?;
                 let a = self.reuse(a, ct);
                 let b = self.operand(ins[1], idx)?;
-                let s = Expr::un(UnOp::Sigmoid, bin(BinOp::Mul, lit(*alpha as f64, ct), a.clone()));
+                let s = Expr::un(
+                    UnOp::Sigmoid,
+                    bin(BinOp::Mul, lit(*alpha as f64, ct), a.clone()),
+                );
                 Ok(self.down(bin(BinOp::Mul, bin(BinOp::Mul, a, s), b), od))
             }
             Op::Layout(lo) => self.layout(n, lo, out, idx, &oshape),
@@ -168,6 +228,196 @@ impl Lowerer<'_> {
             Op::Nn(NnOp::Attention { .. }) => super::anchors::attention_present(self, n, out, idx),
             _ => self.unsupported(n, "not an inline op"),
         }
+    }
+
+    /// The loss and the weight of one target element of an NLL loss (both 0 when ignored).
+    /// Out-of-range targets are clamped into the class range.
+    pub(crate) fn nll_element(&mut self, n: NodeId, tidx: &[Expr]) -> R<(Expr, Expr)> {
+        let node = self.g.node(n);
+        let Op::Norm(NormOp::NllLoss {
+            ignore_index,
+            has_weight,
+            ..
+        }) = &node.op
+        else {
+            return self.unsupported(n, "not an nll loss");
+        };
+        let (x, target) = (node.inputs[0], node.inputs[1]);
+        let wv = if *has_weight {
+            Some(node.inputs[2])
+        } else {
+            None
+        };
+        let d = self.dtype(x);
+        let ct = compute_dtype(d);
+        let c = self.shape(x)[1];
+        let t = self.value_at(target, tidx)?;
+        let ti = Expr::ToIndex(Box::new(t));
+        let cls = bin(
+            BinOp::Min,
+            bin(BinOp::Max, ti.clone(), Expr::Int(0)),
+            Expr::Int(c - 1),
+        );
+        let mut xi = vec![tidx[0].clone(), cls.clone()];
+        xi.extend_from_slice(&tidx[1..]);
+        let xe = self.value_at(x, &xi)?;
+        let xe = self.up(xe, d);
+        let w = match wv {
+            Some(w) => {
+                let e = self.value_at(w, &[cls])?;
+                self.up(e, self.dtype(w))
+            }
+            None => lit(1.0, ct),
+        };
+        let w = self.reuse(w, ct);
+        let loss = Expr::un(UnOp::Neg, bin(BinOp::Mul, xe, w.clone()));
+        Ok(match ignore_index {
+            Some(ig) => {
+                let skip = bin(BinOp::Eq, ti, Expr::Int(*ig));
+                let skip = self.reuse(skip, DType::Bool);
+                (
+                    Expr::select(skip.clone(), lit(0.0, ct), loss),
+                    Expr::select(skip, lit(0.0, ct), w),
+                )
+            }
+            None => (loss, w),
+        })
+    }
+
+    fn rotary(
+        &mut self,
+        n: NodeId,
+        interleaved: bool,
+        rotary_dim: usize,
+        num_heads: usize,
+        has_pos: bool,
+        idx: &[Expr],
+    ) -> R<Expr> {
+        let node = self.g.node(n);
+        let (x, cos, sin) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+        let xs = self.shape(x);
+        let d = self.dtype(x);
+        let ct = compute_dtype(d);
+        // (b, s, h, dd) of this element and the index of element (b, s, h, e).
+        let (b, s, h, dd, dn) = match xs.len() {
+            4 => (
+                idx[0].clone(),
+                idx[2].clone(),
+                idx[1].clone(),
+                idx[3].clone(),
+                xs[3],
+            ),
+            3 if num_heads > 0 && xs[2] % num_heads as i64 == 0 => {
+                let dn = xs[2] / num_heads as i64;
+                (
+                    idx[0].clone(),
+                    idx[1].clone(),
+                    bin(BinOp::Div, idx[2].clone(), Expr::Int(dn)),
+                    bin(BinOp::Rem, idx[2].clone(), Expr::Int(dn)),
+                    dn,
+                )
+            }
+            _ => return self.unsupported(n, "rotary input must be [B, H, S, D] or [B, S, H*D]"),
+        };
+        let at = |e: Expr| -> Vec<Expr> {
+            if xs.len() == 4 {
+                vec![b.clone(), h.clone(), s.clone(), e]
+            } else {
+                vec![
+                    b.clone(),
+                    s.clone(),
+                    bin(BinOp::Add, bin(BinOp::Mul, h.clone(), Expr::Int(dn)), e),
+                ]
+            }
+        };
+        let rd = if rotary_dim == 0 {
+            dn
+        } else {
+            rotary_dim as i64
+        };
+        let half = rd / 2;
+        let dd = self.simp(dd);
+        let (i, first) = if interleaved {
+            (
+                bin(BinOp::Div, dd.clone(), Expr::Int(2)),
+                bin(
+                    BinOp::Eq,
+                    bin(BinOp::Rem, dd.clone(), Expr::Int(2)),
+                    Expr::Int(0),
+                ),
+            )
+        } else {
+            let f = bin(BinOp::Lt, dd.clone(), Expr::Int(half));
+            (
+                Expr::select(
+                    f.clone(),
+                    dd.clone(),
+                    bin(BinOp::Sub, dd.clone(), Expr::Int(half)),
+                ),
+                f,
+            )
+        };
+        let (i1, i2) = if interleaved {
+            (
+                bin(BinOp::Mul, i.clone(), Expr::Int(2)),
+                bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, i.clone(), Expr::Int(2)),
+                    Expr::Int(1),
+                ),
+            )
+        } else {
+            (i.clone(), bin(BinOp::Add, i.clone(), Expr::Int(half)))
+        };
+        let cs = self.shape(cos);
+        let row = if has_pos {
+            let p = self.value_at(node.inputs[3], &[b.clone(), s.clone()])?;
+            let rows: i64 = cs[..cs.len() - 1].iter().product();
+            let r = Expr::ToIndex(Box::new(p));
+            bin(
+                BinOp::Min,
+                bin(BinOp::Max, r, Expr::Int(0)),
+                Expr::Int(rows - 1),
+            )
+        } else {
+            bin(
+                BinOp::Add,
+                bin(
+                    BinOp::Mul,
+                    b.clone(),
+                    Expr::Int(xs[if xs.len() == 4 { 2 } else { 1 }]),
+                ),
+                s.clone(),
+            )
+        };
+        let mut ci = unravel(row, &cs[..cs.len() - 1]);
+        ci.push(i);
+        let xe = self.value_at(x, idx)?;
+        let xe = self.up(xe, d);
+        self.guard += 1;
+        let parts = (|| -> R<(Expr, Expr, Expr, Expr)> {
+            let c = self.value_at(cos, &ci)?;
+            let sn = self.value_at(sin, &ci)?;
+            let x1 = self.value_at(x, &at(i1))?;
+            let x2 = self.value_at(x, &at(i2))?;
+            Ok((
+                self.up(c, d),
+                self.up(sn, d),
+                self.up(x1, d),
+                self.up(x2, d),
+            ))
+        })();
+        self.guard -= 1;
+        let (c, sn, x1, x2) = parts?;
+        let o1 = bin(
+            BinOp::Sub,
+            bin(BinOp::Mul, c.clone(), x1.clone()),
+            bin(BinOp::Mul, sn.clone(), x2.clone()),
+        );
+        let o2 = bin(BinOp::Add, bin(BinOp::Mul, sn, x1), bin(BinOp::Mul, c, x2));
+        let rot = Expr::select(first, o1, o2);
+        let _ = ct;
+        Ok(self.down(Expr::select(bin(BinOp::Lt, dd, Expr::Int(rd)), rot, xe), d))
     }
 
     fn unary(&mut self, n: NodeId, u: &UnaryOp, x: Expr, d: DType) -> R<Expr> {
@@ -197,7 +447,9 @@ impl Lowerer<'_> {
                     );
                     Expr::cast(d, Expr::un(UnOp::Trunc, e))
                 }
-                _ => return self.unsupported(n, format!("{} on {d}", tilec_ir::op::OpInfo::name(u))),
+                _ => {
+                    return self.unsupported(n, format!("{} on {d}", tilec_ir::op::OpInfo::name(u)))
+                }
             });
         }
         let simple = |op: UnOp, x: Expr| Expr::un(op, x);
@@ -228,7 +480,10 @@ impl Lowerer<'_> {
             Sign => simple(UnOp::Sign, x),
             IsNaN => simple(UnOp::IsNan, x),
             Relu => bin(BinOp::Max, x, f(0.0)),
-            IsInf { detect_negative, detect_positive } => {
+            IsInf {
+                detect_negative,
+                detect_positive,
+            } => {
                 let x = self.reuse(x, ct);
                 let pos = bin(BinOp::Eq, x.clone(), f(f64::INFINITY));
                 let neg = bin(BinOp::Eq, x, f(f64::NEG_INFINITY));
@@ -245,7 +500,11 @@ impl Lowerer<'_> {
             }
             Softsign => {
                 let x = self.reuse(x, ct);
-                bin(BinOp::Div, x.clone(), bin(BinOp::Add, f(1.0), Expr::un(UnOp::Abs, x)))
+                bin(
+                    BinOp::Div,
+                    x.clone(),
+                    bin(BinOp::Add, f(1.0), Expr::un(UnOp::Abs, x)),
+                )
             }
             Mish => {
                 let x = self.reuse(x, ct);
@@ -253,45 +512,96 @@ impl Lowerer<'_> {
             }
             Gelu { tanh_approx: false } => {
                 let x = self.reuse(x, ct);
-                let e = Expr::un(UnOp::Erf, bin(BinOp::Mul, x.clone(), f(std::f64::consts::FRAC_1_SQRT_2)));
-                bin(BinOp::Mul, bin(BinOp::Mul, f(0.5), x), bin(BinOp::Add, f(1.0), e))
+                let e = Expr::un(
+                    UnOp::Erf,
+                    bin(BinOp::Mul, x.clone(), f(std::f64::consts::FRAC_1_SQRT_2)),
+                );
+                bin(
+                    BinOp::Mul,
+                    bin(BinOp::Mul, f(0.5), x),
+                    bin(BinOp::Add, f(1.0), e),
+                )
             }
             Gelu { tanh_approx: true } => {
                 let x = self.reuse(x, ct);
                 let k = (2.0 / std::f64::consts::PI).sqrt();
                 let x3 = bin(BinOp::Mul, bin(BinOp::Mul, x.clone(), x.clone()), x.clone());
-                let inner = bin(BinOp::Mul, f(k), bin(BinOp::Add, x.clone(), bin(BinOp::Mul, f(0.044715), x3)));
-                bin(BinOp::Mul, bin(BinOp::Mul, f(0.5), x), bin(BinOp::Add, f(1.0), Expr::un(UnOp::Tanh, inner)))
+                let inner = bin(
+                    BinOp::Mul,
+                    f(k),
+                    bin(BinOp::Add, x.clone(), bin(BinOp::Mul, f(0.044715), x3)),
+                );
+                bin(
+                    BinOp::Mul,
+                    bin(BinOp::Mul, f(0.5), x),
+                    bin(BinOp::Add, f(1.0), Expr::un(UnOp::Tanh, inner)),
+                )
             }
             LeakyRelu { alpha } => {
                 let x = self.reuse(x, ct);
-                Expr::select(bin(BinOp::Lt, x.clone(), f(0.0)), bin(BinOp::Mul, f(*alpha as f64), x.clone()), x)
+                Expr::select(
+                    bin(BinOp::Lt, x.clone(), f(0.0)),
+                    bin(BinOp::Mul, f(*alpha as f64), x.clone()),
+                    x,
+                )
             }
             Elu { alpha } => {
                 let x = self.reuse(x, ct);
                 let em1 = bin(BinOp::Sub, Expr::un(UnOp::Exp, x.clone()), f(1.0));
-                Expr::select(bin(BinOp::Lt, x.clone(), f(0.0)), bin(BinOp::Mul, f(*alpha as f64), em1), x)
+                Expr::select(
+                    bin(BinOp::Lt, x.clone(), f(0.0)),
+                    bin(BinOp::Mul, f(*alpha as f64), em1),
+                    x,
+                )
             }
             Selu { alpha, gamma } => {
                 let x = self.reuse(x, ct);
                 let (a, g) = (*alpha as f64, *gamma as f64);
-                let neg = bin(BinOp::Mul, f(g), bin(BinOp::Sub, bin(BinOp::Mul, f(a), Expr::un(UnOp::Exp, x.clone())), f(a)));
-                Expr::select(bin(BinOp::Gt, x.clone(), f(0.0)), bin(BinOp::Mul, f(g), x), neg)
+                let neg = bin(
+                    BinOp::Mul,
+                    f(g),
+                    bin(
+                        BinOp::Sub,
+                        bin(BinOp::Mul, f(a), Expr::un(UnOp::Exp, x.clone())),
+                        f(a),
+                    ),
+                );
+                Expr::select(
+                    bin(BinOp::Gt, x.clone(), f(0.0)),
+                    bin(BinOp::Mul, f(g), x),
+                    neg,
+                )
             }
             Celu { alpha } => {
                 let x = self.reuse(x, ct);
                 let a = *alpha as f64;
-                let em1 = bin(BinOp::Sub, Expr::un(UnOp::Exp, bin(BinOp::Div, x.clone(), f(a))), f(1.0));
-                bin(BinOp::Add, bin(BinOp::Max, x, f(0.0)), bin(BinOp::Min, bin(BinOp::Mul, f(a), em1), f(0.0)))
+                let em1 = bin(
+                    BinOp::Sub,
+                    Expr::un(UnOp::Exp, bin(BinOp::Div, x.clone(), f(a))),
+                    f(1.0),
+                );
+                bin(
+                    BinOp::Add,
+                    bin(BinOp::Max, x, f(0.0)),
+                    bin(BinOp::Min, bin(BinOp::Mul, f(a), em1), f(0.0)),
+                )
             }
             HardSigmoid { alpha, beta } => {
-                let y = bin(BinOp::Add, bin(BinOp::Mul, f(*alpha as f64), x), f(*beta as f64));
+                let y = bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, f(*alpha as f64), x),
+                    f(*beta as f64),
+                );
                 bin(BinOp::Min, bin(BinOp::Max, y, f(0.0)), f(1.0))
             }
             HardSwish => {
                 let x = self.reuse(x, ct);
                 let y = bin(BinOp::Add, bin(BinOp::Div, x.clone(), f(6.0)), f(0.5));
-                bin(BinOp::Mul, x, bin(BinOp::Min, bin(BinOp::Max, y, f(0.0)), f(1.0)))
+                bin(
+                    BinOp::Mul,
+                    x,
+                    bin(BinOp::Min, bin(BinOp::Max, y, f(0.0)), f(1.0)),
+                )
             }
             ThresholdedRelu { alpha } => {
                 let x = self.reuse(x, ct);
@@ -303,12 +613,20 @@ impl Lowerer<'_> {
                 Expr::select(
                     bin(BinOp::Lt, x.clone(), f(-l)),
                     bin(BinOp::Add, x.clone(), f(b)),
-                    Expr::select(bin(BinOp::Gt, x.clone(), f(l)), bin(BinOp::Sub, x, f(b)), f(0.0)),
+                    Expr::select(
+                        bin(BinOp::Gt, x.clone(), f(l)),
+                        bin(BinOp::Sub, x, f(b)),
+                        f(0.0),
+                    ),
                 )
             }
             Swish { alpha } => {
                 let x = self.reuse(x, ct);
-                bin(BinOp::Mul, x.clone(), Expr::un(UnOp::Sigmoid, bin(BinOp::Mul, f(*alpha as f64), x)))
+                bin(
+                    BinOp::Mul,
+                    x.clone(),
+                    Expr::un(UnOp::Sigmoid, bin(BinOp::Mul, f(*alpha as f64), x)),
+                )
             }
             Not => Expr::un(UnOp::Not, x),
             BitwiseNot | BitCast { .. } => return self.unsupported(n, "not defined on floats"),
@@ -316,7 +634,15 @@ impl Lowerer<'_> {
     }
 
     /// `a op b`; `a` in compute dtype `ct`, `b` in its own compute dtype (`db` its dtype).
-    fn binary(&mut self, n: NodeId, b: &BinaryOp, a: Expr, bb: Expr, ct: DType, db: DType) -> R<Expr> {
+    fn binary(
+        &mut self,
+        n: NodeId,
+        b: &BinaryOp,
+        a: Expr,
+        bb: Expr,
+        ct: DType,
+        db: DType,
+    ) -> R<Expr> {
         use BinaryOp::*;
         let float = ct.is_float();
         let zero = lit(0.0, ct);
@@ -327,16 +653,28 @@ impl Lowerer<'_> {
             Div if float => bin(BinOp::Div, a, bb),
             Div => {
                 let bb = self.reuse(bb, ct);
-                Expr::select(bin(BinOp::Eq, bb.clone(), zero.clone()), zero, bin(BinOp::Div, a, bb))
+                Expr::select(
+                    bin(BinOp::Eq, bb.clone(), zero.clone()),
+                    zero,
+                    bin(BinOp::Div, a, bb),
+                )
             }
             Pow => {
-                let e = if compute_dtype(db) != ct { Expr::cast(ct, bb) } else { bb };
+                let e = if compute_dtype(db) != ct {
+                    Expr::cast(ct, bb)
+                } else {
+                    bb
+                };
                 bin(BinOp::Pow, a, e)
             }
             Mod { fmod: true } if float => bin(BinOp::Rem, a, bb),
             Mod { fmod: true } => {
                 let bb = self.reuse(bb, ct);
-                Expr::select(bin(BinOp::Eq, bb.clone(), zero.clone()), zero, bin(BinOp::Rem, a, bb))
+                Expr::select(
+                    bin(BinOp::Eq, bb.clone(), zero.clone()),
+                    zero,
+                    bin(BinOp::Rem, a, bb),
+                )
             }
             Mod { fmod: false } if float => {
                 let bb = self.reuse(bb, ct);
@@ -344,13 +682,21 @@ impl Lowerer<'_> {
                 let fix = bin(
                     BinOp::And,
                     bin(BinOp::Ne, m.clone(), zero.clone()),
-                    bin(BinOp::Ne, bin(BinOp::Lt, bb.clone(), zero.clone()), bin(BinOp::Lt, m.clone(), zero)),
+                    bin(
+                        BinOp::Ne,
+                        bin(BinOp::Lt, bb.clone(), zero.clone()),
+                        bin(BinOp::Lt, m.clone(), zero),
+                    ),
                 );
                 Expr::select(fix, bin(BinOp::Add, m.clone(), bb), m)
             }
             Mod { fmod: false } => {
                 let bb = self.reuse(bb, ct);
-                Expr::select(bin(BinOp::Eq, bb.clone(), zero.clone()), zero, bin(BinOp::FloorMod, a, bb))
+                Expr::select(
+                    bin(BinOp::Eq, bb.clone(), zero.clone()),
+                    zero,
+                    bin(BinOp::FloorMod, a, bb),
+                )
             }
             Min => bin(BinOp::Min, a, bb),
             Max => bin(BinOp::Max, a, bb),
@@ -372,11 +718,22 @@ impl Lowerer<'_> {
                 let bits = (ct.size_bytes() * 8) as i64;
                 let s = self.reuse(bb, ct);
                 let a = self.reuse(a, ct);
-                let out_of_range = bin(BinOp::Or, bin(BinOp::Lt, s.clone(), lit_i(0, ct)), bin(BinOp::Ge, s.clone(), lit_i(bits, ct)));
+                let out_of_range = bin(
+                    BinOp::Or,
+                    bin(BinOp::Lt, s.clone(), lit_i(0, ct)),
+                    bin(BinOp::Ge, s.clone(), lit_i(bits, ct)),
+                );
                 let (op, over) = if *b == BitShiftLeft {
                     (BinOp::Shl, lit_i(0, ct))
                 } else if ct.is_signed_int() {
-                    (BinOp::Shr, Expr::select(bin(BinOp::Lt, a.clone(), lit_i(0, ct)), lit_i(-1, ct), lit_i(0, ct)))
+                    (
+                        BinOp::Shr,
+                        Expr::select(
+                            bin(BinOp::Lt, a.clone(), lit_i(0, ct)),
+                            lit_i(-1, ct),
+                            lit_i(0, ct),
+                        ),
+                    )
                 } else {
                     (BinOp::Shr, lit_i(0, ct))
                 };
@@ -384,7 +741,11 @@ impl Lowerer<'_> {
             }
             PRelu => {
                 let a = self.reuse(a, ct);
-                Expr::select(bin(BinOp::Lt, a.clone(), zero), bin(BinOp::Mul, bb, a.clone()), a)
+                Expr::select(
+                    bin(BinOp::Lt, a.clone(), zero),
+                    bin(BinOp::Mul, bb, a.clone()),
+                    a,
+                )
             }
         })
     }
@@ -394,9 +755,12 @@ impl Lowerer<'_> {
         let ins = node.inputs.clone();
         let od = self.dtype(node.outputs[0]);
         let (axis, block) = match q {
-            QuantOp::QuantizeLinear { axis, block_size, .. } | QuantOp::DequantizeLinear { axis, block_size, .. } => {
-                (*axis, *block_size)
+            QuantOp::QuantizeLinear {
+                axis, block_size, ..
             }
+            | QuantOp::DequantizeLinear {
+                axis, block_size, ..
+            } => (*axis, *block_size),
             QuantOp::DynamicQuantizeLinear => return self.unsupported(n, "dynamic quantization"),
         };
         let param_idx = |l: &Self, p: tilec_ir::ValueId| -> Vec<Expr> {
@@ -438,16 +802,28 @@ impl Lowerer<'_> {
                     DType::I16 => (-32768.0, 32767.0),
                     _ => return self.unsupported(n, format!("quantization to {od}")),
                 };
-                let r = bin(BinOp::Add, Expr::un(UnOp::Round, qv.clone()), Expr::cast(wd, z));
+                let r = bin(
+                    BinOp::Add,
+                    Expr::un(UnOp::Round, qv.clone()),
+                    Expr::cast(wd, z),
+                );
                 let r = bin(BinOp::Min, bin(BinOp::Max, r, lit(lo, wd)), lit(hi, wd));
                 let r = Expr::select(Expr::un(UnOp::IsNan, qv), lit(lo, wd), r);
                 Ok(Expr::cast(od, r))
             }
             QuantOp::DequantizeLinear { .. } => {
                 let fp8 = matches!(xd, DType::F8E4M3 | DType::F8E5M2);
-                let cd = if sd == DType::F64 || xd == DType::I32 { DType::F64 } else { DType::F32 };
+                let cd = if sd == DType::F64 || xd == DType::I32 {
+                    DType::F64
+                } else {
+                    DType::F32
+                };
                 let xv = Expr::cast(DType::F64, x);
-                let d = if fp8 { xv } else { bin(BinOp::Sub, xv, Expr::cast(DType::F64, z)) };
+                let d = if fp8 {
+                    xv
+                } else {
+                    bin(BinOp::Sub, xv, Expr::cast(DType::F64, z))
+                };
                 let v = Expr::cast(cd, bin(BinOp::Mul, d, Expr::cast(DType::F64, s)));
                 Ok(Expr::cast(od, v))
             }
@@ -455,7 +831,14 @@ impl Lowerer<'_> {
         }
     }
 
-    fn layout(&mut self, n: NodeId, lo: &LayoutOp, out: usize, idx: &[Expr], oshape: &[i64]) -> R<Expr> {
+    fn layout(
+        &mut self,
+        n: NodeId,
+        lo: &LayoutOp,
+        out: usize,
+        idx: &[Expr],
+        oshape: &[i64],
+    ) -> R<Expr> {
         let node = self.g.node(n);
         let x = node.inputs[0];
         let xs = self.shape(x);
@@ -477,17 +860,30 @@ impl Lowerer<'_> {
                 self.value_at(x, &bi)
             }
             LayoutOp::Tile { .. } => {
-                let ii: Vec<Expr> = idx.iter().zip(&xs).map(|(e, &d)| bin(BinOp::Rem, e.clone(), Expr::Int(d))).collect();
+                let ii: Vec<Expr> = idx
+                    .iter()
+                    .zip(&xs)
+                    .map(|(e, &d)| bin(BinOp::Rem, e.clone(), Expr::Int(d)))
+                    .collect();
                 self.value_at(x, &ii)
             }
-            LayoutOp::Slice { axes, starts, ends, steps } => {
+            LayoutOp::Slice {
+                axes,
+                starts,
+                ends,
+                steps,
+            } => {
                 let mut ii = idx.to_vec();
                 for (k, &a) in axes.iter().enumerate() {
                     let (Some(s), Some(e)) = (starts[k].index(), ends[k].index()) else {
                         return self.unsupported(n, "symbolic slice bounds");
                     };
                     let (start, _) = tilec_ir::op::slice_range(xs[a], s, e, steps[k]);
-                    ii[a] = bin(BinOp::Add, Expr::Int(start), bin(BinOp::Mul, idx[a].clone(), Expr::Int(steps[k])));
+                    ii[a] = bin(
+                        BinOp::Add,
+                        Expr::Int(start),
+                        bin(BinOp::Mul, idx[a].clone(), Expr::Int(steps[k])),
+                    );
                 }
                 self.value_at(x, &ii)
             }
@@ -521,14 +917,28 @@ impl Lowerer<'_> {
                     let k = (0..ins.len()).rev().find(|&k| offs[k] <= c).unwrap_or(0);
                     return piece(self, k);
                 }
-                let live: Vec<usize> = (0..ins.len()).filter(|&k| self.shape(ins[k])[*axis] > 0).collect();
-                let Some(&last) = live.last() else { return self.unsupported(n, "concat of empty pieces") };
+                let live: Vec<usize> = (0..ins.len())
+                    .filter(|&k| self.shape(ins[k])[*axis] > 0)
+                    .collect();
+                let Some(&last) = live.last() else {
+                    return self.unsupported(n, "concat of empty pieces");
+                };
                 self.guard += 1;
                 let mut e = piece(self, last);
                 for &k in live.iter().rev().skip(1) {
                     let Ok(acc) = e else { break };
                     let p = piece(self, k);
-                    e = p.map(|p| Expr::select(bin(BinOp::Lt, a.clone(), Expr::Int(offs[k] + self.shape(ins[k])[*axis])), p, acc));
+                    e = p.map(|p| {
+                        Expr::select(
+                            bin(
+                                BinOp::Lt,
+                                a.clone(),
+                                Expr::Int(offs[k] + self.shape(ins[k])[*axis]),
+                            ),
+                            p,
+                            acc,
+                        )
+                    });
                 }
                 self.guard -= 1;
                 e
@@ -557,7 +967,11 @@ impl Lowerer<'_> {
                             });
                             ii.push(i);
                         }
-                        PadMode::Edge => ii.push(bin(BinOp::Min, bin(BinOp::Max, i, Expr::Int(0)), Expr::Int(nlen - 1))),
+                        PadMode::Edge => ii.push(bin(
+                            BinOp::Min,
+                            bin(BinOp::Max, i, Expr::Int(0)),
+                            Expr::Int(nlen - 1),
+                        )),
                         PadMode::Wrap => ii.push(bin(BinOp::FloorMod, i, Expr::Int(nlen))),
                         PadMode::Reflect => {
                             if nlen == 1 {
@@ -588,7 +1002,11 @@ impl Lowerer<'_> {
             LayoutOp::Trilu { upper, k } => {
                 let r = idx.len();
                 let d = bin(BinOp::Sub, idx[r - 1].clone(), idx[r - 2].clone());
-                let keep = if *upper { bin(BinOp::Ge, d, Expr::Int(*k)) } else { bin(BinOp::Le, d, Expr::Int(*k)) };
+                let keep = if *upper {
+                    bin(BinOp::Ge, d, Expr::Int(*k))
+                } else {
+                    bin(BinOp::Le, d, Expr::Int(*k))
+                };
                 let v = self.value_at(x, idx)?;
                 Ok(Expr::select(keep, v, lit(0.0, self.dtype(x))))
             }
@@ -642,11 +1060,25 @@ impl Lowerer<'_> {
                 let k = ii.remove(*axis);
                 let iv = self.value_at(ind, &ii)?;
                 let dt = self.dtype(ind);
-                let iv = if dt.is_float() { Expr::un(UnOp::Trunc, iv) } else { iv };
+                let iv = if dt.is_float() {
+                    Expr::un(UnOp::Trunc, iv)
+                } else {
+                    iv
+                };
                 let i = Expr::ToIndex(Box::new(iv));
-                let i = Expr::select(bin(BinOp::Lt, i.clone(), Expr::Int(0)), bin(BinOp::Add, i.clone(), Expr::Int(d)), i);
+                let i = Expr::select(
+                    bin(BinOp::Lt, i.clone(), Expr::Int(0)),
+                    bin(BinOp::Add, i.clone(), Expr::Int(d)),
+                    i,
+                );
                 let vs = self.shape(vals);
-                let at = |j: i64| if vs.is_empty() { vec![] } else { vec![Expr::Int(j)] };
+                let at = |j: i64| {
+                    if vs.is_empty() {
+                        vec![]
+                    } else {
+                        vec![Expr::Int(j)]
+                    }
+                };
                 let on = self.value_at(vals, &at(1))?;
                 let off = self.value_at(vals, &at(0))?;
                 Ok(Expr::select(bin(BinOp::Eq, i, k), on, off))
@@ -663,13 +1095,20 @@ impl Lowerer<'_> {
                 Ok(if d.is_float() {
                     lit(value.to_f64_vec()[0], d)
                 } else if d == DType::U64 {
-                    Expr::Lit(Lit::UInt(value.as_slice::<u64>().map(|s| s[0]).unwrap_or(0), d))
+                    Expr::Lit(Lit::UInt(
+                        value.as_slice::<u64>().map(|s| s[0]).unwrap_or(0),
+                        d,
+                    ))
                 } else {
                     lit_i(value.to_i64_vec()[0], d)
                 })
             }
             SourceOp::Eye { k, dtype, .. } => {
-                let on = bin(BinOp::Eq, bin(BinOp::Sub, idx[1].clone(), idx[0].clone()), Expr::Int(*k));
+                let on = bin(
+                    BinOp::Eq,
+                    bin(BinOp::Sub, idx[1].clone(), idx[0].clone()),
+                    Expr::Int(*k),
+                );
                 Ok(Expr::select(on, lit(1.0, *dtype), lit(0.0, *dtype)))
             }
             SourceOp::Range { .. } => {
@@ -681,14 +1120,22 @@ impl Lowerer<'_> {
                 if od.is_float() {
                     let w = DType::F64;
                     let i = Expr::cast(w, idx[0].clone());
-                    let v = bin(BinOp::Add, Expr::cast(w, s), bin(BinOp::Mul, i, Expr::cast(w, d)));
+                    let v = bin(
+                        BinOp::Add,
+                        Expr::cast(w, s),
+                        bin(BinOp::Mul, i, Expr::cast(w, d)),
+                    );
                     Ok(Expr::cast(od, v))
                 } else {
                     let i = Expr::cast(od, idx[0].clone());
                     Ok(bin(BinOp::Add, s, bin(BinOp::Mul, i, d)))
                 }
             }
-            SourceOp::DimValues { elems, shape, dtype } => {
+            SourceOp::DimValues {
+                elems,
+                shape,
+                dtype,
+            } => {
                 let sh: Vec<i64> = shape.iter().map(|&x| x as i64).collect();
                 let flat = self.simp(ravel(idx, &sh));
                 let val = |e: &DimValue| match e {
@@ -701,7 +1148,11 @@ impl Lowerer<'_> {
                 }
                 let mut e = lit_i(elems.last().map(val).unwrap_or(0), *dtype);
                 for (i, el) in elems.iter().enumerate().rev().skip(1) {
-                    e = Expr::select(bin(BinOp::Eq, flat.clone(), Expr::Int(i as i64)), lit_i(val(el), *dtype), e);
+                    e = Expr::select(
+                        bin(BinOp::Eq, flat.clone(), Expr::Int(i as i64)),
+                        lit_i(val(el), *dtype),
+                        e,
+                    );
                 }
                 Ok(e)
             }
@@ -715,8 +1166,18 @@ fn softplus(x: Expr, ct: DType) -> Expr {
     let pos = bin(
         BinOp::Add,
         x.clone(),
-        Expr::un(UnOp::Log, bin(BinOp::Add, one.clone(), Expr::un(UnOp::Exp, Expr::un(UnOp::Neg, x.clone())))),
+        Expr::un(
+            UnOp::Log,
+            bin(
+                BinOp::Add,
+                one.clone(),
+                Expr::un(UnOp::Exp, Expr::un(UnOp::Neg, x.clone())),
+            ),
+        ),
     );
-    let neg = Expr::un(UnOp::Log, bin(BinOp::Add, one, Expr::un(UnOp::Exp, x.clone())));
+    let neg = Expr::un(
+        UnOp::Log,
+        bin(BinOp::Add, one, Expr::un(UnOp::Exp, x.clone())),
+    );
     Expr::select(bin(BinOp::Gt, x, lit(0.0, ct)), pos, neg)
 }

@@ -51,7 +51,11 @@ pub enum LowerError {
     /// A node whose op (or these attributes of it) has no lowering; run it on the reference
     /// interpreter instead.
     #[error("node '{node}' ({op}): cannot lower: {why}")]
-    Unsupported { node: String, op: &'static str, why: String },
+    Unsupported {
+        node: String,
+        op: &'static str,
+        why: String,
+    },
     /// The node set is not a valid group (empty, or names nodes that do not exist).
     #[error("invalid node set: {0}")]
     Invalid(String),
@@ -196,7 +200,11 @@ pub(crate) fn unravel(flat: Expr, shape: &[i64]) -> Vec<Expr> {
         }
         let stride: i64 = shape[i + 1..].iter().product();
         let q = bin(BinOp::Div, flat.clone(), Expr::Int(stride));
-        out.push(if i == 0 { q } else { bin(BinOp::Rem, q, Expr::Int(shape[i])) });
+        out.push(if i == 0 {
+            q
+        } else {
+            bin(BinOp::Rem, q, Expr::Int(shape[i]))
+        });
     }
     out
 }
@@ -229,7 +237,9 @@ impl<'g> Lowerer<'g> {
             let node = g.node(*n);
             for &v in node.inputs.iter().chain(&node.outputs) {
                 if g.value(v).ty.fixed_shape().is_none() {
-                    return Err(LowerError::Symbolic { value: g.value(v).name.clone() });
+                    return Err(LowerError::Symbolic {
+                        value: g.value(v).name.clone(),
+                    });
                 }
             }
         }
@@ -259,7 +269,8 @@ impl<'g> Lowerer<'g> {
         for (i, &v) in outputs.iter().enumerate() {
             let ty = &g.value(v).ty;
             let shape = l.shape(v);
-            let b = l.k.buffer(format!("out{i}"), ty.dtype, shape, Scope::Global);
+            let b =
+                l.k.buffer(format!("out{i}"), ty.dtype, shape, Scope::Global);
             l.out_buf.insert(v, b);
         }
         Ok(l)
@@ -269,17 +280,26 @@ impl<'g> Lowerer<'g> {
         match f {
             Fail::Unsupported(n, why) => {
                 let node = self.g.node(n);
-                LowerError::Unsupported { node: node.name.clone(), op: node.op.name(), why }
+                LowerError::Unsupported {
+                    node: node.name.clone(),
+                    op: node.op.name(),
+                    why,
+                }
             }
             Fail::NeedMat(v) => {
                 let (node, op) = match self.g.value(v).def {
-                    ValueDef::Node { node, .. } => (self.g.node(node).name.clone(), self.g.node(node).op.name()),
+                    ValueDef::Node { node, .. } => {
+                        (self.g.node(node).name.clone(), self.g.node(node).op.name())
+                    }
                     _ => (self.g.value(v).name.clone(), "value"),
                 };
                 LowerError::Unsupported {
                     node,
                     op,
-                    why: format!("value '{}' is read at an index the kernel does not produce it at", self.g.value(v).name),
+                    why: format!(
+                        "value '{}' is read at an index the kernel does not produce it at",
+                        self.g.value(v).name
+                    ),
                 }
             }
         }
@@ -288,7 +308,14 @@ impl<'g> Lowerer<'g> {
     // ---- small helpers ----
 
     pub fn shape(&self, v: ValueId) -> Vec<i64> {
-        self.g.value(v).ty.fixed_shape().unwrap_or_default().into_iter().map(|d| d as i64).collect()
+        self.g
+            .value(v)
+            .ty
+            .fixed_shape()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d as i64)
+            .collect()
     }
     pub fn dtype(&self, v: ValueId) -> DType {
         self.g.value(v).ty.dtype
@@ -358,7 +385,11 @@ impl<'g> Lowerer<'g> {
 
     /// Index variables for a loop nest over `shape`: one loop per dimension of extent > 1,
     /// `Int(0)` for the others.
-    pub fn index_space(&mut self, shape: &[i64], prefix: &'static str) -> (Vec<(VarId, i64)>, Vec<Expr>) {
+    pub fn index_space(
+        &mut self,
+        shape: &[i64],
+        prefix: &'static str,
+    ) -> (Vec<(VarId, i64)>, Vec<Expr>) {
         let mut loops = Vec::new();
         let mut idx = Vec::new();
         for &n in shape {
@@ -376,7 +407,10 @@ impl<'g> Lowerer<'g> {
     // ---- blocks and common subexpressions ----
 
     pub fn begin_block(&mut self) -> BlockMark {
-        BlockMark { cse_len: self.cse.len(), lets: std::mem::take(&mut self.lets) }
+        BlockMark {
+            cse_len: self.cse.len(),
+            lets: std::mem::take(&mut self.lets),
+        }
     }
 
     /// Ends a block: returns the temporaries defined in it (to place before its statement).
@@ -402,7 +436,11 @@ impl<'g> Lowerer<'g> {
 
     fn multi_use(&self, v: ValueId) -> bool {
         let u = &self.uses[v.index()];
-        let inside = u.by_node.iter().filter(|(n, _)| self.set.contains(n)).count();
+        let inside = u
+            .by_node
+            .iter()
+            .filter(|(n, _)| self.set.contains(n))
+            .count();
         inside + usize::from(self.outputs.contains(&v)) > 1
     }
 
@@ -413,7 +451,12 @@ impl<'g> Lowerer<'g> {
     /// The expression of element `idx` of value `v`.
     pub fn value_at(&mut self, v: ValueId, idx: &[Expr]) -> R<Expr> {
         let idx: Vec<Expr> = idx.iter().map(|e| self.simp(e.clone())).collect();
-        if let Some((_, _, e)) = self.bound.iter().rev().find(|(bv, bi, _)| *bv == v && *bi == idx) {
+        if let Some((_, _, e)) = self
+            .bound
+            .iter()
+            .rev()
+            .find(|(bv, bi, _)| *bv == v && *bi == idx)
+        {
             return Ok(e.clone());
         }
         if let Some(&b) = self.mat.get(&v) {
@@ -449,7 +492,9 @@ impl<'g> Lowerer<'g> {
                 }
                 let cse = self.cse_on && self.guard == 0 && self.multi_use(v);
                 if cse {
-                    if let Some((_, _, t)) = self.cse.iter().find(|(cv, ci, _)| *cv == v && *ci == idx) {
+                    if let Some((_, _, t)) =
+                        self.cse.iter().find(|(cv, ci, _)| *cv == v && *ci == idx)
+                    {
                         return Ok(Expr::Var(*t));
                     }
                 }
@@ -472,7 +517,9 @@ impl<'g> Lowerer<'g> {
                 let i = self.in_buf.len();
                 let ty = &self.g.value(v).ty;
                 let shape = self.shape(v);
-                let b = self.k.buffer(format!("in{i}"), ty.dtype, shape, Scope::Global);
+                let b = self
+                    .k
+                    .buffer(format!("in{i}"), ty.dtype, shape, Scope::Global);
                 self.in_buf.insert(v, b);
                 if !self.input_order.contains(&v) {
                     self.input_order.push(v);
@@ -498,7 +545,12 @@ impl<'g> Lowerer<'g> {
             }
         }
         // Outputs not written by an anchor's epilogue: one nest per distinct shape.
-        let pending: Vec<ValueId> = self.outputs.iter().copied().filter(|v| !self.done.contains(v)).collect();
+        let pending: Vec<ValueId> = self
+            .outputs
+            .iter()
+            .copied()
+            .filter(|v| !self.done.contains(v))
+            .collect();
         let mut shapes: Vec<Vec<i64>> = Vec::new();
         for &v in &pending {
             let s = self.shape(v);
@@ -564,7 +616,11 @@ impl<'g> Lowerer<'g> {
         // Name parameters by position so that names follow the ABI order.
         for (i, &b) in params.iter().enumerate() {
             let is_in = i < inputs.len();
-            k.buffers[b.0 as usize].name = if is_in { format!("in{i}") } else { format!("out{}", i - inputs.len()) };
+            k.buffers[b.0 as usize].name = if is_in {
+                format!("in{i}")
+            } else {
+                format!("out{}", i - inputs.len())
+            };
         }
         k.params = params;
         let mut body: Vec<Stmt> = self.locals.iter().map(|&b| Stmt::Alloc(b)).collect();
@@ -573,11 +629,20 @@ impl<'g> Lowerer<'g> {
         // Buffers created for inputs that ended up unused are dropped from nothing: they stay
         // declared (global, not parameters) but are never referenced. Remove them so every
         // global buffer is a parameter.
-        let unused: Vec<BufId> = self.in_buf.values().copied().filter(|b| !read.contains(b)).collect();
+        let unused: Vec<BufId> = self
+            .in_buf
+            .values()
+            .copied()
+            .filter(|b| !read.contains(b))
+            .collect();
         if !unused.is_empty() {
             k = drop_buffers(k, &unused);
         }
-        Lowered { kernel: k, inputs, outputs: self.outputs }
+        Lowered {
+            kernel: k,
+            inputs,
+            outputs: self.outputs,
+        }
     }
 
     // ---- epilogues ----
@@ -605,7 +670,9 @@ impl<'g> Lowerer<'g> {
             .filter(|o| !self.done.contains(o) && self.depends(*o, v))
             .collect();
         for o in cands {
-            let Some(oidx) = self.forward_index(v, &aidx, o) else { continue };
+            let Some(oidx) = self.forward_index(v, &aidx, o) else {
+                continue;
+            };
             let m = self.begin_block();
             match self.value_at(o, &oidx) {
                 Ok(e) => {
@@ -643,7 +710,9 @@ impl<'g> Lowerer<'g> {
         if o == v {
             return true;
         }
-        let Some((n, _)) = self.node_of(o) else { return false };
+        let Some((n, _)) = self.node_of(o) else {
+            return false;
+        };
         if !self.set.contains(&n) || self.kind(n) == Kind::Anchor {
             return false;
         }
@@ -665,7 +734,13 @@ impl<'g> Lowerer<'g> {
                 }
                 continue;
             }
-            if self.g.node(*n).outputs.iter().any(|&w| self.needed_later(w)) {
+            if self
+                .g
+                .node(*n)
+                .outputs
+                .iter()
+                .any(|&w| self.needed_later(w))
+            {
                 return true;
             }
         }
@@ -695,8 +770,12 @@ impl<'g> Lowerer<'g> {
             let out = node.outputs[0];
             let (ins, outs) = (self.shape(node.inputs[slot]), self.shape(out));
             idx = match &node.op {
-                Op::Layout(tilec_ir::op::LayoutOp::Transpose { perm }) => perm.iter().map(|&p| idx[p].clone()).collect(),
-                Op::Layout(tilec_ir::op::LayoutOp::Reshape { .. }) => unravel(ravel(&idx, &ins), &outs),
+                Op::Layout(tilec_ir::op::LayoutOp::Transpose { perm }) => {
+                    perm.iter().map(|&p| idx[p].clone()).collect()
+                }
+                Op::Layout(tilec_ir::op::LayoutOp::Reshape { .. }) => {
+                    unravel(ravel(&idx, &ins), &outs)
+                }
                 _ if ins == outs && node.outputs.len() == 1 => idx,
                 _ => return None,
             };

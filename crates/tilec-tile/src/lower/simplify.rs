@@ -30,7 +30,10 @@ impl Lin {
         Lin { terms: vec![], c }
     }
     fn atom(e: Expr) -> Lin {
-        Lin { terms: vec![(e, 1)], c: 0 }
+        Lin {
+            terms: vec![(e, 1)],
+            c: 0,
+        }
     }
     fn add_term(&mut self, e: Expr, k: i64) {
         if k == 0 {
@@ -164,7 +167,11 @@ fn div_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
             }
         }
     }
-    let op = if is_nonneg(&rest, r) { BinOp::Div } else { BinOp::FloorDiv };
+    let op = if is_nonneg(&rest, r) {
+        BinOp::Div
+    } else {
+        BinOp::FloorDiv
+    };
     q.add_term(Expr::bin(op, from_lin(rest), Expr::Int(d)), 1);
     q
 }
@@ -199,7 +206,11 @@ fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
             }
         }
     }
-    let op = if is_nonneg(&rest, r) { BinOp::Rem } else { BinOp::FloorMod };
+    let op = if is_nonneg(&rest, r) {
+        BinOp::Rem
+    } else {
+        BinOp::FloorMod
+    };
     Lin::atom(Expr::bin(op, from_lin(rest), Expr::Int(d)))
 }
 
@@ -208,11 +219,18 @@ fn recombine(mut l: Lin, r: &Ranges) -> Lin {
     loop {
         let mut hit = None;
         'outer: for (i, (e1, k1)) in l.terms.iter().enumerate() {
-            let Expr::Binary(dop @ (BinOp::Div | BinOp::FloorDiv), y1, a1) = e1 else { continue };
+            let Expr::Binary(dop @ (BinOp::Div | BinOp::FloorDiv), y1, a1) = e1 else {
+                continue;
+            };
             let Expr::Int(a) = **a1 else { continue };
             for (j, (e2, k2)) in l.terms.iter().enumerate() {
-                let Expr::Binary(mop @ (BinOp::Rem | BinOp::FloorMod), y2, a2) = e2 else { continue };
-                let pair_ok = matches!((dop, mop), (BinOp::Div, BinOp::Rem) | (BinOp::FloorDiv, BinOp::FloorMod));
+                let Expr::Binary(mop @ (BinOp::Rem | BinOp::FloorMod), y2, a2) = e2 else {
+                    continue;
+                };
+                let pair_ok = matches!(
+                    (dop, mop),
+                    (BinOp::Div, BinOp::Rem) | (BinOp::FloorDiv, BinOp::FloorMod)
+                );
                 if pair_ok && **a2 == Expr::Int(a) && y1 == y2 && *k1 == k2 * a {
                     hit = Some((i, j, (**y1).clone(), *k2));
                     break 'outer;
@@ -277,7 +295,11 @@ fn simplify_children(e: Expr, r: &Ranges) -> Expr {
         Expr::Unary(op, a) => Expr::Unary(op, Box::new(simplify_any(*a, r))),
         Expr::Cast(d, a) => Expr::Cast(d, Box::new(simplify_any(*a, r))),
         Expr::ToIndex(a) => Expr::ToIndex(Box::new(simplify_any(*a, r))),
-        Expr::Binary(op, a, b) => Expr::Binary(op, Box::new(simplify_any(*a, r)), Box::new(simplify_any(*b, r))),
+        Expr::Binary(op, a, b) => Expr::Binary(
+            op,
+            Box::new(simplify_any(*a, r)),
+            Box::new(simplify_any(*b, r)),
+        ),
         Expr::Select(c, a, b) => Expr::Select(
             Box::new(simplify_any(*c, r)),
             Box::new(simplify_any(*a, r)),
@@ -303,7 +325,13 @@ fn is_index_shaped(e: &Expr) -> bool {
         Expr::Binary(op, a, b) => {
             matches!(
                 op,
-                BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem | BinOp::FloorDiv | BinOp::FloorMod
+                BinOp::Add
+                    | BinOp::Sub
+                    | BinOp::Mul
+                    | BinOp::Div
+                    | BinOp::Rem
+                    | BinOp::FloorDiv
+                    | BinOp::FloorMod
             ) && is_index_shaped(a)
                 && is_index_shaped(b)
         }
@@ -323,7 +351,11 @@ fn from_lin(mut l: Lin) -> Expr {
     let mut out: Option<Expr> = None;
     for (e, k) in l.terms {
         let (neg, mag) = if k < 0 { (true, -k) } else { (false, k) };
-        let t = if mag == 1 { e } else { Expr::bin(BinOp::Mul, e, Expr::Int(mag)) };
+        let t = if mag == 1 {
+            e
+        } else {
+            Expr::bin(BinOp::Mul, e, Expr::Int(mag))
+        };
         out = Some(match (out, neg) {
             (None, false) => t,
             (None, true) => Expr::bin(BinOp::Sub, Expr::Int(0), t),
@@ -364,9 +396,32 @@ mod tests {
         Expr::bin(BinOp::Rem, a, Expr::Int(k))
     }
 
+    fn eval(e: &Expr, x: i64) -> i64 {
+        match e {
+            Expr::Int(c) => *c,
+            Expr::Var(_) => x,
+            Expr::Binary(op, a, b) => {
+                let (a, b) = (eval(a, x), eval(b, x));
+                match op {
+                    BinOp::Add => a + b,
+                    BinOp::Sub => a - b,
+                    BinOp::Mul => a * b,
+                    BinOp::Div => a / b,
+                    BinOp::Rem => a % b,
+                    BinOp::FloorDiv => a.div_euclid(b),
+                    BinOp::FloorMod => a.rem_euclid(b),
+                    _ => unreachable!(),
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+
     #[test]
     fn reshape_round_trip_returns_the_variables() {
-        let r: Ranges = [(VarId(0), 2), (VarId(1), 3), (VarId(2), 4)].into_iter().collect();
+        let r: Ranges = [(VarId(0), 2), (VarId(1), 3), (VarId(2), 4)]
+            .into_iter()
+            .collect();
         // flat = v0*12 + v1*4 + v2; unravel into [6, 4] then ravel into [2, 3, 4] again.
         let flat = add(add(mul(v(0), 12), mul(v(1), 4)), v(2));
         let a = div(flat.clone(), 4);
@@ -382,10 +437,15 @@ mod tests {
         let r: Ranges = [(VarId(0), 100)].into_iter().collect();
         let e = add(mul(div(v(0), 8), 8), rem(v(0), 8));
         assert_eq!(simplify(e, &r), v(0));
-        // Not provable without a range: a negative offset keeps floor forms.
-        let e = div(add(v(0), Expr::Int(-3)), 2);
-        let s = simplify(e, &r);
-        assert!(matches!(s, Expr::Binary(BinOp::FloorDiv, ..)), "{s:?}");
+        // A possibly negative dividend: the result must keep floor semantics for floor
+        // division and C semantics for C division, checked by evaluation.
+        for op in [BinOp::FloorDiv, BinOp::FloorMod, BinOp::Div, BinOp::Rem] {
+            let e = Expr::bin(op, add(v(0), Expr::Int(-3)), Expr::Int(2));
+            let s = simplify(e.clone(), &r);
+            for x in 0..100 {
+                assert_eq!(eval(&e, x), eval(&s, x), "{op:?} at {x}: {s:?}");
+            }
+        }
     }
 
     #[test]
