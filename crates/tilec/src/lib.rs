@@ -18,6 +18,7 @@
 //! names the node, op, input or file it concerns.
 
 pub mod compare;
+pub mod compiled;
 pub mod tensor_io;
 
 use std::collections::HashMap;
@@ -26,6 +27,7 @@ use std::path::Path;
 pub use tilec_ir as ir;
 pub use tilec_onnx as onnx;
 pub use tilec_ref as reference;
+pub use tilec_runtime as runtime;
 
 pub use tilec_ir::{DType, Graph, Tensor};
 pub use tilec_onnx::{ImportError, ImportOptions};
@@ -45,23 +47,28 @@ pub enum Error {
     /// A tensor file could not be read or written.
     #[error(transparent)]
     TensorFile(#[from] tensor_io::TensorFileError),
+    /// Compilation or execution on a compiled back end failed.
+    #[error("compiled backend: {0}")]
+    Compile(String),
 }
 
-/// Where a graph runs. Only the reference interpreter exists today; compiled CPU and
-/// CUDA backends will be added here.
+/// Where a graph runs.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// The reference interpreter (`tilec-ref`): slow, simple, the correctness oracle.
+    /// Compiled to native code for the host CPU (`tilec-cpu`): the default.
     #[default]
+    Cpu,
+    /// The reference interpreter (`tilec-ref`): slow, simple, the correctness oracle.
     Ref,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 1] = [Backend::Ref];
+    pub const ALL: [Backend; 2] = [Backend::Cpu, Backend::Ref];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
+            Backend::Cpu => "cpu",
             Backend::Ref => "ref",
         }
     }
@@ -91,5 +98,18 @@ pub fn import(model: &tilec_onnx::proto::ModelProto, opts: &ImportOptions) -> Re
 pub fn run(graph: &Graph, inputs: HashMap<String, Tensor>, backend: Backend) -> Result<Vec<Tensor>, Error> {
     match backend {
         Backend::Ref => Ok(tilec_ref::run_named(graph, inputs)?),
+        Backend::Cpu => {
+            let mut ordered = Vec::with_capacity(graph.inputs().len());
+            let mut inputs = inputs;
+            for &v in graph.inputs() {
+                let name = &graph.value(v).name;
+                let t = inputs
+                    .remove(name)
+                    .ok_or_else(|| Error::Compile(format!("input '{name}' is missing")))?;
+                ordered.push(t);
+            }
+            let mut c = compiled::compile(graph, &compiled::CompileOptions::default())?;
+            c.run(&ordered)
+        }
     }
 }

@@ -43,6 +43,8 @@ enum Cmd {
 /// The backends `--backend` accepts.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
+    /// Compiled to native code for this CPU (the default).
+    Cpu,
     /// The reference interpreter.
     Ref,
 }
@@ -50,6 +52,7 @@ pub enum BackendArg {
 impl From<BackendArg> for tilec::Backend {
     fn from(b: BackendArg) -> tilec::Backend {
         match b {
+            BackendArg::Cpu => tilec::Backend::Cpu,
             BackendArg::Ref => tilec::Backend::Ref,
         }
     }

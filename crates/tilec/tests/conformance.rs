@@ -107,7 +107,13 @@ fn close(expected: &Tensor, actual: &Tensor, rtol: f64, atol: f64) -> Result<(),
     }
 }
 
-fn run_case(case: &Case) -> Outcome {
+#[derive(Copy, Clone, PartialEq)]
+enum Mode {
+    Reference,
+    Compiled,
+}
+
+fn run_case(case: &Case, mode: Mode) -> Outcome {
     let model = match tilec_onnx::load_model(&case.dir.join("model.onnx")) {
         Ok(m) => m,
         Err(e) => return Outcome::Unsupported(format!("load: {e}")),
@@ -160,11 +166,45 @@ fn run_case(case: &Case) -> Outcome {
     }
     let feeds: HashMap<String, Tensor> =
         by_name.into_iter().filter(|(k, _)| !opts.bind_inputs.contains_key(k)).collect();
-    let outs = match tilec_ref::run_named(&graph, feeds) {
-        Ok(o) => o,
-        Err(e) => {
-            let s = e.to_string();
-            return if s.contains("not implemented") { Outcome::Unsupported(s) } else { Outcome::Fail(format!("run: {s}")) };
+    let outs = match mode {
+        Mode::Reference => match tilec_ref::run_named(&graph, feeds) {
+            Ok(o) => o,
+            Err(e) => {
+                let s = e.to_string();
+                return if s.contains("not implemented") { Outcome::Unsupported(s) } else { Outcome::Fail(format!("run: {s}")) };
+            }
+        },
+        Mode::Compiled => {
+            let mut ordered = Vec::new();
+            let mut feeds = feeds;
+            for &v in graph.inputs() {
+                match feeds.remove(&graph.value(v).name) {
+                    Some(t) => ordered.push(t),
+                    None => return Outcome::Fail(format!("input '{}' missing", graph.value(v).name)),
+                }
+            }
+            let opts = tilec::compiled::CompileOptions { threads: 1, ..Default::default() };
+            let mut c = match tilec::compiled::compile(&graph, &opts) {
+                Ok(c) => c,
+                Err(e) => return Outcome::Fail(format!("compile: {e}")),
+            };
+            if let Err(e) = c.check_plan() {
+                return Outcome::Fail(format!("memory plan: {e}"));
+            }
+            // Poison the arena: every value a kernel fails to write reads back as NaN / all ones.
+            c.poison();
+            match c.run(&ordered) {
+                Ok(o) => {
+                    let mut st = STATS.lock().unwrap();
+                    st.0 += c.report.kernels;
+                    st.1 += c.report.fallbacks.len();
+                    for (op, _) in &c.report.fallbacks {
+                        *st.2.entry(op.clone()).or_default() += 1;
+                    }
+                    o
+                }
+                Err(e) => return Outcome::Fail(format!("run: {e}")),
+            }
         }
     };
     if outs.len() != expected.len() {
@@ -193,8 +233,30 @@ fn collect(root: &Path, kind: &str) -> Vec<Case> {
     v
 }
 
+/// Kernels compiled, nodes that fell back to the interpreter, and fallbacks per op.
+static STATS: Mutex<(usize, usize, BTreeMap<String, usize>)> = Mutex::new((0, 0, BTreeMap::new()));
+
 #[test]
 fn onnx_conformance() {
+    conformance(Mode::Reference);
+}
+
+/// The same cases through the compiled CPU path: every case of the ratchet must pass there too.
+#[test]
+fn onnx_conformance_compiled() {
+    if std::env::var_os("TILEC_CACHE_DIR").is_none() {
+        std::env::set_var("TILEC_CACHE_DIR", repo_root().join("target/tilec-cache"));
+    }
+    conformance(Mode::Compiled);
+    let st = STATS.lock().unwrap();
+    println!("compiled path: {} kernels, {} nodes on the reference interpreter", st.0, st.1);
+    let mut by: Vec<(&String, &usize)> = st.2.iter().collect();
+    by.sort_by(|a, b| b.1.cmp(a.1));
+    let top: Vec<String> = by.iter().take(15).map(|(k, v)| format!("{k} {v}")).collect();
+    println!("fallback ops: {}", top.join(", "));
+}
+
+fn conformance(mode: Mode) {
     let root = repo_root();
     let gen = root.join("testdata/gen");
     assert!(
@@ -216,7 +278,7 @@ fn onnx_conformance() {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(c) = cases.get(i) else { break };
-                let r = std::panic::catch_unwind(|| run_case(c))
+                let r = std::panic::catch_unwind(|| run_case(c, mode))
                     .unwrap_or_else(|_| Outcome::Fail("PANIC".into()));
                 results.lock().unwrap().insert(c.name.clone(), r);
             });
@@ -260,10 +322,11 @@ fn onnx_conformance() {
     let ops = tilec_onnx::import::supported_op_types();
     println!("ONNX op types supported by the importer: {}", ops.len());
     println!("light models: {lpass}/{ltotal} match their expected outputs");
-    println!("conformance: {pass} passed, {fail} failed, {unsup} unsupported ({} cases)", results.len());
+    let label = if mode == Mode::Compiled { "conformance (compiled cpu)" } else { "conformance" };
+    println!("{label}: {pass} passed, {fail} failed, {unsup} unsupported ({} cases)", results.len());
 
     let list_path = root.join("tests/conformance/expected-pass.txt");
-    if std::env::var("TILEC_UPDATE_EXPECTED").is_ok() && filter.is_none() {
+    if std::env::var("TILEC_UPDATE_EXPECTED").is_ok() && filter.is_none() && mode == Mode::Reference {
         let mut s = String::from("# Conformance cases that must pass (a ratchet; regenerate with TILEC_UPDATE_EXPECTED=1).\n");
         for (n, r) in &results {
             if *r == Outcome::Pass {

@@ -28,8 +28,26 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Where to run the model.
-    #[arg(long, value_enum, default_value_t = BackendArg::Ref)]
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub backend: BackendArg,
+    /// Run the model N more times after the first run and print the median latency.
+    #[arg(long, value_name = "N")]
+    pub bench: Option<usize>,
+    /// Print a per-kernel profile (time, share, bytes, FLOPs, achieved GB/s and GFLOP/s).
+    #[arg(long)]
+    pub profile: bool,
+    /// Print compilation and memory statistics (kernels, fallbacks, arena vs intermediates).
+    #[arg(long)]
+    pub stats: bool,
+    /// Print one JSON line with the timings and statistics (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// Threads of the compiled code (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Optimization level of the compiled path.
+    #[arg(short = 'O', default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub opt_level: u8,
     /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=8.
     /// Symbolic dimensions not fixed here or by a given input default to 1.
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
@@ -314,7 +332,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
 
     // Import (binding given inputs the importer needs as constants).
-    let opts = ImportOptions { dim_values, ..Default::default() };
+    let opts = ImportOptions { dim_values: dim_values.clone(), ..Default::default() };
+    let all_provided = provided.clone();
     let (graph, bound) = super::import(&model, opts, &provided)?;
     for b in &bound {
         println!("note: input '{b}' is compiled in as a constant (the importer needs its value)");
@@ -378,10 +397,38 @@ pub fn run(a: &RunArgs) -> Result<()> {
 
     // Run.
     let backend: tilec::Backend = a.backend.into();
-    let start = Instant::now();
-    let outs =
-        tilec::run(&graph, feeds, backend).with_context(|| format!("running the model on the {backend} backend"))?;
-    println!("ran on the {backend} backend in {:.3} s", start.elapsed().as_secs_f64());
+    let outs = match backend {
+        tilec::Backend::Ref => {
+            let start = Instant::now();
+            let outs = tilec::run(&graph, feeds, backend)
+                .with_context(|| format!("running the model on the {backend} backend"))?;
+            println!("ran on the {backend} backend in {:.3} s", start.elapsed().as_secs_f64());
+            outs
+        }
+        tilec::Backend::Cpu => {
+            // Specialize: every free symbol bound by the inputs becomes a fixed size.
+            let mut dims = dim_values.clone();
+            for (s, n) in &syms {
+                if is_free(&graph, *s) {
+                    dims.insert(graph.syms.name(*s).to_string(), *n);
+                }
+            }
+            let (spec, _) = if dims.len() > dim_values.len() || graph.syms.symbols.iter().any(|s| s.expr.is_none()) {
+                super::import(&model, ImportOptions { dim_values: dims, ..Default::default() }, &all_provided)?
+            } else {
+                (graph.clone(), vec![])
+            };
+            let ordered: Vec<Tensor> = spec
+                .inputs()
+                .iter()
+                .map(|&v| {
+                    let name = &spec.value(v).name;
+                    feeds.get(name).cloned().ok_or_else(|| anyhow!("input '{name}' is missing"))
+                })
+                .collect::<Result<_>>()?;
+            run_compiled(a, &spec, &ordered)?
+        }
+    };
     if outs.len() != out_names.len() {
         bail!("the graph produced {} outputs, the model declares {}", outs.len(), out_names.len());
     }
@@ -448,6 +495,94 @@ pub fn run(a: &RunArgs) -> Result<()> {
         println!("all {checked} checked outputs match");
     }
     Ok(())
+}
+
+/// Compiles and runs on the CPU backend, with `--bench`, `--profile`, `--stats` and `--json`.
+fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut opts = tilec::compiled::CompileOptions { opt_level: a.opt_level, ..Default::default() };
+    if let Some(t) = a.threads {
+        if t == 0 {
+            bail!("--threads must be at least 1");
+        }
+        opts.threads = t;
+    }
+    let mut c = tilec::compiled::compile(graph, &opts).context("compiling the model for the CPU")?;
+    let r = c.report.clone();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "compiled {} kernels ({} unique{}) in {:.1} ms (optimize {:.1}, lower {:.1}, C compile {:.1})",
+        r.kernels,
+        r.unique_kernels,
+        if r.cache_hit { ", from the cache" } else { "" },
+        ms(r.total),
+        ms(r.optimize),
+        ms(r.lower),
+        ms(r.codegen)
+    );
+    if !r.fallbacks.is_empty() {
+        let mut ops: Vec<&str> = r.fallbacks.iter().map(|(op, _)| op.as_str()).collect();
+        ops.sort();
+        ops.dedup();
+        println!("note: {} nodes run on the reference interpreter ({})", r.fallbacks.len(), ops.join(", "));
+    }
+    let start = Instant::now();
+    let outs = c.run(inputs).context("running the compiled model")?;
+    let first = start.elapsed();
+    println!("ran on the cpu backend in {:.3} ms (first run)", first.as_secs_f64() * 1e3);
+    let mut median_ms = first.as_secs_f64() * 1e3;
+    if let Some(n) = a.bench {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            let s = Instant::now();
+            c.run(inputs).context("running the compiled model")?;
+            times.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(|x, y| x.total_cmp(y));
+        median_ms = times[times.len() / 2];
+        println!(
+            "bench: {} runs, median {:.3} ms, min {:.3} ms, max {:.3} ms",
+            times.len(),
+            median_ms,
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    if a.profile {
+        let mut p = tilec::runtime::Profile::default();
+        let reps = 5;
+        for _ in 0..reps {
+            c.run_profiled(inputs, Some(&mut p)).context("running the compiled model")?;
+        }
+        println!("{}", p.render_table());
+    }
+    if a.stats {
+        println!(
+            "memory: arena {} bytes for {} bytes of intermediates ({:.1}%), {} in-place",
+            r.arena_bytes,
+            r.intermediate_bytes,
+            100.0 * r.arena_bytes as f64 / r.intermediate_bytes.max(1) as f64,
+            r.inplace
+        );
+        println!("steps: {} ({} kernels, {} reference-interpreter nodes)", c.steps(), r.kernels, r.fallbacks.len());
+        for (op, why) in &r.fallbacks {
+            println!("  fallback {op}: {why}");
+        }
+    }
+    if a.json {
+        let j = serde_json::json!({
+            "median_ms": median_ms,
+            "first_run_ms": first.as_secs_f64() * 1e3,
+            "compile_ms": ms(r.total),
+            "cache_hit": r.cache_hit,
+            "kernels": r.kernels,
+            "unique_kernels": r.unique_kernels,
+            "fallback_nodes": r.fallbacks.len(),
+            "arena_bytes": r.arena_bytes,
+            "intermediate_bytes": r.intermediate_bytes,
+        });
+        println!("{j}");
+    }
+    Ok(outs)
 }
 
 #[cfg(test)]

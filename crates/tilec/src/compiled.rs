@@ -1,0 +1,478 @@
+//! The compiled CPU path: optimize → partition → lower → schedule → C → shared object, with a
+//! planned arena, run by a small executor.
+//!
+//! A graph must have concrete shapes (specialize symbolic dimensions first, see
+//! [`crate::specialize_dims`]). A kernel group that cannot be lowered is retried node by node;
+//! a node that still cannot be lowered runs on the reference interpreter inside the same plan
+//! (a *fallback step*), so every graph the interpreter runs also runs here.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use tilec_ir::{Dim, Graph, NodeId, Tensor, ValueDef, ValueId};
+use tilec_opt::manager::{Pipeline, PipelineOptions};
+use tilec_opt::partition::{partition, Target, TargetKind};
+use tilec_runtime::{Arena, BufferReq, MemoryPlan, Profile};
+use tilec_tile::lower::{lower_group, lower_nodes, Lowered};
+use tilec_tile::schedule::{self, CpuTarget};
+use tilec_tile::Kernel;
+
+use crate::Error;
+
+/// Options of [`compile`].
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Graph optimization level (0..=3).
+    pub opt_level: u8,
+    /// Threads of parallel loops (default: all cores).
+    pub threads: usize,
+    /// Apply the default schedules (off: plain loop nests, for debugging).
+    pub schedule: bool,
+    /// Where compiled objects are cached (`None`: the back end's default).
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Keep the text of every kernel after lowering and after scheduling.
+    pub keep_ir: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            opt_level: 3,
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            schedule: true,
+            cache_dir: None,
+            keep_ir: false,
+        }
+    }
+}
+
+/// Where a value's bytes live at run time.
+#[derive(Copy, Clone, Debug)]
+enum Slot {
+    /// Offset into the arena.
+    Arena(usize),
+    /// Index into the constant pool.
+    Const(usize),
+}
+
+enum StepKind {
+    Kernel { func: tilec_cpu::KernelFn },
+    Fallback { node: NodeId },
+}
+
+/// One step of the executable: a compiled kernel or a node on the reference interpreter.
+struct Step {
+    name: String,
+    kind: StepKind,
+    /// Arguments in ABI order (kernel params: inputs then outputs).
+    args: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    bytes: f64,
+    flops: f64,
+}
+
+/// What compilation did, for `--stats` and the benchmark.
+#[derive(Clone, Debug, Default)]
+pub struct CompileReport {
+    pub optimize: Duration,
+    pub lower: Duration,
+    pub codegen: Duration,
+    pub total: Duration,
+    pub kernels: usize,
+    pub unique_kernels: usize,
+    pub cache_hit: bool,
+    /// Nodes run on the reference interpreter, with the reason.
+    pub fallbacks: Vec<(String, String)>,
+    pub arena_bytes: usize,
+    pub intermediate_bytes: usize,
+    pub inplace: usize,
+    /// Kernel text after lowering and after scheduling (when `keep_ir`).
+    pub ir: Vec<(String, String, String)>,
+}
+
+/// A compiled model.
+pub struct Compiled {
+    graph: Graph,
+    steps: Vec<Step>,
+    module: Option<tilec_cpu::Module>,
+    /// The whole graph runs on the reference interpreter (data-dependent shapes).
+    interpreted: bool,
+    slots: HashMap<ValueId, Slot>,
+    consts: Vec<AlignedBytes>,
+    plan: MemoryPlan,
+    reqs: Vec<BufferReq>,
+    arena: Arena,
+    pub report: CompileReport,
+}
+
+/// Bytes with 64-byte alignment.
+struct AlignedBytes {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    fn new(bytes: &[u8]) -> AlignedBytes {
+        let mut words = vec![0u64; bytes.len().div_ceil(8).max(1) + 8];
+        let base = words.as_ptr() as usize;
+        let skip = (64 - base % 64) % 64 / 8;
+        let dst: &mut [u8] = bytemuck_cast(&mut words[skip..]);
+        dst[..bytes.len()].copy_from_slice(bytes);
+        AlignedBytes { words, len: bytes.len() }
+    }
+    fn ptr(&self) -> *mut u8 {
+        let base = self.words.as_ptr() as usize;
+        let skip = (64 - base % 64) % 64;
+        (base + skip) as *mut u8
+    }
+}
+
+fn bytemuck_cast(w: &mut [u64]) -> &mut [u8] {
+    // SAFETY: u8 has no alignment or validity requirements; the length covers the same bytes.
+    unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, w.len() * 8) }
+}
+
+fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
+    g.value(v).ty.shape.iter().map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
+}
+
+fn value_bytes(g: &Graph, v: ValueId) -> Option<usize> {
+    let ty = &g.value(v).ty;
+    let n: usize = fixed_shape(g, v)?.iter().product();
+    Some(n * ty.dtype.size_bytes())
+}
+
+/// Compiles a graph with concrete shapes for the host CPU.
+pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> {
+    let t0 = Instant::now();
+    let mut g = graph.clone();
+    let pipe = Pipeline::for_level_and_target(opts.opt_level, TargetKind::Cpu);
+    pipe.run(&mut g, &PipelineOptions::default()).map_err(|e| Error::Compile(e.to_string()))?;
+    let mut report = CompileReport { optimize: t0.elapsed(), ..Default::default() };
+
+    // Shapes that stay symbolic after specialization are data-dependent (NonZero, ...): such a
+    // graph runs on the reference interpreter as a whole.
+    if let Some(v) = g.value_ids().find(|&v| fixed_shape(&g, v).is_none()) {
+        let val = g.value(v);
+        let dims: Vec<String> = val.ty.shape.iter().map(|&d| g.syms.display(d)).collect();
+        report.fallbacks.push((
+            "graph".into(),
+            format!("value '{}' has a data-dependent shape [{}]", val.name, dims.join(", ")),
+        ));
+        report.total = t0.elapsed();
+        return Ok(Compiled {
+            graph: g,
+            steps: vec![],
+            module: None,
+            slots: HashMap::new(),
+            consts: vec![],
+            plan: MemoryPlan::default(),
+            reqs: vec![],
+            arena: Arena::new(64).map_err(|e| Error::Compile(e.to_string()))?,
+            interpreted: true,
+            report,
+        });
+    }
+
+    // Lower.
+    let t1 = Instant::now();
+    let target = Target::preset(TargetKind::Cpu);
+    let part = partition(&g, &target);
+    let cpu = CpuTarget::host();
+    let mut kernels: Vec<Kernel> = vec![];
+    let mut steps: Vec<Step> = vec![];
+    for grp in &part.groups {
+        let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
+        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group(&g, grp, &name) {
+            Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
+            Err(_) if grp.nodes.len() > 1 => grp
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let nm = format!("{name}_{i}");
+                    match lower_nodes(&g, &[n], &nm) {
+                        Ok(l) => (Some(l), vec![n], nm),
+                        Err(e) => {
+                            report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
+                            (None, vec![n], nm)
+                        }
+                    }
+                })
+                .collect(),
+            Err(e) => {
+                report.fallbacks.push((g.node(grp.nodes[0]).op.name().to_string(), e.to_string()));
+                vec![(None, grp.nodes.clone(), name)]
+            }
+        };
+        let share = 1.0 / lowered.len() as f64;
+        for (l, nodes, nm) in lowered {
+            match l {
+                Some(mut l) => {
+                    let before = if opts.keep_ir { l.kernel.to_string() } else { String::new() };
+                    if opts.schedule {
+                        let s = schedule::default_cpu(&l.kernel, &cpu);
+                        let mut k2 = l.kernel.clone();
+                        if schedule::apply(&mut k2, &s).is_ok() {
+                            l.kernel = k2;
+                        }
+                    }
+                    if opts.keep_ir {
+                        report.ir.push((nm.clone(), before, l.kernel.to_string()));
+                    }
+                    let mut args = l.inputs.clone();
+                    args.extend(&l.outputs);
+                    steps.push(Step {
+                        name: nm,
+                        kind: StepKind::Kernel { func: dummy_kernel },
+                        args,
+                        outputs: l.outputs.clone(),
+                        bytes: grp.bytes * share,
+                        flops: grp.flops * share,
+                    });
+                    kernels.push(l.kernel);
+                }
+                None => {
+                    for n in nodes {
+                        let node = g.node(n);
+                        steps.push(Step {
+                            name: format!("{nm}_ref_{}", node.op.name()),
+                            kind: StepKind::Fallback { node: n },
+                            args: node.inputs.clone(),
+                            outputs: node.outputs.clone(),
+                            bytes: 0.0,
+                            flops: 0.0,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    report.lower = t1.elapsed();
+    report.kernels = kernels.len();
+
+    // Compile.
+    let t2 = Instant::now();
+    let mut cc = tilec_cpu::CompileOptions::default();
+    if let Some(d) = &opts.cache_dir {
+        cc.cache_dir = Some(d.clone());
+    }
+    let compiler = tilec_cpu::Compiler::new(cc);
+    let module = compiler.compile(&kernels).map_err(|e| Error::Compile(e.to_string()))?;
+    module.set_threads(opts.threads);
+    let stats = module.stats().clone();
+    report.unique_kernels = stats.unique;
+    report.cache_hit = stats.cache_hit;
+    for st in &mut steps {
+        if let StepKind::Kernel { func } = &mut st.kind {
+            *func = module
+                .get(&st.name)
+                .ok_or_else(|| Error::Compile(format!("kernel {} is missing from the compiled module", st.name)))?;
+        }
+    }
+    report.codegen = t2.elapsed();
+
+    // Plan memory: graph inputs and every step output live in the arena; constants in a pool.
+    let mut slots: HashMap<ValueId, Slot> = HashMap::new();
+    let mut consts: Vec<AlignedBytes> = vec![];
+    for v in g.value_ids() {
+        if let ValueDef::Const(t) = &g.value(v).def {
+            slots.insert(v, Slot::Const(consts.len()));
+            consts.push(AlignedBytes::new(&t.to_le_bytes()));
+        }
+    }
+    let n_steps = steps.len();
+    let mut first: HashMap<ValueId, usize> = HashMap::new();
+    let mut last: HashMap<ValueId, usize> = HashMap::new();
+    for &v in g.inputs() {
+        first.insert(v, 0);
+        last.insert(v, 0);
+    }
+    for (i, st) in steps.iter().enumerate() {
+        for &v in &st.outputs {
+            first.entry(v).or_insert(i);
+            last.insert(v, i);
+        }
+        for &v in &st.args {
+            if first.contains_key(&v) {
+                last.insert(v, i);
+            }
+        }
+    }
+    for &v in g.outputs() {
+        if first.contains_key(&v) {
+            last.insert(v, n_steps);
+        }
+    }
+    let mut order: Vec<ValueId> = first.keys().copied().collect();
+    order.sort();
+    let mut reqs = vec![];
+    let index: HashMap<ValueId, usize> = order.iter().enumerate().map(|(i, &v)| (v, i)).collect();
+    for &v in &order {
+        let size = value_bytes(&g, v).unwrap_or(0).max(1);
+        reqs.push(BufferReq { size, align: 64, first: first[&v], last: last[&v], inplace_of: None });
+    }
+    let _ = &index;
+    let plan = tilec_runtime::plan(&reqs);
+    for (i, &v) in order.iter().enumerate() {
+        slots.insert(v, Slot::Arena(plan.offsets[i]));
+    }
+    report.arena_bytes = plan.arena_bytes;
+    report.intermediate_bytes = plan.total_bytes;
+    report.inplace = plan.inplace;
+    let arena = Arena::new(plan.arena_bytes.max(64)).map_err(|e| Error::Compile(e.to_string()))?;
+    report.total = t0.elapsed();
+    Ok(Compiled { graph: g, steps, module: Some(module), slots, consts, plan, reqs, arena, interpreted: false, report })
+}
+
+unsafe extern "C" fn dummy_kernel(_: *const *mut std::ffi::c_void) {}
+
+impl Compiled {
+    /// The optimized, specialized graph that was compiled.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Checks the memory plan (no two live buffers overlap).
+    pub fn check_plan(&self) -> Result<(), String> {
+        tilec_runtime::check(&self.reqs, &self.plan)
+    }
+
+    fn ptr(&self, v: ValueId) -> Result<*mut u8, Error> {
+        match self.slots.get(&v) {
+            Some(Slot::Arena(o)) => Ok(self.arena.ptr(*o)),
+            Some(Slot::Const(i)) => Ok(self.consts[*i].ptr()),
+            None => Err(Error::Compile(format!("value '{}' has no storage", self.graph.value(v).name))),
+        }
+    }
+
+    fn read(&self, v: ValueId) -> Result<Tensor, Error> {
+        let val = self.graph.value(v);
+        if let ValueDef::Const(t) = &val.def {
+            return Ok(t.clone());
+        }
+        let shape = fixed_shape(&self.graph, v).unwrap_or_default();
+        let n = value_bytes(&self.graph, v).unwrap_or(0);
+        let p = self.ptr(v)?;
+        // SAFETY: the slot holds `n` bytes of this value (planned with its size).
+        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+        Tensor::from_le_bytes(val.ty.dtype, shape, bytes).map_err(|e| Error::Compile(e.to_string()))
+    }
+
+    fn write(&self, v: ValueId, t: &Tensor) -> Result<(), Error> {
+        let n = value_bytes(&self.graph, v).unwrap_or(0);
+        let bytes = t.to_le_bytes();
+        if bytes.len() != n {
+            return Err(Error::Compile(format!(
+                "value '{}': {} bytes produced, {} expected",
+                self.graph.value(v).name,
+                bytes.len(),
+                n
+            )));
+        }
+        let p = self.ptr(v)?;
+        // SAFETY: the slot has room for `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, n) };
+        Ok(())
+    }
+
+    /// Runs the model on inputs given in graph-input order.
+    pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
+        self.run_profiled(inputs, None)
+    }
+
+    /// Runs the model, adding each step's time to `profile` when given.
+    pub fn run_profiled(&mut self, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>, Error> {
+        let g = &self.graph;
+        if self.interpreted {
+            return Ok(tilec_ref::run(g, inputs.to_vec())?);
+        }
+        if inputs.len() != g.inputs().len() {
+            return Err(Error::Compile(format!("the model has {} inputs, {} were given", g.inputs().len(), inputs.len())));
+        }
+        for (&v, t) in g.inputs().iter().zip(inputs) {
+            let val = g.value(v);
+            let want = fixed_shape(g, v).unwrap_or_default();
+            if t.dtype() != val.ty.dtype || t.shape() != want.as_slice() {
+                return Err(Error::Compile(format!(
+                    "input '{}': expected {}{:?}, got {}{:?} (the model was compiled for these shapes)",
+                    val.name,
+                    val.ty.dtype,
+                    want,
+                    t.dtype(),
+                    t.shape()
+                )));
+            }
+            self.write(v, t)?;
+        }
+        let bound = HashMap::new();
+        for si in 0..self.steps.len() {
+            let start = Instant::now();
+            let st = &self.steps[si];
+            match &st.kind {
+                StepKind::Kernel { func } => {
+                    let mut ptrs: Vec<*mut std::ffi::c_void> = Vec::with_capacity(st.args.len());
+                    for &a in &st.args {
+                        ptrs.push(self.ptr(a)? as *mut std::ffi::c_void);
+                    }
+                    // SAFETY: the kernel was generated for exactly these buffers (dtypes and
+                    // shapes checked at compile time), each pointer addresses a live slot.
+                    unsafe { func(ptrs.as_ptr()) };
+                }
+                StepKind::Fallback { node } => {
+                    let node = self.graph.node(*node);
+                    let args: Vec<Tensor> = node.inputs.iter().map(|&v| self.read(v)).collect::<Result<_, _>>()?;
+                    let refs: Vec<&Tensor> = args.iter().collect();
+                    let cx = tilec_ref::EvalCtx { graph: &self.graph, bound: &bound };
+                    let outs = tilec_ref::eval_op(&node.op, &refs, &cx).map_err(|e| {
+                        Error::Compile(format!("node '{}' ({}): {e}", node.name, node.op.name()))
+                    })?;
+                    for (&v, t) in node.outputs.iter().zip(&outs) {
+                        self.write(v, t)?;
+                    }
+                }
+            }
+            if let Some(p) = profile.as_deref_mut() {
+                let st = &self.steps[si];
+                p.record(&st.name, start.elapsed().as_nanos() as u64, st.bytes as u64, st.flops as u64);
+            }
+        }
+        g.outputs().iter().map(|&v| self.read(v)).collect()
+    }
+
+    /// Names of fallback nodes (op names), for reports.
+    pub fn fallback_ops(&self) -> Vec<String> {
+        let mut s: Vec<String> = self
+            .steps
+            .iter()
+            .filter_map(|st| match st.kind {
+                StepKind::Fallback { node } => Some(self.graph.node(node).op.name().to_string()),
+                _ => None,
+            })
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        s.sort();
+        s
+    }
+
+    pub fn steps(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Fills the arena with 0xFF bytes (NaN for floats, all ones for integers), so a value no
+    /// kernel writes is caught by a comparison.
+    pub fn poison(&mut self) {
+        self.arena.fill(0xFF);
+    }
+
+    /// Whether the whole graph runs on the reference interpreter.
+    pub fn interpreted(&self) -> bool {
+        self.interpreted
+    }
+
+    /// The compiled module (absent when the graph is interpreted).
+    pub fn module(&self) -> Option<&tilec_cpu::Module> {
+        self.module.as_ref()
+    }
+}
