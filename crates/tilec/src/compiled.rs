@@ -67,6 +67,8 @@ struct Step {
     /// Arguments in ABI order (kernel params: inputs then outputs).
     args: Vec<ValueId>,
     outputs: Vec<ValueId>,
+    /// The graph nodes the step computes, in order.
+    nodes: Vec<NodeId>,
     bytes: f64,
     flops: f64,
 }
@@ -94,7 +96,8 @@ pub struct CompileReport {
 pub struct Compiled {
     graph: Graph,
     steps: Vec<Step>,
-    module: Option<tilec_cpu::Module>,
+    /// Never unloaded: OpenMP worker threads may still hold code of the library after a run.
+    module: Option<std::mem::ManuallyDrop<tilec_cpu::Module>>,
     /// The whole graph runs on the reference interpreter (data-dependent shapes).
     interpreted: bool,
     slots: HashMap<ValueId, Slot>,
@@ -227,6 +230,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                         kind: StepKind::Kernel { func: dummy_kernel },
                         args,
                         outputs: l.outputs.clone(),
+                        nodes: nodes.clone(),
                         bytes: grp.bytes * share,
                         flops: grp.flops * share,
                     });
@@ -240,6 +244,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                             kind: StepKind::Fallback { node: n },
                             args: node.inputs.clone(),
                             outputs: node.outputs.clone(),
+                            nodes: vec![n],
                             bytes: 0.0,
                             flops: 0.0,
                         });
@@ -248,6 +253,43 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
             }
         }
     }
+    // Nodes in no group (sources read only inline, or whose value is a graph output) run on
+    // the interpreter when a step or the graph outputs need their values.
+    let produced: HashSet<ValueId> = steps.iter().flat_map(|s| s.outputs.iter().copied()).collect();
+    let mut needed: HashSet<ValueId> = steps.iter().flat_map(|s| s.args.iter().copied()).collect();
+    needed.extend(g.outputs().iter().copied());
+    let covered: HashSet<NodeId> = steps.iter().flat_map(|s| s.nodes.iter().copied()).collect();
+    let mut extra: Vec<NodeId> = g
+        .node_ids()
+        .filter(|n| !covered.contains(n))
+        .filter(|&n| g.node(n).outputs.iter().any(|v| needed.contains(v) && !produced.contains(v)))
+        .collect();
+    // Their own inputs may in turn need uncovered producers.
+    let mut i = 0;
+    while i < extra.len() {
+        let n = extra[i];
+        for &v in &g.node(n).inputs {
+            if let ValueDef::Node { node: p, .. } = g.value(v).def {
+                if !covered.contains(&p) && !extra.contains(&p) && !produced.contains(&v) {
+                    extra.push(p);
+                }
+            }
+        }
+        i += 1;
+    }
+    for n in extra {
+        let node = g.node(n);
+        steps.push(Step {
+            name: format!("ref_{}_{}", n.index(), node.op.name()),
+            kind: StepKind::Fallback { node: n },
+            args: node.inputs.clone(),
+            outputs: node.outputs.clone(),
+            nodes: vec![n],
+            bytes: 0.0,
+            flops: 0.0,
+        });
+    }
+    let mut steps = order_steps(steps).map_err(Error::Compile)?;
     report.lower = t1.elapsed();
     report.kernels = kernels.len();
 
@@ -322,7 +364,46 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     report.inplace = plan.inplace;
     let arena = Arena::new(plan.arena_bytes.max(64)).map_err(|e| Error::Compile(e.to_string()))?;
     report.total = t0.elapsed();
-    Ok(Compiled { graph: g, steps, module: Some(module), slots, consts, plan, reqs, arena, interpreted: false, report })
+    Ok(Compiled { graph: g, steps, module: Some(std::mem::ManuallyDrop::new(module)), slots, consts, plan, reqs, arena, interpreted: false, report })
+}
+
+/// Orders steps so that every value is produced before it is read (stable: the partition's
+/// order is kept where dependencies allow).
+fn order_steps(steps: Vec<Step>) -> Result<Vec<Step>, String> {
+    let mut producer: HashMap<ValueId, usize> = HashMap::new();
+    for (i, s) in steps.iter().enumerate() {
+        for &v in &s.outputs {
+            producer.insert(v, i);
+        }
+    }
+    let n = steps.len();
+    let mut indeg = vec![0usize; n];
+    let mut users: Vec<Vec<usize>> = vec![vec![]; n];
+    for (i, s) in steps.iter().enumerate() {
+        let mut deps: Vec<usize> = s.args.iter().filter_map(|v| producer.get(v).copied()).filter(|&p| p != i).collect();
+        deps.sort();
+        deps.dedup();
+        indeg[i] = deps.len();
+        for p in deps {
+            users[p].push(i);
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &u in &users[i] {
+            indeg[u] -= 1;
+            if indeg[u] == 0 {
+                ready.insert(u);
+            }
+        }
+    }
+    if order.len() != n {
+        return Err("the kernel steps depend on each other in a cycle".into());
+    }
+    let mut slots: Vec<Option<Step>> = steps.into_iter().map(Some).collect();
+    Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
 unsafe extern "C" fn dummy_kernel(_: *const *mut std::ffi::c_void) {}
@@ -408,36 +489,104 @@ impl Compiled {
         let bound = HashMap::new();
         for si in 0..self.steps.len() {
             let start = Instant::now();
-            let st = &self.steps[si];
-            match &st.kind {
-                StepKind::Kernel { func } => {
-                    let mut ptrs: Vec<*mut std::ffi::c_void> = Vec::with_capacity(st.args.len());
-                    for &a in &st.args {
-                        ptrs.push(self.ptr(a)? as *mut std::ffi::c_void);
-                    }
-                    // SAFETY: the kernel was generated for exactly these buffers (dtypes and
-                    // shapes checked at compile time), each pointer addresses a live slot.
-                    unsafe { func(ptrs.as_ptr()) };
-                }
-                StepKind::Fallback { node } => {
-                    let node = self.graph.node(*node);
-                    let args: Vec<Tensor> = node.inputs.iter().map(|&v| self.read(v)).collect::<Result<_, _>>()?;
-                    let refs: Vec<&Tensor> = args.iter().collect();
-                    let cx = tilec_ref::EvalCtx { graph: &self.graph, bound: &bound };
-                    let outs = tilec_ref::eval_op(&node.op, &refs, &cx).map_err(|e| {
-                        Error::Compile(format!("node '{}' ({}): {e}", node.name, node.op.name()))
-                    })?;
-                    for (&v, t) in node.outputs.iter().zip(&outs) {
-                        self.write(v, t)?;
-                    }
-                }
-            }
+            self.run_step(si, &bound)?;
             if let Some(p) = profile.as_deref_mut() {
                 let st = &self.steps[si];
                 p.record(&st.name, start.elapsed().as_nanos() as u64, st.bytes as u64, st.flops as u64);
             }
         }
         g.outputs().iter().map(|&v| self.read(v)).collect()
+    }
+
+    /// Runs the model step by step and checks every step's outputs against the reference
+    /// interpreter evaluating the same nodes on the same (compiled) inputs. Returns one line per
+    /// step whose outputs differ beyond `rtol`/`atol`.
+    pub fn check_steps(&mut self, inputs: &[Tensor], rtol: f64, atol: f64) -> Result<Vec<String>, Error> {
+        if self.interpreted {
+            return Ok(vec![]);
+        }
+        self.poison();
+        let g = &self.graph;
+        for (&v, t) in g.inputs().iter().zip(inputs) {
+            self.write(v, t)?;
+        }
+        let bound = HashMap::new();
+        let mut bad = vec![];
+        for si in 0..self.steps.len() {
+            // Reference values of this step's nodes, from the current contents of its inputs.
+            let mut env: HashMap<ValueId, Tensor> = HashMap::new();
+            let st = &self.steps[si];
+            for &n in &st.nodes {
+                let node = self.graph.node(n);
+                let mut args = vec![];
+                for &v in &node.inputs {
+                    match env.get(&v) {
+                        Some(t) => args.push(t.clone()),
+                        None => args.push(self.read(v)?),
+                    }
+                }
+                let refs: Vec<&Tensor> = args.iter().collect();
+                let cx = tilec_ref::EvalCtx { graph: &self.graph, bound: &bound };
+                let outs = tilec_ref::eval_op(&node.op, &refs, &cx)
+                    .map_err(|e| Error::Compile(format!("node '{}' ({}): {e}", node.name, node.op.name())))?;
+                for (&v, t) in node.outputs.iter().zip(outs) {
+                    env.insert(v, t);
+                }
+            }
+            self.run_step(si, &bound)?;
+            let st = &self.steps[si];
+            for &v in &st.outputs {
+                let got = self.read(v)?;
+                let Some(want) = env.get(&v) else { continue };
+                let (a, b) = (want.to_f64_vec(), got.to_f64_vec());
+                let mut worst: Option<(usize, f64)> = None;
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    let same = (x.is_nan() && y.is_nan()) || x == y;
+                    let err = (x - y).abs();
+                    if !same && !(err <= atol + rtol * x.abs()) && worst.is_none_or(|(_, w)| err > w || err.is_nan()) {
+                        worst = Some((i, err));
+                    }
+                }
+                if let Some((i, err)) = worst {
+                    bad.push(format!(
+                        "step {} ({}): value '{}' element {i}: expected {}, got {} (abs err {err})",
+                        si,
+                        st.name,
+                        self.graph.value(v).name,
+                        a[i],
+                        b[i]
+                    ));
+                }
+            }
+        }
+        Ok(bad)
+    }
+
+    fn run_step(&self, si: usize, bound: &HashMap<tilec_ir::SymbolId, usize>) -> Result<(), Error> {
+        let st = &self.steps[si];
+        match &st.kind {
+            StepKind::Kernel { func } => {
+                let mut ptrs: Vec<*mut std::ffi::c_void> = Vec::with_capacity(st.args.len());
+                for &a in &st.args {
+                    ptrs.push(self.ptr(a)? as *mut std::ffi::c_void);
+                }
+                // SAFETY: the kernel was generated for exactly these buffers (dtypes and
+                // shapes checked at compile time), each pointer addresses a live slot.
+                unsafe { func(ptrs.as_ptr()) };
+            }
+            StepKind::Fallback { node } => {
+                let node = self.graph.node(*node);
+                let args: Vec<Tensor> = node.inputs.iter().map(|&v| self.read(v)).collect::<Result<_, _>>()?;
+                let refs: Vec<&Tensor> = args.iter().collect();
+                let cx = tilec_ref::EvalCtx { graph: &self.graph, bound };
+                let outs = tilec_ref::eval_op(&node.op, &refs, &cx)
+                    .map_err(|e| Error::Compile(format!("node '{}' ({}): {e}", node.name, node.op.name())))?;
+                for (&v, t) in node.outputs.iter().zip(&outs) {
+                    self.write(v, t)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Names of fallback nodes (op names), for reports.
@@ -473,6 +622,6 @@ impl Compiled {
 
     /// The compiled module (absent when the graph is interpreted).
     pub fn module(&self) -> Option<&tilec_cpu::Module> {
-        self.module.as_ref()
+        self.module.as_deref()
     }
 }

@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// Print one JSON line with the timings and statistics (for scripts).
     #[arg(long)]
     pub json: bool,
+    /// Check every compiled kernel against the reference interpreter on the same inputs and
+    /// report the steps that differ (for debugging the compiler).
+    #[arg(long)]
+    pub check_kernels: bool,
     /// Threads of the compiled code (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -524,6 +528,13 @@ fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Ten
         ops.sort();
         ops.dedup();
         println!("note: {} nodes run on the reference interpreter ({})", r.fallbacks.len(), ops.join(", "));
+    }
+    if a.check_kernels {
+        let bad = c.check_steps(inputs, a.rtol, a.atol).context("checking the compiled kernels")?;
+        for b in &bad {
+            println!("kernel check: {b}");
+        }
+        println!("kernel check: {} of {} steps differ from the reference interpreter", bad.len(), c.steps());
     }
     let start = Instant::now();
     let outs = c.run(inputs).context("running the compiled model")?;
