@@ -58,10 +58,14 @@ fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
     let opts = ImportOptions { dim_values, ..Default::default() };
     let (mut g, _) = import(&model, opts, &HashMap::new())?;
     let pipeline = Pipeline::for_level_and_target(args.level, args.target.kind());
-    if let Some(p) = &args.print_ir_after {
+    if let Some(p) = args.print_ir_after.as_ref().filter(|p| !TILE_STAGES.contains(&p.as_str())) {
         let known = pipeline.describe().join(" ");
         if !known.split(|c: char| !(c.is_alphanumeric() || c == '-')).any(|w| w == p) {
-            anyhow::bail!("--print-ir-after: no pass '{p}' at -O{} (passes: {known})", args.level);
+            anyhow::bail!(
+                "--print-ir-after: no pass '{p}' at -O{} (passes: {known}; after the graph passes: {})",
+                args.level,
+                TILE_STAGES.join(", ")
+            );
         }
     }
     let print_ir_after = if args.print_ir_after_all { Some("all".to_string()) } else { args.print_ir_after.clone() };
@@ -92,10 +96,49 @@ fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
     Ok(g)
 }
 
-/// `tilec print-ir`: the graph after import and the selected optimization level.
+/// Stages after the graph passes that `--print-ir-after` can name: the tile IR of every kernel
+/// as lowered, and after its default schedule.
+const TILE_STAGES: [&str; 2] = ["lower", "schedule"];
+
+/// `tilec print-ir`: the graph after import and the selected optimization level; with
+/// `--print-ir-after lower|schedule` (or `-all`), also the kernels in tile IR.
 pub fn print_ir(args: &OptArgs) -> Result<()> {
     let g = optimized(args)?;
     print!("{}", tilec::ir::print_graph(&g));
+    let stage = if args.print_ir_after_all { Some("all") } else { args.print_ir_after.as_deref() };
+    let (lower, sched) = match stage {
+        Some("all") => (true, true),
+        Some("lower") => (true, false),
+        Some("schedule") => (false, true),
+        _ => return Ok(()),
+    };
+    let t = partition::Target::preset(args.target.kind());
+    let p = partition::partition(&g, &t);
+    let cpu = tilec_tile::schedule::CpuTarget::host();
+    for grp in &p.groups {
+        let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
+        match tilec_tile::lower::lower_group(&g, grp, &name) {
+            Ok(l) => {
+                if lower {
+                    println!("// ----- tile IR after lower: {name} -----");
+                    print!("{}", l.kernel);
+                }
+                if sched {
+                    let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
+                    let mut k = l.kernel.clone();
+                    println!("// ----- tile IR after schedule: {name} -----");
+                    for line in s.to_string().lines() {
+                        println!("// schedule: {line}");
+                    }
+                    match tilec_tile::schedule::apply(&mut k, &s) {
+                        Ok(()) => print!("{k}"),
+                        Err(e) => println!("// schedule not applied: {e}"),
+                    }
+                }
+            }
+            Err(e) => println!("// ----- {name}: not lowered ({e}); its nodes run one by one -----"),
+        }
+    }
     Ok(())
 }
 
@@ -106,5 +149,22 @@ pub fn explain(args: &OptArgs) -> Result<()> {
     let hints = SizeHints { named: args.dims.iter().cloned().collect(), ..Default::default() };
     let p = partition::partition_with(&g, &t, &hints);
     print!("{}", partition::explain(&g, &p, &t));
+    // The default CPU schedule of every group that lowers (shapes must be concrete).
+    if args.target.kind() == partition::TargetKind::Cpu {
+        let cpu = tilec_tile::schedule::CpuTarget::host();
+        println!();
+        println!("schedules (default, for this CPU):");
+        for grp in &p.groups {
+            let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
+            match tilec_tile::lower::lower_group(&g, grp, &name) {
+                Ok(l) => {
+                    let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
+                    let steps: Vec<String> = s.to_string().lines().map(str::to_string).collect();
+                    println!("  {name}: {}", if steps.is_empty() { "(none)".to_string() } else { steps.join("; ") });
+                }
+                Err(e) => println!("  {name}: not lowered: {e}"),
+            }
+        }
+    }
     Ok(())
 }
