@@ -88,3 +88,59 @@ fn bert_style_export() {
 fn llama_style_export() {
     check("llama");
 }
+
+/// The compiled CPU path on the exports: specialized to the reference inputs' batch and
+/// sequence, memory plan checked, arena poisoned, outputs equal to PyTorch's within tolerance;
+/// and again at batch 1 against the reference interpreter.
+fn check_compiled(name: &str) {
+    let dir = model_dir(name);
+    let inputs = load_set(&dir, "input");
+    let expected = load_set(&dir, "output");
+    let shape = inputs[0].shape().to_vec();
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache");
+    for (batch, want) in [(shape[0], None), (1, Some(()))] {
+        let dims = HashMap::from([("batch".to_string(), batch), ("seq".to_string(), shape[1])]);
+        let g = import_file(&dir.join("model.onnx"), &ImportOptions { dim_values: dims, ..Default::default() })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let feeds: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| {
+                let v = t.to_i64_vec();
+                Tensor::from_i64s(t.dtype(), vec![batch, shape[1]], &v[..batch * shape[1]]).unwrap()
+            })
+            .collect();
+        let opts = tilec::compiled::CompileOptions { cache_dir: Some(cache.clone()), ..Default::default() };
+        let mut c = tilec::compiled::compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!c.interpreted(), "{name}: compiled, not interpreted");
+        assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
+        c.check_plan().unwrap_or_else(|e| panic!("{name}: memory plan: {e}"));
+        assert!(c.report.arena_bytes < c.report.intermediate_bytes, "{name}: the arena reuses memory");
+        c.poison();
+        let outs = c.run(&feeds).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let reference = match want {
+            None => expected[0].clone(),
+            Some(()) => {
+                let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
+                tilec_ref::run_named(&g, names.into_iter().zip(feeds.clone()).collect()).unwrap().remove(0)
+            }
+        };
+        if let Some(m) = max_err(&reference, &outs[0], 1e-3, 1e-4) {
+            panic!("{name} compiled at batch {batch}: {m}");
+        }
+    }
+}
+
+#[test]
+fn gpt2_style_export_compiled() {
+    check_compiled("gpt2");
+}
+
+#[test]
+fn bert_style_export_compiled() {
+    check_compiled("bert");
+}
+
+#[test]
+fn llama_style_export_compiled() {
+    check_compiled("llama");
+}
