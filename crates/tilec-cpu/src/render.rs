@@ -198,21 +198,18 @@ pub(crate) fn convert(code: &str, from: Ty, to: Ty) -> String {
         },
         Ty::Elem(DType::Bool) => format!("((uint8_t)(({code}) != 0))"),
         Ty::Elem(d) if d.is_float() => {
-            let src = match from {
-                Ty::Elem(s) if s.is_float() => {
-                    // float -> float: via the computation type.
-                    if d == DType::F64 {
-                        return format!("((double)({code}))");
-                    }
-                    format!("((float)({code}))")
-                }
-                // Integers go through double like the interpreter (as_f64 then round).
-                _ => {
-                    if d == DType::F64 {
-                        return format!("((double)({code}))");
-                    }
-                    format!("((float)(double)({code}))")
-                }
+            if d == DType::F64 {
+                return format!("((double)({code}))");
+            }
+            let from_f32 = matches!(from, Ty::Elem(s) if s.is_float() && s != DType::F64);
+            let src = if from_f32 {
+                format!("((float)({code}))")
+            } else if d == DType::F32 {
+                // Integers and f64 round once, like the interpreter (via f64).
+                format!("((float)(double)({code}))")
+            } else {
+                // To a narrow format: round to odd first so that the second rounding is exact.
+                format!("tc_d2f_odd((double)({code}))")
             };
             round_lowp(d, src)
         }
@@ -814,10 +811,13 @@ impl<'a> Renderer<'a> {
                 Mul => format!("(({a}) * ({b}))"),
                 Div => format!("(({a}) / ({b}))"),
                 Rem => format!("fmod{sfx}({a}, {b})"),
-                FloorDiv => format!("floor{sfx}(({a}) / ({b}))"),
+                // In double like the interpreter: the floor of a quotient rounded to float can
+                // differ by one.
+                FloorDiv if dbl => format!("floor(({a}) / ({b}))"),
+                FloorDiv => format!("((float)floor((double)({a}) / (double)({b})))"),
                 FloorMod => {
                     let ft = if dbl { "double" } else { "float" };
-                    format!("({{ {ft} _a = ({a}), _b = ({b}); _a - _b * floor{sfx}(_a / _b); }})")
+                    format!("({{ double _a = ({a}), _b = ({b}); ({ft})(_a - _b * floor(_a / _b)); }})")
                 }
                 Min => format!("tc_fmin{sfx}({a}, {b})"),
                 Max => format!("tc_fmax{sfx}({a}, {b})"),

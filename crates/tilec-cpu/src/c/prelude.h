@@ -40,6 +40,16 @@ TC_INLINE void *tc_alloc(size_t bytes) {
 TC_INLINE uint32_t tc_fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 TC_INLINE float tc_bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
+/* double -> float rounding to odd: a following rounding to any format with at most 22
+   significand bits is then correctly rounded (no double-rounding error). */
+TC_INLINE float tc_d2f_odd(double x) {
+    float f = (float)x;
+    if ((double)f == x || f != f) return f;
+    uint32_t b = tc_fbits(f);
+    if (__builtin_fabs((double)f) > __builtin_fabs(x)) b -= 1u;
+    return tc_bitsf(b | 1u);
+}
+
 /* ---- f16 (IEEE binary16), round to nearest even ---- */
 TC_INLINE uint16_t tc_f2h(float f) {
     uint32_t x = tc_fbits(f);
