@@ -287,8 +287,11 @@ impl Compiler {
         }
         h.update(format!("{:?}", self.opts.cpu).as_bytes());
         h.update(host_cpu_id().as_bytes());
-        for u in &units {
-            h.update(u.source.as_bytes());
+        // The set of kernel bodies decides the library, not how they are split into units.
+        h.update(PRELUDE.as_bytes());
+        for (sym, (body, _)) in &by_hash {
+            h.update(sym.as_bytes());
+            h.update(body.as_bytes());
             h.update([0]);
         }
         let key = hex(&h.finalize())[..32].to_string();
@@ -494,7 +497,12 @@ fn pin_openmp_runtime() {
         for name in ["libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so"] {
             // SAFETY: RTLD_NOLOAD only looks up an already loaded library (no initializers run);
             // RTLD_NODELETE marks it as never unloaded.
-            if let Ok(l) = unsafe { libloading::os::unix::Library::open(Some(name), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) } {
+            if let Ok(l) = unsafe {
+                libloading::os::unix::Library::open(
+                    Some(name),
+                    RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE,
+                )
+            } {
                 drop(l);
             }
         }

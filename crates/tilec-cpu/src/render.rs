@@ -817,7 +817,9 @@ impl<'a> Renderer<'a> {
                 FloorDiv => format!("((float)floor((double)({a}) / (double)({b})))"),
                 FloorMod => {
                     let ft = if dbl { "double" } else { "float" };
-                    format!("({{ double _a = ({a}), _b = ({b}); ({ft})(_a - _b * floor(_a / _b)); }})")
+                    format!(
+                        "({{ double _a = ({a}), _b = ({b}); ({ft})(_a - _b * floor(_a / _b)); }})"
+                    )
                 }
                 Min => format!("tc_fmin{sfx}({a}, {b})"),
                 Max => format!("tc_fmax{sfx}({a}, {b})"),

@@ -15,7 +15,10 @@ pub fn cache_dir(name: &str) -> PathBuf {
 }
 
 pub fn compiler() -> Compiler {
-    Compiler::new(CompileOptions { cache_dir: Some(cache_dir("shared")), ..CompileOptions::default() })
+    Compiler::new(CompileOptions {
+        cache_dir: Some(cache_dir("shared")),
+        ..CompileOptions::default()
+    })
 }
 
 pub fn rng(seed: u64) -> StdRng {
@@ -27,9 +30,27 @@ pub fn random_tensor(r: &mut StdRng, d: DType, shape: &[i64], specials: bool) ->
     let n: usize = shape.iter().product::<i64>() as usize;
     let shape: Vec<usize> = shape.iter().map(|&x| x as usize).collect();
     if d.is_float() {
-        let sp = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 0.5, -2.5, 1.5, 2.5, 1.0, -1.0];
+        let sp = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            0.0,
+            -0.0,
+            0.5,
+            -2.5,
+            1.5,
+            2.5,
+            1.0,
+            -1.0,
+        ];
         let v: Vec<f64> = (0..n)
-            .map(|i| if specials && i % 7 == 3 { sp[(i / 7) % sp.len()] } else { r.gen_range(-4.0..4.0) })
+            .map(|i| {
+                if specials && i % 7 == 3 {
+                    sp[(i / 7) % sp.len()]
+                } else {
+                    r.gen_range(-4.0..4.0)
+                }
+            })
             .collect();
         Tensor::from_f64s(d, shape, &v).unwrap()
     } else if d == DType::Bool {
@@ -109,12 +130,30 @@ pub fn exact() -> Tol {
 
 pub fn tol_for(d: DType) -> Tol {
     match d {
-        DType::F64 => Tol { rel: 1e-12, abs: 1e-12 },
-        DType::F32 => Tol { rel: 2e-6, abs: 1e-6 },
-        DType::F16 => Tol { rel: 2e-3, abs: 1e-4 },
-        DType::BF16 => Tol { rel: 1.6e-2, abs: 1e-3 },
-        DType::F8E4M3 => Tol { rel: 0.13, abs: 0.02 },
-        DType::F8E5M2 => Tol { rel: 0.26, abs: 0.002 },
+        DType::F64 => Tol {
+            rel: 1e-12,
+            abs: 1e-12,
+        },
+        DType::F32 => Tol {
+            rel: 2e-6,
+            abs: 1e-6,
+        },
+        DType::F16 => Tol {
+            rel: 2e-3,
+            abs: 1e-4,
+        },
+        DType::BF16 => Tol {
+            rel: 1.6e-2,
+            abs: 1e-3,
+        },
+        DType::F8E4M3 => Tol {
+            rel: 0.13,
+            abs: 0.02,
+        },
+        DType::F8E5M2 => Tol {
+            rel: 0.26,
+            abs: 0.002,
+        },
         _ => exact(),
     }
 }
@@ -139,22 +178,46 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: Tol) {
                 bad.push(format!("[{i}] got {} want {}", g[i], w[i]));
             }
         }
-        assert!(bad.is_empty(), "{what}: {} of {} differ: {}", bad.len(), g.len(), bad.iter().take(8).cloned().collect::<Vec<_>>().join(", "));
+        assert!(
+            bad.is_empty(),
+            "{what}: {} of {} differ: {}",
+            bad.len(),
+            g.len(),
+            bad.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+        );
     } else if d == DType::U64 {
-        let (g, w) = (got.as_slice::<u64>().unwrap(), want.as_slice::<u64>().unwrap());
-        let bad: Vec<String> = (0..g.len()).filter(|&i| g[i] != w[i]).take(8).map(|i| format!("[{i}] got {} want {}", g[i], w[i])).collect();
+        let (g, w) = (
+            got.as_slice::<u64>().unwrap(),
+            want.as_slice::<u64>().unwrap(),
+        );
+        let bad: Vec<String> = (0..g.len())
+            .filter(|&i| g[i] != w[i])
+            .take(8)
+            .map(|i| format!("[{i}] got {} want {}", g[i], w[i]))
+            .collect();
         assert!(bad.is_empty(), "{what}: {}", bad.join(", "));
     } else {
         let (g, w) = (got.to_i64_vec(), want.to_i64_vec());
-        let bad: Vec<String> = (0..g.len()).filter(|&i| g[i] != w[i]).take(8).map(|i| format!("[{i}] got {} want {}", g[i], w[i])).collect();
+        let bad: Vec<String> = (0..g.len())
+            .filter(|&i| g[i] != w[i])
+            .take(8)
+            .map(|i| format!("[{i}] got {} want {}", g[i], w[i]))
+            .collect();
         assert!(bad.is_empty(), "{what}: {}", bad.join(", "));
     }
 }
 
 /// Runs every kernel compiled and interpreted on the same random inputs and compares all
 /// written parameters with `tol(dtype)`.
-pub fn check_kernels(kernels: &[Kernel], seed: u64, specials: bool, tol: impl Fn(&Kernel, DType) -> Tol) -> Module {
-    let m = compiler().compile(kernels).unwrap_or_else(|e| panic!("{e}"));
+pub fn check_kernels(
+    kernels: &[Kernel],
+    seed: u64,
+    specials: bool,
+    tol: impl Fn(&Kernel, DType) -> Tol,
+) -> Module {
+    let m = compiler()
+        .compile(kernels)
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut r = rng(seed);
     for k in kernels {
         let args = make_args(k, &mut r, specials);
@@ -166,9 +229,19 @@ pub fn check_kernels(kernels: &[Kernel], seed: u64, specials: bool, tol: impl Fn
         for (i, &p) in k.params.iter().enumerate() {
             if w.contains(&p) {
                 let b = k.buf(p);
-                assert_close(&format!("{} output {}", k.name, b.name), &got[i], &want[i], tol(k, b.dtype));
+                assert_close(
+                    &format!("{} output {}", k.name, b.name),
+                    &got[i],
+                    &want[i],
+                    tol(k, b.dtype),
+                );
             } else {
-                assert_close(&format!("{} input {} untouched", k.name, k.buf(p).name), &got[i], &args[i], exact());
+                assert_close(
+                    &format!("{} input {} untouched", k.name, k.buf(p).name),
+                    &got[i],
+                    &args[i],
+                    exact(),
+                );
             }
         }
     }
