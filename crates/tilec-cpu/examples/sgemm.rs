@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p tilec-cpu --example sgemm -- [--threads N] [--sizes 256,512,...]
 //!     [--json] [--numpy PYTHON]   # also time numpy.matmul with that interpreter
+//!     [--params mr,nr,kc,mc,nc]   # fixed blocking instead of `gemm_params`
 //! ```
 
 use std::ffi::c_void;
@@ -12,7 +13,7 @@ use tilec_cpu::{gemm_params, CompileOptions, Compiler, CpuInfo};
 use tilec_ir::DType;
 use tilec_tile::ir::*;
 
-fn sgemm_kernel(n: i64, cpu: &CpuInfo) -> Kernel {
+fn sgemm_kernel(n: i64, cpu: &CpuInfo, fixed: Option<GemmParams>) -> Kernel {
     let mut k = Kernel::new(format!("sgemm{n}"));
     let a = k.param("a", DType::F32, vec![n, n]);
     let b = k.param("b", DType::F32, vec![n, n]);
@@ -42,7 +43,7 @@ fn sgemm_kernel(n: i64, cpu: &CpuInfo) -> Kernel {
             vec![Expr::Var(vi), Expr::Var(vj)],
             Expr::Var(acc),
         )],
-        params: gemm_params(n, n, n, cpu),
+        params: fixed.unwrap_or_else(|| gemm_params(n, n, n, cpu)),
     })));
     k
 }
@@ -74,6 +75,7 @@ fn main() {
     let mut sizes: Vec<i64> = vec![256, 512, 1024, 2048, 4096];
     let mut json = false;
     let mut python: Option<String> = None;
+    let mut fixed: Option<GemmParams> = None;
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
@@ -89,6 +91,24 @@ fn main() {
                     .unwrap_or_default();
             }
             "--json" => json = true,
+            "--params" => {
+                i += 1;
+                let v: Vec<i64> = args
+                    .get(i)
+                    .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+                    .unwrap_or_default();
+                if v.len() != 5 {
+                    eprintln!("--params takes mr,nr,kc,mc,nc");
+                    std::process::exit(2);
+                }
+                fixed = Some(GemmParams {
+                    mr: v[0],
+                    nr: v[1],
+                    kc: v[2],
+                    mc: v[3],
+                    nc: v[4],
+                });
+            }
             "--numpy" => {
                 i += 1;
                 python = args.get(i).cloned();
@@ -103,7 +123,10 @@ fn main() {
     let opts = CompileOptions::default();
     let cpu = opts.cpu.clone();
     let compiler = Compiler::new(opts);
-    let kernels: Vec<Kernel> = sizes.iter().map(|&n| sgemm_kernel(n, &cpu)).collect();
+    let kernels: Vec<Kernel> = sizes
+        .iter()
+        .map(|&n| sgemm_kernel(n, &cpu, fixed))
+        .collect();
     let module = match compiler.compile(&kernels) {
         Ok(m) => m,
         Err(e) => {

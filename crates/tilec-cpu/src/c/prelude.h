@@ -29,11 +29,39 @@ TC_INLINE int tc_threads(void) {
 #endif
 }
 
+TC_INLINE int tc_team_size(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+TC_INLINE int tc_team_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 TC_INLINE void *tc_alloc(size_t bytes) {
     size_t n = (bytes + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, n ? n : 64);
     if (!p) abort();
     return p;
+}
+
+/* Per-thread scratch that survives between calls (GEMM packing buffers): allocating and
+   first-touching megabytes on every call costs more than small products take. */
+__attribute__((weak, visibility("hidden"))) void *tc_scratch(int slot, size_t bytes) {
+    static __thread void *buf[4];
+    static __thread size_t cap[4];
+    if (cap[slot] < bytes) {
+        free(buf[slot]);
+        buf[slot] = tc_alloc(bytes);
+        cap[slot] = bytes;
+    }
+    return buf[slot];
 }
 
 /* ---- bit casts ---- */
