@@ -3,6 +3,8 @@
 //! ```text
 //! cargo run --release -p tilec-cpu --example sgemm -- [--threads N] [--sizes 256,512,...]
 //!     [--json] [--numpy PYTHON]   # also time numpy.matmul with that interpreter
+//!     [--params mr,nr,kc,mc,nc]   # fixed blocking instead of `gemm_params`
+//!     [--rounds R]                # rounds alternating numpy and tilec (default 3)
 //! ```
 
 use std::ffi::c_void;
@@ -12,7 +14,7 @@ use tilec_cpu::{gemm_params, CompileOptions, Compiler, CpuInfo};
 use tilec_ir::DType;
 use tilec_tile::ir::*;
 
-fn sgemm_kernel(n: i64, cpu: &CpuInfo) -> Kernel {
+fn sgemm_kernel(n: i64, cpu: &CpuInfo, fixed: Option<GemmParams>) -> Kernel {
     let mut k = Kernel::new(format!("sgemm{n}"));
     let a = k.param("a", DType::F32, vec![n, n]);
     let b = k.param("b", DType::F32, vec![n, n]);
@@ -42,7 +44,7 @@ fn sgemm_kernel(n: i64, cpu: &CpuInfo) -> Kernel {
             vec![Expr::Var(vi), Expr::Var(vj)],
             Expr::Var(acc),
         )],
-        params: gemm_params(n, n, n, cpu),
+        params: fixed.unwrap_or_else(|| gemm_params(n, n, n, cpu)),
     })));
     k
 }
@@ -74,6 +76,8 @@ fn main() {
     let mut sizes: Vec<i64> = vec![256, 512, 1024, 2048, 4096];
     let mut json = false;
     let mut python: Option<String> = None;
+    let mut fixed: Option<GemmParams> = None;
+    let mut rounds = 3usize;
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
@@ -89,6 +93,28 @@ fn main() {
                     .unwrap_or_default();
             }
             "--json" => json = true,
+            "--rounds" => {
+                i += 1;
+                rounds = args.get(i).and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
+            }
+            "--params" => {
+                i += 1;
+                let v: Vec<i64> = args
+                    .get(i)
+                    .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+                    .unwrap_or_default();
+                if v.len() != 5 {
+                    eprintln!("--params takes mr,nr,kc,mc,nc");
+                    std::process::exit(2);
+                }
+                fixed = Some(GemmParams {
+                    mr: v[0],
+                    nr: v[1],
+                    kc: v[2],
+                    mc: v[3],
+                    nc: v[4],
+                });
+            }
             "--numpy" => {
                 i += 1;
                 python = args.get(i).cloned();
@@ -103,7 +129,10 @@ fn main() {
     let opts = CompileOptions::default();
     let cpu = opts.cpu.clone();
     let compiler = Compiler::new(opts);
-    let kernels: Vec<Kernel> = sizes.iter().map(|&n| sgemm_kernel(n, &cpu)).collect();
+    let kernels: Vec<Kernel> = sizes
+        .iter()
+        .map(|&n| sgemm_kernel(n, &cpu, fixed))
+        .collect();
     let module = match compiler.compile(&kernels) {
         Ok(m) => m,
         Err(e) => {
@@ -112,7 +141,8 @@ fn main() {
         }
     };
     module.set_threads(threads);
-    let numpy: Option<serde_like::Map> = python.as_ref().and_then(|py| {
+    let run_numpy = || -> Option<serde_like::Map> {
+        let py = python.as_ref()?;
         let list = sizes
             .iter()
             .map(|n| n.to_string())
@@ -127,38 +157,70 @@ fn main() {
             .output()
             .ok()?;
         serde_like::parse(&String::from_utf8_lossy(&out.stdout))
-    });
-    let mut rows = vec![];
-    for (k, &n) in kernels.iter().zip(&sizes) {
-        let f = module.get(&k.name).expect("compiled kernel");
-        let nn = (n * n) as usize;
-        let mut a: Vec<f32> = (0..nn)
-            .map(|x| ((x * 7919 % 1000) as f32) / 1000.0 - 0.5)
-            .collect();
-        let mut b: Vec<f32> = (0..nn)
-            .map(|x| ((x * 104729 % 1000) as f32) / 1000.0 - 0.5)
-            .collect();
-        let mut c = vec![0f32; nn];
-        let ptrs = [
-            a.as_mut_ptr() as *mut c_void,
-            b.as_mut_ptr() as *mut c_void,
-            c.as_mut_ptr() as *mut c_void,
-        ];
-        let flops = 2.0 * (n as f64).powi(3);
-        let reps = ((4e10 / flops) as usize).clamp(5, 50);
-        // SAFETY: the three buffers hold n*n f32 each, as the kernel expects.
-        unsafe { f(ptrs.as_ptr()) };
-        let times: Vec<f64> = (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                unsafe { f(ptrs.as_ptr()) };
-                t.elapsed().as_secs_f64()
-            })
-            .collect();
-        let gflops = flops / median(times) / 1e9;
-        let np = numpy.as_ref().and_then(|m| m.get(&n.to_string()).copied());
-        rows.push((n, gflops, np));
+    };
+    // Buffers per size.
+    let mut bufs: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = sizes
+        .iter()
+        .map(|&n| {
+            let nn = (n * n) as usize;
+            let a = (0..nn)
+                .map(|x| ((x * 7919 % 1000) as f32) / 1000.0 - 0.5)
+                .collect();
+            let b = (0..nn)
+                .map(|x| ((x * 104729 % 1000) as f32) / 1000.0 - 0.5)
+                .collect();
+            (a, b, vec![0f32; nn])
+        })
+        .collect();
+    // Rounds alternate numpy and tilec so both see the same machine load; each figure is the
+    // median over rounds of per-round medians.
+    let mut ours: Vec<Vec<f64>> = vec![vec![]; sizes.len()];
+    let mut theirs: Vec<Vec<f64>> = vec![vec![]; sizes.len()];
+    for _round in 0..rounds {
+        if let Some(m) = run_numpy() {
+            for (idx, n) in sizes.iter().enumerate() {
+                if let Some(x) = m.get(&n.to_string()) {
+                    theirs[idx].push(*x);
+                }
+            }
+        }
+        for (idx, (k, &n)) in kernels.iter().zip(&sizes).enumerate() {
+            let f = module.get(&k.name).expect("compiled kernel");
+            let (a, b, c) = &mut bufs[idx];
+            let ptrs = [
+                a.as_mut_ptr() as *mut c_void,
+                b.as_mut_ptr() as *mut c_void,
+                c.as_mut_ptr() as *mut c_void,
+            ];
+            let flops = 2.0 * (n as f64).powi(3);
+            let reps = ((4e10 / flops) as usize).clamp(5, 50);
+            // SAFETY: the three buffers hold n*n f32 each, as the kernel expects.
+            unsafe { f(ptrs.as_ptr()) };
+            let times: Vec<f64> = (0..reps)
+                .map(|_| {
+                    let t = Instant::now();
+                    unsafe { f(ptrs.as_ptr()) };
+                    t.elapsed().as_secs_f64()
+                })
+                .collect();
+            ours[idx].push(flops / median(times) / 1e9);
+        }
     }
+    let rows: Vec<(i64, f64, Option<f64>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(idx, &n)| {
+            (
+                n,
+                median(ours[idx].clone()),
+                if theirs[idx].is_empty() {
+                    None
+                } else {
+                    Some(median(theirs[idx].clone()))
+                },
+            )
+        })
+        .collect();
     if json {
         let items: Vec<String> = rows
             .iter()

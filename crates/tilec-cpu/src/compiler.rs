@@ -287,8 +287,11 @@ impl Compiler {
         }
         h.update(format!("{:?}", self.opts.cpu).as_bytes());
         h.update(host_cpu_id().as_bytes());
-        for u in &units {
-            h.update(u.source.as_bytes());
+        // The set of kernel bodies decides the library, not how they are split into units.
+        h.update(PRELUDE.as_bytes());
+        for (sym, (body, _)) in &by_hash {
+            h.update(sym.as_bytes());
+            h.update(body.as_bytes());
             h.update([0]);
         }
         let key = hex(&h.finalize())[..32].to_string();
@@ -461,6 +464,7 @@ fn load(
     // SAFETY: the library was produced by this crate's code generator; its initializers are
     // those of the C runtime and OpenMP.
     let lib = unsafe { libloading::Library::new(path) }.map_err(|e| lerr(e.to_string()))?;
+    pin_openmp_runtime();
     let mut fns = HashMap::new();
     for (name, sym) in symbol_of {
         // SAFETY: every generated kernel has the `KernelFn` signature.
@@ -479,6 +483,30 @@ fn load(
         params,
         _lib: lib,
     })
+}
+
+/// Keeps the OpenMP runtime loaded for good: its worker threads outlive any one module, and
+/// unloading the runtime under them (when the last module that pulled it in is dropped) would
+/// crash them.
+fn pin_openmp_runtime() {
+    #[cfg(target_os = "linux")]
+    {
+        const RTLD_NOW: std::os::raw::c_int = 0x2;
+        const RTLD_NOLOAD: std::os::raw::c_int = 0x4;
+        const RTLD_NODELETE: std::os::raw::c_int = 0x1000;
+        for name in ["libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so"] {
+            // SAFETY: RTLD_NOLOAD only looks up an already loaded library (no initializers run);
+            // RTLD_NODELETE marks it as never unloaded.
+            if let Ok(l) = unsafe {
+                libloading::os::unix::Library::open(
+                    Some(name),
+                    RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE,
+                )
+            } {
+                drop(l);
+            }
+        }
+    }
 }
 
 impl Module {

@@ -21,21 +21,22 @@ use crate::render::{convert, value_type, Ctx, RenderError, Renderer};
 
 /// Chooses the blocking of an `m × n × k` single-precision product for `cpu`.
 pub fn gemm_params(m: i64, n: i64, k: i64, cpu: &CpuInfo) -> GemmParams {
+    // Register tile: mr x nr/lanes accumulators (24 of the 32 zmm registers with AVX-512).
     let (mr, nr) = if cpu.avx512f {
-        (12, 32)
+        (8, 48)
     } else if cpu.avx2 {
         (6, 16)
     } else {
         (4, 8)
     };
-    // A B micro-panel (kc × nr) stays in L1 while the A panels stream past it.
-    let kc = ((cpu.l1d_bytes / 2) / (nr as usize * 4)).clamp(64, 512) as i64;
-    // The A block (mc × kc) stays in L2.
-    let mc_raw = ((cpu.l2_bytes / 2) / (kc as usize * 4)).clamp(mr as usize, 4096) as i64;
-    let mut mc = (mc_raw / mr).max(1) * mr;
+    // K slice: the B micro-panel (kc x nr) about one and a half L1s (it streams from L2 well
+    // on current cores; measured best on a 48 KiB L1 at kc = 384).
+    let kc = (((cpu.l1d_bytes * 3 / 2) / (nr as usize * 4)) / 8 * 8).clamp(64, 512) as i64;
+    // The A block (mc x kc) takes half of L2.
+    let mc = (((cpu.l2_bytes / 2) / (kc as usize * 4)) as i64 / mr * mr).clamp(mr, 1024);
     let nc = 4096i64;
     let kc = kc.min(k.max(1));
-    mc = mc.min(round_up(m.max(1), mr));
+    let mc = mc.min(round_up(m.max(1), mr));
     let nc = nc.min(round_up(n.max(1), nr));
     GemmParams { mr, nr, kc, mc, nc }
 }
@@ -197,6 +198,12 @@ fn micro_kernel(double: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
             s.push_str(&format!("    {} c{i}_{v} = {}();\n", is.vty, is.zero));
         }
     }
+    // The partial sums are needed only after the K loop: start fetching them now.
+    s.push_str(&format!(
+        "    if (cin) for (int64_t p = 0; p < {}; p += {}) __builtin_prefetch((const char *)cin + p, 0, 3);\n",
+        mr * nr * if double { 8 } else { 4 },
+        64
+    ));
     s.push_str("    #pragma GCC unroll 4\n    for (int64_t k = 0; k < kc; ++k) {\n");
     for v in 0..nv {
         s.push_str(&format!(
@@ -321,200 +328,147 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         r.var_name(g.k_var),
         r.var_name(g.acc_var),
     );
-    let id = r.fresh("g");
     let par = parallel_clause(r, g, ctx);
-    let need_ws = k > kcb;
-    r.line(&format!("{{ /* gemm {batch} x {m} x {n} x {k}, blocks mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb} */"));
-    r.open_scope();
-    r.line(&format!(
-        "{t} *TC_RESTRICT {id}_pa = ({t} *)tc_alloc(sizeof({t}) * {});",
-        mcb * kcb
-    ));
-    r.line(&format!(
-        "{t} *TC_RESTRICT {id}_pb = ({t} *)tc_alloc(sizeof({t}) * {});",
-        kcb * ncb
-    ));
-    if need_ws {
-        r.line(&format!(
-            "{t} *TC_RESTRICT {id}_cw = ({t} *)tc_alloc(sizeof({t}) * {});",
-            round_up(m, mr) * ncb
-        ));
-    } else {
-        r.line(&format!("{t} *TC_RESTRICT {id}_cw = NULL;"));
-    }
-    r.line(&format!("#pragma omp parallel {par}"));
-    r.line("{");
-    r.open_scope();
-    r.line(&format!(
-        "for (int64_t {vb} = 0; {vb} < {batch}; ++{vb}) {{"
-    ));
-    r.open_scope();
-    r.declare(g.b_var);
-    r.line(&format!("for (int64_t jc = 0; jc < {n}; jc += {ncb}) {{"));
-    r.open_scope();
-    r.line(&format!(
-        "const int64_t nc = {n} - jc < {ncb} ? {n} - jc : {ncb};"
-    ));
-    r.line(&format!(
-        "for (int64_t pc = 0; pc < {}; pc += {kcb}) {{",
-        k.max(1)
-    ));
-    r.open_scope();
-    r.line(&format!(
-        "const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};"
-    ));
-    r.line(&format!("const int last = pc + {kcb} >= {k};"));
 
-    // Pack B: panel p (columns jp .. jp+nr) at pb + jp * kc, row kk at + kk * nr.
-    r.line("#pragma omp for schedule(static)");
-    r.line(&format!("for (int64_t jp = 0; jp < nc; jp += {nr}) {{"));
+    // Operand expressions and the epilogue, rendered with the template's variables in scope.
     r.open_scope();
-    r.line(&format!("{t} *TC_RESTRICT dst = {id}_pb + jp * kc;"));
-    r.line("for (int64_t kk = 0; kk < kc; ++kk) {");
-    r.open_scope();
-    r.line(&format!("const int64_t {vk} = pc + kk;"));
-    r.declare(g.k_var);
-    for full in [true, false] {
-        let head = if full {
-            format!("if (jp + {nr} <= nc) {{")
-        } else {
-            "} else {".to_string()
-        };
-        r.line(&head);
-        r.open_scope();
-        r.line("#pragma omp simd");
-        r.line(&format!("for (int64_t jj = 0; jj < {nr}; ++jj) {{"));
-        r.open_scope();
-        r.line(&format!("const int64_t {vj} = jc + jp + jj;"));
-        r.declare(g.j_var);
-        let (bc, bt) = r.expr(&g.b)?;
-        let bc = convert(&bc, bt, acc_ty);
-        if full {
-            r.line(&format!("dst[kk * {nr} + jj] = {bc};"));
-        } else {
-            r.line(&format!(
-                "dst[kk * {nr} + jj] = jp + jj < nc ? {bc} : ({t})0;"
-            ));
-        }
-        r.close_scope();
-        r.line("}");
-        r.close_scope();
+    for v in [g.b_var, g.i_var, g.j_var, g.k_var] {
+        r.declare(v);
     }
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-
-    r.line(&format!("for (int64_t ic = 0; ic < {m}; ic += {mcb}) {{"));
-    r.open_scope();
-    r.line(&format!(
-        "const int64_t mc = {m} - ic < {mcb} ? {m} - ic : {mcb};"
-    ));
-    // Pack A: panel (rows ip .. ip+mr) at pa + ip * kc, element (kk, ii) at + kk * mr + ii.
-    r.line("#pragma omp for schedule(static)");
-    r.line(&format!("for (int64_t ip = 0; ip < mc; ip += {mr}) {{"));
-    r.open_scope();
-    r.line(&format!("{t} *TC_RESTRICT dst = {id}_pa + ip * kc;"));
-    r.line(&format!("for (int64_t ii = 0; ii < {mr}; ++ii) {{"));
-    r.open_scope();
-    r.line(&format!("const int64_t {vi} = ic + ip + ii;"));
-    r.declare(g.i_var);
-    r.line("if (ip + ii < mc) {");
-    r.open_scope();
-    r.line("for (int64_t kk = 0; kk < kc; ++kk) {");
-    r.open_scope();
-    r.line(&format!("const int64_t {vk} = pc + kk;"));
-    r.declare(g.k_var);
     let (ac, at) = r.expr(&g.a)?;
-    let ac = convert(&ac, at, acc_ty);
-    r.line(&format!("dst[kk * {mr} + ii] = {ac};"));
+    let a_code = convert(&ac, at, acc_ty);
+    let (bc, bt) = r.expr(&g.b)?;
+    let b_code = convert(&bc, bt, acc_ty);
     r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("} else {");
-    r.line(&format!(
-        "    for (int64_t kk = 0; kk < kc; ++kk) dst[kk * {mr} + ii] = ({t})0;"
-    ));
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-
-    // Tiles of the block, column panels outermost so a B panel is reused from L1.
-    r.line(&format!(
-        "const int64_t nir = (mc + {mr} - 1) / {mr}, njr = (nc + {nr} - 1) / {nr};"
-    ));
-    r.line("#pragma omp for schedule(static)");
-    r.line("for (int64_t tile = 0; tile < nir * njr; ++tile) {");
-    r.open_scope();
-    r.line(&format!(
-        "const int64_t ir = (tile % nir) * {mr}, jr = (tile / nir) * {nr};"
-    ));
-    r.line(&format!(
-        "{t} ct[{}] __attribute__((aligned(64)));",
-        mr * nr
-    ));
-    r.line(&format!(
-        "const {t} *cin = pc > 0 ? {id}_cw + (ic + ir) * {ncb} + jr : NULL;"
-    ));
-    r.line(&format!(
-        "{t} *cout = last ? ct : {id}_cw + (ic + ir) * {ncb} + jr;"
-    ));
-    r.line(&format!(
-        "{ukr}(kc, {id}_pa + ir * kc, {id}_pb + jr * kc, cin, {ncb}, cout, last ? {nr} : {ncb});"
-    ));
-    r.line("if (last) {");
-    r.open_scope();
-    r.line(&format!("const int64_t mre = mc - ir < {mr} ? mc - ir : {mr}, nre = nc - jr < {nr} ? nc - jr : {nr};"));
-    r.line("for (int64_t ii = 0; ii < mre; ++ii) {");
-    r.open_scope();
-    r.line(&format!("const int64_t {vi} = ic + ir + ii;"));
-    r.declare(g.i_var);
     let simd = simple_epilogue(&g.epilogue);
-    if simd {
-        r.line("#pragma omp simd");
-    }
-    r.line("for (int64_t jj = 0; jj < nre; ++jj) {");
+    let saved_out = std::mem::take(&mut r.out);
+    let saved_indent = r.indent;
+    r.indent = 8;
     r.open_scope();
-    r.line(&format!("const int64_t {vj} = jc + jr + jj;"));
-    r.declare(g.j_var);
-    let acc_var_ty = r.k.var_info(g.acc_var).ty;
-    r.line(&format!(
-        "const {} {vacc} = {};",
-        value_type(acc_var_ty),
-        convert(&format!("ct[ii * {nr} + jj]"), acc_ty, acc_var_ty)
-    ));
-    r.declare(g.acc_var);
+    for v in [g.b_var, g.i_var, g.j_var, g.acc_var] {
+        r.declare(v);
+    }
     let ectx = Ctx {
         in_parallel: true,
         in_simd: simd,
     };
+    let mut res = Ok(());
     for s in &g.epilogue {
-        r.stmt(s, ectx)?;
+        res = r.stmt(s, ectx);
+        if res.is_err() {
+            break;
+        }
     }
     r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
-    r.line(&format!("free({id}_pa); free({id}_pb); free({id}_cw);"));
-    r.close_scope();
-    r.line("}");
+    r.indent = saved_indent;
+    let epilogue = std::mem::replace(&mut r.out, saved_out);
+    res?;
+    let acc_var_ty = r.k.var_info(g.acc_var).ty;
+    let acc_decl = format!(
+        "const {} {vacc} = {};",
+        value_type(acc_var_ty),
+        convert(&format!("ct[ii * {nr} + jj]"), acc_ty, acc_var_ty)
+    );
+    let simd_pragma = if simd { "#pragma omp simd" } else { "" };
+    let kk = k.max(1);
+    let code = format!(
+        r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb} */
+#pragma omp parallel {par}
+{{
+    /* Each thread computes its own block of C (no barriers): batches, rows or columns,
+       whichever splits most evenly. */
+    const int64_t nt = tc_team_size(), tid = tc_team_id();
+    const int64_t mt = ({m} + {mr} - 1) / {mr}, ntl = ({n} + {nr} - 1) / {nr};
+    const int64_t cm = (mt + nt - 1) / nt, cn = (ntl + nt - 1) / nt;
+    const int split_b = nt > 1 && {batch} >= nt && ({batch} % nt == 0 || {batch} >= 4 * nt);
+    const int split_n = !split_b && cn * {nr} * {m} <= cm * {mr} * {n};
+    int64_t bb0 = 0, bb1 = {batch}, m0 = 0, m1 = {m}, n0 = 0, n1 = {n};
+    if (split_b) {{ const int64_t cb = ({batch} + nt - 1) / nt; bb0 = tid * cb; bb1 = bb0 + cb < {batch} ? bb0 + cb : {batch}; }}
+    else if (split_n) {{ n0 = tid * cn * {nr}; n1 = n0 + cn * {nr} < {n} ? n0 + cn * {nr} : {n}; }}
+    else {{ m0 = tid * cm * {mr}; m1 = m0 + cm * {mr} < {m} ? m0 + cm * {mr} : {m}; }}
+    if (bb0 < bb1 && m0 < m1 && n0 < n1) {{
+        const int64_t mw = m1 - m0, nw = n1 - n0;
+        const int64_t ncb = ((nw + {nr} - 1) / {nr}) * {nr} < {ncb} ? ((nw + {nr} - 1) / {nr}) * {nr} : {ncb};
+        {t} *TC_RESTRICT pa = ({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb});
+        {t} *TC_RESTRICT pb = ({t} *)tc_scratch(1, sizeof({t}) * {kcb} * ncb);
+        {t} *TC_RESTRICT cw = {k} > {kcb} ? ({t} *)tc_scratch(2, sizeof({t}) * ((mw + {mr} - 1) / {mr}) * {mr} * ncb) : NULL;
+        for (int64_t {vb} = bb0; {vb} < bb1; ++{vb}) {{
+        for (int64_t jc = n0; jc < n1; jc += ncb) {{
+            const int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
+            for (int64_t pc = 0; pc < {kk}; pc += {kcb}) {{
+                const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
+                const int last = pc + {kcb} >= {k};
+                /* Pack B: nr-wide panels, row kk of panel jp at pb + jp * kc + kk * nr. */
+                for (int64_t jp = 0; jp < nc; jp += {nr}) {{
+                    {t} *TC_RESTRICT dst = pb + jp * kc;
+                    if (jp + {nr} <= nc) {{
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            #pragma omp simd
+                            for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                                const int64_t {vj} = jc + jp + jj;
+                                dst[kk * {nr} + jj] = {b_code};
+                            }}
+                        }}
+                    }} else {{
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                                const int64_t {vj} = jc + jp + jj;
+                                dst[kk * {nr} + jj] = jp + jj < nc ? {b_code} : ({t})0;
+                            }}
+                        }}
+                    }}
+                }}
+                for (int64_t ic = m0; ic < m1; ic += {mcb}) {{
+                    const int64_t mc = m1 - ic < {mcb} ? m1 - ic : {mcb};
+                    /* Pack A: mr-tall panels, element (kk, ii) of panel ip at pa + ip * kc + kk * mr + ii. */
+                    for (int64_t ip = 0; ip < mc; ip += {mr}) {{
+                        {t} *TC_RESTRICT dst = pa + ip * kc;
+                        for (int64_t ii = 0; ii < {mr}; ++ii) {{
+                            const int64_t {vi} = ic + ip + ii;
+                            if (ip + ii < mc) {{
+                                for (int64_t kk = 0; kk < kc; ++kk) {{
+                                    const int64_t {vk} = pc + kk;
+                                    dst[kk * {mr} + ii] = {a_code};
+                                }}
+                            }} else {{
+                                for (int64_t kk = 0; kk < kc; ++kk) dst[kk * {mr} + ii] = ({t})0;
+                            }}
+                        }}
+                    }}
+                    /* Tiles: a B panel stays in L1 while the A panels stream past it. */
+                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{
+                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{
+                        {t} ct[{ctn}] __attribute__((aligned(64)));
+                        /* Partial sums of earlier K slices: one contiguous mr x nr tile each. */
+                        {t} *ws = cw ? cw + (((ic - m0 + ir) / {mr}) * (ncb / {nr}) + jr / {nr}) * {ctn} : NULL;
+                        {ukr}(kc, pa + ir * kc, pb + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});
+                        if (last) {{
+                            const int64_t mre = mc - ir < {mr} ? mc - ir : {mr}, nre = nc - jr < {nr} ? nc - jr : {nr};
+                            for (int64_t ii = 0; ii < mre; ++ii) {{
+                                const int64_t {vi} = ic + ir + ii;
+                                {simd_pragma}
+                                for (int64_t jj = 0; jj < nre; ++jj) {{
+                                    const int64_t {vj} = jc + jr + jj;
+                                    {acc_decl}
+{epilogue}                                }}
+                            }}
+                        }}
+                    }}
+                    }}
+                }}
+            }}
+        }}
+        }}
+    }}
+}}
+}}"#,
+        ctn = mr * nr
+    );
+    for l in code.lines() {
+        r.line(l);
+    }
     Ok(())
 }
 

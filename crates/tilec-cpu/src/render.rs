@@ -91,7 +91,6 @@ pub fn render_function(
         indent: 1,
         declared: vec![HashSet::new()],
         heap: vec![vec![]],
-        tmp: 0,
     };
     r.validate()?;
     let mut head = format!("void {symbol}(void *const *args) {{\n");
@@ -104,7 +103,7 @@ pub fn render_function(
         let cst = if written.contains(&p) { "" } else { "const " };
         let _ = writeln!(
             head,
-            "    {cst}{} *TC_RESTRICT b{} = ({cst}{} *)args[{i}];",
+            "    {cst}{} *TC_RESTRICT buf{} = ({cst}{} *)args[{i}];",
             storage_type(b.dtype),
             p.0,
             storage_type(b.dtype)
@@ -198,21 +197,18 @@ pub(crate) fn convert(code: &str, from: Ty, to: Ty) -> String {
         },
         Ty::Elem(DType::Bool) => format!("((uint8_t)(({code}) != 0))"),
         Ty::Elem(d) if d.is_float() => {
-            let src = match from {
-                Ty::Elem(s) if s.is_float() => {
-                    // float -> float: via the computation type.
-                    if d == DType::F64 {
-                        return format!("((double)({code}))");
-                    }
-                    format!("((float)({code}))")
-                }
-                // Integers go through double like the interpreter (as_f64 then round).
-                _ => {
-                    if d == DType::F64 {
-                        return format!("((double)({code}))");
-                    }
-                    format!("((float)(double)({code}))")
-                }
+            if d == DType::F64 {
+                return format!("((double)({code}))");
+            }
+            let from_f32 = matches!(from, Ty::Elem(s) if s.is_float() && s != DType::F64);
+            let src = if from_f32 {
+                format!("((float)({code}))")
+            } else if d == DType::F32 {
+                // Integers and f64 round once, like the interpreter (via f64).
+                format!("((float)(double)({code}))")
+            } else {
+                // To a narrow format: round to odd first so that the second rounding is exact.
+                format!("tc_d2f_odd((double)({code}))")
             };
             round_lowp(d, src)
         }
@@ -313,7 +309,6 @@ pub(crate) struct Renderer<'a> {
     pub declared: Vec<HashSet<VarId>>,
     /// Heap-allocated local buffers of each open scope (freed at its end).
     pub heap: Vec<Vec<BufId>>,
-    pub tmp: usize,
 }
 
 /// Local buffers larger than this go on the heap.
@@ -333,11 +328,6 @@ impl<'a> Renderer<'a> {
         }
         self.out.push_str(s);
         self.out.push('\n');
-    }
-
-    pub fn fresh(&mut self, base: &str) -> String {
-        self.tmp += 1;
-        format!("{base}{}", self.tmp)
     }
 
     fn validate(&self) -> Result<(), RenderError> {
@@ -378,7 +368,7 @@ impl<'a> Renderer<'a> {
     pub fn close_scope(&mut self) {
         if let Some(bufs) = self.heap.pop() {
             for b in bufs {
-                self.line(&format!("free(b{});", b.0));
+                self.line(&format!("free(buf{});", b.0));
             }
         }
         self.declared.pop();
@@ -395,7 +385,7 @@ impl<'a> Renderer<'a> {
             if let Some(bufs) = self.heap.last_mut() {
                 let bufs = std::mem::take(bufs);
                 for b in bufs {
-                    self.line(&format!("free(b{});", b.0));
+                    self.line(&format!("free(buf{});", b.0));
                 }
             }
         }
@@ -420,7 +410,7 @@ impl<'a> Renderer<'a> {
                 let (v, t) = self.expr(value)?;
                 let v = convert(&v, t, Ty::Elem(b.dtype));
                 let v = store_conv(b.dtype, v);
-                self.line(&format!("b{}[{off}] = {v};", buf.0));
+                self.line(&format!("buf{}[{off}] = {v};", buf.0));
                 Ok(())
             }
             Stmt::Let { var, value } => {
@@ -459,14 +449,17 @@ impl<'a> Renderer<'a> {
                 let bytes = n.saturating_mul(buf.dtype.size_bytes() as i64);
                 if bytes > STACK_LIMIT_BYTES && buf.scope != Scope::Register {
                     self.line(&format!(
-                        "{t} *TC_RESTRICT b{} = ({t} *)tc_alloc({bytes});",
+                        "{t} *TC_RESTRICT buf{} = ({t} *)tc_alloc({bytes});",
                         b.0
                     ));
                     if let Some(h) = self.heap.last_mut() {
                         h.push(*b);
                     }
                 } else {
-                    self.line(&format!("{t} b{}[{n}] __attribute__((aligned(64)));", b.0));
+                    self.line(&format!(
+                        "{t} buf{}[{n}] __attribute__((aligned(64)));",
+                        b.0
+                    ));
                 }
                 Ok(())
             }
@@ -634,7 +627,7 @@ impl<'a> Renderer<'a> {
             Expr::Load(b, idx) => {
                 let off = self.offset(*b, idx)?;
                 let d = self.k.buf(*b).dtype;
-                (load_conv(d, format!("b{}[{off}]", b.0)), Ty::Elem(d))
+                (load_conv(d, format!("buf{}[{off}]", b.0)), Ty::Elem(d))
             }
             Expr::Cast(d, a) => {
                 let (c, t) = self.expr(a)?;
@@ -814,10 +807,15 @@ impl<'a> Renderer<'a> {
                 Mul => format!("(({a}) * ({b}))"),
                 Div => format!("(({a}) / ({b}))"),
                 Rem => format!("fmod{sfx}({a}, {b})"),
-                FloorDiv => format!("floor{sfx}(({a}) / ({b}))"),
+                // In double like the interpreter: the floor of a quotient rounded to float can
+                // differ by one.
+                FloorDiv if dbl => format!("floor(({a}) / ({b}))"),
+                FloorDiv => format!("((float)floor((double)({a}) / (double)({b})))"),
                 FloorMod => {
                     let ft = if dbl { "double" } else { "float" };
-                    format!("({{ {ft} _a = ({a}), _b = ({b}); _a - _b * floor{sfx}(_a / _b); }})")
+                    format!(
+                        "({{ double _a = ({a}), _b = ({b}); ({ft})(_a - _b * floor(_a / _b)); }})"
+                    )
                 }
                 Min => format!("tc_fmin{sfx}({a}, {b})"),
                 Max => format!("tc_fmax{sfx}({a}, {b})"),

@@ -29,6 +29,21 @@ TC_INLINE int tc_threads(void) {
 #endif
 }
 
+TC_INLINE int tc_team_size(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+TC_INLINE int tc_team_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 TC_INLINE void *tc_alloc(size_t bytes) {
     size_t n = (bytes + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, n ? n : 64);
@@ -36,9 +51,32 @@ TC_INLINE void *tc_alloc(size_t bytes) {
     return p;
 }
 
+/* Per-thread scratch that survives between calls (GEMM packing buffers): allocating and
+   first-touching megabytes on every call costs more than small products take. */
+__attribute__((weak, visibility("hidden"))) void *tc_scratch(int slot, size_t bytes) {
+    static __thread void *buf[4];
+    static __thread size_t cap[4];
+    if (cap[slot] < bytes) {
+        free(buf[slot]);
+        buf[slot] = tc_alloc(bytes);
+        cap[slot] = bytes;
+    }
+    return buf[slot];
+}
+
 /* ---- bit casts ---- */
 TC_INLINE uint32_t tc_fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 TC_INLINE float tc_bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* double -> float rounding to odd: a following rounding to any format with at most 22
+   significand bits is then correctly rounded (no double-rounding error). */
+TC_INLINE float tc_d2f_odd(double x) {
+    float f = (float)x;
+    if ((double)f == x || f != f) return f;
+    uint32_t b = tc_fbits(f);
+    if (__builtin_fabs((double)f) > __builtin_fabs(x)) b -= 1u;
+    return tc_bitsf(b | 1u);
+}
 
 /* ---- f16 (IEEE binary16), round to nearest even ---- */
 TC_INLINE uint16_t tc_f2h(float f) {

@@ -1,0 +1,359 @@
+//! The GEMM template: edge sizes, blockings, epilogues, transposed and im2col operands, dtypes.
+
+mod common;
+use common::*;
+use tilec_cpu::{gemm_params, CpuInfo};
+use tilec_ir::DType;
+use tilec_tile::ir::*;
+
+struct Spec {
+    batch: i64,
+    m: i64,
+    n: i64,
+    k: i64,
+    transposed_b: bool,
+    in_dtype: DType,
+    acc: DType,
+    out_dtype: DType,
+    params: Option<GemmParams>,
+}
+
+fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
+    Spec {
+        batch,
+        m,
+        n,
+        k,
+        transposed_b: false,
+        in_dtype: DType::F32,
+        acc: DType::F32,
+        out_dtype: DType::F32,
+        params: None,
+    }
+}
+
+/// `out[b, i, j] = max(sum_k a[b, i, k] * B[b, k, j] + bias[j], 0) + res[b, i, j]`.
+fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
+    let mut k = Kernel::new(name);
+    let a = k.param("a", s.in_dtype, vec![s.batch, s.m, s.k]);
+    let b = if s.transposed_b {
+        k.param("bt", s.in_dtype, vec![s.batch, s.n, s.k])
+    } else {
+        k.param("b", s.in_dtype, vec![s.batch, s.k, s.n])
+    };
+    let bias = k.param("bias", s.out_dtype, vec![s.n]);
+    let res = k.param("res", s.out_dtype, vec![s.batch, s.m, s.n]);
+    let out = k.param("out", s.out_dtype, vec![s.batch, s.m, s.n]);
+    let (vb, vi, vj, vk) = (
+        k.index_var("b"),
+        k.index_var("i"),
+        k.index_var("j"),
+        k.index_var("k"),
+    );
+    let acc = k.new_var("acc", Ty::Elem(s.acc), false);
+    let od = s.out_dtype;
+    let zero = if od.is_float() {
+        Expr::Lit(Lit::Float(0.0, od))
+    } else {
+        Expr::Lit(Lit::Int(0, od))
+    };
+    let value = Expr::bin(
+        BinOp::Add,
+        Expr::bin(
+            BinOp::Max,
+            Expr::bin(
+                BinOp::Add,
+                Expr::cast(od, v(acc)),
+                Expr::load(bias, vec![v(vj)]),
+            ),
+            zero,
+        ),
+        Expr::load(res, vec![v(vb), v(vi), v(vj)]),
+    );
+    let b_expr = if s.transposed_b {
+        Expr::load(b, vec![v(vb), v(vj), v(vk)])
+    } else {
+        Expr::load(b, vec![v(vb), v(vk), v(vj)])
+    };
+    k.body.push(Stmt::Gemm(Box::new(Gemm {
+        batch: s.batch,
+        m: s.m,
+        n: s.n,
+        k: s.k,
+        b_var: vb,
+        i_var: vi,
+        j_var: vj,
+        k_var: vk,
+        acc_var: acc,
+        acc_dtype: s.acc,
+        a: Expr::load(a, vec![v(vb), v(vi), v(vk)]),
+        b: b_expr,
+        epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], value)],
+        params: s
+            .params
+            .unwrap_or_else(|| gemm_params(s.m, s.n, s.k, &CpuInfo::detect())),
+    })));
+    k
+}
+
+fn gemm_tol(k: &Kernel, d: DType) -> Tol {
+    // FMA and blocked summation order differ from the interpreter's sequential sum.
+    let kk = match &k.body[0] {
+        Stmt::Gemm(g) => g.k,
+        Stmt::For(l) => match &l.body[0] {
+            Stmt::Gemm(g) => g.k,
+            _ => 1,
+        },
+        _ => 1,
+    } as f64;
+    match d {
+        DType::F32 => Tol {
+            rel: 1e-5,
+            abs: 2e-6 * kk * 16.0,
+        },
+        DType::F64 => Tol {
+            rel: 1e-12,
+            abs: 1e-13 * kk * 16.0,
+        },
+        d => tol_for(d),
+    }
+}
+
+#[test]
+fn edge_sizes_with_epilogue() {
+    let small = GemmParams {
+        mr: 3,
+        nr: 16,
+        kc: 16,
+        mc: 9,
+        nc: 48,
+    };
+    let mut ks = vec![];
+    for (idx, &(batch, m, n, kk)) in [
+        (1, 1, 1, 1),
+        (1, 7, 33, 257),
+        (2, 33, 7, 5),
+        (1, 257, 257, 33),
+        (1, 1, 257, 7),
+        (1, 3, 5, 0),
+        (3, 17, 40, 50),
+    ]
+    .iter()
+    .enumerate()
+    {
+        ks.push(gemm_kernel(&format!("mm{idx}"), &spec(batch, m, n, kk)));
+        // Small blocks: several K slices (partial sums), row and column blocks, edge tiles.
+        ks.push(gemm_kernel(
+            &format!("mm{idx}_small"),
+            &Spec {
+                params: Some(small),
+                ..spec(batch, m, n, kk)
+            },
+        ));
+    }
+    ks.push(gemm_kernel(
+        "mm_t",
+        &Spec {
+            transposed_b: true,
+            ..spec(2, 33, 65, 47)
+        },
+    ));
+    ks.push(gemm_kernel(
+        "mm_t_small",
+        &Spec {
+            transposed_b: true,
+            params: Some(small),
+            ..spec(1, 33, 65, 47)
+        },
+    ));
+    // Degenerate parameters are normalized, not trusted.
+    ks.push(gemm_kernel(
+        "mm_odd_params",
+        &Spec {
+            params: Some(GemmParams {
+                mr: 0,
+                nr: 5,
+                kc: 0,
+                mc: 1,
+                nc: 1,
+            }),
+            ..spec(1, 9, 21, 13)
+        },
+    ));
+    check_kernels(&ks, 20, false, gemm_tol);
+}
+
+#[test]
+fn dtypes() {
+    let ks = vec![
+        gemm_kernel(
+            "mm_f64",
+            &Spec {
+                in_dtype: DType::F64,
+                acc: DType::F64,
+                out_dtype: DType::F64,
+                ..spec(1, 33, 40, 70)
+            },
+        ),
+        gemm_kernel(
+            "mm_f64_small",
+            &Spec {
+                in_dtype: DType::F64,
+                acc: DType::F64,
+                out_dtype: DType::F64,
+                params: Some(GemmParams {
+                    mr: 5,
+                    nr: 8,
+                    kc: 7,
+                    mc: 10,
+                    nc: 16,
+                }),
+                ..spec(2, 13, 29, 30)
+            },
+        ),
+        gemm_kernel(
+            "mm_f16_in",
+            &Spec {
+                in_dtype: DType::F16,
+                acc: DType::F32,
+                out_dtype: DType::F16,
+                ..spec(1, 17, 33, 40)
+            },
+        ),
+        gemm_kernel(
+            "mm_bf16_in",
+            &Spec {
+                in_dtype: DType::BF16,
+                acc: DType::F32,
+                out_dtype: DType::F32,
+                ..spec(1, 7, 9, 11)
+            },
+        ),
+        gemm_kernel(
+            "mm_i8",
+            &Spec {
+                in_dtype: DType::I8,
+                acc: DType::I32,
+                out_dtype: DType::I32,
+                ..spec(1, 13, 17, 33)
+            },
+        ),
+        gemm_kernel(
+            "mm_f16_acc",
+            &Spec {
+                in_dtype: DType::F16,
+                acc: DType::F16,
+                out_dtype: DType::F16,
+                ..spec(1, 5, 6, 9)
+            },
+        ),
+    ];
+    check_kernels(&ks, 21, false, gemm_tol);
+}
+
+/// A strided, padded 2-D convolution as a gemm over an implicit im2col operand:
+/// `out[o, oh*OW + ow] = sum_{c,kh,kw} w[o, c*9 + kh*3 + kw] * x[c, 2oh+kh-1, 2ow+kw-1]`.
+#[test]
+fn im2col_operand() {
+    let (c, h, w, o) = (3i64, 9i64, 9i64, 5i64);
+    let (oh, ow) = ((h + 2 - 3) / 2 + 1, (w + 2 - 3) / 2 + 1);
+    for (name, params) in [
+        ("conv", None),
+        (
+            "conv_small",
+            Some(GemmParams {
+                mr: 2,
+                nr: 16,
+                kc: 5,
+                mc: 4,
+                nc: 16,
+            }),
+        ),
+    ] {
+        let mut k = Kernel::new(name);
+        let x = k.param("x", DType::F32, vec![c, h, w]);
+        let wt = k.param("w", DType::F32, vec![o, c * 9]);
+        let out = k.param("out", DType::F32, vec![o, oh * ow]);
+        let (vb, vi, vj, vk) = (
+            k.index_var("b"),
+            k.index_var("i"),
+            k.index_var("j"),
+            k.index_var("k"),
+        );
+        let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
+        let ci = Expr::div(v(vk), 9);
+        let kh = Expr::div(Expr::rem(v(vk), 9), 3);
+        let kw = Expr::rem(v(vk), 3);
+        let ih = Expr::bin(
+            BinOp::Sub,
+            Expr::add(Expr::mul(Expr::div(v(vj), ow), Expr::Int(2)), kh),
+            Expr::Int(1),
+        );
+        let iw = Expr::bin(
+            BinOp::Sub,
+            Expr::add(Expr::mul(Expr::rem(v(vj), ow), Expr::Int(2)), kw),
+            Expr::Int(1),
+        );
+        let inb = |e: &Expr, lim: i64| {
+            Expr::bin(
+                BinOp::And,
+                Expr::bin(BinOp::Ge, e.clone(), Expr::Int(0)),
+                Expr::bin(BinOp::Lt, e.clone(), Expr::Int(lim)),
+            )
+        };
+        let b_expr = Expr::select(
+            Expr::bin(BinOp::And, inb(&ih, h), inb(&iw, w)),
+            Expr::load(x, vec![ci, ih.clone(), iw.clone()]),
+            Expr::f32(0.0),
+        );
+        k.body.push(Stmt::Gemm(Box::new(Gemm {
+            batch: 1,
+            m: o,
+            n: oh * ow,
+            k: c * 9,
+            b_var: vb,
+            i_var: vi,
+            j_var: vj,
+            k_var: vk,
+            acc_var: acc,
+            acc_dtype: DType::F32,
+            a: Expr::load(wt, vec![v(vi), v(vk)]),
+            b: b_expr,
+            epilogue: vec![Stmt::store(out, vec![v(vi), v(vj)], v(acc))],
+            params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * 9, &CpuInfo::detect())),
+        })));
+        check_kernels(&[k], 22, false, gemm_tol);
+    }
+}
+
+/// A gemm inside a parallel batch loop runs single-threaded inside each iteration.
+#[test]
+fn gemm_inside_parallel_loop() {
+    let mut k = gemm_kernel("mm_in_loop", &spec(1, 40, 50, 60));
+    let Stmt::Gemm(g) = k.body.pop().unwrap() else {
+        unreachable!()
+    };
+    // Re-batch: the loop variable takes the place of the gemm's batch variable.
+    let t = k.index_var("t");
+    let mut g = *g;
+    let reps = 3;
+    for p in k.params.clone() {
+        let b = &mut k.buffers[p.0 as usize];
+        if b.shape.len() == 3 {
+            b.shape[0] = reps;
+        }
+    }
+    let bv = g.b_var;
+    g.a = g.a.substitute(bv, &v(t));
+    g.b = g.b.substitute(bv, &v(t));
+    for s in &mut g.epilogue {
+        s.substitute(bv, &v(t));
+    }
+    k.body.push(Stmt::For(Loop {
+        var: t,
+        extent: reps,
+        kind: LoopKind::Parallel,
+        body: vec![Stmt::Gemm(Box::new(g))],
+    }));
+    check_kernels(&[k], 23, false, gemm_tol);
+}
