@@ -288,12 +288,20 @@ impl State<'_> {
                 }
             }
             Expr::Unary(op, a) => {
-                let ty = self.k.type_of(e);
+                // Predicates (isnan, isinf, not) are typed bool; their operand's type decides.
+                let ty = match op {
+                    UnOp::IsNan | UnOp::IsInf | UnOp::Not => self.k.type_of(a),
+                    _ => self.k.type_of(e),
+                };
                 let v = self.expr(a)?;
                 unary(*op, v, ty)
             }
             Expr::Binary(op, a, b) => {
-                let ty = self.k.type_of(a);
+                // The operands' common type: an index operand takes the other side's type.
+                let ty = match self.k.type_of(a) {
+                    Ty::Index => self.k.type_of(b),
+                    t => t,
+                };
                 let x = self.expr(a)?;
                 let y = self.expr(b)?;
                 binary(*op, x, y, ty)?
@@ -394,7 +402,7 @@ fn erf(x: f64) -> f64 {
             term *= -x2 / n;
             let add = term / (2.0 * n + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            if add.abs() <= 1e-17 * sum.abs() || n > 200.0 {
                 break;
             }
         }

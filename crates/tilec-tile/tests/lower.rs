@@ -22,7 +22,7 @@ use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_ref::EvalCtx;
 use tilec_tile::lower::{lower_group, lower_nodes, LowerError, Lowered};
-use tilec_tile::{interp, Expr, Stmt};
+use tilec_tile::{interp, Expr, Scope, Stmt};
 
 // ------------------------------------------------------------------ comparison
 
@@ -993,6 +993,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
                     alpha: 1e-2,
                     beta: 0.75,
                     bias: 1.0,
+                    channels_last: false,
                 }),
                 &[x4],
             )
@@ -1306,4 +1307,27 @@ fn unsupported_and_symbolic_nodes_are_reported() {
         lower_nodes(&g, &[], "k"),
         Err(LowerError::Invalid(_))
     ));
+}
+
+/// A conv (or matmul) followed by an activation is one GEMM whose epilogue writes the
+/// activation's output: no scratch copy of the anchor's result.
+#[test]
+fn activation_fuses_into_gemm_epilogue() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for (xs, ws) in [([1usize, 3, 16, 16], [8usize, 3, 3, 3]), ([2, 4, 8, 8], [8, 4, 3, 3])] {
+        let mut g = Graph::new("conv_relu");
+        let x = g.add_input("x", f32t(&xs));
+        let wt = rand_const(&mut g, "w", &ws, &mut rng);
+        let b = rand_const(&mut g, "b", &[ws[0]], &mut rng);
+        let w = window(&[3, 3], &[1, 1], &[1, 1], Padding::Explicit(vec![1, 1, 1, 1]));
+        let c = g.add(Op::Linalg(LinalgOp::Conv { window: w, group: 1, channels_last: false }), &[x, wt, b]).unwrap();
+        let r = g.add(Op::Unary(UnaryOp::Relu), &[c]).unwrap();
+        g.set_outputs(vec![r]);
+        let nodes: Vec<NodeId> = g.node_ids().collect();
+        let lw = lower_nodes(&g, &nodes, "conv_relu").unwrap();
+        let text = lw.kernel.to_string();
+        assert!(!lw.kernel.buffers.iter().any(|b| b.scope == Scope::Local), "scratch buffer in:\n{text}");
+        assert_eq!(lw.kernel.body.len(), 1, "one gemm statement:\n{text}");
+        check_kernel(&g, &lw).unwrap();
+    }
 }

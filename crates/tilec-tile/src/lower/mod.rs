@@ -448,16 +448,25 @@ impl<'g> Lowerer<'g> {
         anchors::kind_of(&self.g.node(n).op)
     }
 
+    /// `idx` with the index of every size-1 dimension of `v` replaced by 0 (the only value it
+    /// can take), so that indices built through broadcasting compare equal to the anchor's.
+    fn unit_dims_zero(&self, v: ValueId, mut idx: Vec<Expr>) -> Vec<Expr> {
+        for (e, &d) in idx.iter_mut().zip(&self.shape(v)) {
+            if d == 1 {
+                *e = Expr::Int(0);
+            }
+        }
+        idx
+    }
+
     /// The expression of element `idx` of value `v`.
     pub fn value_at(&mut self, v: ValueId, idx: &[Expr]) -> R<Expr> {
         let idx: Vec<Expr> = idx.iter().map(|e| self.simp(e.clone())).collect();
-        if let Some((_, _, e)) = self
-            .bound
-            .iter()
-            .rev()
-            .find(|(bv, bi, _)| *bv == v && *bi == idx)
-        {
-            return Ok(e.clone());
+        if self.bound.iter().any(|(bv, _, _)| *bv == v) {
+            let key = self.unit_dims_zero(v, idx.clone());
+            if let Some((_, _, e)) = self.bound.iter().rev().find(|(bv, bi, _)| *bv == v && *bi == key) {
+                return Ok(e.clone());
+            }
         }
         if let Some(&b) = self.mat.get(&v) {
             return Ok(Expr::Load(b, idx));
@@ -662,7 +671,8 @@ impl<'g> Lowerer<'g> {
             out.push(Stmt::Let { var: t, value: val });
             Expr::Var(t)
         };
-        self.bound.push((v, aidx.clone(), val.clone()));
+        let key = self.unit_dims_zero(v, aidx.clone());
+        self.bound.push((v, key, val.clone()));
         let cands: Vec<ValueId> = self
             .outputs
             .iter()
