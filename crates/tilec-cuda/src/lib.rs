@@ -14,6 +14,7 @@
 
 pub mod driver;
 pub mod error;
+pub mod handbuilt;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
@@ -21,4 +22,5 @@ pub mod schedule;
 pub use driver::{device_count, driver_version, is_available, Device, DeviceArena, DeviceBuffer, DeviceProps, Event, Function, Graph, LaunchConfig, Module, Stream};
 pub use error::{CudaError, Result};
 pub use nvrtc::{Compiled, Compiler, Nvrtc, Output};
+pub use schedule::{schedule_elementwise, schedule_gpu, schedule_rows, GpuTarget, RowOptions};
 pub use render::{launch_config, render, render_cuda, CudaSource, PRELUDE};

@@ -186,6 +186,21 @@ fn load_conv(d: DType, s: String) -> String {
     }
 }
 
+/// Marks a rendered value that is already in storage form.
+const RAW: &str = "\u{1}raw:";
+
+/// The storage-form expression of a rendered load of dtype `d` (strips the load conversion).
+fn raw_of(d: DType, rendered: String) -> Option<String> {
+    let inner = match d {
+        DType::F16 => rendered.strip_prefix("tl_ld_f16(")?.strip_suffix(')')?,
+        DType::BF16 => rendered.strip_prefix("tl_ld_bf16(")?.strip_suffix(')')?,
+        DType::F8E4M3 => rendered.strip_prefix("tl_ld_f8e4m3(")?.strip_suffix(')')?,
+        DType::F8E5M2 => rendered.strip_prefix("tl_ld_f8e5m2(")?.strip_suffix(')')?,
+        _ => rendered.as_str(),
+    };
+    Some(format!("{RAW}{inner}"))
+}
+
 /// Computed value → stored value.
 fn store_conv(d: DType, s: String) -> String {
     match d {
@@ -548,12 +563,24 @@ impl R<'_> {
                 let flat = self.flat_index(*buf, index)?;
                 let fidx = self.expr(&flat)?;
                 let d = self.k.buf(*buf).dtype;
+                // A copy between buffers of one dtype moves the stored bits.
+                let v = match value {
+                    Expr::Load(src, _) if self.k.buffers.get(src.0 as usize).is_some_and(|b| b.dtype == d) && d != DType::Bool => {
+                        let lanes = self.expr(value)?;
+                        raw_of(d, lanes).unwrap_or(v)
+                    }
+                    _ => v,
+                };
+                let conv = |v: String| match v.strip_prefix(RAW) {
+                    Some(raw) => raw.to_string(),
+                    None => store_conv(d, v),
+                };
                 if let Some(lanes) = self.vec_subst.get(&(*buf, fidx.clone())).cloned() {
-                    let t = format!("{lanes} = {};", store_conv(d, v));
+                    let t = format!("{lanes} = {};", conv(v));
                     self.line(&t);
                     return Ok(());
                 }
-                let t = format!("{}[{fidx}] = {};", buf_name(self.k, *buf), store_conv(d, v));
+                let t = format!("{}[{fidx}] = {};", buf_name(self.k, *buf), conv(v));
                 let scope = self.k.buf(*buf).scope;
                 if scope != Scope::Register && self.thread_depth == 0 && self.dims.threads() > 1 {
                     let t = format!("if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {t}");
