@@ -632,6 +632,12 @@ pub struct Function {
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
+impl std::fmt::Debug for Function {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Function({})", self.name)
+    }
+}
+
 impl Function {
     pub fn name(&self) -> &str {
         &self.name
