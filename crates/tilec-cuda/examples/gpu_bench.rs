@@ -26,12 +26,22 @@ struct Args {
 }
 
 fn parse_args() -> std::result::Result<Args, String> {
-    let mut a = Args { rows: 32768, cols: 8192, iters: 50, check_rows: 64, threads: None };
+    let mut a = Args {
+        rows: 32768,
+        cols: 8192,
+        iters: 50,
+        check_rows: 64,
+        threads: None,
+    };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
-        let val = argv.get(i + 1).ok_or_else(|| format!("{} needs a value", argv[i]))?;
-        let n: usize = val.parse().map_err(|_| format!("{}: {val:?} is not a number", argv[i]))?;
+        let val = argv
+            .get(i + 1)
+            .ok_or_else(|| format!("{} needs a value", argv[i]))?;
+        let n: usize = val
+            .parse()
+            .map_err(|_| format!("{}: {val:?} is not a number", argv[i]))?;
         match argv[i].as_str() {
             "--rows" => a.rows = n,
             "--cols" => a.cols = n,
@@ -51,19 +61,29 @@ fn median(mut v: Vec<f32>) -> f64 {
 }
 
 /// Median milliseconds of `iters` runs of `f` (each between two events) after 5 warm-ups.
-fn time(dev: &Device, stream: &Stream, iters: usize, mut f: impl FnMut(&Stream) -> Result<()>) -> Result<f64> {
+fn time(
+    dev: &Device,
+    stream: &Stream,
+    iters: usize,
+    mut f: impl FnMut(&Stream) -> Result<()>,
+) -> Result<f64> {
     for _ in 0..5 {
         f(stream)?;
     }
     stream.synchronize()?;
-    let events: Vec<(Event, Event)> = (0..iters).map(|_| Ok((dev.event()?, dev.event()?))).collect::<Result<_>>()?;
+    let events: Vec<(Event, Event)> = (0..iters)
+        .map(|_| Ok((dev.event()?, dev.event()?)))
+        .collect::<Result<_>>()?;
     for (a, b) in &events {
         a.record(stream)?;
         f(stream)?;
         b.record(stream)?;
     }
     stream.synchronize()?;
-    let times = events.iter().map(|(a, b)| b.elapsed_ms_since(a)).collect::<Result<Vec<f32>>>()?;
+    let times = events
+        .iter()
+        .map(|(a, b)| b.elapsed_ms_since(a))
+        .collect::<Result<Vec<f32>>>()?;
     Ok(median(times))
 }
 
@@ -71,24 +91,46 @@ fn random_tensor(d: DType, shape: Vec<usize>, lo: f32, hi: f32, seed: u64) -> Te
     let n: usize = shape.iter().product();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     match d {
-        DType::BF16 => Tensor::from_vec(shape, (0..n).map(|_| bf16::from_f32(rng.gen_range(lo..hi))).collect::<Vec<_>>()),
-        _ => Tensor::from_vec(shape, (0..n).map(|_| rng.gen_range(lo..hi)).collect::<Vec<f32>>()),
+        DType::BF16 => Tensor::from_vec(
+            shape,
+            (0..n)
+                .map(|_| bf16::from_f32(rng.gen_range(lo..hi)))
+                .collect::<Vec<_>>(),
+        ),
+        _ => Tensor::from_vec(
+            shape,
+            (0..n).map(|_| rng.gen_range(lo..hi)).collect::<Vec<f32>>(),
+        ),
     }
     .expect("sizes match")
 }
 
 fn row_f64(t: &Tensor, r: usize, cols: usize) -> Vec<f64> {
     match t.dtype() {
-        DType::BF16 => t.as_slice::<bf16>().map(|s| s[r * cols..(r + 1) * cols].iter().map(|v| v.to_f64()).collect()),
-        _ => t.as_slice::<f32>().map(|s| s[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect()),
+        DType::BF16 => t.as_slice::<bf16>().map(|s| {
+            s[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect()
+        }),
+        _ => t.as_slice::<f32>().map(|s| {
+            s[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&v| v as f64)
+                .collect()
+        }),
     }
     .unwrap_or_default()
 }
 
 fn has_nan(t: &Tensor) -> bool {
     match t.dtype() {
-        DType::BF16 => t.as_slice::<bf16>().is_some_and(|s| s.iter().any(|v| v.is_nan())),
-        _ => t.as_slice::<f32>().is_some_and(|s| s.iter().any(|v| v.is_nan())),
+        DType::BF16 => t
+            .as_slice::<bf16>()
+            .is_some_and(|s| s.iter().any(|v| v.is_nan())),
+        _ => t
+            .as_slice::<f32>()
+            .is_some_and(|s| s.iter().any(|v| v.is_nan())),
     }
 }
 
@@ -103,7 +145,10 @@ fn run() -> std::result::Result<(), String> {
     let a = parse_args()?;
     let s = |e: CudaError| e.to_string();
     if !is_available() {
-        return Err(Device::open(0).err().map(|e| e.to_string()).unwrap_or_else(|| "no CUDA device".into()));
+        return Err(Device::open(0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "no CUDA device".into()));
     }
     let dev = Device::open(0).map_err(s)?;
     let nv = Nvrtc::load().map_err(s)?;
@@ -123,9 +168,15 @@ fn run() -> std::result::Result<(), String> {
     let src = dev.alloc(copy_bytes).map_err(s)?;
     let dst = dev.alloc(copy_bytes).map_err(s)?;
     src.fill(&stream, 0, copy_bytes, 1).map_err(s)?;
-    let copy_ms = time(&dev, &stream, a.iters.max(20), |st| driver::copy_dtod(st, dst.ptr(), src.ptr(), copy_bytes)).map_err(s)?;
+    let copy_ms = time(&dev, &stream, a.iters.max(20), |st| {
+        driver::copy_dtod(st, dst.ptr(), src.ptr(), copy_bytes)
+    })
+    .map_err(s)?;
     let copy_tb_s = 2.0 * copy_bytes as f64 / (copy_ms * 1e-3) / 1e12;
-    println!("{}", json!({"op": "copy_dtod", "bytes": copy_bytes, "ms": copy_ms, "tb_s": copy_tb_s}));
+    println!(
+        "{}",
+        json!({"op": "copy_dtod", "bytes": copy_bytes, "ms": copy_ms, "tb_s": copy_tb_s})
+    );
     drop((src, dst));
 
     let (rows, cols) = (a.rows, a.cols);
@@ -140,12 +191,31 @@ fn run() -> std::result::Result<(), String> {
         let db = dev.upload(&b).map_err(s)?;
         let dy = dev.alloc(rows * cols * d.size_bytes()).map_err(s)?;
         let (r, c) = (rows as i64, cols as i64);
-        let row_opts = RowOptions { threads: a.threads, ..RowOptions::default() };
+        let row_opts = RowOptions {
+            threads: a.threads,
+            ..RowOptions::default()
+        };
         let ops: Vec<(&str, tilec_tile::Kernel, Vec<u64>)> = vec![
-            ("softmax", schedule_rows(&handbuilt::softmax(r, c, d), &row_opts).map_err(s)?, vec![dx.ptr(), dy.ptr()]),
-            ("layernorm", schedule_rows(&handbuilt::layernorm(r, c, d, eps), &row_opts).map_err(s)?, vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()]),
-            ("rmsnorm", schedule_rows(&handbuilt::rmsnorm(r, c, d, eps), &row_opts).map_err(s)?, vec![dx.ptr(), dw.ptr(), dy.ptr()]),
-            ("gelu_bias", schedule_elementwise(&handbuilt::gelu_bias(r, c, d), &target).map_err(s)?, vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()]),
+            (
+                "softmax",
+                schedule_rows(&handbuilt::softmax(r, c, d), &row_opts).map_err(s)?,
+                vec![dx.ptr(), dy.ptr()],
+            ),
+            (
+                "layernorm",
+                schedule_rows(&handbuilt::layernorm(r, c, d, eps), &row_opts).map_err(s)?,
+                vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()],
+            ),
+            (
+                "rmsnorm",
+                schedule_rows(&handbuilt::rmsnorm(r, c, d, eps), &row_opts).map_err(s)?,
+                vec![dx.ptr(), dw.ptr(), dy.ptr()],
+            ),
+            (
+                "gelu_bias",
+                schedule_elementwise(&handbuilt::gelu_bias(r, c, d), &target).map_err(s)?,
+                vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()],
+            ),
         ];
         let kernels: Vec<tilec_tile::Kernel> = ops.iter().map(|o| o.1.clone()).collect();
         let t0 = std::time::Instant::now();
@@ -154,7 +224,11 @@ fn run() -> std::result::Result<(), String> {
         let (wv, bv) = (row_f64(&w, 0, cols), row_f64(&b, 0, cols));
         for ((op, _, args), gk) in ops.iter().zip(&loaded) {
             // Correctness: poisoned output, one run, sampled rows against f64.
-            let poison = if d == DType::F32 { 0x7fc0_0000 } else { 0x7fc0_7fc0 };
+            let poison = if d == DType::F32 {
+                0x7fc0_0000
+            } else {
+                0x7fc0_7fc0
+            };
             dy.fill_u32(&stream, poison).map_err(s)?;
             gk.launch(&stream, args).map_err(s)?;
             stream.synchronize().map_err(s)?;
@@ -174,7 +248,11 @@ fn run() -> std::result::Result<(), String> {
                 let rms = (want.iter().map(|v| v * v).sum::<f64>() / cols as f64).sqrt();
                 for (g, wv) in got.iter().zip(&want) {
                     let e = (g - wv).abs() / wv.abs().max(1e-2 * rms).max(1e-30);
-                    max_err = if e.is_nan() { f64::INFINITY } else { max_err.max(e) };
+                    max_err = if e.is_nan() {
+                        f64::INFINITY
+                    } else {
+                        max_err.max(e)
+                    };
                 }
             }
             let tol = if d == DType::F32 { 1e-4 } else { 2e-2 };

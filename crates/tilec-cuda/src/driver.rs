@@ -36,7 +36,12 @@ pub(crate) fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
             String::new()
         }
     };
-    Err(CudaError::Driver { call, code, name, detail })
+    Err(CudaError::Driver {
+        call,
+        code,
+        name,
+        detail,
+    })
 }
 
 macro_rules! cu {
@@ -124,7 +129,11 @@ impl DeviceProps {
 pub fn arch_for(cc: (u32, u32)) -> String {
     let (major, minor) = cc;
     // Architecture-specific features exist for 9.0 and the 10.x/12.x families.
-    let suffix = if (major == 9 && minor == 0) || major >= 10 { "a" } else { "" };
+    let suffix = if (major == 9 && minor == 0) || major >= 10 {
+        "a"
+    } else {
+        ""
+    };
     format!("sm_{major}{minor}{suffix}")
 }
 
@@ -162,7 +171,9 @@ pub struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("props", &*self.props).finish()
+        f.debug_struct("Device")
+            .field("props", &*self.props)
+            .finish()
     }
 }
 
@@ -178,7 +189,9 @@ impl Device {
     pub fn open(ordinal: usize) -> Result<Device> {
         let n = device_count()?;
         if ordinal >= n {
-            return Err(CudaError::Unavailable(format!("device {ordinal} requested, {n} present")));
+            return Err(CudaError::Unavailable(format!(
+                "device {ordinal} requested, {n} present"
+            )));
         }
         use sys::CUdevice_attribute as A;
         let mut dev: sys::CUdevice = 0;
@@ -198,9 +211,12 @@ impl Device {
             cu!(cuDeviceTotalMem_v2(&mut total, dev))?;
         }
         // SAFETY: the driver NUL-terminates the name within the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         let mem_clock_khz = attr(dev, A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0) as f64;
-        let bus_bits = attr(dev, A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0) as f64;
+        let bus_bits =
+            attr(dev, A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0) as f64;
         let props = DeviceProps {
             ordinal,
             name,
@@ -210,17 +226,29 @@ impl Device {
             ),
             sm_count: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
             max_threads_per_block: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
-            max_threads_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
-            shared_mem_per_block: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)? as usize,
-            shared_mem_per_block_optin: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize,
-            shared_mem_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize,
-            registers_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
+            max_threads_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?
+                as u32,
+            shared_mem_per_block: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?
+                as usize,
+            shared_mem_per_block_optin: attr(
+                dev,
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )? as usize,
+            shared_mem_per_sm: attr(
+                dev,
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )? as usize,
+            registers_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?
+                as u32,
             l2_bytes: attr(dev, A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
             total_mem_bytes: total,
             // DDR: two transfers per clock.
             peak_dram_bytes_per_s: 2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0,
         };
-        Ok(Device { ctx: Arc::new(ctx), props: Arc::new(props) })
+        Ok(Device {
+            ctx: Arc::new(ctx),
+            props: Arc::new(props),
+        })
     }
 
     pub fn props(&self) -> &DeviceProps {
@@ -256,7 +284,11 @@ impl Device {
             // SAFETY: context bound.
             unsafe { cu!(cuMemAlloc_v2(&mut ptr, bytes))? };
         }
-        Ok(DeviceBuffer { ptr, bytes, ctx: self.ctx.clone() })
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// Allocates a buffer holding a copy of `t`.
@@ -272,7 +304,10 @@ impl Device {
         let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: context bound; flag 1 = CU_STREAM_NON_BLOCKING.
         unsafe { cu!(cuStreamCreate(&mut s, 1))? };
-        Ok(Stream { raw: s, ctx: self.ctx.clone() })
+        Ok(Stream {
+            raw: s,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// Loads a compiled module (cubin or PTX image).
@@ -290,12 +325,18 @@ impl Device {
         let mut m: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: context bound, image valid for the call.
         unsafe { cu!(cuModuleLoadData(&mut m, data.as_ptr() as *const c_void))? };
-        Ok(Module { raw: m, ctx: self.ctx.clone() })
+        Ok(Module {
+            raw: m,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// Opens a device arena sized by a memory plan (one allocation; buffers are offsets).
     pub fn arena(&self, plan: &tilec_runtime::MemoryPlan) -> Result<DeviceArena> {
-        Ok(DeviceArena { buf: self.alloc(plan.arena_bytes.max(1))?, offsets: plan.offsets.clone() })
+        Ok(DeviceArena {
+            buf: self.alloc(plan.arena_bytes.max(1))?,
+            offsets: plan.offsets.clone(),
+        })
     }
 
     /// A timing event.
@@ -304,7 +345,10 @@ impl Device {
         let mut e: sys::CUevent = std::ptr::null_mut();
         // SAFETY: context bound; flags 0 = default (timing enabled).
         unsafe { cu!(cuEventCreate(&mut e, 0))? };
-        Ok(Event { raw: e, ctx: self.ctx.clone() })
+        Ok(Event {
+            raw: e,
+            ctx: self.ctx.clone(),
+        })
     }
 }
 
@@ -351,7 +395,13 @@ impl DeviceBuffer {
         }
         self.ctx.bind()?;
         // SAFETY: range checked; host slice valid for the call.
-        unsafe { cu!(cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr() as *const c_void, data.len())) }
+        unsafe {
+            cu!(cuMemcpyHtoD_v2(
+                self.ptr + offset as u64,
+                data.as_ptr() as *const c_void,
+                data.len()
+            ))
+        }
     }
 
     /// Copies `out.len()` bytes from `offset` to the host (synchronous).
@@ -362,7 +412,13 @@ impl DeviceBuffer {
         }
         self.ctx.bind()?;
         // SAFETY: range checked; host slice valid for the call.
-        unsafe { cu!(cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, self.ptr + offset as u64, out.len())) }
+        unsafe {
+            cu!(cuMemcpyDtoH_v2(
+                out.as_mut_ptr() as *mut c_void,
+                self.ptr + offset as u64,
+                out.len()
+            ))
+        }
     }
 
     /// Reads a tensor of `dtype` and `shape` stored at `offset`.
@@ -370,7 +426,8 @@ impl DeviceBuffer {
         let n: usize = shape.iter().product();
         let mut bytes = vec![0u8; n * dtype.size_bytes()];
         self.read(offset, &mut bytes)?;
-        Tensor::from_le_bytes(dtype, shape.to_vec(), &bytes).map_err(|e| CudaError::Usage(e.to_string()))
+        Tensor::from_le_bytes(dtype, shape.to_vec(), &bytes)
+            .map_err(|e| CudaError::Usage(e.to_string()))
     }
 
     /// Fills `len` bytes at `offset` with `byte` on `stream`.
@@ -378,17 +435,34 @@ impl DeviceBuffer {
         self.range(offset, len)?;
         self.ctx.bind()?;
         // SAFETY: range checked.
-        unsafe { cu!(cuMemsetD8Async(self.ptr + offset as u64, byte, len, stream.raw)) }
+        unsafe {
+            cu!(cuMemsetD8Async(
+                self.ptr + offset as u64,
+                byte,
+                len,
+                stream.raw
+            ))
+        }
     }
 
     /// Fills the buffer with a 32-bit pattern on `stream` (the length must be a multiple of 4).
     pub fn fill_u32(&self, stream: &Stream, pattern: u32) -> Result<()> {
         if self.bytes % 4 != 0 {
-            return Err(CudaError::Usage(format!("fill_u32 on a buffer of {} bytes", self.bytes)));
+            return Err(CudaError::Usage(format!(
+                "fill_u32 on a buffer of {} bytes",
+                self.bytes
+            )));
         }
         self.ctx.bind()?;
         // SAFETY: whole buffer.
-        unsafe { cu!(cuMemsetD32Async(self.ptr, pattern, self.bytes / 4, stream.raw)) }
+        unsafe {
+            cu!(cuMemsetD32Async(
+                self.ptr,
+                pattern,
+                self.bytes / 4,
+                stream.raw
+            ))
+        }
     }
 }
 
@@ -423,10 +497,12 @@ impl DeviceArena {
     }
     /// Offset of planned buffer `i`.
     pub fn offset(&self, i: usize) -> Result<usize> {
-        self.offsets
-            .get(i)
-            .copied()
-            .ok_or_else(|| CudaError::Usage(format!("arena has {} buffers, asked for {i}", self.offsets.len())))
+        self.offsets.get(i).copied().ok_or_else(|| {
+            CudaError::Usage(format!(
+                "arena has {} buffers, asked for {i}",
+                self.offsets.len()
+            ))
+        })
     }
     /// Device address of planned buffer `i`.
     pub fn ptr(&self, i: usize) -> Result<u64> {
@@ -465,7 +541,10 @@ impl Stream {
         self.ctx.bind()?;
         // SAFETY: valid stream.
         unsafe {
-            cu!(cuStreamBeginCapture_v2(self.raw, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+            cu!(cuStreamBeginCapture_v2(
+                self.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            ))
         }
     }
 
@@ -482,7 +561,11 @@ impl Stream {
                 return Err(e);
             }
         }
-        Ok(Graph { graph: g, exec, ctx: self.ctx.clone() })
+        Ok(Graph {
+            graph: g,
+            exec,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// Captures the launches `f` makes on this stream into a graph.
@@ -591,13 +674,28 @@ impl Module {
         self.ctx.bind()?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: valid module; name NUL-terminated.
-        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())) }.map_err(|e| match e {
-            CudaError::Driver { call, code, name: n, detail } => {
-                CudaError::Driver { call, code, name: n, detail: format!("kernel {name}: {detail}") }
-            }
-            e => e,
-        })?;
-        Ok(Function { raw: f, name: name.to_string(), module: self.clone(), dyn_smem: Mutex::new(0) })
+        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())) }.map_err(
+            |e| match e {
+                CudaError::Driver {
+                    call,
+                    code,
+                    name: n,
+                    detail,
+                } => CudaError::Driver {
+                    call,
+                    code,
+                    name: n,
+                    detail: format!("kernel {name}: {detail}"),
+                },
+                e => e,
+            },
+        )?;
+        Ok(Function {
+            raw: f,
+            name: name.to_string(),
+            module: self.clone(),
+            dyn_smem: Mutex::new(0),
+        })
     }
 }
 
@@ -662,7 +760,10 @@ impl Function {
             }
         }
         let mut vals: Vec<u64> = args.to_vec();
-        let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
         // SAFETY: one pointer-sized value per kernel parameter, alive for the call.
         unsafe {
             cu!(cuLaunchKernel(
@@ -680,11 +781,19 @@ impl Function {
             ))
         }
         .map_err(|e| match e {
-            CudaError::Driver { call, code, name, detail } => CudaError::Driver {
+            CudaError::Driver {
                 call,
                 code,
                 name,
-                detail: format!("kernel {} grid {:?} block {:?}: {detail}", self.name, cfg.grid, cfg.block),
+                detail,
+            } => CudaError::Driver {
+                call,
+                code,
+                name,
+                detail: format!(
+                    "kernel {} grid {:?} block {:?}: {detail}",
+                    self.name, cfg.grid, cfg.block
+                ),
             },
             e => e,
         })

@@ -9,13 +9,22 @@ pub enum CudaError {
     Unavailable(String),
     /// A driver API call returned an error.
     #[error("{call} failed: {name} ({code}){}", detail_suffix(.detail))]
-    Driver { call: &'static str, code: u32, name: String, detail: String },
+    Driver {
+        call: &'static str,
+        code: u32,
+        name: String,
+        detail: String,
+    },
     /// The NVRTC library could not be loaded.
     #[error("NVRTC is not available: {0}")]
     NvrtcUnavailable(String),
     /// An NVRTC call failed (for a compilation, the log is included).
     #[error("{call} failed for module {module}: {msg}")]
-    Nvrtc { call: &'static str, module: String, msg: String },
+    Nvrtc {
+        call: &'static str,
+        module: String,
+        msg: String,
+    },
     /// A kernel cannot be rendered to CUDA C++.
     #[error("kernel {kernel}: cannot render for CUDA: {msg}")]
     Render { kernel: String, msg: String },

@@ -50,21 +50,51 @@ pub fn softmax(rows: i64, cols: i64, d: DType) -> Kernel {
     let mut k = Kernel::new(format!("softmax_{}", d.name()));
     let x = k.param("x", d, vec![rows, cols]);
     let y = k.param("y", d, vec![rows, cols]);
-    let (i0, r0, r1, i1) = (k.index_var("i0"), k.index_var("r0"), k.index_var("r1"), k.index_var("i1"));
+    let (i0, r0, r1, i1) = (
+        k.index_var("i0"),
+        k.index_var("r0"),
+        k.index_var("r1"),
+        k.index_var("i1"),
+    );
     let mx = f32v(&mut k, "mx");
     let s = f32v(&mut k, "s");
     let xr0 = ld(&k, x, vec![v(i0), v(r0)]);
     let xr1 = ld(&k, x, vec![v(i0), v(r1)]);
     let xi1 = ld(&k, x, vec![v(i0), v(i1)]);
-    let out = st(&k, y, vec![v(i0), v(i1)], Expr::bin(BinOp::Div, Expr::un(UnOp::Exp, sub(xi1, v(mx))), v(s)));
+    let out = st(
+        &k,
+        y,
+        vec![v(i0), v(i1)],
+        Expr::bin(BinOp::Div, Expr::un(UnOp::Exp, sub(xi1, v(mx))), v(s)),
+    );
     k.body.push(Stmt::for_(
         i0,
         rows,
         vec![
-            Stmt::Let { var: mx, value: Expr::f32(f32::NEG_INFINITY) },
-            Stmt::for_(r0, cols, vec![Stmt::Assign { var: mx, value: Expr::bin(BinOp::Max, v(mx), xr0) }]),
-            Stmt::Let { var: s, value: Expr::f32(0.0) },
-            Stmt::for_(r1, cols, vec![Stmt::Assign { var: s, value: add(v(s), Expr::un(UnOp::Exp, sub(xr1, v(mx)))) }]),
+            Stmt::Let {
+                var: mx,
+                value: Expr::f32(f32::NEG_INFINITY),
+            },
+            Stmt::for_(
+                r0,
+                cols,
+                vec![Stmt::Assign {
+                    var: mx,
+                    value: Expr::bin(BinOp::Max, v(mx), xr0),
+                }],
+            ),
+            Stmt::Let {
+                var: s,
+                value: Expr::f32(0.0),
+            },
+            Stmt::for_(
+                r1,
+                cols,
+                vec![Stmt::Assign {
+                    var: s,
+                    value: add(v(s), Expr::un(UnOp::Exp, sub(xr1, v(mx)))),
+                }],
+            ),
             Stmt::for_(i1, cols, vec![out]),
         ],
     ));
@@ -78,12 +108,24 @@ pub fn layernorm(rows: i64, cols: i64, d: DType, eps: f32) -> Kernel {
     let g = k.param("gamma", d, vec![cols]);
     let b = k.param("beta", d, vec![cols]);
     let y = k.param("y", d, vec![rows, cols]);
-    let (i0, r0, r1, i1) = (k.index_var("i0"), k.index_var("r0"), k.index_var("r1"), k.index_var("i1"));
+    let (i0, r0, r1, i1) = (
+        k.index_var("i0"),
+        k.index_var("r0"),
+        k.index_var("r1"),
+        k.index_var("i1"),
+    );
     let s = f32v(&mut k, "s");
     let q = f32v(&mut k, "q");
     let n = Expr::f32(cols as f32);
     let (mean, let_mean) = let_(&mut k, "mean", Expr::bin(BinOp::Div, v(s), n.clone()));
-    let (rstd, let_rstd) = let_(&mut k, "rstd", Expr::un(UnOp::Rsqrt, add(Expr::bin(BinOp::Div, v(q), n), Expr::f32(eps))));
+    let (rstd, let_rstd) = let_(
+        &mut k,
+        "rstd",
+        Expr::un(
+            UnOp::Rsqrt,
+            add(Expr::bin(BinOp::Div, v(q), n), Expr::f32(eps)),
+        ),
+    );
     let xr0 = ld(&k, x, vec![v(i0), v(r0)]);
     let dev = sub(ld(&k, x, vec![v(i0), v(r1)]), v(mean));
     let norm = mul(sub(ld(&k, x, vec![v(i0), v(i1)]), v(mean)), v(rstd));
@@ -93,11 +135,31 @@ pub fn layernorm(rows: i64, cols: i64, d: DType, eps: f32) -> Kernel {
         i0,
         rows,
         vec![
-            Stmt::Let { var: s, value: Expr::f32(0.0) },
-            Stmt::for_(r0, cols, vec![Stmt::Assign { var: s, value: add(v(s), xr0) }]),
+            Stmt::Let {
+                var: s,
+                value: Expr::f32(0.0),
+            },
+            Stmt::for_(
+                r0,
+                cols,
+                vec![Stmt::Assign {
+                    var: s,
+                    value: add(v(s), xr0),
+                }],
+            ),
             let_mean,
-            Stmt::Let { var: q, value: Expr::f32(0.0) },
-            Stmt::for_(r1, cols, vec![Stmt::Assign { var: q, value: add(v(q), mul(dev.clone(), dev)) }]),
+            Stmt::Let {
+                var: q,
+                value: Expr::f32(0.0),
+            },
+            Stmt::for_(
+                r1,
+                cols,
+                vec![Stmt::Assign {
+                    var: q,
+                    value: add(v(q), mul(dev.clone(), dev)),
+                }],
+            ),
             let_rstd,
             Stmt::for_(i1, cols, vec![out]),
         ],
@@ -113,17 +175,39 @@ pub fn rmsnorm(rows: i64, cols: i64, d: DType, eps: f32) -> Kernel {
     let y = k.param("y", d, vec![rows, cols]);
     let (i0, r0, i1) = (k.index_var("i0"), k.index_var("r0"), k.index_var("i1"));
     let q = f32v(&mut k, "q");
-    let (rstd, let_rstd) =
-        let_(&mut k, "rstd", Expr::un(UnOp::Rsqrt, add(Expr::bin(BinOp::Div, v(q), Expr::f32(cols as f32)), Expr::f32(eps))));
+    let (rstd, let_rstd) = let_(
+        &mut k,
+        "rstd",
+        Expr::un(
+            UnOp::Rsqrt,
+            add(
+                Expr::bin(BinOp::Div, v(q), Expr::f32(cols as f32)),
+                Expr::f32(eps),
+            ),
+        ),
+    );
     let xr0 = ld(&k, x, vec![v(i0), v(r0)]);
-    let val = mul(mul(ld(&k, x, vec![v(i0), v(i1)]), v(rstd)), ld(&k, w, vec![v(i1)]));
+    let val = mul(
+        mul(ld(&k, x, vec![v(i0), v(i1)]), v(rstd)),
+        ld(&k, w, vec![v(i1)]),
+    );
     let out = st(&k, y, vec![v(i0), v(i1)], val);
     k.body.push(Stmt::for_(
         i0,
         rows,
         vec![
-            Stmt::Let { var: q, value: Expr::f32(0.0) },
-            Stmt::for_(r0, cols, vec![Stmt::Assign { var: q, value: add(v(q), mul(xr0.clone(), xr0)) }]),
+            Stmt::Let {
+                var: q,
+                value: Expr::f32(0.0),
+            },
+            Stmt::for_(
+                r0,
+                cols,
+                vec![Stmt::Assign {
+                    var: q,
+                    value: add(v(q), mul(xr0.clone(), xr0)),
+                }],
+            ),
             let_rstd,
             Stmt::for_(i1, cols, vec![out]),
         ],
@@ -139,14 +223,27 @@ pub fn gelu_bias(rows: i64, cols: i64, d: DType) -> Kernel {
     let b = k.param("b", d, vec![cols]);
     let y = k.param("y", d, vec![rows, cols]);
     let (i0, i1) = (k.index_var("i0"), k.index_var("i1"));
-    let t_val = add(mul(ld(&k, x, vec![v(i0), v(i1)]), ld(&k, w, vec![v(i1)])), ld(&k, b, vec![v(i1)]));
+    let t_val = add(
+        mul(ld(&k, x, vec![v(i0), v(i1)]), ld(&k, w, vec![v(i1)])),
+        ld(&k, b, vec![v(i1)]),
+    );
     let (t, let_t) = let_(&mut k, "t", t_val);
     let gelu = mul(
         mul(Expr::f32(0.5), v(t)),
-        add(Expr::f32(1.0), Expr::un(UnOp::Erf, mul(v(t), Expr::f32(std::f32::consts::FRAC_1_SQRT_2)))),
+        add(
+            Expr::f32(1.0),
+            Expr::un(
+                UnOp::Erf,
+                mul(v(t), Expr::f32(std::f32::consts::FRAC_1_SQRT_2)),
+            ),
+        ),
     );
     let out = st(&k, y, vec![v(i0), v(i1)], gelu);
-    k.body.push(Stmt::for_(i0, rows, vec![Stmt::for_(i1, cols, vec![let_t, out])]));
+    k.body.push(Stmt::for_(
+        i0,
+        rows,
+        vec![Stmt::for_(i1, cols, vec![let_t, out])],
+    ));
     k
 }
 
@@ -163,7 +260,11 @@ pub mod reference {
         let mean = x.iter().sum::<f64>() / n;
         let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
         let r = 1.0 / (var + eps).sqrt();
-        x.iter().zip(g).zip(b).map(|((v, g), b)| (v - mean) * r * g + b).collect()
+        x.iter()
+            .zip(g)
+            .zip(b)
+            .map(|((v, g), b)| (v - mean) * r * g + b)
+            .collect()
     }
     pub fn rmsnorm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
         let n = x.len() as f64;
@@ -172,10 +273,14 @@ pub mod reference {
         x.iter().zip(w).map(|(v, w)| v * r * w).collect()
     }
     pub fn gelu_bias(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
-        x.iter().zip(w).zip(b).map(|((v, w), b)| {
-            let t = v * w + b;
-            0.5 * t * (1.0 + erf(t / std::f64::consts::SQRT_2))
-        }).collect()
+        x.iter()
+            .zip(w)
+            .zip(b)
+            .map(|((v, w), b)| {
+                let t = v * w + b;
+                0.5 * t * (1.0 + erf(t / std::f64::consts::SQRT_2))
+            })
+            .collect()
     }
     /// erf to about 1e-15 (series below 2.5, continued fraction above).
     pub fn erf(x: f64) -> f64 {

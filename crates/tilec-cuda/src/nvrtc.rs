@@ -27,7 +27,14 @@ struct Api {
     path: String,
     version: (i32, i32),
     get_error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
-    create: unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> NvrtcResult,
+    create: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> NvrtcResult,
     compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
     destroy: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
     log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
@@ -46,7 +53,11 @@ pub struct Nvrtc {
 
 impl std::fmt::Debug for Nvrtc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Nvrtc({} {}.{})", self.api.path, self.api.version.0, self.api.version.1)
+        write!(
+            f,
+            "Nvrtc({} {}.{})",
+            self.api.path, self.api.version.0, self.api.version.1
+        )
     }
 }
 
@@ -57,7 +68,12 @@ fn candidates() -> Vec<String> {
             c.push(p);
         }
     }
-    for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "libnvrtc.so.11.2"] {
+    for name in [
+        "libnvrtc.so.13",
+        "libnvrtc.so.12",
+        "libnvrtc.so",
+        "libnvrtc.so.11.2",
+    ] {
         c.push(name.to_string());
     }
     for var in ["CUDA_HOME", "CUDA_PATH"] {
@@ -74,7 +90,9 @@ impl Nvrtc {
     /// Loads NVRTC (once per process; later calls share it).
     pub fn load() -> Result<Nvrtc> {
         static LIB: OnceLock<std::result::Result<Nvrtc, String>> = OnceLock::new();
-        LIB.get_or_init(Self::load_uncached).clone().map_err(CudaError::NvrtcUnavailable)
+        LIB.get_or_init(Self::load_uncached)
+            .clone()
+            .map_err(CudaError::NvrtcUnavailable)
     }
 
     /// Whether NVRTC can be loaded.
@@ -95,14 +113,20 @@ impl Nvrtc {
         Err(format!("libnvrtc not found; tried {}", tried.join(", ")))
     }
 
-    fn from_library(lib: libloading::Library, builtins: Option<libloading::Library>, path: String) -> std::result::Result<Nvrtc, String> {
+    fn from_library(
+        lib: libloading::Library,
+        builtins: Option<libloading::Library>,
+        path: String,
+    ) -> std::result::Result<Nvrtc, String> {
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the symbol has the C signature declared in nvrtc.h.
-                *unsafe { lib.get($name.as_bytes()) }.map_err(|e| format!("{path}: missing {}: {e}", $name))?
+                *unsafe { lib.get($name.as_bytes()) }
+                    .map_err(|e| format!("{path}: missing {}: {e}", $name))?
             };
         }
-        let version_fn: unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult = sym!("nvrtcVersion");
+        let version_fn: unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult =
+            sym!("nvrtcVersion");
         let (mut major, mut minor) = (0, 0);
         // SAFETY: two out-parameters.
         if unsafe { version_fn(&mut major, &mut minor) } != 0 {
@@ -146,23 +170,50 @@ impl Nvrtc {
             // SAFETY: NUL-terminated static string.
             unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
         };
-        let msg = if log.trim().is_empty() { name } else { format!("{name}\n{}", log.trim_end()) };
-        CudaError::Nvrtc { call, module: module.to_string(), msg }
+        let msg = if log.trim().is_empty() {
+            name
+        } else {
+            format!("{name}\n{}", log.trim_end())
+        };
+        CudaError::Nvrtc {
+            call,
+            module: module.to_string(),
+            msg,
+        }
     }
 
     /// Compiles `source` (module name `name`) with `options`; returns the cubin when
     /// `want_cubin` (the architecture must then be a real `sm_XX`), else the PTX.
-    pub fn compile_raw(&self, name: &str, source: &str, options: &[String], want_cubin: bool) -> Result<Vec<u8>> {
-        let bad = |what: &str| CudaError::Usage(format!("module {name}: {what} contains a NUL byte"));
+    pub fn compile_raw(
+        &self,
+        name: &str,
+        source: &str,
+        options: &[String],
+        want_cubin: bool,
+    ) -> Result<Vec<u8>> {
+        let bad =
+            |what: &str| CudaError::Usage(format!("module {name}: {what} contains a NUL byte"));
         let csrc = CString::new(source).map_err(|_| bad("source"))?;
         let cname = CString::new(format!("{name}.cu")).map_err(|_| bad("name"))?;
-        let copts: Vec<CString> =
-            options.iter().map(|o| CString::new(o.as_str())).collect::<std::result::Result<_, _>>().map_err(|_| bad("an option"))?;
+        let copts: Vec<CString> = options
+            .iter()
+            .map(|o| CString::new(o.as_str()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| bad("an option"))?;
         let optp: Vec<*const c_char> = copts.iter().map(|o| o.as_ptr()).collect();
         let api = &self.api;
         let mut prog: Program = std::ptr::null_mut();
         // SAFETY: pointers valid for the call; no headers passed.
-        let r = unsafe { (api.create)(&mut prog, csrc.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
+        let r = unsafe {
+            (api.create)(
+                &mut prog,
+                csrc.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
         if r != 0 {
             return Err(self.err("nvrtcCreateProgram", name, r, ""));
         }
@@ -218,30 +269,43 @@ impl Nvrtc {
         if unsafe { (self.api.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
             return String::new();
         }
-        String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string()
+        String::from_utf8_lossy(&buf)
+            .trim_end_matches('\0')
+            .to_string()
     }
 }
 
 /// For an NVRTC given by path, loads the `libnvrtc-builtins.so.*` beside it (NVRTC opens it by
 /// soname at compile time, which then resolves to the loaded copy).
 fn preload_builtins(cand: &str) -> Option<libloading::Library> {
-    let dir = Path::new(cand).parent().filter(|d| !d.as_os_str().is_empty())?;
+    let dir = Path::new(cand)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())?;
     let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc-builtins.so") && !n.contains(".alt."))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so") && !n.contains(".alt."))
         })
         .collect();
     names.sort();
     // SAFETY: the builtins library has no initialization with preconditions.
-    names.iter().rev().find_map(|p| unsafe { libloading::Library::new(p) }.ok())
+    names
+        .iter()
+        .rev()
+        .find_map(|p| unsafe { libloading::Library::new(p) }.ok())
 }
 
 /// The cache directory: `$TILEC_CACHE_DIR/cuda`, `$XDG_CACHE_HOME/tilec/cuda` or
 /// `~/.cache/tilec/cuda`.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(d) = var("TILEC_CACHE_DIR") {
         return Some(d.join("cuda"));
     }
@@ -301,7 +365,13 @@ impl Compiler {
             "--dopt=on".to_string(),
             "--fmad=true".to_string(),
         ];
-        Compiler { nvrtc, arch: arch.to_string(), options, output: Output::Cubin, cache_dir: default_cache_dir() }
+        Compiler {
+            nvrtc,
+            arch: arch.to_string(),
+            options,
+            output: Output::Cubin,
+            cache_dir: default_cache_dir(),
+        }
     }
 
     /// Compiles to PTX instead of cubin.
@@ -355,20 +425,34 @@ impl Compiler {
             let keyf = dir.join(format!("{h}.key"));
             if let (Ok(k), Ok(image)) = (std::fs::read(&keyf), std::fs::read(&img)) {
                 if k == key.as_bytes() && !image.is_empty() {
-                    return Ok(Compiled { name: name.to_string(), image, cache_hit: true });
+                    return Ok(Compiled {
+                        name: name.to_string(),
+                        image,
+                        cache_hit: true,
+                    });
                 }
             }
         }
-        let image = self.nvrtc.compile_raw(name, source, &self.options, self.output == Output::Cubin)?;
+        let image =
+            self.nvrtc
+                .compile_raw(name, source, &self.options, self.output == Output::Cubin)?;
         if let Some(dir) = &self.cache_dir {
             store(dir, &h, ext, key.as_bytes(), &image)?;
         }
-        Ok(Compiled { name: name.to_string(), image, cache_hit: false })
+        Ok(Compiled {
+            name: name.to_string(),
+            image,
+            cache_hit: false,
+        })
     }
 
     /// Compiles several modules on parallel threads; results in input order.
     pub fn compile_many(&self, modules: &[(String, String)]) -> Vec<Result<Compiled>> {
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(modules.len()).max(1);
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(modules.len())
+            .max(1);
         let next = std::sync::atomic::AtomicUsize::new(0);
         let mut results: Vec<Option<Result<Compiled>>> = (0..modules.len()).map(|_| None).collect();
         let slots: Vec<std::sync::Mutex<&mut Option<Result<Compiled>>>> =
@@ -389,17 +473,28 @@ impl Compiler {
         results
             .into_iter()
             .enumerate()
-            .map(|(i, r)| r.unwrap_or_else(|| Err(CudaError::Usage(format!("module {}: not compiled", modules[i].0)))))
+            .map(|(i, r)| {
+                r.unwrap_or_else(|| {
+                    Err(CudaError::Usage(format!(
+                        "module {}: not compiled",
+                        modules[i].0
+                    )))
+                })
+            })
             .collect()
     }
 }
 
 fn store(dir: &Path, h: &str, ext: &str, key: &[u8], image: &[u8]) -> Result<()> {
-    let err = |p: &Path, e: std::io::Error| CudaError::Cache { path: p.display().to_string(), msg: e.to_string() };
+    let err = |p: &Path, e: std::io::Error| CudaError::Cache {
+        path: p.display().to_string(),
+        msg: e.to_string(),
+    };
     std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
     // Write under unique temporary names, then rename: concurrent writers of one key leave a
     // complete entry.
-    let tag = format!("{}.{:?}", std::process::id(), std::thread::current().id()).replace(|c: char| !c.is_ascii_alphanumeric(), "");
+    let tag = format!("{}.{:?}", std::process::id(), std::thread::current().id())
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "");
     for (data, name) in [(key, format!("{h}.key")), (image, format!("{h}.{ext}"))] {
         let tmp = dir.join(format!("{name}.tmp{tag}"));
         let dst = dir.join(&name);

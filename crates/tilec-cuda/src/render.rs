@@ -48,7 +48,11 @@ pub fn render_cuda(k: &Kernel) -> Result<String> {
 /// Renders a kernel and derives its launch configuration.
 pub fn render(k: &Kernel) -> Result<CudaSource> {
     let (body, launch) = render_function(k)?;
-    Ok(CudaSource { name: k.name.clone(), source: format!("{PRELUDE}\n{body}"), launch })
+    Ok(CudaSource {
+        name: k.name.clone(),
+        source: format!("{PRELUDE}\n{body}"),
+        launch,
+    })
 }
 
 /// The launch configuration of a kernel: grid and block dimensions from its bound loops.
@@ -60,7 +64,10 @@ pub fn launch_config(k: &Kernel) -> Result<LaunchConfig> {
 /// [`PRELUDE`]).
 pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
     if !valid_ident(&k.name) {
-        return Err(err(k, format!("kernel name {:?} is not a C identifier", k.name)));
+        return Err(err(
+            k,
+            format!("kernel name {:?} is not a C identifier", k.name),
+        ));
     }
     let dims = Dims::of(k)?;
     let launch = dims.config();
@@ -84,16 +91,41 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
     std::mem::swap(&mut r.out, &mut body);
 
     let mut out = String::new();
+    // Parameters never stored to are `const __restrict__` (read through the non-coherent
+    // cache).
+    let mut stored = HashSet::new();
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Store { buf, .. } = s {
+                stored.insert(*buf);
+            }
+        });
+    }
     let params: Vec<String> = k
         .params
         .iter()
         .map(|&b| {
             let buf = k.buf(b);
-            format!("{}* __restrict__ {}", storage_ty(buf.dtype), buf_name(k, b))
+            let c = if stored.contains(&b) { "" } else { "const " };
+            format!(
+                "{c}{}* __restrict__ {}",
+                storage_ty(buf.dtype),
+                buf_name(k, b)
+            )
         })
         .collect();
-    let _ = writeln!(out, "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{", launch.block.0 * launch.block.1 * launch.block.2, k.name, params.join(", "));
-    let _ = writeln!(out, "  typedef {} idx_t;", if wide { "long long" } else { "int" });
+    let _ = writeln!(
+        out,
+        "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{",
+        launch.block.0 * launch.block.1 * launch.block.2,
+        k.name,
+        params.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "  typedef {} idx_t;",
+        if wide { "long long" } else { "int" }
+    );
     // Shared memory: every local buffer at function scope.
     for (i, buf) in k.buffers.iter().enumerate() {
         if buf.scope == Scope::Local {
@@ -117,16 +149,22 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
 }
 
 fn err(k: &Kernel, msg: String) -> CudaError {
-    CudaError::Render { kernel: k.name.clone(), msg }
+    CudaError::Render {
+        kernel: k.name.clone(),
+        msg,
+    }
 }
 
 fn valid_ident(s: &str) -> bool {
     let mut c = s.chars();
-    matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_') && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+    matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
+        && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
 }
 
 fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 fn buf_name(k: &Kernel, b: BufId) -> String {
@@ -265,21 +303,47 @@ struct Dims {
 
 impl Dims {
     fn of(k: &Kernel) -> Result<Dims> {
-        let mut d = Dims { grid: [1; 3], block: [1; 3] };
+        let mut d = Dims {
+            grid: [1; 3],
+            block: [1; 3],
+        };
         let mut has_reduce = false;
-        fn walk(k: &Kernel, stmts: &[Stmt], d: &mut Dims, active: &mut Vec<GpuAxis>, has_reduce: &mut bool) -> Result<()> {
+        fn walk(
+            k: &Kernel,
+            stmts: &[Stmt],
+            d: &mut Dims,
+            active: &mut Vec<GpuAxis>,
+            has_reduce: &mut bool,
+        ) -> Result<()> {
             for s in stmts {
                 match s {
                     Stmt::For(l) => {
                         if let LoopKind::Bound(a) = l.kind {
                             if active.contains(&a) {
-                                return Err(err(k, format!("loop {} is bound to {a:?} inside another loop bound to it", var_name(k, l.var))));
+                                return Err(err(
+                                    k,
+                                    format!(
+                                        "loop {} is bound to {a:?} inside another loop bound to it",
+                                        var_name(k, l.var)
+                                    ),
+                                ));
                             }
                             if l.extent < 1 {
-                                return Err(err(k, format!("loop {} bound to {a:?} has extent {}", var_name(k, l.var), l.extent)));
+                                return Err(err(
+                                    k,
+                                    format!(
+                                        "loop {} bound to {a:?} has extent {}",
+                                        var_name(k, l.var),
+                                        l.extent
+                                    ),
+                                ));
                             }
                             let (thread, i) = axis_of(a);
-                            let slot = if thread { &mut d.block[i] } else { &mut d.grid[i] };
+                            let slot = if thread {
+                                &mut d.block[i]
+                            } else {
+                                &mut d.grid[i]
+                            };
                             *slot = (*slot).max(l.extent);
                             active.push(a);
                             walk(k, &l.body, d, active, has_reduce)?;
@@ -296,7 +360,10 @@ impl Dims {
                     Stmt::BlockReduce { axis, .. } => {
                         *has_reduce = true;
                         if !axis_of(*axis).0 {
-                            return Err(err(k, format!("block reduction over the grid axis {axis:?}")));
+                            return Err(err(
+                                k,
+                                format!("block reduction over the grid axis {axis:?}"),
+                            ));
                         }
                     }
                     _ => {}
@@ -307,27 +374,50 @@ impl Dims {
         walk(k, &k.body, &mut d, &mut vec![], &mut has_reduce)?;
         if has_reduce {
             if d.block[1] > 1 || d.block[2] > 1 {
-                return Err(err(k, "block reductions need a one-dimensional thread block (ThreadX only)".into()));
+                return Err(err(
+                    k,
+                    "block reductions need a one-dimensional thread block (ThreadX only)".into(),
+                ));
             }
             d.block[0] = (d.block[0] + 31) / 32 * 32;
         }
         let threads: i64 = d.block.iter().product();
         if threads > 1024 {
-            return Err(err(k, format!("thread block of {:?} = {threads} threads exceeds 1024", d.block)));
+            return Err(err(
+                k,
+                format!(
+                    "thread block of {:?} = {threads} threads exceeds 1024",
+                    d.block
+                ),
+            ));
         }
         if d.block[2] > 64 {
             return Err(err(k, format!("ThreadZ extent {} exceeds 64", d.block[2])));
         }
         if d.grid[0] > i32::MAX as i64 || d.grid[1] > 65535 || d.grid[2] > 65535 {
-            return Err(err(k, format!("grid {:?} exceeds the device limits (2^31-1, 65535, 65535)", d.grid)));
+            return Err(err(
+                k,
+                format!(
+                    "grid {:?} exceeds the device limits (2^31-1, 65535, 65535)",
+                    d.grid
+                ),
+            ));
         }
         Ok(d)
     }
 
     fn config(&self) -> LaunchConfig {
         LaunchConfig {
-            grid: (self.grid[0] as u32, self.grid[1] as u32, self.grid[2] as u32),
-            block: (self.block[0] as u32, self.block[1] as u32, self.block[2] as u32),
+            grid: (
+                self.grid[0] as u32,
+                self.grid[1] as u32,
+                self.grid[2] as u32,
+            ),
+            block: (
+                self.block[0] as u32,
+                self.block[1] as u32,
+                self.block[2] as u32,
+            ),
             shared_mem_bytes: 0,
         }
     }
@@ -363,7 +453,9 @@ fn register_dims_to_drop(k: &Kernel) -> HashMap<BufId, Vec<bool>> {
         if buf.scope != Scope::Register {
             return;
         }
-        let st = state.entry(b).or_insert_with(|| vec![None; buf.shape.len()]);
+        let st = state
+            .entry(b)
+            .or_insert_with(|| vec![None; buf.shape.len()]);
         for (d, e) in idx.iter().enumerate().take(st.len()) {
             let this = match e {
                 Expr::Var(v) => match bound.get(v) {
@@ -408,7 +500,12 @@ fn register_dims_to_drop(k: &Kernel) -> HashMap<BufId, Vec<bool>> {
     }
     state
         .into_iter()
-        .map(|(b, st)| (b, st.into_iter().map(|x| matches!(x, Some(Some(_)))).collect()))
+        .map(|(b, st)| {
+            (
+                b,
+                st.into_iter().map(|x| matches!(x, Some(Some(_)))).collect(),
+            )
+        })
         .collect()
 }
 
@@ -437,20 +534,33 @@ impl Affine {
         self
     }
     fn coef(&self, v: VarId) -> i64 {
-        self.terms.iter().filter(|t| t.0 == Expr::Var(v)).map(|t| t.1).sum()
+        self.terms
+            .iter()
+            .filter(|t| t.0 == Expr::Var(v))
+            .map(|t| t.1)
+            .sum()
     }
 }
 
 fn affine(e: &Expr) -> Affine {
     match e {
-        Expr::Int(c) => Affine { terms: vec![], konst: *c },
+        Expr::Int(c) => Affine {
+            terms: vec![],
+            konst: *c,
+        },
         Expr::Binary(BinOp::Add, a, b) => affine(a).add(affine(b), 1),
         Expr::Binary(BinOp::Sub, a, b) => affine(a).add(affine(b), -1),
         Expr::Binary(BinOp::Mul, a, b) => match (a.as_ref(), b.as_ref()) {
             (Expr::Int(c), x) | (x, Expr::Int(c)) => affine(x).scale(*c),
-            _ => Affine { terms: vec![(e.clone(), 1)], konst: 0 },
+            _ => Affine {
+                terms: vec![(e.clone(), 1)],
+                konst: 0,
+            },
         },
-        e => Affine { terms: vec![(e.clone(), 1)], konst: 0 },
+        e => Affine {
+            terms: vec![(e.clone(), 1)],
+            konst: 0,
+        },
     }
 }
 
@@ -517,7 +627,15 @@ impl R<'_> {
         self.check_buf(b)?;
         let buf = self.k.buf(b);
         if index.len() != buf.shape.len() {
-            return Err(err(self.k, format!("buffer {} has rank {}, indexed with {} indices", buf.name, buf.shape.len(), index.len())));
+            return Err(err(
+                self.k,
+                format!(
+                    "buffer {} has rank {}, indexed with {} indices",
+                    buf.name,
+                    buf.shape.len(),
+                    index.len()
+                ),
+            ));
         }
         let drop = self.reg_drop.get(&b);
         let mut flat = Expr::Int(0);
@@ -535,7 +653,13 @@ impl R<'_> {
     fn kept_numel(&self, b: BufId) -> i64 {
         let buf = self.k.buf(b);
         let drop = self.reg_drop.get(&b);
-        buf.shape.iter().enumerate().filter(|(d, _)| !drop.is_some_and(|dr| dr[*d])).map(|(_, n)| *n).product::<i64>().max(1)
+        buf.shape
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !drop.is_some_and(|dr| dr[*d]))
+            .map(|(_, n)| *n)
+            .product::<i64>()
+            .max(1)
     }
 
     fn access(&mut self, b: BufId, index: &[Expr]) -> Result<(String, String)> {
@@ -565,7 +689,14 @@ impl R<'_> {
                 let d = self.k.buf(*buf).dtype;
                 // A copy between buffers of one dtype moves the stored bits.
                 let v = match value {
-                    Expr::Load(src, _) if self.k.buffers.get(src.0 as usize).is_some_and(|b| b.dtype == d) && d != DType::Bool => {
+                    Expr::Load(src, _)
+                        if self
+                            .k
+                            .buffers
+                            .get(src.0 as usize)
+                            .is_some_and(|b| b.dtype == d)
+                            && d != DType::Bool =>
+                    {
                         let lanes = self.expr(value)?;
                         raw_of(d, lanes).unwrap_or(v)
                     }
@@ -583,7 +714,9 @@ impl R<'_> {
                 let t = format!("{}[{fidx}] = {};", buf_name(self.k, *buf), conv(v));
                 let scope = self.k.buf(*buf).scope;
                 if scope != Scope::Register && self.thread_depth == 0 && self.dims.threads() > 1 {
-                    let t = format!("if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {t}");
+                    let t = format!(
+                        "if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {t}"
+                    );
                     self.line(&t);
                 } else {
                     self.line(&t);
@@ -600,7 +733,10 @@ impl R<'_> {
             Stmt::Assign { var, value } => {
                 let info = self.k.var_info(*var).clone();
                 if !info.mutable {
-                    return Err(err(self.k, format!("assignment to immutable variable {}", info.name)));
+                    return Err(err(
+                        self.k,
+                        format!("assignment to immutable variable {}", info.name),
+                    ));
                 }
                 let v = self.expr(value)?;
                 let v = self.coerce(info.ty, value, v);
@@ -613,10 +749,17 @@ impl R<'_> {
                 match buf.scope {
                     Scope::Local => {} // declared at function scope
                     Scope::Register => {
-                        let t = format!("__align__(16) {} {}[{}];", storage_ty(buf.dtype), buf_name(self.k, *b), self.kept_numel(*b));
+                        let t = format!(
+                            "__align__(16) {} {}[{}];",
+                            storage_ty(buf.dtype),
+                            buf_name(self.k, *b),
+                            self.kept_numel(*b)
+                        );
                         self.line(&t);
                     }
-                    Scope::Global => return Err(err(self.k, format!("alloc of global buffer {}", buf.name))),
+                    Scope::Global => {
+                        return Err(err(self.k, format!("alloc of global buffer {}", buf.name)))
+                    }
                 }
             }
             Stmt::If { cond, then_, else_ } => {
@@ -641,11 +784,17 @@ impl R<'_> {
             }
             Stmt::BlockReduce { var, op, axis } => {
                 if self.thread_depth > 0 {
-                    return Err(err(self.k, "block reduction inside a thread-bound loop".into()));
+                    return Err(err(
+                        self.k,
+                        "block reduction inside a thread-bound loop".into(),
+                    ));
                 }
                 let info = self.k.var_info(*var).clone();
                 if !info.mutable {
-                    return Err(err(self.k, format!("block reduction of immutable variable {}", info.name)));
+                    return Err(err(
+                        self.k,
+                        format!("block reduction of immutable variable {}", info.name),
+                    ));
                 }
                 let ct = ty_c(info.ty).to_string();
                 let functor = match op {
@@ -728,7 +877,10 @@ impl R<'_> {
         if matches!(l.kind, LoopKind::Unrolled | LoopKind::Vectorized) {
             self.line("#pragma unroll");
         }
-        self.line(&format!("for (idx_t {v} = 0; {v} < {}; ++{v}) {{", l.extent));
+        self.line(&format!(
+            "for (idx_t {v} = 0; {v} < {}; ++{v}) {{",
+            l.extent
+        ));
         self.indent += 1;
         self.block(&l.body)?;
         self.indent -= 1;
@@ -742,13 +894,22 @@ impl R<'_> {
         let v = self.var(l.var)?;
         self.line("{");
         self.indent += 1;
-        for (acc, is_load) in loads.iter().map(|a| (a, true)).chain(stores.iter().map(|a| (a, false))) {
+        for (acc, is_load) in loads
+            .iter()
+            .map(|a| (a, true))
+            .chain(stores.iter().map(|a| (a, false)))
+        {
             let buf = self.k.buf(acc.buf);
             let st = storage_ty(buf.dtype);
             let base = self.expr(&acc.base)?;
             self.line(&format!("__align__(16) {st} {}[{}];", acc.name, l.extent));
             if is_load {
-                self.copy_vector(&format!("(&{}[{base}])", buf_name(self.k, acc.buf)), &acc.name, buf.dtype, l.extent);
+                self.copy_vector(
+                    &format!("(&{}[{base}])", buf_name(self.k, acc.buf)),
+                    &acc.name,
+                    buf.dtype,
+                    l.extent,
+                );
             }
         }
         // Map the rendered index text of each access in the body to its lane array.
@@ -759,7 +920,10 @@ impl R<'_> {
             }
         }
         self.line("#pragma unroll");
-        self.line(&format!("for (idx_t {v} = 0; {v} < {}; ++{v}) {{", l.extent));
+        self.line(&format!(
+            "for (idx_t {v} = 0; {v} < {}; ++{v}) {{",
+            l.extent
+        ));
         self.indent += 1;
         self.vec_subst = text_subst;
         let r = self.block(&l.body);
@@ -770,7 +934,12 @@ impl R<'_> {
         for acc in &stores {
             let buf = self.k.buf(acc.buf);
             let base = self.expr(&acc.base)?;
-            self.copy_vector(&acc.name, &format!("(&{}[{base}])", buf_name(self.k, acc.buf)), buf.dtype, l.extent);
+            self.copy_vector(
+                &acc.name,
+                &format!("(&{}[{base}])", buf_name(self.k, acc.buf)),
+                buf.dtype,
+                l.extent,
+            );
         }
         self.indent -= 1;
         self.line("}");
@@ -804,7 +973,9 @@ impl R<'_> {
         let (w, t) = Self::vector_width(d, lanes);
         let n = d.size_bytes() as i64 * lanes / w;
         for c in 0..n {
-            self.line(&format!("reinterpret_cast<{t}*>({dst})[{c}] = reinterpret_cast<const {t}*>({src})[{c}];"));
+            self.line(&format!(
+                "reinterpret_cast<{t}*>({dst})[{c}] = reinterpret_cast<const {t}*>({src})[{c}];"
+            ));
         }
     }
 
@@ -935,7 +1106,9 @@ impl R<'_> {
                     index.iter().for_each(|x| uncond_loads(x, &mut cands));
                     uncond_loads(value, &mut cands);
                 }
-                Stmt::Let { value, .. } | Stmt::Assign { value, .. } => uncond_loads(value, &mut cands),
+                Stmt::Let { value, .. } | Stmt::Assign { value, .. } => {
+                    uncond_loads(value, &mut cands)
+                }
                 _ => {}
             }
         }
@@ -972,7 +1145,11 @@ impl R<'_> {
                 if let Some(base) = ok_index(self, *buf, index)? {
                     self.vec_count += 1;
                     let name = format!("tl_st{}", self.vec_count);
-                    stores.push(VecAccess { buf: *buf, base, name });
+                    stores.push(VecAccess {
+                        buf: *buf,
+                        base,
+                        name,
+                    });
                 }
             }
         }
@@ -982,7 +1159,13 @@ impl R<'_> {
     fn gemm(&mut self, g: &Gemm) -> Result<()> {
         // A plain loop nest: correct on any launch shape, not fast (tensor-core templates come
         // with the GEMM schedules).
-        let (b, i, j, kk, acc) = (self.var(g.b_var)?, self.var(g.i_var)?, self.var(g.j_var)?, self.var(g.k_var)?, self.var(g.acc_var)?);
+        let (b, i, j, kk, acc) = (
+            self.var(g.b_var)?,
+            self.var(g.i_var)?,
+            self.var(g.j_var)?,
+            self.var(g.k_var)?,
+            self.var(g.acc_var)?,
+        );
         let at = compute_ty(g.acc_dtype);
         self.line(&format!("for (idx_t {b} = 0; {b} < {}; ++{b})", g.batch));
         self.line(&format!("for (idx_t {i} = 0; {i} < {}; ++{i})", g.m));
@@ -994,7 +1177,13 @@ impl R<'_> {
         self.line(&format!("for (idx_t {kk} = 0; {kk} < {}; ++{kk}) {{", g.k));
         self.line(&format!(
             "  {acc}_sum = {};",
-            round_to(g.acc_dtype, format!("{acc}_sum + {}", round_to(g.acc_dtype, format!("({at})({a}) * ({at})({bb})"))))
+            round_to(
+                g.acc_dtype,
+                format!(
+                    "{acc}_sum + {}",
+                    round_to(g.acc_dtype, format!("({at})({a}) * ({at})({bb})"))
+                )
+            )
         ));
         self.line("}");
         self.line(&format!("const {at} {acc} = {acc}_sum;"));
@@ -1056,7 +1245,11 @@ impl R<'_> {
             }
             Expr::Binary(op, a, b) => {
                 let ty = self.k.type_of(a);
-                let ty = if ty == Ty::Index { self.k.type_of(b) } else { ty };
+                let ty = if ty == Ty::Index {
+                    self.k.type_of(b)
+                } else {
+                    ty
+                };
                 let (x, y) = (self.expr(a)?, self.expr(b)?);
                 self.binary(*op, ty, x, y)?
             }
@@ -1178,7 +1371,9 @@ impl R<'_> {
                 Div => format!("(({x}) / ({y}))"),
                 Rem => format!("fmod{fs}({x}, {y})"),
                 FloorDiv => format!("floor{fs}(({x}) / ({y}))"),
-                FloorMod => format!("(({c})({x}) - ({c})({y}) * floor{fs}(({c})({x}) / ({c})({y})))"),
+                FloorMod => {
+                    format!("(({c})({x}) - ({c})({y}) * floor{fs}(({c})({x}) / ({c})({y})))")
+                }
                 Min => format!("tl_min(({c})({x}), ({c})({y}))"),
                 Max => format!("tl_max(({c})({x}), ({c})({y}))"),
                 Pow => format!("pow{fs}({x}, {y})"),
@@ -1187,8 +1382,15 @@ impl R<'_> {
             };
             return Ok(round_to(d, r));
         }
-        let unsigned = matches!(d, DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool);
-        let wide = if unsigned { "unsigned long long" } else { "long long" };
+        let unsigned = matches!(
+            d,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool
+        );
+        let wide = if unsigned {
+            "unsigned long long"
+        } else {
+            "long long"
+        };
         let r = match op {
             Add => format!("(({x}) + ({y}))"),
             Sub => format!("(({x}) - ({y}))"),
@@ -1219,7 +1421,11 @@ impl R<'_> {
             Shr => format!("tl_shr(({wide})({x}), ({wide})({y}))"),
             other => return Err(err(self.k, format!("{other:?} is not defined on integers"))),
         };
-        Ok(if ty == Ty::Index { r } else { format!("({c})({r})") })
+        Ok(if ty == Ty::Index {
+            r
+        } else {
+            format!("({c})({r})")
+        })
     }
 }
 
@@ -1254,12 +1460,19 @@ fn cast_expr(from: DType, to: DType, s: String) -> String {
     }
     // To an integer type: floats go through 64 bits (saturating, NaN to 0), then wrap.
     if from.is_float() {
-        let wide = if to.is_signed_int() { "long long" } else { "unsigned long long" };
+        let wide = if to.is_signed_int() {
+            "long long"
+        } else {
+            "unsigned long long"
+        };
         if to.is_signed_int() {
             return format!("({})({wide})({s})", storage_ty(to));
         }
         // Negative floats to unsigned: through signed 64 bits and wrap, like C on the host.
-        return format!("({})(({s}) < 0 ? (unsigned long long)(long long)({s}) : ({wide})({s}))", storage_ty(to));
+        return format!(
+            "({})(({s}) < 0 ? (unsigned long long)(long long)({s}) : ({wide})({s}))",
+            storage_ty(to)
+        );
     }
     format!("({})({s})", storage_ty(to))
 }

@@ -31,10 +31,18 @@ pub struct GpuTarget {
 impl GpuTarget {
     /// H100/H200 SXM: 132 SMs.
     pub fn hopper() -> GpuTarget {
-        GpuTarget { sm_count: 132, max_threads_per_block: 1024, blocks_per_sm: 8 }
+        GpuTarget {
+            sm_count: 132,
+            max_threads_per_block: 1024,
+            blocks_per_sm: 8,
+        }
     }
     pub fn from_props(p: &crate::driver::DeviceProps) -> GpuTarget {
-        GpuTarget { sm_count: p.sm_count, max_threads_per_block: p.max_threads_per_block, blocks_per_sm: 8 }
+        GpuTarget {
+            sm_count: p.sm_count,
+            max_threads_per_block: p.max_threads_per_block,
+            blocks_per_sm: 8,
+        }
     }
 }
 
@@ -50,12 +58,18 @@ pub struct RowOptions {
 
 impl Default for RowOptions {
     fn default() -> Self {
-        RowOptions { threads: None, max_register_elems: 64 }
+        RowOptions {
+            threads: None,
+            max_register_elems: 64,
+        }
     }
 }
 
 fn bad(k: &Kernel, msg: impl Into<String>) -> CudaError {
-    CudaError::Schedule { kernel: k.name.clone(), msg: msg.into() }
+    CudaError::Schedule {
+        kernel: k.name.clone(),
+        msg: msg.into(),
+    }
 }
 
 fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
@@ -92,7 +106,12 @@ fn row_nest(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
 /// Vector width in elements for rows of `c` elements of the given dtypes: 16 bytes of the
 /// narrowest type, halved until it divides `c`.
 fn vector_lanes(c: i64, dtypes: &[DType]) -> i64 {
-    let min = dtypes.iter().map(|d| d.size_bytes() as i64).min().unwrap_or(4).max(1);
+    let min = dtypes
+        .iter()
+        .map(|d| d.size_bytes() as i64)
+        .min()
+        .unwrap_or(4)
+        .max(1);
     let mut v = (16 / min).max(1);
     while v > 1 && c % v != 0 {
         v /= 2;
@@ -144,7 +163,11 @@ fn decompose(loops: &[(VarId, i64)], flat: Expr) -> Vec<(VarId, Expr)> {
     let mut inner = 1i64;
     for &(v, e) in loops.iter().rev() {
         let q = Expr::div(flat.clone(), inner);
-        let val = if inner * e == loops.iter().map(|l| l.1).product::<i64>() { q } else { Expr::rem(q, e) };
+        let val = if inner * e == loops.iter().map(|l| l.1).product::<i64>() {
+            q
+        } else {
+            Expr::rem(q, e)
+        };
         out.push((v, val));
         inner *= e;
     }
@@ -181,7 +204,11 @@ fn identity(op: BinOp, ty: Ty) -> Option<Expr> {
     let int_bounds = |max: bool| -> Option<Expr> {
         let bits = d.size_bytes() as u32 * 8;
         if d.is_signed_int() || ty == Ty::Index {
-            let v = if max { (i64::MAX) >> (64 - bits) } else { (i64::MIN) >> (64 - bits) };
+            let v = if max {
+                (i64::MAX) >> (64 - bits)
+            } else {
+                (i64::MIN) >> (64 - bits)
+            };
             if ty == Ty::Index {
                 Some(Expr::Int(v))
             } else {
@@ -237,7 +264,15 @@ fn reduction_op(acc: VarId, value: &Expr) -> Option<BinOp> {
     if let Expr::Binary(op, a, b) = value {
         let ok_op = matches!(
             op,
-            BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max | BinOp::And | BinOp::Or | BinOp::BitAnd | BinOp::BitOr | BinOp::BitXor
+            BinOp::Add
+                | BinOp::Mul
+                | BinOp::Min
+                | BinOp::Max
+                | BinOp::And
+                | BinOp::Or
+                | BinOp::BitAnd
+                | BinOp::BitOr
+                | BinOp::BitXor
         );
         if !ok_op {
             return None;
@@ -280,7 +315,13 @@ fn loop_reductions(k: &Kernel, l: &Loop) -> Result<Vec<Reduction>> {
         }
         let name = &k.var_info(*var).name;
         let op = reduction_op(*var, value).ok_or_else(|| {
-            bad(k, format!("loop {}: {name} is updated in a way that is not a reduction", k.var_info(l.var).name))
+            bad(
+                k,
+                format!(
+                    "loop {}: {name} is updated in a way that is not a reduction",
+                    k.var_info(l.var).name
+                ),
+            )
         })?;
         if let Some(r) = out.iter().find(|r| r.var == *var) {
             if r.op != op {
@@ -317,7 +358,13 @@ fn loop_reductions(k: &Kernel, l: &Loop) -> Result<Vec<Reduction>> {
             });
         }
         if other_reads > 0 {
-            return Err(bad(k, format!("accumulator {} is read inside its reduction loop", k.var_info(r.var).name)));
+            return Err(bad(
+                k,
+                format!(
+                    "accumulator {} is read inside its reduction loop",
+                    k.var_info(r.var).name
+                ),
+            ));
         }
     }
     Ok(out)
@@ -356,7 +403,10 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         })
         .collect();
     if inner.is_empty() || row_body.len() < 2 {
-        return Err(bad(k, "the row body is not a sequence of loops over the row"));
+        return Err(bad(
+            k,
+            "the row body is not a sequence of loops over the row",
+        ));
     }
     for s in row_body {
         match s {
@@ -367,17 +417,35 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
                 let mut nested = false;
                 for b in &l.body {
                     b.visit(&mut |x| {
-                        if matches!(x, Stmt::For(_) | Stmt::Gemm(_) | Stmt::Barrier | Stmt::BlockReduce { .. } | Stmt::Alloc(_)) {
+                        if matches!(
+                            x,
+                            Stmt::For(_)
+                                | Stmt::Gemm(_)
+                                | Stmt::Barrier
+                                | Stmt::BlockReduce { .. }
+                                | Stmt::Alloc(_)
+                        ) {
                             nested = true
                         }
                     });
                 }
                 if nested {
-                    return Err(bad(k, format!("row loop {} has nested loops or allocations", k.var_info(l.var).name)));
+                    return Err(bad(
+                        k,
+                        format!(
+                            "row loop {} has nested loops or allocations",
+                            k.var_info(l.var).name
+                        ),
+                    ));
                 }
             }
             Stmt::Let { .. } | Stmt::Assign { .. } | Stmt::Store { .. } => {}
-            _ => return Err(bad(k, "the row body holds a statement other than loops, lets, assignments and stores")),
+            _ => {
+                return Err(bad(
+                    k,
+                    "the row body holds a statement other than loops, lets, assignments and stores",
+                ))
+            }
         }
     }
     let rows: i64 = outer.iter().map(|l| l.extent).product();
@@ -386,11 +454,20 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
     }
     let cmax = inner.iter().map(|l| l.extent).max().unwrap_or(1);
     let lanes = vector_lanes(cmax, &global_dtypes(k, row_body));
-    let lanes = if inner.iter().all(|l| l.extent % lanes == 0) { lanes } else { 1 };
+    let lanes = if inner.iter().all(|l| l.extent % lanes == 0) {
+        lanes
+    } else {
+        1
+    };
     let threads = match opts.threads {
         Some(t) => {
-            if t < 32 || t > 1024 || t % 32 != 0 {
-                return Err(bad(k, format!("row schedule: {t} threads per block (want a multiple of 32 up to 1024)")));
+            if !(32..=1024).contains(&t) || t % 32 != 0 {
+                return Err(bad(
+                    k,
+                    format!(
+                        "row schedule: {t} threads per block (want a multiple of 32 up to 1024)"
+                    ),
+                ));
             }
             t
         }
@@ -415,7 +492,10 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         for r in rs {
             if let Some(prev) = acc_op.insert(r.var, r.op) {
                 if prev != r.op {
-                    return Err(bad(k, format!("{} is reduced with two operators", k.var_info(r.var).name)));
+                    return Err(bad(
+                        k,
+                        format!("{} is reduced with two operators", k.var_info(r.var).name),
+                    ));
                 }
             }
         }
@@ -455,9 +535,16 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
     };
     let mut cached: Vec<((BufId, Vec<Expr>), BufId, i64)> = vec![];
     let mut budget = opts.max_register_elems;
-    let keys: Vec<_> = readers.into_iter().filter(|(_, ls)| ls.len() >= 2).collect();
+    let keys: Vec<_> = readers
+        .into_iter()
+        .filter(|(_, ls)| ls.len() >= 2)
+        .collect();
     for (key, ls) in keys {
-        let exts: HashSet<i64> = inner.iter().filter(|l| ls.contains(&l.var)).map(|l| l.extent).collect();
+        let exts: HashSet<i64> = inner
+            .iter()
+            .filter(|l| ls.contains(&l.var))
+            .map(|l| l.extent)
+            .collect();
         if exts.len() != 1 || stored.contains(&key.0) {
             continue;
         }
@@ -469,7 +556,13 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         budget -= j * lanes;
         let dtype = k.buf(key.0).dtype;
         let name = format!("{}_row", k.buf(key.0).name);
-        let reg = fresh_buf(&mut out, &name, dtype, vec![threads, j, lanes], Scope::Register);
+        let reg = fresh_buf(
+            &mut out,
+            &name,
+            dtype,
+            vec![threads, j, lanes],
+            Scope::Register,
+        );
         cached.push((key, reg, c));
     }
 
@@ -484,7 +577,8 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
             Stmt::Let { var, value } if acc_op.contains_key(var) => {
                 let op = acc_op[var];
                 let ty = k.var_info(*var).ty;
-                let id = identity(op, ty).ok_or_else(|| bad(k, format!("no identity for {op:?}")))?;
+                let id =
+                    identity(op, ty).ok_or_else(|| bad(k, format!("no identity for {op:?}")))?;
                 let is_id = match (lit_value(value), lit_value(&id)) {
                     (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
                     _ => false,
@@ -496,18 +590,45 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
                     // block reduction.
                     for b in &stored {
                         if value.reads(*b) {
-                            return Err(bad(k, format!("initial value of {} reads a buffer the row writes", k.var_info(*var).name)));
+                            return Err(bad(
+                                k,
+                                format!(
+                                    "initial value of {} reads a buffer the row writes",
+                                    k.var_info(*var).name
+                                ),
+                            ));
                         }
                     }
-                    new_body.push(Stmt::Let { var: *var, value: id });
-                    fixups.push(Stmt::Assign { var: *var, value: Expr::bin(op, value.clone(), Expr::Var(*var)) });
+                    new_body.push(Stmt::Let {
+                        var: *var,
+                        value: id,
+                    });
+                    fixups.push(Stmt::Assign {
+                        var: *var,
+                        value: Expr::bin(op, value.clone(), Expr::Var(*var)),
+                    });
                 }
             }
             Stmt::For(l) => {
                 let c = l.extent;
-                let tx = fresh(&mut out, &format!("{}_tx", k.var_info(l.var).name), Ty::Index, false);
-                let j = fresh(&mut out, &format!("{}_j", k.var_info(l.var).name), Ty::Index, false);
-                let v = fresh(&mut out, &format!("{}_v", k.var_info(l.var).name), Ty::Index, false);
+                let tx = fresh(
+                    &mut out,
+                    &format!("{}_tx", k.var_info(l.var).name),
+                    Ty::Index,
+                    false,
+                );
+                let j = fresh(
+                    &mut out,
+                    &format!("{}_j", k.var_info(l.var).name),
+                    Ty::Index,
+                    false,
+                );
+                let v = fresh(
+                    &mut out,
+                    &format!("{}_v", k.var_info(l.var).name),
+                    Ty::Index,
+                    false,
+                );
                 let jn = (c + threads * lanes - 1) / (threads * lanes);
                 // r = (j * T + tx) * V + v
                 let vec_idx = Expr::add(Expr::mul(Expr::Var(j), Expr::Int(threads)), Expr::Var(tx));
@@ -538,7 +659,9 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
                     for st in body.iter_mut() {
                         st.map_exprs(&mut |e| {
                             e.rewrite(&mut |x| match x {
-                                Expr::Load(b, idx) if row_load_key(k, b, &idx, lv).as_ref() == Some(&key) => {
+                                Expr::Load(b, idx)
+                                    if row_load_key(k, b, &idx, lv).as_ref() == Some(&key) =>
+                                {
                                     Expr::Load(*reg, reg_idx.clone())
                                 }
                                 x => x,
@@ -559,7 +682,12 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
                     st.substitute(l.var, &r);
                 }
                 let vloop = if lanes > 1 {
-                    vec![Stmt::For(Loop { var: v, extent: lanes, kind: LoopKind::Vectorized, body })]
+                    vec![Stmt::For(Loop {
+                        var: v,
+                        extent: lanes,
+                        kind: LoopKind::Vectorized,
+                        body,
+                    })]
                 } else {
                     for st in body.iter_mut() {
                         st.substitute(v, &Expr::Int(0));
@@ -568,7 +696,11 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
                 };
                 let guarded = if c % (threads * lanes) != 0 {
                     vec![Stmt::If {
-                        cond: Expr::bin(BinOp::Lt, Expr::mul(vec_idx, Expr::Int(lanes)), Expr::Int(c)),
+                        cond: Expr::bin(
+                            BinOp::Lt,
+                            Expr::mul(vec_idx, Expr::Int(lanes)),
+                            Expr::Int(c),
+                        ),
                         then_: vloop,
                         else_: vec![],
                     }]
@@ -582,12 +714,30 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
                     }
                     g
                 } else {
-                    let kind = if jn <= 16 { LoopKind::Unrolled } else { LoopKind::Serial };
-                    vec![Stmt::For(Loop { var: j, extent: jn, kind, body: guarded })]
+                    let kind = if jn <= 16 {
+                        LoopKind::Unrolled
+                    } else {
+                        LoopKind::Serial
+                    };
+                    vec![Stmt::For(Loop {
+                        var: j,
+                        extent: jn,
+                        kind,
+                        body: guarded,
+                    })]
                 };
-                new_body.push(Stmt::For(Loop { var: tx, extent: threads, kind: LoopKind::Bound(GpuAxis::ThreadX), body: jloop }));
+                new_body.push(Stmt::For(Loop {
+                    var: tx,
+                    extent: threads,
+                    kind: LoopKind::Bound(GpuAxis::ThreadX),
+                    body: jloop,
+                }));
                 for red in &reductions[&l.var] {
-                    new_body.push(Stmt::BlockReduce { var: red.var, op: red.op, axis: GpuAxis::ThreadX });
+                    new_body.push(Stmt::BlockReduce {
+                        var: red.var,
+                        op: red.op,
+                        axis: GpuAxis::ThreadX,
+                    });
                     let mut rest = vec![];
                     for f in fixups.drain(..) {
                         if matches!(&f, Stmt::Assign { var, .. } if *var == red.var) {
@@ -603,7 +753,12 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         }
     }
     subst_all(&mut new_body, &subs);
-    out.body = vec![Stmt::For(Loop { var: row_var, extent: rows, kind: LoopKind::Bound(GpuAxis::BlockX), body: new_body })];
+    out.body = vec![Stmt::For(Loop {
+        var: row_var,
+        extent: rows,
+        kind: LoopKind::Bound(GpuAxis::BlockX),
+        body: new_body,
+    })];
     Ok(out)
 }
 
@@ -620,12 +775,23 @@ pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
     for s in body {
         let mut ok = true;
         s.visit(&mut |x| {
-            if matches!(x, Stmt::For(_) | Stmt::Gemm(_) | Stmt::Barrier | Stmt::BlockReduce { .. } | Stmt::Alloc(_) | Stmt::Assign { .. }) {
+            if matches!(
+                x,
+                Stmt::For(_)
+                    | Stmt::Gemm(_)
+                    | Stmt::Barrier
+                    | Stmt::BlockReduce { .. }
+                    | Stmt::Alloc(_)
+                    | Stmt::Assign { .. }
+            ) {
                 ok = false
             }
         });
         if !ok {
-            return Err(bad(k, "the innermost body is not elementwise (loops, allocations or accumulators inside)"));
+            return Err(bad(
+                k,
+                "the innermost body is not elementwise (loops, allocations or accumulators inside)",
+            ));
         }
     }
     let n: i64 = loops.iter().map(|l| l.extent).product();
@@ -648,19 +814,45 @@ pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
     let cv = c / lanes;
     let vars: Vec<(VarId, i64)> = loops.iter().map(|l| (l.var, l.extent)).collect();
     let mut subs = decompose(&vars[..vars.len() - 1], Expr::div(Expr::Var(f), cv));
-    let lane_expr = if lanes > 1 { Expr::Var(v) } else { Expr::Int(0) };
-    let last = Expr::add(Expr::mul(Expr::rem(Expr::Var(f), cv), Expr::Int(lanes)), lane_expr);
+    let lane_expr = if lanes > 1 {
+        Expr::Var(v)
+    } else {
+        Expr::Int(0)
+    };
+    let last = Expr::add(
+        Expr::mul(Expr::rem(Expr::Var(f), cv), Expr::Int(lanes)),
+        lane_expr,
+    );
     subs.push((vars[vars.len() - 1].0, last));
     let mut inner = body.to_vec();
     subst_all(&mut inner, &subs);
-    let inner = if lanes > 1 { vec![Stmt::For(Loop { var: v, extent: lanes, kind: LoopKind::Vectorized, body: inner })] } else { inner };
+    let inner = if lanes > 1 {
+        vec![Stmt::For(Loop {
+            var: v,
+            extent: lanes,
+            kind: LoopKind::Vectorized,
+            body: inner,
+        })]
+    } else {
+        inner
+    };
     let fval = Expr::add(
-        Expr::mul(Expr::add(Expr::mul(Expr::Var(it), Expr::Int(blocks)), Expr::Var(b)), Expr::Int(threads)),
+        Expr::mul(
+            Expr::add(Expr::mul(Expr::Var(it), Expr::Int(blocks)), Expr::Var(b)),
+            Expr::Int(threads),
+        ),
         Expr::Var(t),
     );
-    let mut per_iter = vec![Stmt::Let { var: f, value: fval }];
+    let mut per_iter = vec![Stmt::Let {
+        var: f,
+        value: fval,
+    }];
     if nv % (blocks * threads) != 0 {
-        per_iter.push(Stmt::If { cond: Expr::bin(BinOp::Lt, Expr::Var(f), Expr::Int(nv)), then_: inner, else_: vec![] });
+        per_iter.push(Stmt::If {
+            cond: Expr::bin(BinOp::Lt, Expr::Var(f), Expr::Int(nv)),
+            then_: inner,
+            else_: vec![],
+        });
     } else {
         per_iter.extend(inner);
     }
@@ -675,7 +867,12 @@ pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
         var: b,
         extent: blocks,
         kind: LoopKind::Bound(GpuAxis::BlockX),
-        body: vec![Stmt::For(Loop { var: t, extent: threads, kind: LoopKind::Bound(GpuAxis::ThreadX), body: itloop })],
+        body: vec![Stmt::For(Loop {
+            var: t,
+            extent: threads,
+            kind: LoopKind::Bound(GpuAxis::ThreadX),
+            body: itloop,
+        })],
     })];
     Ok(out)
 }

@@ -15,9 +15,15 @@ fn without_a_driver_everything_fails_cleanly() {
         return;
     }
     let e = Device::open(0).unwrap_err();
-    assert!(matches!(e, CudaError::Unavailable(_) | CudaError::Driver { .. }), "{e}");
+    assert!(
+        matches!(e, CudaError::Unavailable(_) | CudaError::Driver { .. }),
+        "{e}"
+    );
     let msg = e.to_string();
-    assert!(msg.contains("CUDA is not available") || msg.contains("cuInit") || msg.contains("device 0"), "{msg}");
+    assert!(
+        msg.contains("CUDA is not available") || msg.contains("cuInit") || msg.contains("device 0"),
+        "{msg}"
+    );
     assert!(device_count().is_err() || device_count().unwrap() == 0);
     assert!(driver_version().is_err() || device_count().unwrap_or(0) == 0);
     // Asking again gives the same answer (no panic on a second lookup).
@@ -30,7 +36,8 @@ fn gpu() -> Option<(Device, Compiler)> {
         return None;
     }
     let dev = Device::open(0).unwrap();
-    let nv = Nvrtc::load().expect("a CUDA device is present but NVRTC was not found (set TILEC_NVRTC_LIB)");
+    let nv = Nvrtc::load()
+        .expect("a CUDA device is present but NVRTC was not found (set TILEC_NVRTC_LIB)");
     let c = Compiler::new(nv, &dev.props().arch());
     Some((dev, c))
 }
@@ -46,7 +53,8 @@ fn run_on_gpu(dev: &Device, gk: &GpuKernel, args: &[Tensor]) -> Tensor {
     let stream = dev.stream().unwrap();
     let bufs: Vec<DeviceBuffer> = args.iter().map(|t| dev.upload(t).unwrap()).collect();
     let out = bufs.last().unwrap();
-    out.fill_u32(&stream, poison(args.last().unwrap().dtype())).unwrap();
+    out.fill_u32(&stream, poison(args.last().unwrap().dtype()))
+        .unwrap();
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
     gk.launch(&stream, &ptrs).unwrap();
     stream.synchronize().unwrap();
@@ -59,7 +67,12 @@ fn device_properties_are_read() {
     let Some((dev, _)) = gpu() else { return };
     let p = dev.props();
     eprintln!("{p:?}");
-    assert!(p.sm_count > 0 && p.l2_bytes > 0 && p.total_mem_bytes > 0 && p.shared_mem_per_block >= 48 * 1024);
+    assert!(
+        p.sm_count > 0
+            && p.l2_bytes > 0
+            && p.total_mem_bytes > 0
+            && p.shared_mem_per_block >= 48 * 1024
+    );
     assert!(p.compute_capability.0 >= 7);
 }
 
@@ -75,7 +88,12 @@ fn scheduled_kernels_match_the_interpreter_on_the_gpu() {
                 let args = random_args(k, 11);
                 let got = run_on_gpu(&dev, gk, &args);
                 let want = reference(op, &args, rows as usize, cols as usize);
-                assert_close(&format!("{op} {d} {rows}x{cols} on the GPU"), &got.to_f64_vec(), &want, tol(d));
+                assert_close(
+                    &format!("{op} {d} {rows}x{cols} on the GPU"),
+                    &got.to_f64_vec(),
+                    &want,
+                    tol(d),
+                );
             }
         }
     }
@@ -102,18 +120,35 @@ fn graphs_capture_and_replay_launches() {
         })
         .unwrap();
     // Nothing ran during capture.
-    let before = out.download(0, DType::F32, &[rows as usize, cols as usize]).unwrap();
+    let before = out
+        .download(0, DType::F32, &[rows as usize, cols as usize])
+        .unwrap();
     assert!(before.to_f64_vec().iter().all(|v| v.is_nan()));
     for _ in 0..3 {
         graph.launch(&stream).unwrap();
     }
     stream.synchronize().unwrap();
-    let got = out.download(0, DType::F32, &[rows as usize, cols as usize]).unwrap();
+    let got = out
+        .download(0, DType::F32, &[rows as usize, cols as usize])
+        .unwrap();
     let mut a = args.clone();
     interp::run(&g, &mut a).unwrap();
-    let mut b = vec![a[3].clone(), Tensor::from_f64s(DType::F32, vec![rows as usize, cols as usize], &vec![f64::NAN; (rows * cols) as usize]).unwrap()];
+    let mut b = vec![
+        a[3].clone(),
+        Tensor::from_f64s(
+            DType::F32,
+            vec![rows as usize, cols as usize],
+            &vec![f64::NAN; (rows * cols) as usize],
+        )
+        .unwrap(),
+    ];
     interp::run(&s, &mut b).unwrap();
-    assert_close("gelu -> softmax graph", &got.to_f64_vec(), &b[1].to_f64_vec(), 1e-4);
+    assert_close(
+        "gelu -> softmax graph",
+        &got.to_f64_vec(),
+        &b[1].to_f64_vec(),
+        1e-4,
+    );
 }
 
 #[test]
@@ -126,12 +161,26 @@ fn arena_buffers_live_at_planned_offsets() {
     ];
     let plan = tilec_runtime::plan(&reqs);
     let arena = dev.arena(&plan).unwrap();
-    let t = Tensor::from_f64s(DType::F32, vec![250], &(0..250).map(|i| i as f64).collect::<Vec<_>>()).unwrap();
-    arena.upload(1, &Tensor::from_f64s(DType::F32, vec![1000], &vec![7.0; 1000]).unwrap()).unwrap();
+    let t = Tensor::from_f64s(
+        DType::F32,
+        vec![250],
+        &(0..250).map(|i| i as f64).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    arena
+        .upload(
+            1,
+            &Tensor::from_f64s(DType::F32, vec![1000], &vec![7.0; 1000]).unwrap(),
+        )
+        .unwrap();
     arena.upload(0, &t).unwrap();
     assert_eq!(arena.download(0, DType::F32, &[250]).unwrap(), t);
     assert!(arena.ptr(3).is_err());
-    let e = arena.buffer().read(plan.arena_bytes, &mut [0u8; 1]).unwrap_err().to_string();
+    let e = arena
+        .buffer()
+        .read(plan.arena_bytes, &mut [0u8; 1])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("outside"), "{e}");
 }
 
@@ -143,7 +192,24 @@ fn launch_errors_name_the_kernel() {
     let stream = dev.stream().unwrap();
     let e = loaded[0].launch(&stream, &[0]).unwrap_err().to_string();
     assert!(e.contains("softmax_f32") && e.contains("2 expected"), "{e}");
-    let m = std::sync::Arc::new(dev.load_module(&c.compile("softmax_f32", &render_cuda(&schedule(&tilec_cuda::handbuilt::softmax(4, 64, DType::F32), true)).unwrap()).unwrap().image).unwrap());
+    let m = std::sync::Arc::new(
+        dev.load_module(
+            &c.compile(
+                "softmax_f32",
+                &render_cuda(&schedule(
+                    &tilec_cuda::handbuilt::softmax(4, 64, DType::F32),
+                    true,
+                ))
+                .unwrap(),
+            )
+            .unwrap()
+            .image,
+        )
+        .unwrap(),
+    );
     let e = m.function("no_such_kernel").unwrap_err().to_string();
-    assert!(e.contains("cuModuleGetFunction") && e.contains("no_such_kernel"), "{e}");
+    assert!(
+        e.contains("cuModuleGetFunction") && e.contains("no_such_kernel"),
+        "{e}"
+    );
 }

@@ -11,7 +11,11 @@ use tilec_tile::*;
 
 fn check_shapes(rows: i64, cols: i64, d: DType, opts: &RowOptions) {
     for (op, k, row) in kernels(rows, cols, d) {
-        let s = if row { schedule_rows(&k, opts).unwrap() } else { schedule_elementwise(&k, &GpuTarget::hopper()).unwrap() };
+        let s = if row {
+            schedule_rows(&k, opts).unwrap()
+        } else {
+            schedule_elementwise(&k, &GpuTarget::hopper()).unwrap()
+        };
         let args = random_args(&k, 7 + cols as u64);
         let mut a = args.clone();
         interp::run(&k, &mut a).unwrap();
@@ -20,10 +24,25 @@ fn check_shapes(rows: i64, cols: i64, d: DType, opts: &RowOptions) {
         let n = k.params.len() - 1;
         let want = reference(op, &args, rows as usize, cols as usize);
         let what = format!("{op} {d} {rows}x{cols}");
-        assert_close(&format!("{what} unscheduled"), &a[n].to_f64_vec(), &want, tol(d));
-        assert_close(&format!("{what} scheduled"), &b[n].to_f64_vec(), &want, tol(d));
+        assert_close(
+            &format!("{what} unscheduled"),
+            &a[n].to_f64_vec(),
+            &want,
+            tol(d),
+        );
+        assert_close(
+            &format!("{what} scheduled"),
+            &b[n].to_f64_vec(),
+            &want,
+            tol(d),
+        );
         // Scheduled and unscheduled differ only by summation order.
-        assert_close(&format!("{what} scheduled vs unscheduled"), &b[n].to_f64_vec(), &a[n].to_f64_vec(), tol(d));
+        assert_close(
+            &format!("{what} scheduled vs unscheduled"),
+            &b[n].to_f64_vec(),
+            &a[n].to_f64_vec(),
+            tol(d),
+        );
     }
 }
 
@@ -35,9 +54,25 @@ fn schedules_match_the_interpreter_f32_and_bf16() {
         check_shapes(2, 200, d, &RowOptions::default());
         check_shapes(5, 8, d, &RowOptions::default());
         // Several vectors per thread (unrolled register loop).
-        check_shapes(2, 1024, d, &RowOptions { threads: Some(32), max_register_elems: 64 });
+        check_shapes(
+            2,
+            1024,
+            d,
+            &RowOptions {
+                threads: Some(32),
+                max_register_elems: 64,
+            },
+        );
         // Rows too long for registers.
-        check_shapes(2, 1024, d, &RowOptions { threads: Some(32), max_register_elems: 4 });
+        check_shapes(
+            2,
+            1024,
+            d,
+            &RowOptions {
+                threads: Some(32),
+                max_register_elems: 4,
+            },
+        );
     }
     // Odd lengths: scalar accesses.
     check_shapes(3, 37, DType::F32, &RowOptions::default());
@@ -48,8 +83,14 @@ fn row_schedule_structure() {
     let k = tilec_cuda::handbuilt::softmax(16, 8192, DType::BF16);
     let s = schedule_rows(&k, &RowOptions::default()).unwrap();
     let text = s.to_string();
-    assert!(text.contains("bind(BlockX)") && text.contains("bind(ThreadX)"), "{text}");
-    assert!(text.contains("block_reduce_max") && text.contains("block_reduce_add"), "{text}");
+    assert!(
+        text.contains("bind(BlockX)") && text.contains("bind(ThreadX)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("block_reduce_max") && text.contains("block_reduce_add"),
+        "{text}"
+    );
     assert!(text.contains("alloc reg x_row: bf16[256, 4, 8]"), "{text}");
     let cfg = launch_config(&s).unwrap();
     assert_eq!(cfg.grid, (16, 1, 1));
@@ -68,9 +109,35 @@ fn non_identity_initial_values_are_combined_after_the_reduction() {
         i0,
         3,
         vec![
-            Stmt::Let { var: s, value: Expr::f32(10.0) },
-            Stmt::for_(r, 64, vec![Stmt::Assign { var: s, value: Expr::bin(BinOp::Add, Expr::Var(s), Expr::load(x, vec![Expr::Var(i0), Expr::Var(r)])) }]),
-            Stmt::for_(i1, 64, vec![Stmt::store(y, vec![Expr::Var(i0), Expr::Var(i1)], Expr::bin(BinOp::Sub, Expr::load(x, vec![Expr::Var(i0), Expr::Var(i1)]), Expr::Var(s)))]),
+            Stmt::Let {
+                var: s,
+                value: Expr::f32(10.0),
+            },
+            Stmt::for_(
+                r,
+                64,
+                vec![Stmt::Assign {
+                    var: s,
+                    value: Expr::bin(
+                        BinOp::Add,
+                        Expr::Var(s),
+                        Expr::load(x, vec![Expr::Var(i0), Expr::Var(r)]),
+                    ),
+                }],
+            ),
+            Stmt::for_(
+                i1,
+                64,
+                vec![Stmt::store(
+                    y,
+                    vec![Expr::Var(i0), Expr::Var(i1)],
+                    Expr::bin(
+                        BinOp::Sub,
+                        Expr::load(x, vec![Expr::Var(i0), Expr::Var(i1)]),
+                        Expr::Var(s),
+                    ),
+                )],
+            ),
         ],
     ));
     let sch = schedule_rows(&k, &RowOptions::default()).unwrap();
@@ -95,25 +162,53 @@ fn schedules_reject_what_they_cannot_handle() {
         i0,
         2,
         vec![
-            Stmt::Let { var: s, value: Expr::f32(0.0) },
+            Stmt::Let {
+                var: s,
+                value: Expr::f32(0.0),
+            },
             Stmt::for_(
                 r,
                 16,
                 vec![
-                    Stmt::Assign { var: s, value: Expr::bin(BinOp::Add, Expr::Var(s), Expr::load(x, vec![Expr::Var(i0), Expr::Var(r)])) },
+                    Stmt::Assign {
+                        var: s,
+                        value: Expr::bin(
+                            BinOp::Add,
+                            Expr::Var(s),
+                            Expr::load(x, vec![Expr::Var(i0), Expr::Var(r)]),
+                        ),
+                    },
                     Stmt::store(y, vec![Expr::Var(i0), Expr::Var(r)], Expr::Var(s)),
                 ],
             ),
         ],
     ));
-    let e = schedule_rows(&k, &RowOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("cumsum") && e.contains("read inside its reduction loop"), "{e}");
-    let e = schedule_elementwise(&k, &GpuTarget::hopper()).unwrap_err().to_string();
-    assert!(e.contains("cumsum") && e.contains("not elementwise"), "{e}");
-    let e = schedule_rows(&tilec_cuda::handbuilt::softmax(2, 64, DType::F32), &RowOptions { threads: Some(48), max_register_elems: 8 })
+    let e = schedule_rows(&k, &RowOptions::default())
         .unwrap_err()
         .to_string();
+    assert!(
+        e.contains("cumsum") && e.contains("read inside its reduction loop"),
+        "{e}"
+    );
+    let e = schedule_elementwise(&k, &GpuTarget::hopper())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cumsum") && e.contains("not elementwise"), "{e}");
+    let e = schedule_rows(
+        &tilec_cuda::handbuilt::softmax(2, 64, DType::F32),
+        &RowOptions {
+            threads: Some(48),
+            max_register_elems: 8,
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("48 threads"), "{e}");
-    let e = schedule_rows(&tilec_cuda::handbuilt::gelu_bias(2, 64, DType::F32), &RowOptions::default()).unwrap_err().to_string();
+    let e = schedule_rows(
+        &tilec_cuda::handbuilt::gelu_bias(2, 64, DType::F32),
+        &RowOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("gelu_bias"), "{e}");
 }

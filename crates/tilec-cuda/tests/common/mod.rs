@@ -69,9 +69,16 @@ pub fn reference(op: &str, args: &[Tensor], rows: usize, cols: usize) -> Vec<f64
         let row = &x[r * cols..(r + 1) * cols];
         let y = match op {
             "softmax" => handbuilt::reference::softmax(row),
-            "layernorm" => handbuilt::reference::layernorm(row, &args[1].to_f64_vec(), &args[2].to_f64_vec(), EPS as f64),
+            "layernorm" => handbuilt::reference::layernorm(
+                row,
+                &args[1].to_f64_vec(),
+                &args[2].to_f64_vec(),
+                EPS as f64,
+            ),
             "rmsnorm" => handbuilt::reference::rmsnorm(row, &args[1].to_f64_vec(), EPS as f64),
-            "gelu_bias" => handbuilt::reference::gelu_bias(row, &args[1].to_f64_vec(), &args[2].to_f64_vec()),
+            "gelu_bias" => {
+                handbuilt::reference::gelu_bias(row, &args[1].to_f64_vec(), &args[2].to_f64_vec())
+            }
             other => panic!("unknown op {other}"),
         };
         out.extend(y);
@@ -84,12 +91,23 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let mut worst = (0.0f64, 0usize);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let e = if g.is_nan() || w.is_nan() { f64::INFINITY } else { (g - w).abs() / w.abs().max(1e-2) };
+        let e = if g.is_nan() || w.is_nan() {
+            f64::INFINITY
+        } else {
+            (g - w).abs() / w.abs().max(1e-2)
+        };
         if e > worst.0 {
             worst = (e, i);
         }
     }
-    assert!(worst.0 <= tol, "{what}: error {} at {} (got {}, want {})", worst.0, worst.1, got[worst.1], want[worst.1]);
+    assert!(
+        worst.0 <= tol,
+        "{what}: error {} at {} (got {}, want {})",
+        worst.0,
+        worst.1,
+        got[worst.1],
+        want[worst.1]
+    );
 }
 
 pub fn tol(d: DType) -> f64 {
