@@ -474,7 +474,8 @@ impl<'a> Renderer<'a> {
                 self.line("}");
                 Ok(())
             }
-            Stmt::Barrier => Ok(()),
+            // A CPU "block" is one thread: barriers and cross-thread combines are no-ops.
+            Stmt::Barrier | Stmt::BlockReduce { .. } => Ok(()),
             Stmt::Gemm(g) => gemm::render_gemm(self, g, ctx),
         }
     }

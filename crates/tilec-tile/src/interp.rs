@@ -238,7 +238,8 @@ impl State<'_> {
                     self.block(else_)?;
                 }
             }
-            Stmt::Barrier => {}
+            // Thread loops run serially here, so the accumulator already holds the full value.
+            Stmt::Barrier | Stmt::BlockReduce { .. } => {}
             Stmt::Gemm(g) => {
                 for b in 0..g.batch {
                     self.vars.insert(g.b_var, Val::I(b));

@@ -416,6 +416,16 @@ pub enum Stmt {
     /// All threads of a block synchronize (GPU); a no-op on the CPU.
     Barrier,
     Gemm(Box<Gemm>),
+    /// Cross-thread reduction of a mutable accumulator (GPU). It follows loops bound to the
+    /// thread axis `axis` that updated `var` with `op`: on a GPU every thread then holds a
+    /// partial value and, afterwards, all of them hold `op` over the threads of the block along
+    /// `axis` (every thread must have started from `op`'s identity). Where the thread loops run
+    /// serially (CPU, interpreter), `var` already holds the full result and this is a no-op.
+    BlockReduce {
+        var: VarId,
+        op: BinOp,
+        axis: GpuAxis,
+    },
 }
 
 impl Stmt {
@@ -442,7 +452,7 @@ impl Stmt {
                 take(value, f);
             }
             Stmt::Let { value, .. } | Stmt::Assign { value, .. } => take(value, f),
-            Stmt::Alloc(_) | Stmt::Barrier => {}
+            Stmt::Alloc(_) | Stmt::Barrier | Stmt::BlockReduce { .. } => {}
             Stmt::If { cond, then_, else_ } => {
                 take(cond, f);
                 then_.iter_mut().for_each(|s| s.map_exprs(f));

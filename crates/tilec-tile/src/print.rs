@@ -111,6 +111,10 @@ impl Printer<'_> {
                 self.line("}");
             }
             Stmt::Barrier => self.line("barrier"),
+            Stmt::BlockReduce { var, op, axis } => {
+                let t = format!("{} = block_reduce_{}({}, {axis:?})", self.var(*var), format!("{op:?}").to_lowercase(), self.var(*var));
+                self.line(&t);
+            }
             Stmt::Gemm(g) => {
                 let p = g.params;
                 let t = format!(

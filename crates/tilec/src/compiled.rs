@@ -111,7 +111,6 @@ pub struct Compiled {
 /// Bytes with 64-byte alignment.
 struct AlignedBytes {
     words: Vec<u64>,
-    len: usize,
 }
 
 impl AlignedBytes {
@@ -121,7 +120,7 @@ impl AlignedBytes {
         let skip = (64 - base % 64) % 64 / 8;
         let dst: &mut [u8] = bytemuck_cast(&mut words[skip..]);
         dst[..bytes.len()].copy_from_slice(bytes);
-        AlignedBytes { words, len: bytes.len() }
+        AlignedBytes { words }
     }
     fn ptr(&self) -> *mut u8 {
         let base = self.words.as_ptr() as usize;

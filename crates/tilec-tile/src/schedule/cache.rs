@@ -154,7 +154,7 @@ fn retarget(
                 expr(&mut g.b, f, &mut ok);
                 ok &= retarget(&mut g.epilogue, b, cache, stores, f);
             }
-            Stmt::Alloc(_) | Stmt::Barrier => {}
+            Stmt::Alloc(_) | Stmt::Barrier | Stmt::BlockReduce { .. } => {}
         }
     }
     ok

@@ -83,6 +83,10 @@ impl Region {
                 }
             }
             Stmt::Barrier => {}
+            // A cross-thread combine updates its variable like an assignment.
+            Stmt::BlockReduce { var, .. } => {
+                self.assigned.insert(*var);
+            }
             Stmt::Gemm(g) => {
                 self.gemms += 1;
                 for (v, n) in [

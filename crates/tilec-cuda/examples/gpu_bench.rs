@@ -1,0 +1,273 @@
+//! Memory-bound kernel benchmark on a GPU: softmax, LayerNorm and RMSNorm over the last axis,
+//! and gelu(x * w + b) with w, b vectors over the last axis, in bf16 and f32, compared with a
+//! device-to-device copy measured in the same run.
+//!
+//! Usage: `gpu_bench [--rows N] [--cols N] [--iters N] [--check-rows N] [--threads N]`
+//! (defaults 32768 x 8192, 50 timed runs after 5 warm-up runs, 64 checked rows). NVRTC is
+//! found through TILEC_NVRTC_LIB (a path) or the dynamic linker's search path.
+//!
+//! Prints one JSON object per line: the device, the copy, then one per kernel with
+//! `{op, dtype, ms, tb_s, vs_copy, max_rel_err, ok}` (ms: median of the timed runs; tb_s:
+//! bytes read + written once per run, over the median; vs_copy: tb_s over the copy's).
+
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tilec_cuda::handbuilt::{self, reference};
+use tilec_cuda::*;
+use tilec_ir::{DType, Tensor};
+
+struct Args {
+    rows: usize,
+    cols: usize,
+    iters: usize,
+    check_rows: usize,
+    threads: Option<i64>,
+}
+
+fn parse_args() -> std::result::Result<Args, String> {
+    let mut a = Args {
+        rows: 32768,
+        cols: 8192,
+        iters: 50,
+        check_rows: 64,
+        threads: None,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let val = argv
+            .get(i + 1)
+            .ok_or_else(|| format!("{} needs a value", argv[i]))?;
+        let n: usize = val
+            .parse()
+            .map_err(|_| format!("{}: {val:?} is not a number", argv[i]))?;
+        match argv[i].as_str() {
+            "--rows" => a.rows = n,
+            "--cols" => a.cols = n,
+            "--iters" => a.iters = n.max(1),
+            "--check-rows" => a.check_rows = n,
+            "--threads" => a.threads = Some(n as i64),
+            other => return Err(format!("unknown option {other}")),
+        }
+        i += 2;
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<f32>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2] as f64
+}
+
+/// Median milliseconds of `iters` runs of `f` (each between two events) after 5 warm-ups.
+fn time(
+    dev: &Device,
+    stream: &Stream,
+    iters: usize,
+    mut f: impl FnMut(&Stream) -> Result<()>,
+) -> Result<f64> {
+    for _ in 0..5 {
+        f(stream)?;
+    }
+    stream.synchronize()?;
+    let events: Vec<(Event, Event)> = (0..iters)
+        .map(|_| Ok((dev.event()?, dev.event()?)))
+        .collect::<Result<_>>()?;
+    for (a, b) in &events {
+        a.record(stream)?;
+        f(stream)?;
+        b.record(stream)?;
+    }
+    stream.synchronize()?;
+    let times = events
+        .iter()
+        .map(|(a, b)| b.elapsed_ms_since(a))
+        .collect::<Result<Vec<f32>>>()?;
+    Ok(median(times))
+}
+
+fn random_tensor(d: DType, shape: Vec<usize>, lo: f32, hi: f32, seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    match d {
+        DType::BF16 => Tensor::from_vec(
+            shape,
+            (0..n)
+                .map(|_| bf16::from_f32(rng.gen_range(lo..hi)))
+                .collect::<Vec<_>>(),
+        ),
+        _ => Tensor::from_vec(
+            shape,
+            (0..n).map(|_| rng.gen_range(lo..hi)).collect::<Vec<f32>>(),
+        ),
+    }
+    .expect("sizes match")
+}
+
+fn row_f64(t: &Tensor, r: usize, cols: usize) -> Vec<f64> {
+    match t.dtype() {
+        DType::BF16 => t.as_slice::<bf16>().map(|s| {
+            s[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect()
+        }),
+        _ => t.as_slice::<f32>().map(|s| {
+            s[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&v| v as f64)
+                .collect()
+        }),
+    }
+    .unwrap_or_default()
+}
+
+fn has_nan(t: &Tensor) -> bool {
+    match t.dtype() {
+        DType::BF16 => t
+            .as_slice::<bf16>()
+            .is_some_and(|s| s.iter().any(|v| v.is_nan())),
+        _ => t
+            .as_slice::<f32>()
+            .is_some_and(|s| s.iter().any(|v| v.is_nan())),
+    }
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("gpu_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> std::result::Result<(), String> {
+    let a = parse_args()?;
+    let s = |e: CudaError| e.to_string();
+    if !is_available() {
+        return Err(Device::open(0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "no CUDA device".into()));
+    }
+    let dev = Device::open(0).map_err(s)?;
+    let nv = Nvrtc::load().map_err(s)?;
+    let p = dev.props().clone();
+    println!(
+        "{}",
+        json!({"device": p.name, "cc": format!("{}.{}", p.compute_capability.0, p.compute_capability.1), "sms": p.sm_count,
+               "l2_mb": p.l2_bytes as f64 / 1048576.0, "mem_gb": p.total_mem_bytes as f64 / 1e9,
+               "peak_dram_tb_s": p.peak_dram_bytes_per_s / 1e12, "driver": driver_version().unwrap_or(0),
+               "nvrtc": format!("{}.{}", nv.version().0, nv.version().1), "arch": p.arch()})
+    );
+    let compiler = Compiler::new(nv, &p.arch());
+    let stream = dev.stream().map_err(s)?;
+
+    // Device-to-device copy of 2 GiB: read + write bytes over the time.
+    let copy_bytes = 2usize << 30;
+    let src = dev.alloc(copy_bytes).map_err(s)?;
+    let dst = dev.alloc(copy_bytes).map_err(s)?;
+    src.fill(&stream, 0, copy_bytes, 1).map_err(s)?;
+    let copy_ms = time(&dev, &stream, a.iters.max(20), |st| {
+        driver::copy_dtod(st, dst.ptr(), src.ptr(), copy_bytes)
+    })
+    .map_err(s)?;
+    let copy_tb_s = 2.0 * copy_bytes as f64 / (copy_ms * 1e-3) / 1e12;
+    println!(
+        "{}",
+        json!({"op": "copy_dtod", "bytes": copy_bytes, "ms": copy_ms, "tb_s": copy_tb_s})
+    );
+    drop((src, dst));
+
+    let (rows, cols) = (a.rows, a.cols);
+    let target = GpuTarget::from_props(&p);
+    let eps = 1e-5f32;
+    for d in [DType::BF16, DType::F32] {
+        let x = random_tensor(d, vec![rows, cols], -3.0, 3.0, 1);
+        let w = random_tensor(d, vec![cols], 0.5, 1.5, 2);
+        let b = random_tensor(d, vec![cols], -0.5, 0.5, 3);
+        let dx = dev.upload(&x).map_err(s)?;
+        let dw = dev.upload(&w).map_err(s)?;
+        let db = dev.upload(&b).map_err(s)?;
+        let dy = dev.alloc(rows * cols * d.size_bytes()).map_err(s)?;
+        let (r, c) = (rows as i64, cols as i64);
+        let row_opts = RowOptions {
+            threads: a.threads,
+            ..RowOptions::default()
+        };
+        let ops: Vec<(&str, tilec_tile::Kernel, Vec<u64>)> = vec![
+            (
+                "softmax",
+                schedule_rows(&handbuilt::softmax(r, c, d), &row_opts).map_err(s)?,
+                vec![dx.ptr(), dy.ptr()],
+            ),
+            (
+                "layernorm",
+                schedule_rows(&handbuilt::layernorm(r, c, d, eps), &row_opts).map_err(s)?,
+                vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()],
+            ),
+            (
+                "rmsnorm",
+                schedule_rows(&handbuilt::rmsnorm(r, c, d, eps), &row_opts).map_err(s)?,
+                vec![dx.ptr(), dw.ptr(), dy.ptr()],
+            ),
+            (
+                "gelu_bias",
+                schedule_elementwise(&handbuilt::gelu_bias(r, c, d), &target).map_err(s)?,
+                vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()],
+            ),
+        ];
+        let kernels: Vec<tilec_tile::Kernel> = ops.iter().map(|o| o.1.clone()).collect();
+        let t0 = std::time::Instant::now();
+        let loaded = load_kernels(&dev, &compiler, &kernels).map_err(s)?;
+        let compile_s = t0.elapsed().as_secs_f64();
+        let (wv, bv) = (row_f64(&w, 0, cols), row_f64(&b, 0, cols));
+        for ((op, _, args), gk) in ops.iter().zip(&loaded) {
+            // Correctness: poisoned output, one run, sampled rows against f64.
+            let poison = if d == DType::F32 {
+                0x7fc0_0000
+            } else {
+                0x7fc0_7fc0
+            };
+            dy.fill_u32(&stream, poison).map_err(s)?;
+            gk.launch(&stream, args).map_err(s)?;
+            stream.synchronize().map_err(s)?;
+            let y = dy.download(0, d, &[rows, cols]).map_err(s)?;
+            let nan = has_nan(&y);
+            let mut max_err = 0.0f64;
+            let step = (rows / a.check_rows.max(1)).max(1);
+            for row in (0..rows).step_by(step).chain([rows - 1]) {
+                let xr = row_f64(&x, row, cols);
+                let want = match *op {
+                    "softmax" => reference::softmax(&xr),
+                    "layernorm" => reference::layernorm(&xr, &wv, &bv, eps as f64),
+                    "rmsnorm" => reference::rmsnorm(&xr, &wv, eps as f64),
+                    _ => reference::gelu_bias(&xr, &wv, &bv),
+                };
+                let got = row_f64(&y, row, cols);
+                let rms = (want.iter().map(|v| v * v).sum::<f64>() / cols as f64).sqrt();
+                for (g, wv) in got.iter().zip(&want) {
+                    let e = (g - wv).abs() / wv.abs().max(1e-2 * rms).max(1e-30);
+                    max_err = if e.is_nan() {
+                        f64::INFINITY
+                    } else {
+                        max_err.max(e)
+                    };
+                }
+            }
+            let tol = if d == DType::F32 { 1e-4 } else { 2e-2 };
+            let ok = !nan && max_err <= tol;
+            let bytes: usize = gk.params.iter().map(|(dt, n)| dt.size_bytes() * n).sum();
+            let ms = time(&dev, &stream, a.iters.max(20), |st| gk.launch(st, args)).map_err(s)?;
+            let tb_s = bytes as f64 / (ms * 1e-3) / 1e12;
+            println!(
+                "{}",
+                json!({"op": op, "dtype": d.name(), "rows": rows, "cols": cols, "ms": ms, "tb_s": tb_s,
+                       "vs_copy": tb_s / copy_tb_s, "max_rel_err": max_err, "ok": ok,
+                       "grid": gk.launch.grid.0, "block": gk.launch.block.0, "bytes": bytes,
+                       "compile_s": compile_s, "cache_hit": gk.cache_hit})
+            );
+        }
+    }
+    Ok(())
+}

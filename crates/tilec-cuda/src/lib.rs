@@ -1,0 +1,98 @@
+//! The CUDA back end: tile-IR kernels rendered to CUDA C++, compiled at run time with NVRTC for
+//! the device's own architecture (with a disk cache), loaded and launched through the driver
+//! API, plus GPU schedules for memory-bound kernels.
+//!
+//! Everything CUDA is loaded at run time: the crate builds, and its non-GPU tests run, on
+//! machines without CUDA. [`is_available`] says whether a driver and a device are present;
+//! [`Nvrtc::load`] whether the compiler is.
+//!
+//! - [`driver`]: devices, memory (buffers and a planned arena), streams, events, modules,
+//!   launches and CUDA graphs; every failing call is reported by name.
+//! - [`nvrtc`]: CUDA C++ → cubin, cached on disk, several modules in parallel.
+//! - [`render`]: tile IR → CUDA C++ (`render_cuda`) and launch configuration.
+//! - [`schedule`]: GPU schedules for row-wise (softmax/norm) and elementwise kernels.
+
+pub mod driver;
+pub mod error;
+pub mod handbuilt;
+pub mod nvrtc;
+pub mod render;
+pub mod schedule;
+
+pub use driver::{
+    device_count, driver_version, is_available, Device, DeviceArena, DeviceBuffer, DeviceProps,
+    Event, Function, Graph, LaunchConfig, Module, Stream,
+};
+pub use error::{CudaError, Result};
+pub use nvrtc::{Compiled, Compiler, Nvrtc, Output};
+pub use render::{launch_config, render, render_cuda, CudaSource, PRELUDE};
+pub use schedule::{schedule_elementwise, schedule_gpu, schedule_rows, GpuTarget, RowOptions};
+
+use std::sync::Arc;
+
+/// A tile-IR kernel compiled and loaded on a device, with its launch configuration and the
+/// element counts and dtypes of its parameters.
+pub struct GpuKernel {
+    pub name: String,
+    pub launch: LaunchConfig,
+    pub params: Vec<(tilec_ir::DType, usize)>,
+    pub cache_hit: bool,
+    func: Function,
+}
+
+impl GpuKernel {
+    /// Launches with one device pointer per parameter (16-byte aligned).
+    pub fn launch(&self, stream: &Stream, args: &[u64]) -> Result<()> {
+        if args.len() != self.params.len() {
+            return Err(CudaError::Usage(format!(
+                "kernel {}: {} arguments given, {} expected",
+                self.name,
+                args.len(),
+                self.params.len()
+            )));
+        }
+        if let Some(i) = args.iter().position(|a| a % 16 != 0) {
+            return Err(CudaError::Usage(format!(
+                "kernel {}: argument {i} is not 16-byte aligned",
+                self.name
+            )));
+        }
+        self.func.launch(stream, &self.launch, args)
+    }
+}
+
+/// Renders, compiles (in parallel, through the cache) and loads kernels on `device`.
+pub fn load_kernels(
+    device: &Device,
+    compiler: &Compiler,
+    kernels: &[tilec_tile::Kernel],
+) -> Result<Vec<GpuKernel>> {
+    let mut rendered = vec![];
+    for k in kernels {
+        rendered.push(render(k)?);
+    }
+    let modules: Vec<(String, String)> = rendered
+        .iter()
+        .map(|r| (r.name.clone(), r.source.clone()))
+        .collect();
+    let compiled = compiler.compile_many(&modules);
+    let mut out = vec![];
+    for ((k, r), c) in kernels.iter().zip(rendered).zip(compiled) {
+        let c = c?;
+        let module = Arc::new(device.load_module(&c.image)?);
+        let func = module.function(&k.name)?;
+        let params = k
+            .params
+            .iter()
+            .map(|&b| (k.buf(b).dtype, k.buf(b).numel() as usize))
+            .collect();
+        out.push(GpuKernel {
+            name: k.name.clone(),
+            launch: r.launch,
+            params,
+            cache_hit: c.cache_hit,
+            func,
+        });
+    }
+    Ok(out)
+}

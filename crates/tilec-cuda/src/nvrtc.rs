@@ -1,0 +1,517 @@
+//! Run-time compilation of CUDA C++ with NVRTC, loaded at run time, with a disk cache.
+//!
+//! The library is looked up as `$TILEC_NVRTC_LIB` (a path) if set, then by the sonames of CUDA
+//! 13, 12 and 11 on the dynamic linker's search path (`LD_LIBRARY_PATH`), then under
+//! `$CUDA_HOME`/`$CUDA_PATH`. NVRTC 12 and later have `cuda_fp16.h` and `cuda_bf16.h` built in,
+//! so no include path is needed.
+//!
+//! Compiled images are cached in `$TILEC_CACHE_DIR/cuda`, else `$XDG_CACHE_HOME/tilec/cuda`,
+//! else `~/.cache/tilec/cuda`, keyed by a hash of the source, the architecture, the NVRTC
+//! version and the options; the full key is stored beside each image and compared on a hit.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{CudaError, Result};
+
+type NvrtcResult = c_int;
+type Program = *mut std::ffi::c_void;
+
+#[allow(clippy::type_complexity)]
+struct Api {
+    _lib: libloading::Library,
+    /// `libnvrtc-builtins` from the directory of an explicitly given NVRTC, loaded first so
+    /// that NVRTC finds it without a search path.
+    _builtins: Option<libloading::Library>,
+    path: String,
+    version: (i32, i32),
+    get_error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
+    create: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> NvrtcResult,
+    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
+    destroy: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
+    log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    cubin_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    cubin: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+}
+
+/// A loaded NVRTC library. Cheap to clone.
+#[derive(Clone)]
+pub struct Nvrtc {
+    api: Arc<Api>,
+}
+
+impl std::fmt::Debug for Nvrtc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Nvrtc({} {}.{})",
+            self.api.path, self.api.version.0, self.api.version.1
+        )
+    }
+}
+
+fn candidates() -> Vec<String> {
+    let mut c = vec![];
+    if let Ok(p) = std::env::var("TILEC_NVRTC_LIB") {
+        if !p.is_empty() {
+            c.push(p);
+        }
+    }
+    for name in [
+        "libnvrtc.so.13",
+        "libnvrtc.so.12",
+        "libnvrtc.so",
+        "libnvrtc.so.11.2",
+    ] {
+        c.push(name.to_string());
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(root) = std::env::var(var) {
+            for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"] {
+                c.push(format!("{root}/lib64/{name}"));
+            }
+        }
+    }
+    c
+}
+
+impl Nvrtc {
+    /// Loads NVRTC (once per process; later calls share it).
+    pub fn load() -> Result<Nvrtc> {
+        static LIB: OnceLock<std::result::Result<Nvrtc, String>> = OnceLock::new();
+        LIB.get_or_init(Self::load_uncached)
+            .clone()
+            .map_err(CudaError::NvrtcUnavailable)
+    }
+
+    /// Whether NVRTC can be loaded.
+    pub fn is_available() -> bool {
+        Self::load().is_ok()
+    }
+
+    fn load_uncached() -> std::result::Result<Nvrtc, String> {
+        let mut tried = vec![];
+        for cand in candidates() {
+            let builtins = preload_builtins(&cand);
+            // SAFETY: loading NVRTC runs no initialization with preconditions.
+            match unsafe { libloading::Library::new(&cand) } {
+                Ok(lib) => return Self::from_library(lib, builtins, cand),
+                Err(e) => tried.push(format!("{cand} ({e})")),
+            }
+        }
+        Err(format!("libnvrtc not found; tried {}", tried.join(", ")))
+    }
+
+    fn from_library(
+        lib: libloading::Library,
+        builtins: Option<libloading::Library>,
+        path: String,
+    ) -> std::result::Result<Nvrtc, String> {
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol has the C signature declared in nvrtc.h.
+                *unsafe { lib.get($name.as_bytes()) }
+                    .map_err(|e| format!("{path}: missing {}: {e}", $name))?
+            };
+        }
+        let version_fn: unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult =
+            sym!("nvrtcVersion");
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: two out-parameters.
+        if unsafe { version_fn(&mut major, &mut minor) } != 0 {
+            return Err(format!("{path}: nvrtcVersion failed"));
+        }
+        let api = Api {
+            path: path.clone(),
+            version: (major, minor),
+            get_error_string: sym!("nvrtcGetErrorString"),
+            create: sym!("nvrtcCreateProgram"),
+            compile: sym!("nvrtcCompileProgram"),
+            destroy: sym!("nvrtcDestroyProgram"),
+            log_size: sym!("nvrtcGetProgramLogSize"),
+            log: sym!("nvrtcGetProgramLog"),
+            cubin_size: sym!("nvrtcGetCUBINSize"),
+            cubin: sym!("nvrtcGetCUBIN"),
+            ptx_size: sym!("nvrtcGetPTXSize"),
+            ptx: sym!("nvrtcGetPTX"),
+            _lib: lib,
+            _builtins: builtins,
+        };
+        Ok(Nvrtc { api: Arc::new(api) })
+    }
+
+    /// NVRTC's version (major, minor).
+    pub fn version(&self) -> (i32, i32) {
+        self.api.version
+    }
+
+    /// Where the library was loaded from.
+    pub fn path(&self) -> &str {
+        &self.api.path
+    }
+
+    fn err(&self, call: &'static str, module: &str, r: NvrtcResult, log: &str) -> CudaError {
+        // SAFETY: returns a static string.
+        let s = unsafe { (self.api.get_error_string)(r) };
+        let name = if s.is_null() {
+            format!("error {r}")
+        } else {
+            // SAFETY: NUL-terminated static string.
+            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+        };
+        let msg = if log.trim().is_empty() {
+            name
+        } else {
+            format!("{name}\n{}", log.trim_end())
+        };
+        CudaError::Nvrtc {
+            call,
+            module: module.to_string(),
+            msg,
+        }
+    }
+
+    /// Compiles `source` (module name `name`) with `options`; returns the cubin when
+    /// `want_cubin` (the architecture must then be a real `sm_XX`), else the PTX.
+    pub fn compile_raw(
+        &self,
+        name: &str,
+        source: &str,
+        options: &[String],
+        want_cubin: bool,
+    ) -> Result<Vec<u8>> {
+        let bad =
+            |what: &str| CudaError::Usage(format!("module {name}: {what} contains a NUL byte"));
+        let csrc = CString::new(source).map_err(|_| bad("source"))?;
+        let cname = CString::new(format!("{name}.cu")).map_err(|_| bad("name"))?;
+        let copts: Vec<CString> = options
+            .iter()
+            .map(|o| CString::new(o.as_str()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| bad("an option"))?;
+        let optp: Vec<*const c_char> = copts.iter().map(|o| o.as_ptr()).collect();
+        let api = &self.api;
+        let mut prog: Program = std::ptr::null_mut();
+        // SAFETY: pointers valid for the call; no headers passed.
+        let r = unsafe {
+            (api.create)(
+                &mut prog,
+                csrc.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(self.err("nvrtcCreateProgram", name, r, ""));
+        }
+        struct Guard<'a>(&'a Api, Program);
+        impl Drop for Guard<'_> {
+            fn drop(&mut self) {
+                // SAFETY: program created above.
+                unsafe {
+                    (self.0.destroy)(&mut self.1);
+                }
+            }
+        }
+        let g = Guard(api, prog);
+        // SAFETY: valid program and options.
+        let r = unsafe { (api.compile)(g.1, optp.len() as c_int, optp.as_ptr()) };
+        let log = self.log(g.1);
+        if r != 0 {
+            return Err(self.err("nvrtcCompileProgram", name, r, &log));
+        }
+        let (size_fn, get_fn, call) = if want_cubin {
+            (api.cubin_size, api.cubin, "nvrtcGetCUBIN")
+        } else {
+            (api.ptx_size, api.ptx, "nvrtcGetPTX")
+        };
+        let mut n = 0usize;
+        // SAFETY: valid program.
+        let r = unsafe { size_fn(g.1, &mut n) };
+        if r != 0 {
+            return Err(self.err(call, name, r, ""));
+        }
+        let mut out = vec![0u8; n];
+        // SAFETY: buffer of the reported size.
+        let r = unsafe { get_fn(g.1, out.as_mut_ptr() as *mut c_char) };
+        if r != 0 {
+            return Err(self.err(call, name, r, ""));
+        }
+        if !want_cubin {
+            while out.last() == Some(&0) {
+                out.pop();
+            }
+        }
+        Ok(out)
+    }
+
+    fn log(&self, prog: Program) -> String {
+        let mut n = 0usize;
+        // SAFETY: valid program.
+        if unsafe { (self.api.log_size)(prog, &mut n) } != 0 || n == 0 {
+            return String::new();
+        }
+        let mut buf = vec![0u8; n];
+        // SAFETY: buffer of the reported size.
+        if unsafe { (self.api.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
+            return String::new();
+        }
+        String::from_utf8_lossy(&buf)
+            .trim_end_matches('\0')
+            .to_string()
+    }
+}
+
+/// For an NVRTC given by path, loads the `libnvrtc-builtins.so.*` beside it (NVRTC opens it by
+/// soname at compile time, which then resolves to the loaded copy).
+fn preload_builtins(cand: &str) -> Option<libloading::Library> {
+    let dir = Path::new(cand)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())?;
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so") && !n.contains(".alt."))
+        })
+        .collect();
+    names.sort();
+    // SAFETY: the builtins library has no initialization with preconditions.
+    names
+        .iter()
+        .rev()
+        .find_map(|p| unsafe { libloading::Library::new(p) }.ok())
+}
+
+/// The cache directory: `$TILEC_CACHE_DIR/cuda`, `$XDG_CACHE_HOME/tilec/cuda` or
+/// `~/.cache/tilec/cuda`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("TILEC_CACHE_DIR") {
+        return Some(d.join("cuda"));
+    }
+    if let Some(d) = var("XDG_CACHE_HOME") {
+        return Some(d.join("tilec").join("cuda"));
+    }
+    var("HOME").map(|h| h.join(".cache").join("tilec").join("cuda"))
+}
+
+/// 128-bit FNV-1a (two 64-bit lanes with different offsets): stable across builds and
+/// platforms, which `std`'s hasher does not promise.
+fn hash128(data: &[u8]) -> String {
+    let mut a: u64 = 0xcbf29ce484222325;
+    let mut b: u64 = 0x6c62272e07bb0142;
+    for &x in data {
+        a = (a ^ x as u64).wrapping_mul(0x100000001b3);
+        b = (b ^ x as u64).wrapping_mul(0x100000001b3).rotate_left(5);
+    }
+    format!("{a:016x}{b:016x}")
+}
+
+/// The outcome of one compilation.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub name: String,
+    /// A cubin (ELF) for the target architecture, or PTX text when [`Output::Ptx`] was asked.
+    pub image: Vec<u8>,
+    /// Whether the image came from the disk cache.
+    pub cache_hit: bool,
+}
+
+/// What the compiler produces.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Output {
+    Cubin,
+    Ptx,
+}
+
+/// Compiles CUDA C++ modules for one architecture, with a disk cache.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    nvrtc: Nvrtc,
+    arch: String,
+    options: Vec<String>,
+    output: Output,
+    cache_dir: Option<PathBuf>,
+}
+
+impl Compiler {
+    /// A compiler for `arch` (e.g. `sm_90a`) producing cubins, cached in the default
+    /// directory.
+    pub fn new(nvrtc: Nvrtc, arch: &str) -> Compiler {
+        let options = vec![
+            format!("--gpu-architecture={arch}"),
+            "-std=c++17".to_string(),
+            // Full device optimization (the default, stated so it is part of the cache key).
+            "--dopt=on".to_string(),
+            "--fmad=true".to_string(),
+        ];
+        Compiler {
+            nvrtc,
+            arch: arch.to_string(),
+            options,
+            output: Output::Cubin,
+            cache_dir: default_cache_dir(),
+        }
+    }
+
+    /// Compiles to PTX instead of cubin.
+    pub fn with_output(mut self, output: Output) -> Compiler {
+        self.output = output;
+        self
+    }
+
+    /// Uses `dir` as the cache (None: no cache).
+    pub fn with_cache_dir(mut self, dir: Option<PathBuf>) -> Compiler {
+        self.cache_dir = dir;
+        self
+    }
+
+    /// Appends an NVRTC option.
+    pub fn with_option(mut self, opt: &str) -> Compiler {
+        self.options.push(opt.to_string());
+        self
+    }
+
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    pub fn options(&self) -> &[String] {
+        &self.options
+    }
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    fn key(&self, source: &str) -> String {
+        let (ma, mi) = self.nvrtc.version();
+        format!(
+            "arch={}\nnvrtc={ma}.{mi}\noutput={:?}\noptions={}\n--\n{source}",
+            self.arch,
+            self.output,
+            self.options.join(" ")
+        )
+    }
+
+    /// Compiles one module (or takes it from the cache).
+    pub fn compile(&self, name: &str, source: &str) -> Result<Compiled> {
+        let key = self.key(source);
+        let h = hash128(key.as_bytes());
+        let ext = match self.output {
+            Output::Cubin => "cubin",
+            Output::Ptx => "ptx",
+        };
+        if let Some(dir) = &self.cache_dir {
+            let img = dir.join(format!("{h}.{ext}"));
+            let keyf = dir.join(format!("{h}.key"));
+            if let (Ok(k), Ok(image)) = (std::fs::read(&keyf), std::fs::read(&img)) {
+                if k == key.as_bytes() && !image.is_empty() {
+                    return Ok(Compiled {
+                        name: name.to_string(),
+                        image,
+                        cache_hit: true,
+                    });
+                }
+            }
+        }
+        let image =
+            self.nvrtc
+                .compile_raw(name, source, &self.options, self.output == Output::Cubin)?;
+        if let Some(dir) = &self.cache_dir {
+            store(dir, &h, ext, key.as_bytes(), &image)?;
+        }
+        Ok(Compiled {
+            name: name.to_string(),
+            image,
+            cache_hit: false,
+        })
+    }
+
+    /// Compiles several modules on parallel threads; results in input order.
+    pub fn compile_many(&self, modules: &[(String, String)]) -> Vec<Result<Compiled>> {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(modules.len())
+            .max(1);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut results: Vec<Option<Result<Compiled>>> = (0..modules.len()).map(|_| None).collect();
+        let slots: Vec<std::sync::Mutex<&mut Option<Result<Compiled>>>> =
+            results.iter_mut().map(std::sync::Mutex::new).collect();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= modules.len() {
+                        break;
+                    }
+                    let r = self.compile(&modules[i].0, &modules[i].1);
+                    **slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                });
+            }
+        });
+        drop(slots);
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.unwrap_or_else(|| {
+                    Err(CudaError::Usage(format!(
+                        "module {}: not compiled",
+                        modules[i].0
+                    )))
+                })
+            })
+            .collect()
+    }
+}
+
+fn store(dir: &Path, h: &str, ext: &str, key: &[u8], image: &[u8]) -> Result<()> {
+    let err = |p: &Path, e: std::io::Error| CudaError::Cache {
+        path: p.display().to_string(),
+        msg: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    // Write under unique temporary names, then rename: concurrent writers of one key leave a
+    // complete entry.
+    let tag = format!("{}.{:?}", std::process::id(), std::thread::current().id())
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "");
+    for (data, name) in [(key, format!("{h}.key")), (image, format!("{h}.{ext}"))] {
+        let tmp = dir.join(format!("{name}.tmp{tag}"));
+        let dst = dir.join(&name);
+        std::fs::write(&tmp, data).map_err(|e| err(&tmp, e))?;
+        std::fs::rename(&tmp, &dst).map_err(|e| err(&dst, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_is_stable_and_discriminates() {
+        assert_eq!(hash128(b"abc"), hash128(b"abc"));
+        assert_ne!(hash128(b"abc"), hash128(b"abd"));
+        assert_eq!(hash128(b"").len(), 32);
+    }
+}

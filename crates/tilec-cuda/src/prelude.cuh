@@ -1,0 +1,147 @@
+// Helpers shared by every generated kernel. No headers: NVRTC 13.0 has no built-in
+// cuda_fp16.h/cuda_bf16.h, so the 16-bit types and their conversions are defined here.
+
+#define TL_INF_F __int_as_float(0x7f800000)
+#define TL_NAN_F __int_as_float(0x7fc00000)
+#define TL_INF_D __longlong_as_double(0x7ff0000000000000LL)
+#define TL_NAN_D __longlong_as_double(0x7ff8000000000000LL)
+
+// 16-bit float storage types (IEEE binary16 and bfloat16 bit patterns).
+struct __align__(2) tl_f16 { unsigned short bits; };
+struct __align__(2) tl_bf16 { unsigned short bits; };
+
+__device__ __forceinline__ float tl_ld_f16(tl_f16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ __forceinline__ tl_f16 tl_st_f16(float f) {
+  tl_f16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float tl_ld_bf16(tl_bf16 h) { return __uint_as_float(((unsigned int)h.bits) << 16); }
+__device__ __forceinline__ tl_bf16 tl_st_bf16(float f) {
+  tl_bf16 h;
+#if __CUDA_ARCH__ >= 800
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+#else
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    h.bits = (unsigned short)((u >> 16) | 0x40);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    h.bits = (unsigned short)(u >> 16);
+  }
+#endif
+  return h;
+}
+
+// Rounding of float values to the precision of a 16-bit type (values of f16/bf16 type are
+// computed in float and rounded after every operation).
+__device__ __forceinline__ float tl_r_f16(float x) { return tl_ld_f16(tl_st_f16(x)); }
+__device__ __forceinline__ float tl_r_bf16(float x) { return tl_ld_bf16(tl_st_bf16(x)); }
+
+// fp8 storage formats: decode to float, saturating round-to-nearest-even encode.
+__device__ __forceinline__ float tl_f8_dec(unsigned char b, int mb, int bias, bool has_inf) {
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  int e = (b & 0x7f) >> mb;
+  int m = b & ((1 << mb) - 1);
+  int e_all = (1 << (7 - mb)) - 1;
+  if (has_inf && e == e_all) return m == 0 ? sign * TL_INF_F : TL_NAN_F;
+  if (!has_inf && e == e_all && m == (1 << mb) - 1) return TL_NAN_F;
+  if (e == 0) return sign * (float)m * ldexpf(1.0f, 1 - bias - mb);
+  return sign * (1.0f + (float)m / (float)(1 << mb)) * ldexpf(1.0f, e - bias);
+}
+__device__ __forceinline__ unsigned char tl_f8_enc(float x, int mb, int bias, float maxv, unsigned char max_bits) {
+  unsigned char sign = signbit(x) ? 0x80 : 0;
+  if (isnan(x)) return sign | 0x7f;
+  float a = fabsf(x);
+  if (isinf(a)) return sign | max_bits;
+  if (a == 0.0f) return sign;
+  int emin = 1 - bias;
+  int e = max(ilogbf(a), emin);
+  float quantum = ldexpf(1.0f, e - mb);
+  float q = rintf(a / quantum) * quantum;
+  if (q > maxv) return sign | max_bits;
+  if (q == 0.0f) return sign;
+  if (q < ldexpf(1.0f, emin)) return sign | (unsigned char)rintf(q / ldexpf(1.0f, emin - mb));
+  int e2 = ilogbf(q);
+  int m = (int)rintf(q / ldexpf(1.0f, e2 - mb)) - (1 << mb);
+  return sign | (unsigned char)(((e2 + bias) << mb) | m);
+}
+__device__ __forceinline__ float tl_ld_f8e4m3(unsigned char b) { return tl_f8_dec(b, 3, 7, false); }
+__device__ __forceinline__ float tl_ld_f8e5m2(unsigned char b) { return tl_f8_dec(b, 2, 15, true); }
+__device__ __forceinline__ unsigned char tl_st_f8e4m3(float x) { return tl_f8_enc(x, 3, 7, 448.0f, 0x7e); }
+__device__ __forceinline__ unsigned char tl_st_f8e5m2(float x) { return tl_f8_enc(x, 2, 15, 57344.0f, 0x7b); }
+__device__ __forceinline__ float tl_r_f8e4m3(float x) { return tl_ld_f8e4m3(tl_st_f8e4m3(x)); }
+__device__ __forceinline__ float tl_r_f8e5m2(float x) { return tl_ld_f8e5m2(tl_st_f8e5m2(x)); }
+
+// NaN-propagating minimum and maximum.
+__device__ __forceinline__ float tl_min(float a, float b) { return (isnan(a) || isnan(b)) ? TL_NAN_F : fminf(a, b); }
+__device__ __forceinline__ float tl_max(float a, float b) { return (isnan(a) || isnan(b)) ? TL_NAN_F : fmaxf(a, b); }
+__device__ __forceinline__ double tl_min(double a, double b) { return (isnan(a) || isnan(b)) ? TL_NAN_D : fmin(a, b); }
+__device__ __forceinline__ double tl_max(double a, double b) { return (isnan(a) || isnan(b)) ? TL_NAN_D : fmax(a, b); }
+template <typename T> __device__ __forceinline__ T tl_min(T a, T b) { return a < b ? a : b; }
+template <typename T> __device__ __forceinline__ T tl_max(T a, T b) { return a < b ? b : a; }
+
+__device__ __forceinline__ float tl_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
+__device__ __forceinline__ double tl_sign(double x) { return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : x); }
+template <typename T> __device__ __forceinline__ T tl_isign(T x) { return (T)((x > 0) - (x < 0)); }
+
+// Integer floor division and modulo (index arithmetic with negative operands).
+template <typename T> __device__ __forceinline__ T tl_floordiv(T a, T b) {
+  T q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> __device__ __forceinline__ T tl_floormod(T a, T b) {
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// Shifts by 64 or more give 0 (computed on 64 bits, like the interpreter).
+__device__ __forceinline__ long long tl_shl(long long a, long long b) { return (b >= 0 && b < 64) ? (long long)((unsigned long long)a << b) : 0; }
+__device__ __forceinline__ long long tl_shr(long long a, long long b) { return (b >= 0 && b < 64) ? (a >> b) : 0; }
+__device__ __forceinline__ unsigned long long tl_shl(unsigned long long a, unsigned long long b) { return b < 64 ? a << b : 0; }
+__device__ __forceinline__ unsigned long long tl_shr(unsigned long long a, unsigned long long b) { return b < 64 ? a >> b : 0; }
+template <typename T> __device__ __forceinline__ T tl_ipow(T a, T b) {
+  if (b < 0) return 0;
+  T r = 1;
+  while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+
+// Block-wide all-reduce over the threads of a one-dimensional block of NT threads (a multiple
+// of 32): warp shuffles, then one value per warp through shared memory. Every thread returns
+// the reduction.
+template <typename T> __device__ __forceinline__ T tl_shfl_xor(T v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ bool tl_shfl_xor(bool v, int m) { return __shfl_xor_sync(0xffffffffu, (int)v, m) != 0; }
+__device__ __forceinline__ signed char tl_shfl_xor(signed char v, int m) { return (signed char)__shfl_xor_sync(0xffffffffu, (int)v, m); }
+__device__ __forceinline__ unsigned char tl_shfl_xor(unsigned char v, int m) { return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, m); }
+__device__ __forceinline__ short tl_shfl_xor(short v, int m) { return (short)__shfl_xor_sync(0xffffffffu, (int)v, m); }
+__device__ __forceinline__ unsigned short tl_shfl_xor(unsigned short v, int m) { return (unsigned short)__shfl_xor_sync(0xffffffffu, (int)v, m); }
+
+struct TlAdd { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct TlMul { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
+struct TlMin { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return tl_min(a, b); } };
+struct TlMax { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return tl_max(a, b); } };
+struct TlAnd { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a && b; } };
+struct TlOr { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a || b; } };
+struct TlBitAnd { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a & b; } };
+struct TlBitOr { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a | b; } };
+struct TlBitXor { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a ^ b; } };
+
+template <int NT, typename Op, typename T>
+__device__ __forceinline__ T tl_block_allreduce(T v, Op op, T* scratch) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = op(v, tl_shfl_xor(v, m));
+  if (NT > 32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[0];
+#pragma unroll
+    for (int w = 1; w < NT / 32; ++w) v = op(v, scratch[w]);
+    __syncthreads();
+  }
+  return v;
+}

@@ -1,0 +1,1530 @@
+//! CUDA C++ rendering of tile-IR kernels.
+//!
+//! Kernel ABI: `extern "C" __global__ void NAME(T0* p0, T1* p1, ...)`, one typed pointer per
+//! kernel parameter in `Kernel::params` order, each pointing at the first element of a dense,
+//! row-major buffer and aligned to 16 bytes (the vectorized accesses rely on it; device
+//! allocations and planned arena offsets with 16-byte alignment satisfy it).
+//!
+//! Mapping of the IR:
+//! - a loop bound to `BlockX/Y/Z` or `ThreadX/Y/Z` becomes `blockIdx`/`threadIdx`; the launch
+//!   configuration takes the largest extent per axis and loops with a smaller one are guarded;
+//! - other loops are plain `for` loops (`#pragma unroll` for unrolled and vectorized ones);
+//!   a vectorized loop whose global loads or stores are contiguous and provably aligned moves
+//!   them as 4/8/16-byte vectors;
+//! - `Scope::Local` buffers are `__shared__` arrays, `Scope::Register` buffers thread-local
+//!   arrays (a dimension indexed only by a thread index of its own extent is dropped: each
+//!   thread holds its slice);
+//! - `Barrier` is `__syncthreads()`, `BlockReduce` a warp-shuffle + shared-memory all-reduce;
+//! - stores to global or shared memory outside thread loops run on thread 0 only (all threads
+//!   execute the code outside thread loops redundantly);
+//! - values of f16/bf16/fp8 type are computed in float and rounded to their type after every
+//!   operation, as the interpreter does; min/max propagate NaN.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+
+use tilec_ir::DType;
+use tilec_tile::*;
+
+use crate::driver::LaunchConfig;
+use crate::error::{CudaError, Result};
+
+/// The helpers every generated module starts with.
+pub const PRELUDE: &str = include_str!("prelude.cuh");
+
+/// A rendered kernel: CUDA C++ source (prelude included) and how to launch it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaSource {
+    pub name: String,
+    pub source: String,
+    pub launch: LaunchConfig,
+}
+
+/// Renders a kernel as a complete CUDA C++ translation unit (prelude + kernel).
+pub fn render_cuda(k: &Kernel) -> Result<String> {
+    Ok(render(k)?.source)
+}
+
+/// Renders a kernel and derives its launch configuration.
+pub fn render(k: &Kernel) -> Result<CudaSource> {
+    let (body, launch) = render_function(k)?;
+    Ok(CudaSource {
+        name: k.name.clone(),
+        source: format!("{PRELUDE}\n{body}"),
+        launch,
+    })
+}
+
+/// The launch configuration of a kernel: grid and block dimensions from its bound loops.
+pub fn launch_config(k: &Kernel) -> Result<LaunchConfig> {
+    Ok(Dims::of(k)?.config())
+}
+
+/// Renders only the `__global__` function (for modules holding several kernels after one
+/// [`PRELUDE`]).
+pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
+    if !valid_ident(&k.name) {
+        return Err(err(
+            k,
+            format!("kernel name {:?} is not a C identifier", k.name),
+        ));
+    }
+    let dims = Dims::of(k)?;
+    let launch = dims.config();
+    let reg_drop = register_dims_to_drop(k);
+    let wide = needs_64bit_index(k);
+    let mut r = R {
+        k,
+        dims: &dims,
+        reg_drop,
+        out: String::new(),
+        indent: 1,
+        thread_depth: 0,
+        vec_subst: HashMap::new(),
+        bound: HashMap::new(),
+        red_types: HashSet::new(),
+        vec_count: 0,
+    };
+    let mut body = String::new();
+    std::mem::swap(&mut r.out, &mut body);
+    r.block(&k.body)?;
+    std::mem::swap(&mut r.out, &mut body);
+
+    let mut out = String::new();
+    // Parameters never stored to are `const __restrict__` (read through the non-coherent
+    // cache).
+    let mut stored = HashSet::new();
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Store { buf, .. } = s {
+                stored.insert(*buf);
+            }
+        });
+    }
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .map(|&b| {
+            let buf = k.buf(b);
+            let c = if stored.contains(&b) { "" } else { "const " };
+            format!(
+                "{c}{}* __restrict__ {}",
+                storage_ty(buf.dtype),
+                buf_name(k, b)
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{",
+        launch.block.0 * launch.block.1 * launch.block.2,
+        k.name,
+        params.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "  typedef {} idx_t;",
+        if wide { "long long" } else { "int" }
+    );
+    // Shared memory: every local buffer at function scope.
+    for (i, buf) in k.buffers.iter().enumerate() {
+        if buf.scope == Scope::Local {
+            let _ = writeln!(
+                out,
+                "  __shared__ __align__(16) {} {}[{}];",
+                storage_ty(buf.dtype),
+                buf_name(k, BufId(i as u32)),
+                buf.numel().max(1)
+            );
+        }
+    }
+    let mut reds: Vec<&String> = r.red_types.iter().collect();
+    reds.sort();
+    for t in reds {
+        let _ = writeln!(out, "  __shared__ {t} tl_red_{}[32];", t.replace(' ', "_"));
+    }
+    out.push_str(&body);
+    out.push_str("}\n");
+    Ok((out, launch))
+}
+
+fn err(k: &Kernel, msg: String) -> CudaError {
+    CudaError::Render {
+        kernel: k.name.clone(),
+        msg,
+    }
+}
+
+fn valid_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
+        && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+fn buf_name(k: &Kernel, b: BufId) -> String {
+    format!("b{}_{}", b.0, sanitize(&k.buf(b).name))
+}
+
+fn var_name(k: &Kernel, v: VarId) -> String {
+    match k.vars.get(v.0 as usize) {
+        Some(info) => format!("v{}_{}", v.0, sanitize(&info.name)),
+        None => format!("v{}", v.0),
+    }
+}
+
+/// The C type a buffer element is stored as.
+pub fn storage_ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "tl_f16",
+        DType::BF16 => "tl_bf16",
+        DType::I8 => "signed char",
+        DType::I16 => "short",
+        DType::I32 => "int",
+        DType::I64 => "long long",
+        DType::U8 | DType::Bool | DType::F8E4M3 | DType::F8E5M2 => "unsigned char",
+        DType::U16 => "unsigned short",
+        DType::U32 => "unsigned int",
+        DType::U64 => "unsigned long long",
+    }
+}
+
+/// The C type values of an element type are computed in.
+fn compute_ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "float",
+        DType::Bool => "bool",
+        d => storage_ty(d),
+    }
+}
+
+fn ty_c(t: Ty) -> &'static str {
+    match t {
+        Ty::Index => "idx_t",
+        Ty::Elem(d) => compute_ty(d),
+    }
+}
+
+/// Stored value → computed value.
+fn load_conv(d: DType, s: String) -> String {
+    match d {
+        DType::F16 => format!("tl_ld_f16({s})"),
+        DType::BF16 => format!("tl_ld_bf16({s})"),
+        DType::F8E4M3 => format!("tl_ld_f8e4m3({s})"),
+        DType::F8E5M2 => format!("tl_ld_f8e5m2({s})"),
+        DType::Bool => format!("({s} != 0)"),
+        _ => s,
+    }
+}
+
+/// Marks a rendered value that is already in storage form.
+const RAW: &str = "\u{1}raw:";
+
+/// The storage-form expression of a rendered load of dtype `d` (strips the load conversion).
+fn raw_of(d: DType, rendered: String) -> Option<String> {
+    let inner = match d {
+        DType::F16 => rendered.strip_prefix("tl_ld_f16(")?.strip_suffix(')')?,
+        DType::BF16 => rendered.strip_prefix("tl_ld_bf16(")?.strip_suffix(')')?,
+        DType::F8E4M3 => rendered.strip_prefix("tl_ld_f8e4m3(")?.strip_suffix(')')?,
+        DType::F8E5M2 => rendered.strip_prefix("tl_ld_f8e5m2(")?.strip_suffix(')')?,
+        _ => rendered.as_str(),
+    };
+    Some(format!("{RAW}{inner}"))
+}
+
+/// Computed value → stored value.
+fn store_conv(d: DType, s: String) -> String {
+    match d {
+        DType::F16 => format!("tl_st_f16({s})"),
+        DType::BF16 => format!("tl_st_bf16({s})"),
+        DType::F8E4M3 => format!("tl_st_f8e4m3({s})"),
+        DType::F8E5M2 => format!("tl_st_f8e5m2({s})"),
+        DType::Bool => format!("(unsigned char)(({s}) ? 1 : 0)"),
+        d => format!("({})({s})", storage_ty(d)),
+    }
+}
+
+/// Rounds a float-computed value to the precision of `d` (identity for types computed
+/// natively).
+fn round_to(d: DType, s: String) -> String {
+    match d {
+        DType::F16 => format!("tl_r_f16({s})"),
+        DType::BF16 => format!("tl_r_bf16({s})"),
+        DType::F8E4M3 => format!("tl_r_f8e4m3({s})"),
+        DType::F8E5M2 => format!("tl_r_f8e5m2({s})"),
+        DType::I8 | DType::I16 | DType::U8 | DType::U16 => format!("({})({s})", storage_ty(d)),
+        _ => s,
+    }
+}
+
+/// Whether indices need 64 bits (some buffer or loop beyond 2^30 elements).
+fn needs_64bit_index(k: &Kernel) -> bool {
+    let lim = 1i64 << 30;
+    if k.buffers.iter().any(|b| b.numel() > lim) {
+        return true;
+    }
+    k.loops().iter().any(|l| l.extent > lim)
+}
+
+fn axis_of(a: GpuAxis) -> (bool, usize) {
+    match a {
+        GpuAxis::BlockX => (false, 0),
+        GpuAxis::BlockY => (false, 1),
+        GpuAxis::BlockZ => (false, 2),
+        GpuAxis::ThreadX => (true, 0),
+        GpuAxis::ThreadY => (true, 1),
+        GpuAxis::ThreadZ => (true, 2),
+    }
+}
+
+fn axis_builtin(a: GpuAxis) -> &'static str {
+    match a {
+        GpuAxis::BlockX => "blockIdx.x",
+        GpuAxis::BlockY => "blockIdx.y",
+        GpuAxis::BlockZ => "blockIdx.z",
+        GpuAxis::ThreadX => "threadIdx.x",
+        GpuAxis::ThreadY => "threadIdx.y",
+        GpuAxis::ThreadZ => "threadIdx.z",
+    }
+}
+
+/// Grid and block extents of a kernel.
+struct Dims {
+    grid: [i64; 3],
+    block: [i64; 3],
+}
+
+impl Dims {
+    fn of(k: &Kernel) -> Result<Dims> {
+        let mut d = Dims {
+            grid: [1; 3],
+            block: [1; 3],
+        };
+        let mut has_reduce = false;
+        fn walk(
+            k: &Kernel,
+            stmts: &[Stmt],
+            d: &mut Dims,
+            active: &mut Vec<GpuAxis>,
+            has_reduce: &mut bool,
+        ) -> Result<()> {
+            for s in stmts {
+                match s {
+                    Stmt::For(l) => {
+                        if let LoopKind::Bound(a) = l.kind {
+                            if active.contains(&a) {
+                                return Err(err(
+                                    k,
+                                    format!(
+                                        "loop {} is bound to {a:?} inside another loop bound to it",
+                                        var_name(k, l.var)
+                                    ),
+                                ));
+                            }
+                            if l.extent < 1 {
+                                return Err(err(
+                                    k,
+                                    format!(
+                                        "loop {} bound to {a:?} has extent {}",
+                                        var_name(k, l.var),
+                                        l.extent
+                                    ),
+                                ));
+                            }
+                            let (thread, i) = axis_of(a);
+                            let slot = if thread {
+                                &mut d.block[i]
+                            } else {
+                                &mut d.grid[i]
+                            };
+                            *slot = (*slot).max(l.extent);
+                            active.push(a);
+                            walk(k, &l.body, d, active, has_reduce)?;
+                            active.pop();
+                        } else {
+                            walk(k, &l.body, d, active, has_reduce)?;
+                        }
+                    }
+                    Stmt::If { then_, else_, .. } => {
+                        walk(k, then_, d, active, has_reduce)?;
+                        walk(k, else_, d, active, has_reduce)?;
+                    }
+                    Stmt::Gemm(g) => walk(k, &g.epilogue, d, active, has_reduce)?,
+                    Stmt::BlockReduce { axis, .. } => {
+                        *has_reduce = true;
+                        if !axis_of(*axis).0 {
+                            return Err(err(
+                                k,
+                                format!("block reduction over the grid axis {axis:?}"),
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+        walk(k, &k.body, &mut d, &mut vec![], &mut has_reduce)?;
+        if has_reduce {
+            if d.block[1] > 1 || d.block[2] > 1 {
+                return Err(err(
+                    k,
+                    "block reductions need a one-dimensional thread block (ThreadX only)".into(),
+                ));
+            }
+            d.block[0] = (d.block[0] + 31) / 32 * 32;
+        }
+        let threads: i64 = d.block.iter().product();
+        if threads > 1024 {
+            return Err(err(
+                k,
+                format!(
+                    "thread block of {:?} = {threads} threads exceeds 1024",
+                    d.block
+                ),
+            ));
+        }
+        if d.block[2] > 64 {
+            return Err(err(k, format!("ThreadZ extent {} exceeds 64", d.block[2])));
+        }
+        if d.grid[0] > i32::MAX as i64 || d.grid[1] > 65535 || d.grid[2] > 65535 {
+            return Err(err(
+                k,
+                format!(
+                    "grid {:?} exceeds the device limits (2^31-1, 65535, 65535)",
+                    d.grid
+                ),
+            ));
+        }
+        Ok(d)
+    }
+
+    fn config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: (
+                self.grid[0] as u32,
+                self.grid[1] as u32,
+                self.grid[2] as u32,
+            ),
+            block: (
+                self.block[0] as u32,
+                self.block[1] as u32,
+                self.block[2] as u32,
+            ),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn extent(&self, a: GpuAxis) -> i64 {
+        let (thread, i) = axis_of(a);
+        if thread {
+            self.block[i]
+        } else {
+            self.grid[i]
+        }
+    }
+
+    fn threads(&self) -> i64 {
+        self.block.iter().product()
+    }
+}
+
+/// For each register buffer, the dimensions indexed only by thread-bound variables whose loop
+/// extent equals the dimension: each thread keeps its own slice, so they are dropped.
+fn register_dims_to_drop(k: &Kernel) -> HashMap<BufId, Vec<bool>> {
+    let mut bound: HashMap<VarId, (GpuAxis, i64)> = HashMap::new();
+    for l in k.loops() {
+        if let LoopKind::Bound(a) = l.kind {
+            if axis_of(a).0 {
+                bound.insert(l.var, (a, l.extent));
+            }
+        }
+    }
+    let mut state: HashMap<BufId, Vec<Option<Option<GpuAxis>>>> = HashMap::new();
+    let mut note = |b: BufId, idx: &[Expr]| {
+        let buf = k.buf(b);
+        if buf.scope != Scope::Register {
+            return;
+        }
+        let st = state
+            .entry(b)
+            .or_insert_with(|| vec![None; buf.shape.len()]);
+        for (d, e) in idx.iter().enumerate().take(st.len()) {
+            let this = match e {
+                Expr::Var(v) => match bound.get(v) {
+                    Some(&(a, ext)) if ext == buf.shape[d] => Some(a),
+                    _ => None,
+                },
+                _ => None,
+            };
+            st[d] = match st[d] {
+                None => Some(this),
+                Some(prev) if prev == this => Some(prev),
+                Some(_) => Some(None),
+            };
+        }
+    };
+    fn exprs_of(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
+        s.visit(&mut |s| match s {
+            Stmt::Store { index, value, .. } => {
+                index.iter().for_each(|e| e.visit(&mut |x| f(x)));
+                value.visit(&mut |x| f(x));
+            }
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => value.visit(&mut |x| f(x)),
+            Stmt::If { cond, .. } => cond.visit(&mut |x| f(x)),
+            Stmt::Gemm(g) => {
+                g.a.visit(&mut |x| f(x));
+                g.b.visit(&mut |x| f(x));
+            }
+            _ => {}
+        });
+    }
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Store { buf, index, .. } = s {
+                note(*buf, index);
+            }
+        });
+        exprs_of(s, &mut |e| {
+            if let Expr::Load(b, idx) = e {
+                note(*b, idx);
+            }
+        });
+    }
+    state
+        .into_iter()
+        .map(|(b, st)| {
+            (
+                b,
+                st.into_iter().map(|x| matches!(x, Some(Some(_)))).collect(),
+            )
+        })
+        .collect()
+}
+
+/// An affine form over "atoms" (variables or opaque sub-expressions): `sum c_i * atom_i + k`.
+#[derive(Clone, Debug, Default)]
+struct Affine {
+    terms: Vec<(Expr, i64)>,
+    konst: i64,
+}
+
+impl Affine {
+    fn add(mut self, o: Affine, sign: i64) -> Affine {
+        for (a, c) in o.terms {
+            if let Some(t) = self.terms.iter_mut().find(|t| t.0 == a) {
+                t.1 += sign * c;
+            } else {
+                self.terms.push((a, sign * c));
+            }
+        }
+        self.konst += sign * o.konst;
+        self
+    }
+    fn scale(mut self, s: i64) -> Affine {
+        self.terms.iter_mut().for_each(|t| t.1 *= s);
+        self.konst *= s;
+        self
+    }
+    fn coef(&self, v: VarId) -> i64 {
+        self.terms
+            .iter()
+            .filter(|t| t.0 == Expr::Var(v))
+            .map(|t| t.1)
+            .sum()
+    }
+}
+
+fn affine(e: &Expr) -> Affine {
+    match e {
+        Expr::Int(c) => Affine {
+            terms: vec![],
+            konst: *c,
+        },
+        Expr::Binary(BinOp::Add, a, b) => affine(a).add(affine(b), 1),
+        Expr::Binary(BinOp::Sub, a, b) => affine(a).add(affine(b), -1),
+        Expr::Binary(BinOp::Mul, a, b) => match (a.as_ref(), b.as_ref()) {
+            (Expr::Int(c), x) | (x, Expr::Int(c)) => affine(x).scale(*c),
+            _ => Affine {
+                terms: vec![(e.clone(), 1)],
+                konst: 0,
+            },
+        },
+        e => Affine {
+            terms: vec![(e.clone(), 1)],
+            konst: 0,
+        },
+    }
+}
+
+/// A vectorized access found in a vectorized loop.
+#[derive(Clone, Debug)]
+struct VecAccess {
+    buf: BufId,
+    /// Flat element offset with the lane variable set to 0.
+    base: Expr,
+    /// Local array holding the lanes.
+    name: String,
+}
+
+struct R<'a> {
+    k: &'a Kernel,
+    dims: &'a Dims,
+    reg_drop: HashMap<BufId, Vec<bool>>,
+    out: String,
+    indent: usize,
+    /// Number of enclosing thread-bound loops.
+    thread_depth: usize,
+    /// Inside a vectorized loop: (buffer, flat index expression) → lane array of the loop.
+    vec_subst: HashMap<(BufId, String), String>,
+    /// Bound loop variables in scope.
+    bound: HashMap<VarId, GpuAxis>,
+    /// Compute types used by block reductions (each gets a shared scratch array).
+    red_types: HashSet<String>,
+    vec_count: usize,
+}
+
+impl R<'_> {
+    fn line(&mut self, s: &str) {
+        for _ in 0..self.indent {
+            self.out.push_str("  ");
+        }
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+
+    fn block(&mut self, stmts: &[Stmt]) -> Result<()> {
+        for s in stmts {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn var(&self, v: VarId) -> Result<String> {
+        if self.k.vars.get(v.0 as usize).is_none() {
+            return Err(err(self.k, format!("variable v{} is not declared", v.0)));
+        }
+        Ok(var_name(self.k, v))
+    }
+
+    fn check_buf(&self, b: BufId) -> Result<()> {
+        if self.k.buffers.get(b.0 as usize).is_none() {
+            return Err(err(self.k, format!("buffer #{} is not declared", b.0)));
+        }
+        Ok(())
+    }
+
+    /// The flat element offset of an access, as an IR expression (kept dims only for register
+    /// buffers).
+    fn flat_index(&self, b: BufId, index: &[Expr]) -> Result<Expr> {
+        self.check_buf(b)?;
+        let buf = self.k.buf(b);
+        if index.len() != buf.shape.len() {
+            return Err(err(
+                self.k,
+                format!(
+                    "buffer {} has rank {}, indexed with {} indices",
+                    buf.name,
+                    buf.shape.len(),
+                    index.len()
+                ),
+            ));
+        }
+        let drop = self.reg_drop.get(&b);
+        let mut flat = Expr::Int(0);
+        let mut stride = 1i64;
+        for d in (0..index.len()).rev() {
+            if drop.is_some_and(|dr| dr[d]) {
+                continue;
+            }
+            flat = Expr::add(Expr::mul(index[d].clone(), Expr::Int(stride)), flat);
+            stride = stride.saturating_mul(buf.shape[d]);
+        }
+        Ok(flat)
+    }
+
+    fn kept_numel(&self, b: BufId) -> i64 {
+        let buf = self.k.buf(b);
+        let drop = self.reg_drop.get(&b);
+        buf.shape
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !drop.is_some_and(|dr| dr[*d]))
+            .map(|(_, n)| *n)
+            .product::<i64>()
+            .max(1)
+    }
+
+    fn access(&mut self, b: BufId, index: &[Expr]) -> Result<(String, String)> {
+        let flat = self.flat_index(b, index)?;
+        let idx = self.expr(&flat)?;
+        Ok((buf_name(self.k, b), idx))
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<()> {
+        match s {
+            Stmt::For(l) => self.for_(l)?,
+            Stmt::Store { buf, index, value } => {
+                self.check_buf(*buf)?;
+                // A store of a cast to the buffer's own 16-bit type rounds once, not twice.
+                let v = match value {
+                    Expr::Cast(cd, inner)
+                        if *cd == self.k.buf(*buf).dtype
+                            && matches!(cd, DType::F16 | DType::BF16)
+                            && self.k.type_of(inner) == Ty::Elem(DType::F32) =>
+                    {
+                        self.expr(inner)?
+                    }
+                    _ => self.expr(value)?,
+                };
+                let flat = self.flat_index(*buf, index)?;
+                let fidx = self.expr(&flat)?;
+                let d = self.k.buf(*buf).dtype;
+                // A copy between buffers of one dtype moves the stored bits.
+                let v = match value {
+                    Expr::Load(src, _)
+                        if self
+                            .k
+                            .buffers
+                            .get(src.0 as usize)
+                            .is_some_and(|b| b.dtype == d)
+                            && d != DType::Bool =>
+                    {
+                        let lanes = self.expr(value)?;
+                        raw_of(d, lanes).unwrap_or(v)
+                    }
+                    _ => v,
+                };
+                let conv = |v: String| match v.strip_prefix(RAW) {
+                    Some(raw) => raw.to_string(),
+                    None => store_conv(d, v),
+                };
+                if let Some(lanes) = self.vec_subst.get(&(*buf, fidx.clone())).cloned() {
+                    let t = format!("{lanes} = {};", conv(v));
+                    self.line(&t);
+                    return Ok(());
+                }
+                let t = format!("{}[{fidx}] = {};", buf_name(self.k, *buf), conv(v));
+                let scope = self.k.buf(*buf).scope;
+                if scope != Scope::Register && self.thread_depth == 0 && self.dims.threads() > 1 {
+                    let t = format!(
+                        "if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {t}"
+                    );
+                    self.line(&t);
+                } else {
+                    self.line(&t);
+                }
+            }
+            Stmt::Let { var, value } => {
+                let info = self.k.var_info(*var).clone();
+                let v = self.expr(value)?;
+                let v = self.coerce(info.ty, value, v);
+                let c = if info.mutable { "" } else { "const " };
+                let t = format!("{c}{} {} = {v};", ty_c(info.ty), self.var(*var)?);
+                self.line(&t);
+            }
+            Stmt::Assign { var, value } => {
+                let info = self.k.var_info(*var).clone();
+                if !info.mutable {
+                    return Err(err(
+                        self.k,
+                        format!("assignment to immutable variable {}", info.name),
+                    ));
+                }
+                let v = self.expr(value)?;
+                let v = self.coerce(info.ty, value, v);
+                let t = format!("{} = {v};", self.var(*var)?);
+                self.line(&t);
+            }
+            Stmt::Alloc(b) => {
+                self.check_buf(*b)?;
+                let buf = self.k.buf(*b);
+                match buf.scope {
+                    Scope::Local => {} // declared at function scope
+                    Scope::Register => {
+                        let t = format!(
+                            "__align__(16) {} {}[{}];",
+                            storage_ty(buf.dtype),
+                            buf_name(self.k, *b),
+                            self.kept_numel(*b)
+                        );
+                        self.line(&t);
+                    }
+                    Scope::Global => {
+                        return Err(err(self.k, format!("alloc of global buffer {}", buf.name)))
+                    }
+                }
+            }
+            Stmt::If { cond, then_, else_ } => {
+                let c = self.expr(cond)?;
+                self.line(&format!("if ({c}) {{"));
+                self.indent += 1;
+                self.block(then_)?;
+                self.indent -= 1;
+                if !else_.is_empty() {
+                    self.line("} else {");
+                    self.indent += 1;
+                    self.block(else_)?;
+                    self.indent -= 1;
+                }
+                self.line("}");
+            }
+            Stmt::Barrier => {
+                if self.thread_depth > 0 {
+                    return Err(err(self.k, "barrier inside a thread-bound loop (threads past the extent would skip it)".into()));
+                }
+                self.line("__syncthreads();");
+            }
+            Stmt::BlockReduce { var, op, axis } => {
+                if self.thread_depth > 0 {
+                    return Err(err(
+                        self.k,
+                        "block reduction inside a thread-bound loop".into(),
+                    ));
+                }
+                let info = self.k.var_info(*var).clone();
+                if !info.mutable {
+                    return Err(err(
+                        self.k,
+                        format!("block reduction of immutable variable {}", info.name),
+                    ));
+                }
+                let ct = ty_c(info.ty).to_string();
+                let functor = match op {
+                    BinOp::Add => "TlAdd",
+                    BinOp::Mul => "TlMul",
+                    BinOp::Min => "TlMin",
+                    BinOp::Max => "TlMax",
+                    BinOp::And => "TlAnd",
+                    BinOp::Or => "TlOr",
+                    BinOp::BitAnd => "TlBitAnd",
+                    BinOp::BitOr => "TlBitOr",
+                    BinOp::BitXor => "TlBitXor",
+                    other => return Err(err(self.k, format!("block reduction with {other:?}"))),
+                };
+                let nt = self.dims.extent(*axis);
+                let name = self.var(*var)?;
+                let scratch = format!("tl_red_{}", ct.replace(' ', "_"));
+                self.red_types.insert(ct.clone());
+                let mut v = format!("tl_block_allreduce<{nt}>({name}, {functor}(), {scratch})");
+                // Sums of rounded types are rounded once more, like every other operation.
+                if let Ty::Elem(d) = info.ty {
+                    if matches!(op, BinOp::Add | BinOp::Mul) {
+                        v = round_to(d, v);
+                    }
+                }
+                self.line(&format!("{name} = {v};"));
+            }
+            Stmt::Gemm(g) => self.gemm(g)?,
+        }
+        Ok(())
+    }
+
+    /// Converts a value of expression `e` to the C type of `ty` where C would not.
+    fn coerce(&self, ty: Ty, e: &Expr, v: String) -> String {
+        match (ty, self.k.type_of(e)) {
+            (Ty::Elem(d), Ty::Elem(s)) if d != s => {
+                // Cast semantics, as Expr::Cast.
+                cast_expr(s, d, v)
+            }
+            (Ty::Elem(d), Ty::Index) => round_to(d, format!("({})({v})", compute_ty(d))),
+            (Ty::Index, Ty::Elem(s)) if s.is_float() => format!("(idx_t)(long long)({v})"),
+            _ => v,
+        }
+    }
+
+    fn for_(&mut self, l: &Loop) -> Result<()> {
+        let v = self.var(l.var)?;
+        if let LoopKind::Bound(a) = l.kind {
+            let ext = self.dims.extent(a);
+            let (thread, _) = axis_of(a);
+            self.line("{");
+            self.indent += 1;
+            self.line(&format!("const idx_t {v} = (idx_t){};", axis_builtin(a)));
+            let guarded = l.extent < ext;
+            if guarded {
+                self.line(&format!("if ({v} < {}) {{", l.extent));
+                self.indent += 1;
+            }
+            if thread {
+                self.thread_depth += 1;
+            }
+            self.bound.insert(l.var, a);
+            let r = self.block(&l.body);
+            self.bound.remove(&l.var);
+            if thread {
+                self.thread_depth -= 1;
+            }
+            r?;
+            if guarded {
+                self.indent -= 1;
+                self.line("}");
+            }
+            self.indent -= 1;
+            self.line("}");
+            return Ok(());
+        }
+        if l.kind == LoopKind::Vectorized && self.vec_subst.is_empty() {
+            return self.vector_loop(l);
+        }
+        if matches!(l.kind, LoopKind::Unrolled | LoopKind::Vectorized) {
+            self.line("#pragma unroll");
+        }
+        self.line(&format!(
+            "for (idx_t {v} = 0; {v} < {}; ++{v}) {{",
+            l.extent
+        ));
+        self.indent += 1;
+        self.block(&l.body)?;
+        self.indent -= 1;
+        self.line("}");
+        Ok(())
+    }
+
+    /// A vectorized loop: contiguous, aligned global accesses move as whole vectors.
+    fn vector_loop(&mut self, l: &Loop) -> Result<()> {
+        let (loads, stores) = self.vector_accesses(l)?;
+        let v = self.var(l.var)?;
+        self.line("{");
+        self.indent += 1;
+        for (acc, is_load) in loads
+            .iter()
+            .map(|a| (a, true))
+            .chain(stores.iter().map(|a| (a, false)))
+        {
+            let buf = self.k.buf(acc.buf);
+            let st = storage_ty(buf.dtype);
+            let base = self.expr(&acc.base)?;
+            self.line(&format!("__align__(16) {st} {}[{}];", acc.name, l.extent));
+            if is_load {
+                self.copy_vector(
+                    &format!("(&{}[{base}])", buf_name(self.k, acc.buf)),
+                    &acc.name,
+                    buf.dtype,
+                    l.extent,
+                );
+            }
+        }
+        // Map the rendered index text of each access in the body to its lane array.
+        let mut text_subst = HashMap::new();
+        for acc in loads.iter().chain(stores.iter()) {
+            for idx_text in &self.vector_index_texts(l, acc)? {
+                text_subst.insert((acc.buf, idx_text.clone()), format!("{}[{v}]", acc.name));
+            }
+        }
+        self.line("#pragma unroll");
+        self.line(&format!(
+            "for (idx_t {v} = 0; {v} < {}; ++{v}) {{",
+            l.extent
+        ));
+        self.indent += 1;
+        self.vec_subst = text_subst;
+        let r = self.block(&l.body);
+        self.vec_subst.clear();
+        r?;
+        self.indent -= 1;
+        self.line("}");
+        for acc in &stores {
+            let buf = self.k.buf(acc.buf);
+            let base = self.expr(&acc.base)?;
+            self.copy_vector(
+                &acc.name,
+                &format!("(&{}[{base}])", buf_name(self.k, acc.buf)),
+                buf.dtype,
+                l.extent,
+            );
+        }
+        self.indent -= 1;
+        self.line("}");
+        Ok(())
+    }
+
+    fn vector_width(d: DType, lanes: i64) -> (i64, &'static str) {
+        let bytes = d.size_bytes() as i64 * lanes;
+        let w = if bytes % 16 == 0 {
+            16
+        } else if bytes % 8 == 0 {
+            8
+        } else if bytes % 4 == 0 {
+            4
+        } else if bytes % 2 == 0 {
+            2
+        } else {
+            1
+        };
+        let t = match w {
+            16 => "uint4",
+            8 => "uint2",
+            4 => "unsigned int",
+            2 => "unsigned short",
+            _ => "unsigned char",
+        };
+        (w, t)
+    }
+
+    fn copy_vector(&mut self, src: &str, dst: &str, d: DType, lanes: i64) {
+        let (w, t) = Self::vector_width(d, lanes);
+        let n = d.size_bytes() as i64 * lanes / w;
+        for c in 0..n {
+            self.line(&format!(
+                "reinterpret_cast<{t}*>({dst})[{c}] = reinterpret_cast<const {t}*>({src})[{c}];"
+            ));
+        }
+    }
+
+    /// The rendered flat-index texts under which the body refers to an access (the body
+    /// renders indices the same way, so text equality identifies the access).
+    fn vector_index_texts(&mut self, l: &Loop, acc: &VecAccess) -> Result<Vec<String>> {
+        let mut out = vec![];
+        let mut idxs: Vec<Vec<Expr>> = vec![];
+        for s in &l.body {
+            s.visit(&mut |s| {
+                if let Stmt::Store { buf, index, .. } = s {
+                    if *buf == acc.buf {
+                        idxs.push(index.clone());
+                    }
+                }
+            });
+            visit_exprs(s, &mut |e| {
+                if let Expr::Load(b, idx) = e {
+                    if *b == acc.buf {
+                        idxs.push(idx.clone());
+                    }
+                }
+            });
+        }
+        for idx in idxs {
+            let flat = self.flat_index(acc.buf, &idx)?;
+            if flat.substitute(l.var, &Expr::Int(0)) == acc.base {
+                let t = self.expr(&self.flat_index(acc.buf, &idx)?)?;
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Global loads and stores of a vectorized loop that can move as vectors.
+    fn vector_accesses(&mut self, l: &Loop) -> Result<(Vec<VecAccess>, Vec<VecAccess>)> {
+        let lanes = l.extent;
+        // Variables defined inside the loop body: indices using them are not loop-invariant.
+        let mut inner_vars: HashSet<VarId> = HashSet::new();
+        let mut stored: HashMap<BufId, usize> = HashMap::new();
+        let mut has_nested_store: HashSet<BufId> = HashSet::new();
+        for s in &l.body {
+            s.visit(&mut |s| match s {
+                Stmt::For(x) => {
+                    inner_vars.insert(x.var);
+                }
+                Stmt::Let { var, .. } => {
+                    inner_vars.insert(*var);
+                }
+                Stmt::Store { buf, .. } => {
+                    *stored.entry(*buf).or_default() += 1;
+                }
+                Stmt::Gemm(g) => {
+                    inner_vars.extend([g.b_var, g.i_var, g.j_var, g.k_var, g.acc_var]);
+                }
+                _ => {}
+            });
+            if !matches!(s, Stmt::Store { .. }) {
+                s.visit(&mut |x| {
+                    if let Stmt::Store { buf, .. } = x {
+                        has_nested_store.insert(*buf);
+                    }
+                });
+            }
+        }
+        let ok_index = |this: &Self, b: BufId, idx: &[Expr]| -> Result<Option<Expr>> {
+            let buf = this.k.buf(b);
+            if buf.scope != Scope::Global {
+                return Ok(None);
+            }
+            let (w, _) = Self::vector_width(buf.dtype, lanes);
+            let elems = w / buf.dtype.size_bytes() as i64;
+            if w < 4 || elems <= 1 {
+                return Ok(None);
+            }
+            let flat = this.flat_index(b, idx)?;
+            let mut uses_inner = false;
+            flat.visit(&mut |e| {
+                if let Expr::Var(x) = e {
+                    if inner_vars.contains(x) {
+                        uses_inner = true;
+                    }
+                }
+            });
+            if uses_inner {
+                return Ok(None);
+            }
+            let a = affine(&flat);
+            if a.coef(l.var) != 1 {
+                return Ok(None);
+            }
+            for (atom, c) in &a.terms {
+                if *atom == Expr::Var(l.var) {
+                    continue;
+                }
+                if atom.uses_var(l.var) || c % elems != 0 {
+                    return Ok(None);
+                }
+            }
+            if a.konst % elems != 0 {
+                return Ok(None);
+            }
+            Ok(Some(flat.substitute(l.var, &Expr::Int(0))))
+        };
+        let mut loads: Vec<VecAccess> = vec![];
+        let mut stores: Vec<VecAccess> = vec![];
+        // Loads reachable unconditionally (not under an If or a Select branch).
+        let mut cands: Vec<(BufId, Vec<Expr>)> = vec![];
+        fn uncond_loads(e: &Expr, out: &mut Vec<(BufId, Vec<Expr>)>) {
+            match e {
+                Expr::Load(b, idx) => {
+                    out.push((*b, idx.clone()));
+                    idx.iter().for_each(|x| uncond_loads(x, out));
+                }
+                Expr::Select(c, _, _) => uncond_loads(c, out),
+                Expr::Unary(_, a) | Expr::Cast(_, a) | Expr::ToIndex(a) => uncond_loads(a, out),
+                Expr::Binary(BinOp::And | BinOp::Or, a, _) => uncond_loads(a, out),
+                Expr::Binary(_, a, b) => {
+                    uncond_loads(a, out);
+                    uncond_loads(b, out);
+                }
+                _ => {}
+            }
+        }
+        for s in &l.body {
+            match s {
+                Stmt::Store { index, value, .. } => {
+                    index.iter().for_each(|x| uncond_loads(x, &mut cands));
+                    uncond_loads(value, &mut cands);
+                }
+                Stmt::Let { value, .. } | Stmt::Assign { value, .. } => {
+                    uncond_loads(value, &mut cands)
+                }
+                _ => {}
+            }
+        }
+        for (b, idx) in cands {
+            self.check_buf(b)?;
+            if stored.contains_key(&b) {
+                continue;
+            }
+            if let Some(base) = ok_index(self, b, &idx)? {
+                if !loads.iter().any(|a| a.buf == b && a.base == base) {
+                    self.vec_count += 1;
+                    let name = format!("tl_ld{}", self.vec_count);
+                    loads.push(VecAccess { buf: b, base, name });
+                }
+            }
+        }
+        for s in &l.body {
+            if let Stmt::Store { buf, index, .. } = s {
+                self.check_buf(*buf)?;
+                if stored.get(buf) != Some(&1) || has_nested_store.contains(buf) {
+                    continue;
+                }
+                let mut read = false;
+                for s2 in &l.body {
+                    visit_exprs(s2, &mut |e| {
+                        if e.reads(*buf) {
+                            read = true
+                        }
+                    });
+                }
+                if read {
+                    continue;
+                }
+                if let Some(base) = ok_index(self, *buf, index)? {
+                    self.vec_count += 1;
+                    let name = format!("tl_st{}", self.vec_count);
+                    stores.push(VecAccess {
+                        buf: *buf,
+                        base,
+                        name,
+                    });
+                }
+            }
+        }
+        Ok((loads, stores))
+    }
+
+    fn gemm(&mut self, g: &Gemm) -> Result<()> {
+        // A plain loop nest: correct on any launch shape, not fast (tensor-core templates come
+        // with the GEMM schedules).
+        let (b, i, j, kk, acc) = (
+            self.var(g.b_var)?,
+            self.var(g.i_var)?,
+            self.var(g.j_var)?,
+            self.var(g.k_var)?,
+            self.var(g.acc_var)?,
+        );
+        let at = compute_ty(g.acc_dtype);
+        self.line(&format!("for (idx_t {b} = 0; {b} < {}; ++{b})", g.batch));
+        self.line(&format!("for (idx_t {i} = 0; {i} < {}; ++{i})", g.m));
+        self.line(&format!("for (idx_t {j} = 0; {j} < {}; ++{j}) {{", g.n));
+        self.indent += 1;
+        self.line(&format!("{at} {acc}_sum = 0;"));
+        let a = self.expr(&g.a)?;
+        let bb = self.expr(&g.b)?;
+        self.line(&format!("for (idx_t {kk} = 0; {kk} < {}; ++{kk}) {{", g.k));
+        self.line(&format!(
+            "  {acc}_sum = {};",
+            round_to(
+                g.acc_dtype,
+                format!(
+                    "{acc}_sum + {}",
+                    round_to(g.acc_dtype, format!("({at})({a}) * ({at})({bb})"))
+                )
+            )
+        ));
+        self.line("}");
+        self.line(&format!("const {at} {acc} = {acc}_sum;"));
+        self.block(&g.epilogue)?;
+        self.indent -= 1;
+        self.line("}");
+        Ok(())
+    }
+
+    fn expr(&mut self, e: &Expr) -> Result<String> {
+        Ok(match e {
+            Expr::Int(x) => {
+                if *x >= i32::MIN as i64 && *x <= i32::MAX as i64 {
+                    format!("{x}")
+                } else {
+                    format!("{x}LL")
+                }
+            }
+            Expr::Lit(l) => lit(*l),
+            Expr::Var(v) => self.var(*v)?,
+            Expr::Load(b, idx) => {
+                let (name, i) = self.access(*b, idx)?;
+                let d = self.k.buf(*b).dtype;
+                if let Some(lanes) = self.vec_subst.get(&(*b, i.clone())) {
+                    load_conv(d, lanes.clone())
+                } else {
+                    load_conv(d, format!("{name}[{i}]"))
+                }
+            }
+            Expr::Cast(d, a) => {
+                let s = self.expr(a)?;
+                match self.k.type_of(a) {
+                    Ty::Elem(from) => cast_expr(from, *d, s),
+                    Ty::Index => {
+                        if *d == DType::Bool {
+                            format!("(({s}) != 0)")
+                        } else {
+                            round_to(*d, format!("({})({s})", compute_ty(*d)))
+                        }
+                    }
+                }
+            }
+            Expr::ToIndex(a) => {
+                let s = self.expr(a)?;
+                match self.k.type_of(a) {
+                    Ty::Elem(d) if d.is_float() => format!("(idx_t)(long long)({s})"),
+                    _ => format!("(idx_t)({s})"),
+                }
+            }
+            Expr::Select(c, a, b) => {
+                let ty = self.k.type_of(e);
+                let (cs, as_, bs) = (self.expr(c)?, self.expr(a)?, self.expr(b)?);
+                format!("(({cs}) ? ({})({as_}) : ({})({bs}))", ty_c(ty), ty_c(ty))
+            }
+            Expr::Unary(op, a) => {
+                let ty = self.k.type_of(e);
+                let s = self.expr(a)?;
+                self.unary(*op, ty, s)
+            }
+            Expr::Binary(op, a, b) => {
+                let ty = self.k.type_of(a);
+                let ty = if ty == Ty::Index {
+                    self.k.type_of(b)
+                } else {
+                    ty
+                };
+                let (x, y) = (self.expr(a)?, self.expr(b)?);
+                self.binary(*op, ty, x, y)?
+            }
+        })
+    }
+
+    fn unary(&self, op: UnOp, ty: Ty, s: String) -> String {
+        let d = match ty {
+            Ty::Elem(d) => d,
+            Ty::Index => DType::I64,
+        };
+        if !d.is_float() {
+            let c = ty_c(ty);
+            let r = match op {
+                UnOp::Neg => format!("({c})(-({s}))"),
+                UnOp::Not => format!("(!({s}))"),
+                UnOp::BitNot => format!("({c})(~({s}))"),
+                UnOp::Abs => {
+                    if d.is_signed_int() {
+                        format!("({c})(({s}) < 0 ? -({s}) : ({s}))")
+                    } else {
+                        s
+                    }
+                }
+                UnOp::Sign => {
+                    if d == DType::Bool {
+                        s
+                    } else {
+                        format!("tl_isign<{c}>({s})")
+                    }
+                }
+                UnOp::IsNan | UnOp::IsInf => "false".into(),
+                _ => s,
+            };
+            return r;
+        }
+        let dbl = d == DType::F64;
+        let f = |name: &str| -> String {
+            if dbl {
+                format!("{name}({s})")
+            } else {
+                format!("{name}f({s})")
+            }
+        };
+        let one = if dbl { "1.0" } else { "1.0f" };
+        let r = match op {
+            UnOp::Neg => format!("(-({s}))"),
+            UnOp::Not => return format!("(({s}) == 0)"),
+            UnOp::BitNot => s.clone(),
+            UnOp::Abs => f("fabs"),
+            UnOp::Sqrt => f("sqrt"),
+            UnOp::Rsqrt => f("rsqrt"),
+            UnOp::Recip => format!("({one} / ({s}))"),
+            UnOp::Exp => f("exp"),
+            UnOp::Log => f("log"),
+            UnOp::Sin => f("sin"),
+            UnOp::Cos => f("cos"),
+            UnOp::Tan => f("tan"),
+            UnOp::Asin => f("asin"),
+            UnOp::Acos => f("acos"),
+            UnOp::Atan => f("atan"),
+            UnOp::Sinh => f("sinh"),
+            UnOp::Cosh => f("cosh"),
+            UnOp::Tanh => f("tanh"),
+            UnOp::Asinh => f("asinh"),
+            UnOp::Acosh => f("acosh"),
+            UnOp::Atanh => f("atanh"),
+            UnOp::Erf => f("erf"),
+            UnOp::Floor => f("floor"),
+            UnOp::Ceil => f("ceil"),
+            UnOp::Round => f("rint"),
+            UnOp::Trunc => f("trunc"),
+            UnOp::Sign => format!("tl_sign({s})"),
+            UnOp::Sigmoid => {
+                if dbl {
+                    format!("(1.0 / (1.0 + exp(-({s}))))")
+                } else {
+                    format!("(1.0f / (1.0f + expf(-({s}))))")
+                }
+            }
+            UnOp::IsNan => return format!("isnan({s})"),
+            UnOp::IsInf => return format!("isinf({s})"),
+        };
+        round_to(d, r)
+    }
+
+    fn binary(&self, op: BinOp, ty: Ty, x: String, y: String) -> Result<String> {
+        use BinOp::*;
+        if op.is_logical() {
+            return Ok(match op {
+                And => format!("((bool)({x}) && (bool)({y}))"),
+                Or => format!("((bool)({x}) || (bool)({y}))"),
+                _ => format!("((bool)({x}) != (bool)({y}))"),
+            });
+        }
+        if op.is_compare() {
+            let sym = match op {
+                Lt => "<",
+                Le => "<=",
+                Gt => ">",
+                Ge => ">=",
+                Eq => "==",
+                _ => "!=",
+            };
+            return Ok(format!("(({x}) {sym} ({y}))"));
+        }
+        let d = match ty {
+            Ty::Elem(d) => d,
+            Ty::Index => DType::I64,
+        };
+        let c = ty_c(ty);
+        if d.is_float() {
+            let dbl = d == DType::F64;
+            let fs = if dbl { "" } else { "f" };
+            let r = match op {
+                Add => format!("(({x}) + ({y}))"),
+                Sub => format!("(({x}) - ({y}))"),
+                Mul => format!("(({x}) * ({y}))"),
+                Div => format!("(({x}) / ({y}))"),
+                Rem => format!("fmod{fs}({x}, {y})"),
+                FloorDiv => format!("floor{fs}(({x}) / ({y}))"),
+                FloorMod => {
+                    format!("(({c})({x}) - ({c})({y}) * floor{fs}(({c})({x}) / ({c})({y})))")
+                }
+                Min => format!("tl_min(({c})({x}), ({c})({y}))"),
+                Max => format!("tl_max(({c})({x}), ({c})({y}))"),
+                Pow => format!("pow{fs}({x}, {y})"),
+                Atan2 => format!("atan2{fs}({x}, {y})"),
+                other => return Err(err(self.k, format!("{other:?} is not defined on floats"))),
+            };
+            return Ok(round_to(d, r));
+        }
+        let unsigned = matches!(
+            d,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool
+        );
+        let wide = if unsigned {
+            "unsigned long long"
+        } else {
+            "long long"
+        };
+        let r = match op {
+            Add => format!("(({x}) + ({y}))"),
+            Sub => format!("(({x}) - ({y}))"),
+            Mul => format!("(({x}) * ({y}))"),
+            Div => format!("(({x}) / ({y}))"),
+            Rem => format!("(({x}) % ({y}))"),
+            FloorDiv => {
+                if unsigned {
+                    format!("(({x}) / ({y}))")
+                } else {
+                    format!("tl_floordiv<{c}>({x}, {y})")
+                }
+            }
+            FloorMod => {
+                if unsigned {
+                    format!("(({x}) % ({y}))")
+                } else {
+                    format!("tl_floormod<{c}>({x}, {y})")
+                }
+            }
+            Min => format!("tl_min<{c}>({x}, {y})"),
+            Max => format!("tl_max<{c}>({x}, {y})"),
+            Pow => format!("tl_ipow<{c}>({x}, {y})"),
+            BitAnd => format!("(({x}) & ({y}))"),
+            BitOr => format!("(({x}) | ({y}))"),
+            BitXor => format!("(({x}) ^ ({y}))"),
+            Shl => format!("tl_shl(({wide})({x}), ({wide})({y}))"),
+            Shr => format!("tl_shr(({wide})({x}), ({wide})({y}))"),
+            other => return Err(err(self.k, format!("{other:?} is not defined on integers"))),
+        };
+        Ok(if ty == Ty::Index {
+            r
+        } else {
+            format!("({c})({r})")
+        })
+    }
+}
+
+/// Calls `f` on every expression (and sub-expression) held by `s` and nested statements.
+fn visit_exprs(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
+    s.visit(&mut |s| match s {
+        Stmt::Store { index, value, .. } => {
+            index.iter().for_each(|e| e.visit(&mut |x| f(x)));
+            value.visit(&mut |x| f(x));
+        }
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => value.visit(&mut |x| f(x)),
+        Stmt::If { cond, .. } => cond.visit(&mut |x| f(x)),
+        Stmt::Gemm(g) => {
+            g.a.visit(&mut |x| f(x));
+            g.b.visit(&mut |x| f(x));
+        }
+        _ => {}
+    });
+}
+
+/// A C expression converting a computed value of type `from` to type `to` (C conversion with
+/// rounding to 16-bit and fp8 types).
+fn cast_expr(from: DType, to: DType, s: String) -> String {
+    if from == to {
+        return s;
+    }
+    if to == DType::Bool {
+        return format!("(({s}) != 0)");
+    }
+    if to.is_float() {
+        return round_to(to, format!("({})({s})", compute_ty(to)));
+    }
+    // To an integer type: floats go through 64 bits (saturating, NaN to 0), then wrap.
+    if from.is_float() {
+        let wide = if to.is_signed_int() {
+            "long long"
+        } else {
+            "unsigned long long"
+        };
+        if to.is_signed_int() {
+            return format!("({})({wide})({s})", storage_ty(to));
+        }
+        // Negative floats to unsigned: through signed 64 bits and wrap, like C on the host.
+        return format!(
+            "({})(({s}) < 0 ? (unsigned long long)(long long)({s}) : ({wide})({s}))",
+            storage_ty(to)
+        );
+    }
+    format!("({})({s})", storage_ty(to))
+}
+
+fn lit(l: Lit) -> String {
+    match l {
+        Lit::Bool(b) => (if b { "true" } else { "false" }).into(),
+        Lit::Int(x, d) => {
+            if d.is_float() {
+                return lit(Lit::Float(x as f64, d));
+            }
+            if d == DType::Bool {
+                return (if x != 0 { "true" } else { "false" }).into();
+            }
+            if x == i64::MIN {
+                format!("({})(-9223372036854775807LL - 1)", storage_ty(d))
+            } else {
+                format!("({})({x}LL)", storage_ty(d))
+            }
+        }
+        Lit::UInt(x, d) => {
+            if d.is_float() {
+                return lit(Lit::Float(x as f64, d));
+            }
+            if d == DType::Bool {
+                return (if x != 0 { "true" } else { "false" }).into();
+            }
+            format!("({})({x}ULL)", storage_ty(d))
+        }
+        Lit::Float(x, d) => {
+            if d.is_float() {
+                float_lit(x, d == DType::F64)
+            } else if d == DType::Bool {
+                (if x != 0.0 { "true" } else { "false" }).into()
+            } else {
+                format!("({})({})", storage_ty(d), float_lit(x, true))
+            }
+        }
+    }
+}
+
+fn float_lit(x: f64, dbl: bool) -> String {
+    if x.is_nan() {
+        return (if dbl { "TL_NAN_D" } else { "TL_NAN_F" }).into();
+    }
+    if x.is_infinite() {
+        let s = if dbl { "TL_INF_D" } else { "TL_INF_F" };
+        return if x > 0.0 { s.into() } else { format!("(-{s})") };
+    }
+    if dbl {
+        format!("{x:e}")
+    } else {
+        format!("{:e}f", x as f32)
+    }
+}

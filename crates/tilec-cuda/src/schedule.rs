@@ -1,0 +1,889 @@
+//! GPU schedules for memory-bound kernels, as tile-IR → tile-IR transforms.
+//!
+//! - [`schedule_rows`]: a row-wise kernel (outer loops over rows; in each row, loops over the
+//!   row that reduce into mutable accumulators, then loops that write the row — softmax,
+//!   LayerNorm, RMSNorm) becomes one thread block per row. Every row loop is spread over the
+//!   block's threads as 16-byte vectors (`tx` owns vectors `tx, tx + T, ...`), each reduction
+//!   ends with a [`Stmt::BlockReduce`], and a row read by several loops is kept in registers
+//!   (each thread holds its `C / T` elements) when that fits.
+//! - [`schedule_elementwise`]: a perfect loop nest whose innermost body stores element by
+//!   element becomes a grid-stride loop over 16-byte vectors.
+//!
+//! Both keep the serial semantics: run by the tile interpreter (thread loops serially, block
+//! reductions as no-ops) a scheduled kernel computes what the original does.
+
+use std::collections::{HashMap, HashSet};
+
+use tilec_ir::DType;
+use tilec_tile::*;
+
+use crate::error::{CudaError, Result};
+
+/// What the schedules need to know about the device.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GpuTarget {
+    pub sm_count: u32,
+    pub max_threads_per_block: u32,
+    /// Resident blocks per SM the elementwise grid is sized for.
+    pub blocks_per_sm: u32,
+}
+
+impl GpuTarget {
+    /// H100/H200 SXM: 132 SMs.
+    pub fn hopper() -> GpuTarget {
+        GpuTarget {
+            sm_count: 132,
+            max_threads_per_block: 1024,
+            blocks_per_sm: 8,
+        }
+    }
+    pub fn from_props(p: &crate::driver::DeviceProps) -> GpuTarget {
+        GpuTarget {
+            sm_count: p.sm_count,
+            max_threads_per_block: p.max_threads_per_block,
+            blocks_per_sm: 8,
+        }
+    }
+}
+
+/// Options of the row schedule.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RowOptions {
+    /// Threads per block (a multiple of 32, at most 1024); `None`: chosen from the row length
+    /// (about four vectors per thread).
+    pub threads: Option<i64>,
+    /// Largest number of elements one thread keeps in registers per cached row.
+    pub max_register_elems: i64,
+}
+
+impl Default for RowOptions {
+    fn default() -> Self {
+        RowOptions {
+            threads: None,
+            max_register_elems: 64,
+        }
+    }
+}
+
+fn bad(k: &Kernel, msg: impl Into<String>) -> CudaError {
+    CudaError::Schedule {
+        kernel: k.name.clone(),
+        msg: msg.into(),
+    }
+}
+
+fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
+    let mut name = base.to_string();
+    let mut n = 0;
+    while k.var_named(&name).is_some() {
+        n += 1;
+        name = format!("{base}{n}");
+    }
+    k.new_var(name, ty, mutable)
+}
+
+fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64>, scope: Scope) -> BufId {
+    let mut name = base.to_string();
+    let mut n = 0;
+    while k.buffers.iter().any(|b| b.name == name) {
+        n += 1;
+        name = format!("{base}{n}");
+    }
+    k.buffer(name, dtype, shape, scope)
+}
+
+/// The outer loops of a nest down to the first body that is not a single loop.
+fn row_nest(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
+    let mut loops = vec![];
+    let mut cur = body;
+    while let [Stmt::For(l)] = cur {
+        loops.push(l);
+        cur = &l.body;
+    }
+    (loops, cur)
+}
+
+/// Vector width in elements for rows of `c` elements of the given dtypes: 16 bytes of the
+/// narrowest type, halved until it divides `c`.
+fn vector_lanes(c: i64, dtypes: &[DType]) -> i64 {
+    let min = dtypes
+        .iter()
+        .map(|d| d.size_bytes() as i64)
+        .min()
+        .unwrap_or(4)
+        .max(1);
+    let mut v = (16 / min).max(1);
+    while v > 1 && c % v != 0 {
+        v /= 2;
+    }
+    v
+}
+
+fn global_dtypes(k: &Kernel, stmts: &[Stmt]) -> Vec<DType> {
+    let mut out = vec![];
+    for s in stmts {
+        s.visit(&mut |s| {
+            if let Stmt::Store { buf, .. } = s {
+                if k.buf(*buf).scope == Scope::Global {
+                    out.push(k.buf(*buf).dtype);
+                }
+            }
+        });
+        each_expr(s, &mut |e| {
+            if let Expr::Load(b, _) = e {
+                if k.buf(*b).scope == Scope::Global {
+                    out.push(k.buf(*b).dtype);
+                }
+            }
+        });
+    }
+    out
+}
+
+fn each_expr(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
+    s.visit(&mut |s| match s {
+        Stmt::Store { index, value, .. } => {
+            index.iter().for_each(|e| e.visit(&mut |x| f(x)));
+            value.visit(&mut |x| f(x));
+        }
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => value.visit(&mut |x| f(x)),
+        Stmt::If { cond, .. } => cond.visit(&mut |x| f(x)),
+        Stmt::Gemm(g) => {
+            g.a.visit(&mut |x| f(x));
+            g.b.visit(&mut |x| f(x));
+        }
+        _ => {}
+    });
+}
+
+/// Collapses the loops `loops` (outermost first) into one variable `flat`: returns each loop
+/// variable's value in terms of `flat`.
+fn decompose(loops: &[(VarId, i64)], flat: Expr) -> Vec<(VarId, Expr)> {
+    let mut out = vec![];
+    let mut inner = 1i64;
+    for &(v, e) in loops.iter().rev() {
+        let q = Expr::div(flat.clone(), inner);
+        let val = if inner * e == loops.iter().map(|l| l.1).product::<i64>() {
+            q
+        } else {
+            Expr::rem(q, e)
+        };
+        out.push((v, val));
+        inner *= e;
+    }
+    out
+}
+
+fn subst_all(stmts: &mut [Stmt], subs: &[(VarId, Expr)]) {
+    for s in stmts.iter_mut() {
+        for (v, e) in subs {
+            s.substitute(*v, e);
+        }
+    }
+}
+
+/// The identity of a reduction operator for a value type, as a literal.
+fn identity(op: BinOp, ty: Ty) -> Option<Expr> {
+    let d = match ty {
+        Ty::Elem(d) => d,
+        Ty::Index => DType::I64,
+    };
+    let lit = |x: f64| {
+        if d.is_float() {
+            Some(Expr::Lit(Lit::Float(x, d)))
+        } else if d == DType::Bool {
+            Some(Expr::Lit(Lit::Bool(x != 0.0)))
+        } else if ty == Ty::Index {
+            Some(Expr::Int(x as i64))
+        } else if d.is_signed_int() {
+            Some(Expr::Lit(Lit::Int(x as i64, d)))
+        } else {
+            Some(Expr::Lit(Lit::UInt(x as u64, d)))
+        }
+    };
+    let int_bounds = |max: bool| -> Option<Expr> {
+        let bits = d.size_bytes() as u32 * 8;
+        if d.is_signed_int() || ty == Ty::Index {
+            let v = if max {
+                (i64::MAX) >> (64 - bits)
+            } else {
+                (i64::MIN) >> (64 - bits)
+            };
+            if ty == Ty::Index {
+                Some(Expr::Int(v))
+            } else {
+                Some(Expr::Lit(Lit::Int(v, d)))
+            }
+        } else {
+            let v = if max { u64::MAX >> (64 - bits) } else { 0 };
+            Some(Expr::Lit(Lit::UInt(v, d)))
+        }
+    };
+    match op {
+        BinOp::Add | BinOp::BitOr | BinOp::BitXor | BinOp::Or => lit(0.0),
+        BinOp::Mul | BinOp::And => lit(1.0),
+        BinOp::Max => {
+            if d.is_float() {
+                lit(f64::NEG_INFINITY)
+            } else {
+                int_bounds(false)
+            }
+        }
+        BinOp::Min => {
+            if d.is_float() {
+                lit(f64::INFINITY)
+            } else {
+                int_bounds(true)
+            }
+        }
+        BinOp::BitAnd => {
+            if d.is_signed_int() || ty == Ty::Index {
+                lit(-1.0)
+            } else {
+                int_bounds(true)
+            }
+        }
+        _ => None,
+    }
+}
+
+fn lit_value(e: &Expr) -> Option<f64> {
+    match e {
+        Expr::Int(x) => Some(*x as f64),
+        Expr::Lit(Lit::Float(x, _)) => Some(*x),
+        Expr::Lit(Lit::Int(x, _)) => Some(*x as f64),
+        Expr::Lit(Lit::UInt(x, _)) => Some(*x as f64),
+        Expr::Lit(Lit::Bool(b)) => Some(*b as u8 as f64),
+        Expr::Cast(_, a) => lit_value(a),
+        _ => None,
+    }
+}
+
+/// `acc = op(acc, e)` or `acc = op(e, acc)` with `e` not reading `acc`: returns `op`.
+fn reduction_op(acc: VarId, value: &Expr) -> Option<BinOp> {
+    if let Expr::Binary(op, a, b) = value {
+        let ok_op = matches!(
+            op,
+            BinOp::Add
+                | BinOp::Mul
+                | BinOp::Min
+                | BinOp::Max
+                | BinOp::And
+                | BinOp::Or
+                | BinOp::BitAnd
+                | BinOp::BitOr
+                | BinOp::BitXor
+        );
+        if !ok_op {
+            return None;
+        }
+        let is_acc = |e: &Expr| *e == Expr::Var(acc);
+        if (is_acc(a) && !b.uses_var(acc)) || (is_acc(b) && !a.uses_var(acc)) {
+            return Some(*op);
+        }
+    }
+    None
+}
+
+/// One reduction of a row loop.
+struct Reduction {
+    var: VarId,
+    op: BinOp,
+}
+
+/// Finds the reductions of an inner loop: every `Assign` in it must update a variable
+/// declared outside with a reduction operator, and the accumulator must not be read otherwise.
+fn loop_reductions(k: &Kernel, l: &Loop) -> Result<Vec<Reduction>> {
+    let mut declared_inside = HashSet::new();
+    let mut assigns: Vec<(VarId, Expr)> = vec![];
+    for s in &l.body {
+        s.visit(&mut |s| match s {
+            Stmt::Let { var, .. } => {
+                declared_inside.insert(*var);
+            }
+            Stmt::For(x) => {
+                declared_inside.insert(x.var);
+            }
+            Stmt::Assign { var, value } => assigns.push((*var, value.clone())),
+            _ => {}
+        });
+    }
+    let mut out: Vec<Reduction> = vec![];
+    for (var, value) in &assigns {
+        if declared_inside.contains(var) {
+            continue;
+        }
+        let name = &k.var_info(*var).name;
+        let op = reduction_op(*var, value).ok_or_else(|| {
+            bad(
+                k,
+                format!(
+                    "loop {}: {name} is updated in a way that is not a reduction",
+                    k.var_info(l.var).name
+                ),
+            )
+        })?;
+        if let Some(r) = out.iter().find(|r| r.var == *var) {
+            if r.op != op {
+                return Err(bad(k, format!("{name} is reduced with two operators")));
+            }
+        } else {
+            out.push(Reduction { var: *var, op });
+        }
+    }
+    // An accumulator may be read only by its own update.
+    for r in &out {
+        let mut other_reads = 0;
+        for s in &l.body {
+            s.visit(&mut |s| {
+                let mut count = |e: &Expr| {
+                    if e.uses_var(r.var) {
+                        other_reads += 1;
+                    }
+                };
+                match s {
+                    Stmt::Store { index, value, .. } => {
+                        index.iter().for_each(&mut count);
+                        count(value);
+                    }
+                    Stmt::Let { value, .. } => count(value),
+                    Stmt::Assign { var, value } => {
+                        if *var != r.var {
+                            count(value)
+                        }
+                    }
+                    Stmt::If { cond, .. } => count(cond),
+                    _ => {}
+                }
+            });
+        }
+        if other_reads > 0 {
+            return Err(bad(
+                k,
+                format!(
+                    "accumulator {} is read inside its reduction loop",
+                    k.var_info(r.var).name
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A load that reads the row at the loop variable: `buf[rowpart..., r]` with the row part not
+/// depending on `r`. Key: (buffer, index with `r` replaced by 0).
+fn row_load_key(k: &Kernel, b: BufId, idx: &[Expr], r: VarId) -> Option<(BufId, Vec<Expr>)> {
+    let buf = k.buf(b);
+    if buf.scope != Scope::Global || idx.is_empty() {
+        return None;
+    }
+    let last = idx.len() - 1;
+    if idx[last] != Expr::Var(r) || idx[..last].iter().any(|e| e.uses_var(r)) {
+        return None;
+    }
+    let mut key = idx.to_vec();
+    key[last] = Expr::Int(0);
+    Some((b, key))
+}
+
+/// Schedules a row-wise kernel: one thread block per row (see the module documentation).
+pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
+    let (outer, row_body) = row_nest(&k.body);
+    if outer.is_empty() {
+        return Err(bad(k, "no loop over rows"));
+    }
+    if outer.iter().any(|l| matches!(l.kind, LoopKind::Bound(_))) {
+        return Err(bad(k, "already bound to GPU axes"));
+    }
+    let inner: Vec<&Loop> = row_body
+        .iter()
+        .filter_map(|s| match s {
+            Stmt::For(l) => Some(l),
+            _ => None,
+        })
+        .collect();
+    if inner.is_empty() || row_body.len() < 2 {
+        return Err(bad(
+            k,
+            "the row body is not a sequence of loops over the row",
+        ));
+    }
+    for s in row_body {
+        match s {
+            Stmt::For(l) => {
+                if matches!(l.kind, LoopKind::Bound(_)) {
+                    return Err(bad(k, "a row loop is already bound to a GPU axis"));
+                }
+                let mut nested = false;
+                for b in &l.body {
+                    b.visit(&mut |x| {
+                        if matches!(
+                            x,
+                            Stmt::For(_)
+                                | Stmt::Gemm(_)
+                                | Stmt::Barrier
+                                | Stmt::BlockReduce { .. }
+                                | Stmt::Alloc(_)
+                        ) {
+                            nested = true
+                        }
+                    });
+                }
+                if nested {
+                    return Err(bad(
+                        k,
+                        format!(
+                            "row loop {} has nested loops or allocations",
+                            k.var_info(l.var).name
+                        ),
+                    ));
+                }
+            }
+            Stmt::Let { .. } | Stmt::Assign { .. } | Stmt::Store { .. } => {}
+            _ => {
+                return Err(bad(
+                    k,
+                    "the row body holds a statement other than loops, lets, assignments and stores",
+                ))
+            }
+        }
+    }
+    let rows: i64 = outer.iter().map(|l| l.extent).product();
+    if rows > i32::MAX as i64 {
+        return Err(bad(k, format!("{rows} rows exceed the grid limit")));
+    }
+    let cmax = inner.iter().map(|l| l.extent).max().unwrap_or(1);
+    let lanes = vector_lanes(cmax, &global_dtypes(k, row_body));
+    let lanes = if inner.iter().all(|l| l.extent % lanes == 0) {
+        lanes
+    } else {
+        1
+    };
+    let threads = match opts.threads {
+        Some(t) => {
+            if !(32..=1024).contains(&t) || t % 32 != 0 {
+                return Err(bad(
+                    k,
+                    format!(
+                        "row schedule: {t} threads per block (want a multiple of 32 up to 1024)"
+                    ),
+                ));
+            }
+            t
+        }
+        None => {
+            let vecs = (cmax + lanes - 1) / lanes;
+            (((vecs + 3) / 4 + 31) / 32 * 32).clamp(32, 1024)
+        }
+    };
+
+    let mut out = k.clone();
+    let row_var = fresh(&mut out, "row", Ty::Index, false);
+    let outer_vars: Vec<(VarId, i64)> = outer.iter().map(|l| (l.var, l.extent)).collect();
+    let subs = decompose(&outer_vars, Expr::Var(row_var));
+
+    // Reductions per loop, and which accumulators need an identity start.
+    let mut reductions: HashMap<VarId, Vec<Reduction>> = HashMap::new();
+    for l in &inner {
+        reductions.insert(l.var, loop_reductions(k, l)?);
+    }
+    let mut acc_op: HashMap<VarId, BinOp> = HashMap::new();
+    for rs in reductions.values() {
+        for r in rs {
+            if let Some(prev) = acc_op.insert(r.var, r.op) {
+                if prev != r.op {
+                    return Err(bad(
+                        k,
+                        format!("{} is reduced with two operators", k.var_info(r.var).name),
+                    ));
+                }
+            }
+        }
+    }
+
+    // Rows read by several loops of the same length are kept in registers.
+    // (Expr holds floats, so keys live in association lists.)
+    let mut readers: Vec<((BufId, Vec<Expr>), Vec<VarId>)> = vec![];
+    for l in &inner {
+        let mut seen: Vec<(BufId, Vec<Expr>)> = vec![];
+        for s in &l.body {
+            each_expr(s, &mut |e| {
+                if let Expr::Load(b, idx) = e {
+                    if let Some(key) = row_load_key(k, *b, idx, l.var) {
+                        if !seen.contains(&key) {
+                            seen.push(key.clone());
+                            match readers.iter_mut().find(|r| r.0 == key) {
+                                Some(r) => r.1.push(l.var),
+                                None => readers.push((key, vec![l.var])),
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    }
+    let stored: HashSet<BufId> = {
+        let mut s = HashSet::new();
+        for st in row_body {
+            st.visit(&mut |x| {
+                if let Stmt::Store { buf, .. } = x {
+                    s.insert(*buf);
+                }
+            });
+        }
+        s
+    };
+    let mut cached: Vec<((BufId, Vec<Expr>), BufId, i64)> = vec![];
+    let mut budget = opts.max_register_elems;
+    let keys: Vec<_> = readers
+        .into_iter()
+        .filter(|(_, ls)| ls.len() >= 2)
+        .collect();
+    for (key, ls) in keys {
+        let exts: HashSet<i64> = inner
+            .iter()
+            .filter(|l| ls.contains(&l.var))
+            .map(|l| l.extent)
+            .collect();
+        if exts.len() != 1 || stored.contains(&key.0) {
+            continue;
+        }
+        let c = *exts.iter().next().unwrap_or(&0);
+        let j = (c + threads * lanes - 1) / (threads * lanes);
+        if j * lanes > budget {
+            continue;
+        }
+        budget -= j * lanes;
+        let dtype = k.buf(key.0).dtype;
+        let name = format!("{}_row", k.buf(key.0).name);
+        let reg = fresh_buf(
+            &mut out,
+            &name,
+            dtype,
+            vec![threads, j, lanes],
+            Scope::Register,
+        );
+        cached.push((key, reg, c));
+    }
+
+    let mut new_body: Vec<Stmt> = vec![];
+    for (_, reg, _) in &cached {
+        new_body.push(Stmt::Alloc(*reg));
+    }
+    let mut filled: HashSet<BufId> = HashSet::new();
+    let mut fixups: Vec<Stmt> = vec![];
+    for s in row_body {
+        match s {
+            Stmt::Let { var, value } if acc_op.contains_key(var) => {
+                let op = acc_op[var];
+                let ty = k.var_info(*var).ty;
+                let id =
+                    identity(op, ty).ok_or_else(|| bad(k, format!("no identity for {op:?}")))?;
+                let is_id = match (lit_value(value), lit_value(&id)) {
+                    (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
+                    _ => false,
+                };
+                if is_id {
+                    new_body.push(s.clone());
+                } else {
+                    // Start from the identity; combine with the initial value after the
+                    // block reduction.
+                    for b in &stored {
+                        if value.reads(*b) {
+                            return Err(bad(
+                                k,
+                                format!(
+                                    "initial value of {} reads a buffer the row writes",
+                                    k.var_info(*var).name
+                                ),
+                            ));
+                        }
+                    }
+                    new_body.push(Stmt::Let {
+                        var: *var,
+                        value: id,
+                    });
+                    fixups.push(Stmt::Assign {
+                        var: *var,
+                        value: Expr::bin(op, value.clone(), Expr::Var(*var)),
+                    });
+                }
+            }
+            Stmt::For(l) => {
+                let c = l.extent;
+                let tx = fresh(
+                    &mut out,
+                    &format!("{}_tx", k.var_info(l.var).name),
+                    Ty::Index,
+                    false,
+                );
+                let j = fresh(
+                    &mut out,
+                    &format!("{}_j", k.var_info(l.var).name),
+                    Ty::Index,
+                    false,
+                );
+                let v = fresh(
+                    &mut out,
+                    &format!("{}_v", k.var_info(l.var).name),
+                    Ty::Index,
+                    false,
+                );
+                let jn = (c + threads * lanes - 1) / (threads * lanes);
+                // r = (j * T + tx) * V + v
+                let vec_idx = Expr::add(Expr::mul(Expr::Var(j), Expr::Int(threads)), Expr::Var(tx));
+                let r = Expr::add(Expr::mul(vec_idx.clone(), Expr::Int(lanes)), Expr::Var(v));
+                let mut body = l.body.clone();
+                // Cached rows: fill on first use, read from registers afterwards.
+                let mut pre = vec![];
+                for (key, reg, cc) in &cached {
+                    if *cc != c {
+                        continue;
+                    }
+                    let mut uses = false;
+                    for st in &body {
+                        each_expr(st, &mut |e| {
+                            if let Expr::Load(b, idx) = e {
+                                if row_load_key(k, *b, idx, l.var).as_ref() == Some(key) {
+                                    uses = true;
+                                }
+                            }
+                        });
+                    }
+                    if !uses {
+                        continue;
+                    }
+                    let reg_idx = vec![Expr::Var(tx), Expr::Var(j), Expr::Var(v)];
+                    let key = key.clone();
+                    let lv = l.var;
+                    for st in body.iter_mut() {
+                        st.map_exprs(&mut |e| {
+                            e.rewrite(&mut |x| match x {
+                                Expr::Load(b, idx)
+                                    if row_load_key(k, b, &idx, lv).as_ref() == Some(&key) =>
+                                {
+                                    Expr::Load(*reg, reg_idx.clone())
+                                }
+                                x => x,
+                            })
+                        });
+                    }
+                    if filled.insert(*reg) {
+                        let mut src = key.1.clone();
+                        if let Some(last) = src.last_mut() {
+                            *last = Expr::Var(l.var);
+                        }
+                        pre.push(Stmt::store(*reg, reg_idx, Expr::Load(key.0, src)));
+                    }
+                }
+                pre.extend(body);
+                let mut body = pre;
+                for st in body.iter_mut() {
+                    st.substitute(l.var, &r);
+                }
+                let vloop = if lanes > 1 {
+                    vec![Stmt::For(Loop {
+                        var: v,
+                        extent: lanes,
+                        kind: LoopKind::Vectorized,
+                        body,
+                    })]
+                } else {
+                    for st in body.iter_mut() {
+                        st.substitute(v, &Expr::Int(0));
+                    }
+                    body
+                };
+                let guarded = if c % (threads * lanes) != 0 {
+                    vec![Stmt::If {
+                        cond: Expr::bin(
+                            BinOp::Lt,
+                            Expr::mul(vec_idx, Expr::Int(lanes)),
+                            Expr::Int(c),
+                        ),
+                        then_: vloop,
+                        else_: vec![],
+                    }]
+                } else {
+                    vloop
+                };
+                let jloop = if jn == 1 {
+                    let mut g = guarded;
+                    for st in g.iter_mut() {
+                        st.substitute(j, &Expr::Int(0));
+                    }
+                    g
+                } else {
+                    let kind = if jn <= 16 {
+                        LoopKind::Unrolled
+                    } else {
+                        LoopKind::Serial
+                    };
+                    vec![Stmt::For(Loop {
+                        var: j,
+                        extent: jn,
+                        kind,
+                        body: guarded,
+                    })]
+                };
+                new_body.push(Stmt::For(Loop {
+                    var: tx,
+                    extent: threads,
+                    kind: LoopKind::Bound(GpuAxis::ThreadX),
+                    body: jloop,
+                }));
+                for red in &reductions[&l.var] {
+                    new_body.push(Stmt::BlockReduce {
+                        var: red.var,
+                        op: red.op,
+                        axis: GpuAxis::ThreadX,
+                    });
+                    let mut rest = vec![];
+                    for f in fixups.drain(..) {
+                        if matches!(&f, Stmt::Assign { var, .. } if *var == red.var) {
+                            new_body.push(f);
+                        } else {
+                            rest.push(f);
+                        }
+                    }
+                    fixups = rest;
+                }
+            }
+            other => new_body.push(other.clone()),
+        }
+    }
+    subst_all(&mut new_body, &subs);
+    out.body = vec![Stmt::For(Loop {
+        var: row_var,
+        extent: rows,
+        kind: LoopKind::Bound(GpuAxis::BlockX),
+        body: new_body,
+    })];
+    Ok(out)
+}
+
+/// Schedules an elementwise kernel (a perfect loop nest storing element by element) as a
+/// grid-stride loop over 16-byte vectors.
+pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
+    let (loops, body) = row_nest(&k.body);
+    if loops.is_empty() {
+        return Err(bad(k, "no loop nest"));
+    }
+    if loops.iter().any(|l| matches!(l.kind, LoopKind::Bound(_))) {
+        return Err(bad(k, "already bound to GPU axes"));
+    }
+    for s in body {
+        let mut ok = true;
+        s.visit(&mut |x| {
+            if matches!(
+                x,
+                Stmt::For(_)
+                    | Stmt::Gemm(_)
+                    | Stmt::Barrier
+                    | Stmt::BlockReduce { .. }
+                    | Stmt::Alloc(_)
+                    | Stmt::Assign { .. }
+            ) {
+                ok = false
+            }
+        });
+        if !ok {
+            return Err(bad(
+                k,
+                "the innermost body is not elementwise (loops, allocations or accumulators inside)",
+            ));
+        }
+    }
+    let n: i64 = loops.iter().map(|l| l.extent).product();
+    let c = loops.last().map(|l| l.extent).unwrap_or(1);
+    let lanes = vector_lanes(c, &global_dtypes(k, body));
+    let threads = 256i64.min(target.max_threads_per_block as i64).max(32);
+    let nv = n / lanes;
+    let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
+    let blocks = ((nv + threads - 1) / threads).clamp(1, max_blocks);
+    let iters = (nv + blocks * threads - 1) / (blocks * threads);
+
+    let mut out = k.clone();
+    let b = fresh(&mut out, "blk", Ty::Index, false);
+    let t = fresh(&mut out, "thr", Ty::Index, false);
+    let it = fresh(&mut out, "it", Ty::Index, false);
+    let f = fresh(&mut out, "vec", Ty::Index, false);
+    let v = fresh(&mut out, "lane", Ty::Index, false);
+    // Element index = f * V + v; the last loop variable = (f % (C/V)) * V + v, the others from
+    // f / (C/V).
+    let cv = c / lanes;
+    let vars: Vec<(VarId, i64)> = loops.iter().map(|l| (l.var, l.extent)).collect();
+    let mut subs = decompose(&vars[..vars.len() - 1], Expr::div(Expr::Var(f), cv));
+    let lane_expr = if lanes > 1 {
+        Expr::Var(v)
+    } else {
+        Expr::Int(0)
+    };
+    let last = Expr::add(
+        Expr::mul(Expr::rem(Expr::Var(f), cv), Expr::Int(lanes)),
+        lane_expr,
+    );
+    subs.push((vars[vars.len() - 1].0, last));
+    let mut inner = body.to_vec();
+    subst_all(&mut inner, &subs);
+    let inner = if lanes > 1 {
+        vec![Stmt::For(Loop {
+            var: v,
+            extent: lanes,
+            kind: LoopKind::Vectorized,
+            body: inner,
+        })]
+    } else {
+        inner
+    };
+    let fval = Expr::add(
+        Expr::mul(
+            Expr::add(Expr::mul(Expr::Var(it), Expr::Int(blocks)), Expr::Var(b)),
+            Expr::Int(threads),
+        ),
+        Expr::Var(t),
+    );
+    let mut per_iter = vec![Stmt::Let {
+        var: f,
+        value: fval,
+    }];
+    if nv % (blocks * threads) != 0 {
+        per_iter.push(Stmt::If {
+            cond: Expr::bin(BinOp::Lt, Expr::Var(f), Expr::Int(nv)),
+            then_: inner,
+            else_: vec![],
+        });
+    } else {
+        per_iter.extend(inner);
+    }
+    let itloop = if iters == 1 {
+        let mut p = per_iter;
+        subst_all(&mut p, &[(it, Expr::Int(0))]);
+        p
+    } else {
+        vec![Stmt::for_(it, iters, per_iter)]
+    };
+    out.body = vec![Stmt::For(Loop {
+        var: b,
+        extent: blocks,
+        kind: LoopKind::Bound(GpuAxis::BlockX),
+        body: vec![Stmt::For(Loop {
+            var: t,
+            extent: threads,
+            kind: LoopKind::Bound(GpuAxis::ThreadX),
+            body: itloop,
+        })],
+    })];
+    Ok(out)
+}
+
+/// Picks a schedule: the row schedule for kernels with a row body, the elementwise one for
+/// perfect nests.
+pub fn schedule_gpu(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
+    let (_, body) = row_nest(&k.body);
+    if body.iter().any(|s| matches!(s, Stmt::For(_))) {
+        schedule_rows(k, &RowOptions::default())
+    } else {
+        schedule_elementwise(k, target)
+    }
+}

@@ -1,0 +1,214 @@
+//! GPU schedules keep the serial semantics: the tile interpreter (thread loops serially, block
+//! reductions as no-ops) computes the same as on the unscheduled kernel and as an f64
+//! reference.
+
+mod common;
+
+use common::*;
+use tilec_cuda::*;
+use tilec_ir::DType;
+use tilec_tile::*;
+
+fn check_shapes(rows: i64, cols: i64, d: DType, opts: &RowOptions) {
+    for (op, k, row) in kernels(rows, cols, d) {
+        let s = if row {
+            schedule_rows(&k, opts).unwrap()
+        } else {
+            schedule_elementwise(&k, &GpuTarget::hopper()).unwrap()
+        };
+        let args = random_args(&k, 7 + cols as u64);
+        let mut a = args.clone();
+        interp::run(&k, &mut a).unwrap();
+        let mut b = args.clone();
+        interp::run(&s, &mut b).unwrap_or_else(|e| panic!("{op}: {e}\n{s}"));
+        let n = k.params.len() - 1;
+        let want = reference(op, &args, rows as usize, cols as usize);
+        let what = format!("{op} {d} {rows}x{cols}");
+        assert_close(
+            &format!("{what} unscheduled"),
+            &a[n].to_f64_vec(),
+            &want,
+            tol(d),
+        );
+        assert_close(
+            &format!("{what} scheduled"),
+            &b[n].to_f64_vec(),
+            &want,
+            tol(d),
+        );
+        // Scheduled and unscheduled differ only by summation order.
+        assert_close(
+            &format!("{what} scheduled vs unscheduled"),
+            &b[n].to_f64_vec(),
+            &a[n].to_f64_vec(),
+            tol(d),
+        );
+    }
+}
+
+#[test]
+fn schedules_match_the_interpreter_f32_and_bf16() {
+    for d in [DType::F32, DType::BF16] {
+        check_shapes(3, 256, d, &RowOptions::default());
+        // Rows that do not fill the last vector round (guards) and short rows.
+        check_shapes(2, 200, d, &RowOptions::default());
+        check_shapes(5, 8, d, &RowOptions::default());
+        // Several vectors per thread (unrolled register loop).
+        check_shapes(
+            2,
+            1024,
+            d,
+            &RowOptions {
+                threads: Some(32),
+                max_register_elems: 64,
+            },
+        );
+        // Rows too long for registers.
+        check_shapes(
+            2,
+            1024,
+            d,
+            &RowOptions {
+                threads: Some(32),
+                max_register_elems: 4,
+            },
+        );
+    }
+    // Odd lengths: scalar accesses.
+    check_shapes(3, 37, DType::F32, &RowOptions::default());
+}
+
+#[test]
+fn row_schedule_structure() {
+    let k = tilec_cuda::handbuilt::softmax(16, 8192, DType::BF16);
+    let s = schedule_rows(&k, &RowOptions::default()).unwrap();
+    let text = s.to_string();
+    assert!(
+        text.contains("bind(BlockX)") && text.contains("bind(ThreadX)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("block_reduce_max") && text.contains("block_reduce_add"),
+        "{text}"
+    );
+    assert!(text.contains("alloc reg x_row: bf16[256, 4, 8]"), "{text}");
+    let cfg = launch_config(&s).unwrap();
+    assert_eq!(cfg.grid, (16, 1, 1));
+    assert_eq!(cfg.block, (256, 1, 1));
+}
+
+#[test]
+fn non_identity_initial_values_are_combined_after_the_reduction() {
+    // s starts at 10, not 0: every thread must not add it.
+    let mut k = Kernel::new("sum10");
+    let x = k.param("x", DType::F32, vec![3, 64]);
+    let y = k.param("y", DType::F32, vec![3, 64]);
+    let (i0, r, i1) = (k.index_var("i0"), k.index_var("r"), k.index_var("i1"));
+    let s = k.new_var("s", Ty::Elem(DType::F32), true);
+    k.body.push(Stmt::for_(
+        i0,
+        3,
+        vec![
+            Stmt::Let {
+                var: s,
+                value: Expr::f32(10.0),
+            },
+            Stmt::for_(
+                r,
+                64,
+                vec![Stmt::Assign {
+                    var: s,
+                    value: Expr::bin(
+                        BinOp::Add,
+                        Expr::Var(s),
+                        Expr::load(x, vec![Expr::Var(i0), Expr::Var(r)]),
+                    ),
+                }],
+            ),
+            Stmt::for_(
+                i1,
+                64,
+                vec![Stmt::store(
+                    y,
+                    vec![Expr::Var(i0), Expr::Var(i1)],
+                    Expr::bin(
+                        BinOp::Sub,
+                        Expr::load(x, vec![Expr::Var(i0), Expr::Var(i1)]),
+                        Expr::Var(s),
+                    ),
+                )],
+            ),
+        ],
+    ));
+    let sch = schedule_rows(&k, &RowOptions::default()).unwrap();
+    let text = sch.to_string();
+    assert!(text.contains("var s: f32 = 0.0:f32"), "{text}");
+    let args = random_args(&k, 3);
+    let (mut a, mut b) = (args.clone(), args.clone());
+    interp::run(&k, &mut a).unwrap();
+    interp::run(&sch, &mut b).unwrap();
+    assert_close("sum10", &b[1].to_f64_vec(), &a[1].to_f64_vec(), 1e-5);
+}
+
+#[test]
+fn schedules_reject_what_they_cannot_handle() {
+    // A loop-carried non-reduction (prefix sum) cannot be spread over threads.
+    let mut k = Kernel::new("cumsum");
+    let x = k.param("x", DType::F32, vec![2, 16]);
+    let y = k.param("y", DType::F32, vec![2, 16]);
+    let (i0, r) = (k.index_var("i0"), k.index_var("r"));
+    let s = k.new_var("s", Ty::Elem(DType::F32), true);
+    k.body.push(Stmt::for_(
+        i0,
+        2,
+        vec![
+            Stmt::Let {
+                var: s,
+                value: Expr::f32(0.0),
+            },
+            Stmt::for_(
+                r,
+                16,
+                vec![
+                    Stmt::Assign {
+                        var: s,
+                        value: Expr::bin(
+                            BinOp::Add,
+                            Expr::Var(s),
+                            Expr::load(x, vec![Expr::Var(i0), Expr::Var(r)]),
+                        ),
+                    },
+                    Stmt::store(y, vec![Expr::Var(i0), Expr::Var(r)], Expr::Var(s)),
+                ],
+            ),
+        ],
+    ));
+    let e = schedule_rows(&k, &RowOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cumsum") && e.contains("read inside its reduction loop"),
+        "{e}"
+    );
+    let e = schedule_elementwise(&k, &GpuTarget::hopper())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cumsum") && e.contains("not elementwise"), "{e}");
+    let e = schedule_rows(
+        &tilec_cuda::handbuilt::softmax(2, 64, DType::F32),
+        &RowOptions {
+            threads: Some(48),
+            max_register_elems: 8,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("48 threads"), "{e}");
+    let e = schedule_rows(
+        &tilec_cuda::handbuilt::gelu_bias(2, 64, DType::F32),
+        &RowOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("gelu_bias"), "{e}");
+}
