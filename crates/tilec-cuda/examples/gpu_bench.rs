@@ -134,6 +134,60 @@ fn has_nan(t: &Tensor) -> bool {
     }
 }
 
+/// Builds `op` over the last axis of a `[r, c]` tensor as a tilec graph, optimizes it for cuda,
+/// partitions it, lowers its one kernel group and schedules it for the GPU. Returns the kernel
+/// and, per kernel parameter, which of (x, w, b, y) it is.
+fn from_graph(
+    op: &str,
+    r: i64,
+    c: i64,
+    d: DType,
+    eps: f32,
+    target: &GpuTarget,
+) -> std::result::Result<(tilec_tile::Kernel, Vec<usize>), String> {
+    use tilec_ir::op::{BinaryOp, NormOp, UnaryOp};
+    use tilec_ir::{Graph, Op, TensorType};
+    let (ru, cu) = (r as usize, c as usize);
+    let mut g = Graph::new(op);
+    let x = g.add_input("x", TensorType::fixed(d, &[ru, cu]));
+    let w = g.add_input("w", TensorType::fixed(d, &[cu]));
+    let b = g.add_input("b", TensorType::fixed(d, &[cu]));
+    let e = |e: tilec_ir::IrError| e.to_string();
+    let y = match op {
+        "softmax" => g.add(Op::Norm(NormOp::Softmax { axis: 1 }), &[x]).map_err(e)?,
+        "layernorm" => {
+            let ln = NormOp::LayerNorm { axis: 1, epsilon: eps, stash: DType::F32, has_bias: true };
+            g.add_node("ln", Op::Norm(ln), &[x, w, b]).map_err(e)?[0]
+        }
+        "rmsnorm" => g.add(Op::Norm(NormOp::RmsNorm { axis: 1, epsilon: eps }), &[x, w]).map_err(e)?,
+        _ => {
+            let xw = g.add(Op::Binary(BinaryOp::Mul), &[x, w]).map_err(e)?;
+            let xb = g.add(Op::Binary(BinaryOp::Add), &[xw, b]).map_err(e)?;
+            g.add(Op::Unary(UnaryOp::Gelu { tanh_approx: false }), &[xb]).map_err(e)?
+        }
+    };
+    g.set_outputs(vec![y]);
+    let pipe = tilec_opt::manager::Pipeline::for_level_and_target(3, tilec_opt::partition::TargetKind::Cuda);
+    pipe.run(&mut g, &Default::default()).map_err(|e| e.to_string())?;
+    let p = tilec_opt::partition::partition(&g, &tilec_opt::partition::Target::preset(tilec_opt::partition::TargetKind::Cuda));
+    if p.groups.len() != 1 {
+        return Err(format!("{} kernel groups", p.groups.len()));
+    }
+    let l = tilec_tile::lower::lower_group(&g, &p.groups[0], &format!("{op}_{}", d.name())).map_err(|e| e.to_string())?;
+    let names = ["x", "w", "b"];
+    let mut order = vec![];
+    for v in l.inputs.iter() {
+        let n = &g.value(*v).name;
+        order.push(names.iter().position(|m| m == n).ok_or_else(|| format!("unexpected kernel input {n}"))?);
+    }
+    if l.outputs.len() != 1 {
+        return Err(format!("{} kernel outputs", l.outputs.len()));
+    }
+    order.push(3);
+    let k = schedule_gpu(&l.kernel, target).map_err(|e| e.to_string())?;
+    Ok((k, order))
+}
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("gpu_bench: {e}");
@@ -142,6 +196,18 @@ fn main() {
 }
 
 fn run() -> std::result::Result<(), String> {
+    if std::env::args().any(|x| x == "--plan") {
+        // Where each kernel comes from, without a GPU (small shape, printed tile IR).
+        for d in [DType::BF16, DType::F32] {
+            for op in ["softmax", "layernorm", "rmsnorm", "gelu_bias"] {
+                match from_graph(op, 4, 256, d, 1e-5, &GpuTarget::hopper()) {
+                    Ok((k, order)) => println!("{op} {}: from the graph, args {order:?}\n{k}", d.name()),
+                    Err(e) => println!("{op} {}: hand-built fallback: {e}", d.name()),
+                }
+            }
+        }
+        return Ok(());
+    }
     let a = parse_args()?;
     let s = |e: CudaError| e.to_string();
     if !is_available() {
@@ -195,34 +261,30 @@ fn run() -> std::result::Result<(), String> {
             threads: a.threads,
             ..RowOptions::default()
         };
-        let ops: Vec<(&str, tilec_tile::Kernel, Vec<u64>)> = vec![
-            (
-                "softmax",
-                schedule_rows(&handbuilt::softmax(r, c, d), &row_opts).map_err(s)?,
-                vec![dx.ptr(), dy.ptr()],
-            ),
-            (
-                "layernorm",
-                schedule_rows(&handbuilt::layernorm(r, c, d, eps), &row_opts).map_err(s)?,
-                vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()],
-            ),
-            (
-                "rmsnorm",
-                schedule_rows(&handbuilt::rmsnorm(r, c, d, eps), &row_opts).map_err(s)?,
-                vec![dx.ptr(), dw.ptr(), dy.ptr()],
-            ),
-            (
-                "gelu_bias",
-                schedule_elementwise(&handbuilt::gelu_bias(r, c, d), &target).map_err(s)?,
-                vec![dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()],
-            ),
-        ];
+        // Each kernel comes from tilec's own pipeline (graph -> -O3 for cuda -> partition ->
+        // lowering -> GPU schedule); the hand-built tile IR is the fallback, recorded as such.
+        let ptrs = [dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()];
+        let mut ops: Vec<(&str, tilec_tile::Kernel, Vec<u64>, String)> = vec![];
+        for op in ["softmax", "layernorm", "rmsnorm", "gelu_bias"] {
+            match from_graph(op, r, c, d, eps, &target) {
+                Ok((k, order)) => ops.push((op, k, order.iter().map(|&i| ptrs[i]).collect(), "graph".into())),
+                Err(why) => {
+                    let (k, order): (tilec_tile::Kernel, Vec<usize>) = match op {
+                        "softmax" => (schedule_rows(&handbuilt::softmax(r, c, d), &row_opts).map_err(s)?, vec![0, 3]),
+                        "layernorm" => (schedule_rows(&handbuilt::layernorm(r, c, d, eps), &row_opts).map_err(s)?, vec![0, 1, 2, 3]),
+                        "rmsnorm" => (schedule_rows(&handbuilt::rmsnorm(r, c, d, eps), &row_opts).map_err(s)?, vec![0, 1, 3]),
+                        _ => (schedule_elementwise(&handbuilt::gelu_bias(r, c, d), &target).map_err(s)?, vec![0, 1, 2, 3]),
+                    };
+                    ops.push((op, k, order.iter().map(|&i| ptrs[i]).collect(), format!("handbuilt ({why})")));
+                }
+            }
+        }
         let kernels: Vec<tilec_tile::Kernel> = ops.iter().map(|o| o.1.clone()).collect();
         let t0 = std::time::Instant::now();
         let loaded = load_kernels(&dev, &compiler, &kernels).map_err(s)?;
         let compile_s = t0.elapsed().as_secs_f64();
         let (wv, bv) = (row_f64(&w, 0, cols), row_f64(&b, 0, cols));
-        for ((op, _, args), gk) in ops.iter().zip(&loaded) {
+        for ((op, _, args, source), gk) in ops.iter().zip(&loaded) {
             // Correctness: poisoned output, one run, sampled rows against f64.
             let poison = if d == DType::F32 {
                 0x7fc0_0000
@@ -265,7 +327,7 @@ fn run() -> std::result::Result<(), String> {
                 json!({"op": op, "dtype": d.name(), "rows": rows, "cols": cols, "ms": ms, "tb_s": tb_s,
                        "vs_copy": tb_s / copy_tb_s, "max_rel_err": max_err, "ok": ok,
                        "grid": gk.launch.grid.0, "block": gk.launch.block.0, "bytes": bytes,
-                       "compile_s": compile_s, "cache_hit": gk.cache_hit})
+                       "compile_s": compile_s, "cache_hit": gk.cache_hit, "source": source})
             );
         }
     }

@@ -296,7 +296,7 @@ pub mod reference {
                 term *= -x2 / n;
                 let add = term / (2.0 * n + 1.0);
                 sum += add;
-                if add.abs() < 1e-17 * sum.abs() {
+                if add.abs() <= 1e-17 * sum.abs() || n > 200.0 {
                     break;
                 }
             }

@@ -50,7 +50,7 @@ impl GpuTarget {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct RowOptions {
     /// Threads per block (a multiple of 32, at most 1024); `None`: chosen from the row length
-    /// (about four vectors per thread).
+    /// (about 16 elements per thread).
     pub threads: Option<i64>,
     /// Largest number of elements one thread keeps in registers per cached row.
     pub max_register_elems: i64,
@@ -472,8 +472,11 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
             t
         }
         None => {
+            // About 16 elements per thread (whatever the dtype), at least one vector each:
+            // enough warps in flight to cover memory latency, few registers per thread.
             let vecs = (cmax + lanes - 1) / lanes;
-            (((vecs + 3) / 4 + 31) / 32 * 32).clamp(32, 1024)
+            let want = ((cmax + 15) / 16).min(vecs);
+            ((want + 31) / 32 * 32).clamp(32, 1024)
         }
     };
 

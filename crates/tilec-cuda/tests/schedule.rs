@@ -91,10 +91,10 @@ fn row_schedule_structure() {
         text.contains("block_reduce_max") && text.contains("block_reduce_add"),
         "{text}"
     );
-    assert!(text.contains("alloc reg x_row: bf16[256, 4, 8]"), "{text}");
+    assert!(text.contains("alloc reg x_row: bf16[512, 2, 8]"), "{text}");
     let cfg = launch_config(&s).unwrap();
     assert_eq!(cfg.grid, (16, 1, 1));
-    assert_eq!(cfg.block, (256, 1, 1));
+    assert_eq!(cfg.block, (512, 1, 1));
 }
 
 #[test]

@@ -1,0 +1,72 @@
+"""Merges tilec's gpu_bench output and the peers' into bench/results/cuda-DATE.json and a
+markdown table, and prints the table.
+usage: python3 bench/gpu_report.py TILEC.jsonl PEERS.jsonl OUT.json OUT.md"""
+import datetime
+import json
+import sys
+
+
+def lines(path):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+    except OSError:
+        pass
+    return out
+
+
+def main():
+    tl, pl, out_json, out_md = sys.argv[1:5]
+    t, p = lines(tl), lines(pl)
+    dev = next((x for x in t if "device" in x), {})
+    copy = next((x for x in t if x.get("op") == "copy_dtod"), {})
+    copy_bw = copy.get("tb_s")
+    rows = []
+    for k in t:
+        if "dtype" not in k or k.get("op") == "copy_dtod":
+            continue
+        peers = {x["impl"]: x for x in p if x.get("op") == k["op"] and x.get("dtype") == k["dtype"]}
+        r = {
+            "op": k["op"], "dtype": k["dtype"], "shape": [k.get("rows"), k.get("cols")],
+            "tilec_ms": k.get("ms"), "tilec_tb_s": k.get("tb_s"), "ok": k.get("ok"),
+            "max_rel_err": k.get("max_rel_err"),
+            "vs_copy": (k["tb_s"] / copy_bw) if copy_bw and k.get("tb_s") else None,
+            "eager_tb_s": peers.get("torch_eager", {}).get("tb_s"),
+            "compile_tb_s": peers.get("torch_compile", {}).get("tb_s"),
+        }
+        rows.append(r)
+    res = {
+        "date": datetime.date.today().isoformat(),
+        "machine": dev,
+        "copy_tb_s": copy_bw,
+        "torch_copy_tb_s": next((x.get("tb_s") for x in p if x.get("op") == "copy_dtod"), None),
+        "peer": next((x for x in p if "peer" in x), {}),
+        "kernels": rows,
+    }
+    with open(out_json, "w") as f:
+        json.dump(res, f, indent=2)
+    f3 = lambda v: "—" if v is None else f"{v:.2f}"
+    md = [f"# CUDA memory-bound kernels, {res['date']}", "",
+          f"{dev.get('device', '?')} ({dev.get('sms', '?')} SMs), copy {f3(copy_bw)} TB/s measured in the same run "
+          f"(torch copy {f3(res['torch_copy_tb_s'])}). TB/s counts the input read once and the output written once.", "",
+          "| op | dtype | ok | tilec TB/s | × copy | torch eager | torch.compile | tilec / compile |",
+          "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        ratio = r["tilec_tb_s"] / r["compile_tb_s"] if r["tilec_tb_s"] and r["compile_tb_s"] else None
+        md.append(f"| {r['op']} | {r['dtype']} | {r['ok']} | {f3(r['tilec_tb_s'])} | {f3(r['vs_copy'])} | "
+                  f"{f3(r['eager_tb_s'])} | {f3(r['compile_tb_s'])} | {f3(ratio)} |")
+    text = "\n".join(md) + "\n"
+    with open(out_md, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
