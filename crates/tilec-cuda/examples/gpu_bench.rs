@@ -200,8 +200,13 @@ fn run() -> std::result::Result<(), String> {
         // Where each kernel comes from, without a GPU (small shape, printed tile IR).
         for d in [DType::BF16, DType::F32] {
             for op in ["softmax", "layernorm", "rmsnorm", "gelu_bias"] {
-                match from_graph(op, 4, 256, d, 1e-5, &GpuTarget::hopper()) {
-                    Ok((k, order)) => println!("{op} {}: from the graph, args {order:?}\n{k}", d.name()),
+                let (pr, pc) = if std::env::args().any(|x| x == "--full") { (32768, 8192) } else { (4, 256) };
+                match from_graph(op, pr, pc, d, 1e-5, &GpuTarget::hopper()) {
+                    Ok((k, order)) => println!(
+                        "{op} {}: from the graph, args {order:?}\n{k}\n{}",
+                        d.name(),
+                        render(&k).map(|c| c.source.lines().filter(|l| l.contains("tl_") && !l.starts_with("__device__") && !l.starts_with("//") && !l.starts_with("struct") && !l.starts_with("template") && !l.starts_with('#')).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+                    ),
                     Err(e) => println!("{op} {}: hand-built fallback: {e}", d.name()),
                 }
             }
@@ -304,6 +309,14 @@ fn run() -> std::result::Result<(), String> {
                     "softmax" => reference::softmax(&xr),
                     "layernorm" => reference::layernorm(&xr, &wv, &bv, eps as f64),
                     "rmsnorm" => reference::rmsnorm(&xr, &wv, eps as f64),
+                    // The graph rounds x*w and x*w + b to the dtype (each op's output is bf16).
+                    _ if d == DType::BF16 && source == "graph" => {
+                        let r16 = |v: f64| bf16::from_f64(v).to_f64();
+                        let t: Vec<f64> = xr.iter().zip(&wv).zip(&bv).map(|((x, w), b)| r16(r16(x * w) + b)).collect();
+                        let zero = vec![0.0; t.len()];
+                        let one = vec![1.0; t.len()];
+                        reference::gelu_bias(&t, &one, &zero)
+                    }
                     _ => reference::gelu_bias(&xr, &wv, &bv),
                 };
                 let got = row_f64(&y, row, cols);

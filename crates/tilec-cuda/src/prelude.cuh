@@ -52,7 +52,7 @@ __device__ __forceinline__ float tl_erf_fast(float x) {
     p = fmaf(x2, p, 1.0f);
     return 1.1283791671f * x * p;
   }
-  const float t = __frcp_rn(fmaf(0.3275911f, a, 1.0f));
+  const float t = __fdividef(1.0f, fmaf(0.3275911f, a, 1.0f));
   float y = fmaf(t, 1.061405429f, -1.453152027f);
   y = fmaf(t, y, 1.421413741f);
   y = fmaf(t, y, -0.284496736f);
