@@ -194,16 +194,20 @@ def bench_tilec_sgemm(timeout_s: float) -> dict:
 
 
 def parse_sgemm_output(stdout: str) -> dict:
-    """{"by_n": {n: gflops}} from the sgemm example's output: a JSON list of {n, gflops}, on
-    one line (other lines may surround it) or pretty-printed over several."""
-    candidates = [line.strip() for line in reversed(stdout.strip().splitlines()) if line.strip().startswith("[")]
-    if "[" in stdout:
-        candidates.append(stdout[stdout.index("[") :])
-    for text in candidates:
+    """{"by_n": {n: gflops}} from the sgemm example's `--json` output: an object
+    {"threads", "results": [{"n", "tilec_gflops"}]} (or a bare list of {n, gflops})."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if not line.startswith(("{", "[")):
+            continue
         try:
-            recs = json.loads(text)
-            return {"by_n": {int(r["n"]): float(r["gflops"]) for r in recs}}
-        except (ValueError, TypeError, KeyError):
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        recs = doc.get("results", []) if isinstance(doc, dict) else doc
+        try:
+            return {"by_n": {int(r["n"]): float(r.get("tilec_gflops", r.get("gflops"))) for r in recs}}
+        except (ValueError, TypeError, KeyError, AttributeError):
             continue
     return {"error": f"no JSON list of {{n, gflops}} in the output: {tail(stdout)!r}"}
 

@@ -535,6 +535,12 @@ impl<'a> St<'a> {
             if self.kind(c) == GroupKind::Opaque || self.cycle_via(gi, c).is_some() {
                 continue;
             }
+            // A windowed consumer reads each input element many times (k×k taps): the
+            // re-indexing would be recomputed per tap. Rule 1b writes it in its producer
+            // instead, once per element.
+            if matches!(self.kind(c), GroupKind::Conv | GroupKind::Pool) && !self.producer_groups(gi).is_empty() {
+                continue;
+            }
             self.merge(c, gi);
             changed = true;
         }
