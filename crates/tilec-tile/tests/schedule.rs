@@ -820,13 +820,20 @@ fn illegal_applications_are_refused() {
         },
         "accumulator `acc`",
     );
+    // A loop around a long inner loop is not vectorized (a short one, a window, may be).
+    let long = rowred(4, 100, BinOp::Add, DType::F64);
     expect_err(
-        &r,
+        &long,
         Primitive::Vectorize {
             loop_var: "i".into(),
         },
         "not innermost",
     );
+    {
+        let mut k = r.k.clone();
+        schedule::apply_primitive(&mut k, &Primitive::Vectorize { loop_var: "i".into() })
+            .expect("rows over a 6-wide window vectorize");
+    }
     expect_err(
         &r,
         Primitive::Parallel {
@@ -1330,8 +1337,11 @@ fn default_cpu_schedules_apply_and_preserve_results() {
         }
         p => panic!("{p}"),
     }
-    // Not contiguous (column reduction) and not independent: nothing to vectorize.
+    // A column reduction over a short window: the column loop is vectorized around it.
     let s = schedule::default_cpu(&colmax_i32(8, 8).k, t);
+    assert_eq!(s.to_string(), "vectorize j\n");
+    // Over a long one: nothing to vectorize (strided and carried).
+    let s = schedule::default_cpu(&colmax_i32(100, 8).k, t);
     assert!(s.steps.is_empty(), "{s}");
 }
 

@@ -313,8 +313,44 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
             }
         }
+        // Windowed nests (pooling, direct convolution): the loop just outside a small
+        // reduction window is vectorized, the window unrolled inside it.
+        let mut window_loops = vec![];
+        if let Some((l, _)) = loop_named(&w, &root) {
+            collect_window_loops(&w, std::slice::from_ref(&Stmt::For(l.clone())), &mut window_loops);
+        }
+        for name in window_loops {
+            let Some((l, _)) = loop_named(&w, &name) else {
+                continue;
+            };
+            if l.kind != LoopKind::Serial || l.extent < 8 {
+                continue;
+            }
+            attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
+        }
     }
     s
+}
+
+/// Loops whose body holds only a small serial nest (a window) besides straight-line code.
+fn collect_window_loops(k: &Kernel, stmts: &[Stmt], out: &mut Vec<String>) {
+    for s in stmts {
+        match s {
+            Stmt::For(l) => {
+                let r = Region::of(&l.body);
+                if r.loops > 0 && r.gemms == 0 && super::loops::small_serial_nest(&l.body) {
+                    out.push(var_name(k, l.var));
+                } else {
+                    collect_window_loops(k, &l.body, out);
+                }
+            }
+            Stmt::If { then_, else_, .. } => {
+                collect_window_loops(k, then_, out);
+                collect_window_loops(k, else_, out);
+            }
+            _ => {}
+        }
+    }
 }
 
 fn loop_named<'a>(k: &'a Kernel, name: &str) -> Option<(&'a Loop, super::LoopPos)> {

@@ -315,15 +315,48 @@ pub fn vectorize(k: &mut Kernel, name: &str) -> Result<(), ScheduleError> {
     let (_, pos) = find_loop(k, P, name)?;
     let l = loop_ref(k, &pos).ok_or_else(|| err(k, P, "loop vanished"))?;
     let inner = Region::of(&l.body);
-    if inner.loops > 0 || inner.gemms > 0 {
+    if inner.gemms > 0 || (inner.loops > 0 && !small_serial_nest(&l.body)) {
         return Err(err(
             k,
             P,
-            format!("loop `{name}` is not innermost (its body contains loops or a gemm)"),
+            format!(
+                "loop `{name}` is not innermost (its body contains a gemm or loops of more than \
+                 {MAX_INNER_TRIPS} iterations in all)"
+            ),
         ));
     }
     iterations_independent(k, l, &pos.outer_ranges()).map_err(|r| err(k, P, r))?;
     set_kind(k, P, name, LoopKind::Vectorized)
+}
+
+/// The most iterations the loops inside a vectorized loop may run in all (a convolution or
+/// pooling window): the C compiler unrolls them and vectorizes the loop around them.
+pub const MAX_INNER_TRIPS: i64 = 64;
+
+/// Whether the loops under `body` are serial (or unrolled) and run at most
+/// [`MAX_INNER_TRIPS`] iterations in all.
+pub(crate) fn small_serial_nest(body: &[Stmt]) -> bool {
+    fn trips(stmts: &[Stmt]) -> Option<i64> {
+        let mut total = 0i64;
+        for s in stmts {
+            match s {
+                Stmt::For(l) => {
+                    if !matches!(l.kind, LoopKind::Serial | LoopKind::Unrolled) {
+                        return None;
+                    }
+                    let inner = trips(&l.body)?.max(1);
+                    total = total.checked_add(l.extent.checked_mul(inner)?)?;
+                }
+                Stmt::If { then_, else_, .. } => {
+                    total = total.checked_add(trips(then_)?.checked_add(trips(else_)?)?)?;
+                }
+                Stmt::Gemm(_) => return None,
+                _ => {}
+            }
+        }
+        Some(total)
+    }
+    trips(body).is_some_and(|t| t <= MAX_INNER_TRIPS)
 }
 
 /// Marks a loop parallel. Its iterations must be provably independent (no scalar accumulator
