@@ -278,42 +278,8 @@ pub mod reference {
             .zip(b)
             .map(|((v, w), b)| {
                 let t = v * w + b;
-                0.5 * t * (1.0 + erf(t / std::f64::consts::SQRT_2))
+                0.5 * t * (1.0 + tilec_ref::kernels::elementwise::erf(t / std::f64::consts::SQRT_2))
             })
             .collect()
-    }
-    /// erf to about 1e-15 (series below 2.5, continued fraction above).
-    pub fn erf(x: f64) -> f64 {
-        if x.is_nan() {
-            return x;
-        }
-        let ax = x.abs();
-        let r = if ax < 2.5 {
-            let (mut term, mut sum, x2) = (ax, ax, ax * ax);
-            let mut n = 0.0;
-            loop {
-                n += 1.0;
-                term *= -x2 / n;
-                let add = term / (2.0 * n + 1.0);
-                sum += add;
-                if add.abs() <= 1e-17 * sum.abs() || n > 200.0 {
-                    break;
-                }
-            }
-            sum * 2.0 / std::f64::consts::PI.sqrt()
-        } else if ax > 6.0 {
-            1.0
-        } else {
-            let mut f = 0.0;
-            for k in (1..60).rev() {
-                f = (k as f64 / 2.0) / (ax + f);
-            }
-            1.0 - (-ax * ax).exp() / (std::f64::consts::PI.sqrt() * (ax + f))
-        };
-        if x < 0.0 {
-            -r
-        } else {
-            r
-        }
     }
 }

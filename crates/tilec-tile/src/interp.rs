@@ -353,7 +353,7 @@ fn unary(op: UnOp, v: Val, ty: Ty) -> Val {
         UnOp::Asinh => x.asinh(),
         UnOp::Acosh => x.acosh(),
         UnOp::Atanh => x.atanh(),
-        UnOp::Erf => erf(x),
+        UnOp::Erf => tilec_ref::kernels::elementwise::erf(x),
         UnOp::Floor => x.floor(),
         UnOp::Ceil => x.ceil(),
         UnOp::Round => {
@@ -383,46 +383,6 @@ fn unary(op: UnOp, v: Val, ty: Ty) -> Val {
         Ty::Index => r,
     };
     Val::F(r)
-}
-
-/// erf with f64 accuracy (Abramowitz–Stegun 7.1.26 is too coarse; use a series/continued
-/// fraction split).
-fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let ax = x.abs();
-    let r = if ax < 2.5 {
-        // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)).
-        let mut term = ax;
-        let mut sum = ax;
-        let x2 = ax * ax;
-        let mut n = 0.0;
-        loop {
-            n += 1.0;
-            term *= -x2 / n;
-            let add = term / (2.0 * n + 1.0);
-            sum += add;
-            if add.abs() <= 1e-17 * sum.abs() || n > 200.0 {
-                break;
-            }
-        }
-        sum * 2.0 / std::f64::consts::PI.sqrt()
-    } else if ax > 6.0 {
-        1.0
-    } else {
-        // Continued fraction for erfc.
-        let mut f = 0.0;
-        for k in (1..60).rev() {
-            f = (k as f64 / 2.0) / (ax + f);
-        }
-        1.0 - (-ax * ax).exp() / (std::f64::consts::PI.sqrt() * (ax + f))
-    };
-    if x < 0.0 {
-        -r
-    } else {
-        r
-    }
 }
 
 fn binary(op: BinOp, x: Val, y: Val, ty: Ty) -> Result<Val, String> {
