@@ -56,7 +56,9 @@ enum Slot {
 }
 
 enum StepKind {
-    Kernel { func: tilec_cpu::KernelFn },
+    /// `ptrs` are the argument addresses, resolved once when the arena exists (the arena and
+    /// the constant pool never move).
+    Kernel { func: tilec_cpu::KernelFn, ptrs: Vec<*mut std::ffi::c_void> },
     Fallback { node: NodeId },
 }
 
@@ -226,7 +228,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                     args.extend(&l.outputs);
                     steps.push(Step {
                         name: nm,
-                        kind: StepKind::Kernel { func: dummy_kernel },
+                        kind: StepKind::Kernel { func: dummy_kernel, ptrs: vec![] },
                         args,
                         outputs: l.outputs.clone(),
                         nodes: nodes.clone(),
@@ -305,7 +307,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     report.unique_kernels = stats.unique;
     report.cache_hit = stats.cache_hit;
     for st in &mut steps {
-        if let StepKind::Kernel { func } = &mut st.kind {
+        if let StepKind::Kernel { func, .. } = &mut st.kind {
             *func = module
                 .get(&st.name)
                 .ok_or_else(|| Error::Compile(format!("kernel {} is missing from the compiled module", st.name)))?;
@@ -363,7 +365,26 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     report.inplace = plan.inplace;
     let arena = Arena::new(plan.arena_bytes.max(64)).map_err(|e| Error::Compile(e.to_string()))?;
     report.total = t0.elapsed();
-    Ok(Compiled { graph: g, steps, module: Some(std::mem::ManuallyDrop::new(module)), slots, consts, plan, reqs, arena, interpreted: false, report })
+    let mut c = Compiled {
+        graph: g,
+        steps,
+        module: Some(std::mem::ManuallyDrop::new(module)),
+        slots,
+        consts,
+        plan,
+        reqs,
+        arena,
+        interpreted: false,
+        report,
+    };
+    for si in 0..c.steps.len() {
+        let resolved: Vec<*mut std::ffi::c_void> =
+            c.steps[si].args.iter().map(|&a| c.ptr(a).map(|p| p as *mut std::ffi::c_void)).collect::<Result<_, _>>()?;
+        if let StepKind::Kernel { ptrs, .. } = &mut c.steps[si].kind {
+            *ptrs = resolved;
+        }
+    }
+    Ok(c)
 }
 
 /// Orders steps so that every value is produced before it is read (stable: the partition's
@@ -564,11 +585,7 @@ impl Compiled {
     fn run_step(&self, si: usize, bound: &HashMap<tilec_ir::SymbolId, usize>) -> Result<(), Error> {
         let st = &self.steps[si];
         match &st.kind {
-            StepKind::Kernel { func } => {
-                let mut ptrs: Vec<*mut std::ffi::c_void> = Vec::with_capacity(st.args.len());
-                for &a in &st.args {
-                    ptrs.push(self.ptr(a)? as *mut std::ffi::c_void);
-                }
+            StepKind::Kernel { func, ptrs } => {
                 // SAFETY: the kernel was generated for exactly these buffers (dtypes and
                 // shapes checked at compile time), each pointer addresses a live slot.
                 unsafe { func(ptrs.as_ptr()) };
