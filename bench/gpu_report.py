@@ -28,9 +28,17 @@ def main():
     dev = next((x for x in t if "device" in x), {})
     copy = next((x for x in t if x.get("op") == "copy_dtod"), {})
     copy_bw = copy.get("tb_s")
-    rows = []
+    rows, variants = [], []
     for k in t:
         if "dtype" not in k or k.get("op") == "copy_dtod":
+            continue
+        if k.get("variant"):
+            variants.append({
+                "op": k["op"], "dtype": k["dtype"], "variant": k["variant"], "ok": k.get("ok"),
+                "tilec_tb_s": k.get("tb_s"), "regs": k.get("regs"), "blocks_per_sm": k.get("blocks_per_sm"),
+                "grid": k.get("grid"), "block": k.get("block"),
+                "vs_copy": (k["tb_s"] / copy_bw) if copy_bw and k.get("tb_s") else None,
+            })
             continue
         peers = {x["impl"]: x for x in p if x.get("op") == k["op"] and x.get("dtype") == k["dtype"]}
         r = {
@@ -40,6 +48,8 @@ def main():
             "vs_copy": (k["tb_s"] / copy_bw) if copy_bw and k.get("tb_s") else None,
             "eager_tb_s": peers.get("torch_eager", {}).get("tb_s"),
             "compile_tb_s": peers.get("torch_compile", {}).get("tb_s"),
+            "regs": k.get("regs"), "blocks_per_sm": k.get("blocks_per_sm"),
+            "grid": k.get("grid"), "block": k.get("block"),
         }
         rows.append(r)
     res = {
@@ -49,6 +59,7 @@ def main():
         "torch_copy_tb_s": next((x.get("tb_s") for x in p if x.get("op") == "copy_dtod"), None),
         "peer": next((x for x in p if "peer" in x), {}),
         "kernels": rows,
+        "schedule_variants": variants,
     }
     with open(out_json, "w") as f:
         json.dump(res, f, indent=2)
@@ -62,6 +73,17 @@ def main():
         ratio = r["tilec_tb_s"] / r["compile_tb_s"] if r["tilec_tb_s"] and r["compile_tb_s"] else None
         md.append(f"| {r['op']} | {r['dtype']} | {r['ok']} | {f3(r['tilec_tb_s'])} | {f3(r['vs_copy'])} | "
                   f"{f3(r['eager_tb_s'])} | {f3(r['compile_tb_s'])} | {f3(ratio)} |")
+    if variants:
+        md += ["", "Schedule variants (the same kernels under other schedules; tuning data for the defaults):", "",
+               "| op | dtype | schedule | ok | TB/s | × copy | regs | blocks/SM |",
+               "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+        for d in rows:
+            md.append(f"| {d['op']} | {d['dtype']} | default (grid {d['grid']}, block {d['block']}) | {d['ok']} | "
+                      f"{f3(d['tilec_tb_s'])} | {f3(d['vs_copy'])} | {d['regs']} | {d['blocks_per_sm']} |")
+            for v in variants:
+                if v["op"] == d["op"] and v["dtype"] == d["dtype"]:
+                    md.append(f"| {v['op']} | {v['dtype']} | {v['variant']} | {v['ok']} | {f3(v['tilec_tb_s'])} | "
+                              f"{f3(v['vs_copy'])} | {v['regs']} | {v['blocks_per_sm']} |")
     text = "\n".join(md) + "\n"
     with open(out_md, "w") as f:
         f.write(text)

@@ -23,6 +23,8 @@ struct Args {
     iters: usize,
     check_rows: usize,
     threads: Option<i64>,
+    /// Also time alternative schedules of each kernel (tuning data for the heuristics).
+    variants: bool,
 }
 
 fn parse_args() -> std::result::Result<Args, String> {
@@ -32,10 +34,16 @@ fn parse_args() -> std::result::Result<Args, String> {
         iters: 50,
         check_rows: 64,
         threads: None,
+        variants: true,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
+        if argv[i] == "--no-variants" {
+            a.variants = false;
+            i += 1;
+            continue;
+        }
         let val = argv
             .get(i + 1)
             .ok_or_else(|| format!("{} needs a value", argv[i]))?;
@@ -144,7 +152,7 @@ fn from_graph(
     d: DType,
     eps: f32,
     target: &GpuTarget,
-) -> std::result::Result<(tilec_tile::Kernel, Vec<usize>), String> {
+) -> std::result::Result<(tilec_tile::Kernel, Vec<usize>, tilec_tile::Kernel), String> {
     use tilec_ir::op::{BinaryOp, NormOp, UnaryOp};
     use tilec_ir::{Graph, Op, TensorType};
     let (ru, cu) = (r as usize, c as usize);
@@ -185,7 +193,28 @@ fn from_graph(
     }
     order.push(3);
     let k = schedule_gpu(&l.kernel, target).map_err(|e| e.to_string())?;
-    Ok((k, order))
+    Ok((k, order, l.kernel))
+}
+
+/// Alternative schedules of a lowered kernel, timed beside the default to tune the heuristics:
+/// other block sizes for row kernels, other vectors per thread (0: grid-stride) for elementwise.
+fn variants(op: &str, lowered: &tilec_tile::Kernel, target: &GpuTarget) -> Vec<(String, tilec_tile::Kernel)> {
+    let mut out = vec![];
+    if op == "gelu_bias" {
+        for u in [0i64, 1, 2, 8] {
+            if let Ok(k) = schedule_elementwise_with(lowered, target, Some(u)) {
+                out.push((format!("vectors/thread {u}"), k));
+            }
+        }
+    } else {
+        for t in [128i64, 256, 1024] {
+            let o = RowOptions { threads: Some(t), ..RowOptions::default() };
+            if let Ok(k) = schedule_rows(lowered, &o) {
+                out.push((format!("threads {t}"), k));
+            }
+        }
+    }
+    out
 }
 
 fn main() {
@@ -202,7 +231,7 @@ fn run() -> std::result::Result<(), String> {
             for op in ["softmax", "layernorm", "rmsnorm", "gelu_bias"] {
                 let (pr, pc) = if std::env::args().any(|x| x == "--full") { (32768, 8192) } else { (4, 256) };
                 match from_graph(op, pr, pc, d, 1e-5, &GpuTarget::hopper()) {
-                    Ok((k, order)) => println!(
+                    Ok((k, order, _)) => println!(
                         "{op} {}: from the graph, args {order:?}\n{k}\n{}",
                         d.name(),
                         render(&k).map(|c| c.source.lines().filter(|l| l.contains("tl_") && !l.starts_with("__device__") && !l.starts_with("//") && !l.starts_with("struct") && !l.starts_with("template") && !l.starts_with('#')).collect::<Vec<_>>().join("\n")).unwrap_or_default()
@@ -269,10 +298,18 @@ fn run() -> std::result::Result<(), String> {
         // Each kernel comes from tilec's own pipeline (graph -> -O3 for cuda -> partition ->
         // lowering -> GPU schedule); the hand-built tile IR is the fallback, recorded as such.
         let ptrs = [dx.ptr(), dw.ptr(), db.ptr(), dy.ptr()];
-        let mut ops: Vec<(&str, tilec_tile::Kernel, Vec<u64>, String)> = vec![];
+        let mut ops: Vec<(&str, tilec_tile::Kernel, Vec<u64>, String, Option<String>)> = vec![];
         for op in ["softmax", "layernorm", "rmsnorm", "gelu_bias"] {
             match from_graph(op, r, c, d, eps, &target) {
-                Ok((k, order)) => ops.push((op, k, order.iter().map(|&i| ptrs[i]).collect(), "graph".into())),
+                Ok((k, order, lowered)) => {
+                    let args: Vec<u64> = order.iter().map(|&i| ptrs[i]).collect();
+                    ops.push((op, k, args.clone(), "graph".into(), None));
+                    if a.variants {
+                        for (name, vk) in variants(op, &lowered, &target) {
+                            ops.push((op, vk, args.clone(), "graph".into(), Some(name)));
+                        }
+                    }
+                }
                 Err(why) => {
                     let (k, order): (tilec_tile::Kernel, Vec<usize>) = match op {
                         "softmax" => (schedule_rows(&handbuilt::softmax(r, c, d), &row_opts).map_err(s)?, vec![0, 3]),
@@ -280,7 +317,7 @@ fn run() -> std::result::Result<(), String> {
                         "rmsnorm" => (schedule_rows(&handbuilt::rmsnorm(r, c, d, eps), &row_opts).map_err(s)?, vec![0, 1, 3]),
                         _ => (schedule_elementwise(&handbuilt::gelu_bias(r, c, d), &target).map_err(s)?, vec![0, 1, 2, 3]),
                     };
-                    ops.push((op, k, order.iter().map(|&i| ptrs[i]).collect(), format!("handbuilt ({why})")));
+                    ops.push((op, k, order.iter().map(|&i| ptrs[i]).collect(), format!("handbuilt ({why})"), None));
                 }
             }
         }
@@ -289,7 +326,7 @@ fn run() -> std::result::Result<(), String> {
         let loaded = load_kernels(&dev, &compiler, &kernels).map_err(s)?;
         let compile_s = t0.elapsed().as_secs_f64();
         let (wv, bv) = (row_f64(&w, 0, cols), row_f64(&b, 0, cols));
-        for ((op, _, args, source), gk) in ops.iter().zip(&loaded) {
+        for ((op, _, args, source, variant), gk) in ops.iter().zip(&loaded) {
             // Correctness: poisoned output, one run, sampled rows against f64.
             let poison = if d == DType::F32 {
                 0x7fc0_0000
@@ -340,7 +377,9 @@ fn run() -> std::result::Result<(), String> {
                 json!({"op": op, "dtype": d.name(), "rows": rows, "cols": cols, "ms": ms, "tb_s": tb_s,
                        "vs_copy": tb_s / copy_tb_s, "max_rel_err": max_err, "ok": ok,
                        "grid": gk.launch.grid.0, "block": gk.launch.block.0, "bytes": bytes,
-                       "compile_s": compile_s, "cache_hit": gk.cache_hit, "source": source})
+                       "compile_s": compile_s, "cache_hit": gk.cache_hit, "source": source, "variant": variant,
+                       "regs": gk.function().num_regs().ok(),
+                       "blocks_per_sm": gk.function().max_active_blocks_per_sm(gk.launch.block.0, gk.launch.shared_mem_bytes).ok()})
             );
         }
     }

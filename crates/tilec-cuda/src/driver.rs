@@ -741,6 +741,38 @@ impl Function {
         &self.name
     }
 
+    /// Registers per thread the compiled kernel uses.
+    pub fn num_regs(&self) -> Result<u32> {
+        self.module.ctx.bind()?;
+        let mut v = 0i32;
+        // SAFETY: valid function, out-pointer to a live i32.
+        unsafe {
+            cu!(cuFuncGetAttribute(
+                &mut v,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
+                self.raw
+            ))?
+        };
+        Ok(v.max(0) as u32)
+    }
+
+    /// Blocks of `block_threads` threads (with `smem` bytes of dynamic shared memory) that can be
+    /// resident on one SM at once.
+    pub fn max_active_blocks_per_sm(&self, block_threads: u32, smem: u32) -> Result<u32> {
+        self.module.ctx.bind()?;
+        let mut v = 0i32;
+        // SAFETY: valid function, out-pointer to a live i32.
+        unsafe {
+            cu!(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut v,
+                self.raw,
+                block_threads as i32,
+                smem as usize
+            ))?
+        };
+        Ok(v.max(0) as u32)
+    }
+
     /// Launches the kernel on `stream` with one device pointer per parameter.
     pub fn launch(&self, stream: &Stream, cfg: &LaunchConfig, args: &[u64]) -> Result<()> {
         self.module.ctx.bind()?;

@@ -26,7 +26,7 @@ pub use driver::{
 pub use error::{CudaError, Result};
 pub use nvrtc::{Compiled, Compiler, Nvrtc, Output};
 pub use render::{launch_config, render, render_cuda, CudaSource, PRELUDE};
-pub use schedule::{schedule_elementwise, schedule_gpu, schedule_rows, GpuTarget, RowOptions};
+pub use schedule::{schedule_elementwise, schedule_elementwise_with, schedule_gpu, schedule_rows, GpuTarget, RowOptions};
 
 use std::sync::Arc;
 
@@ -41,6 +41,11 @@ pub struct GpuKernel {
 }
 
 impl GpuKernel {
+    /// The loaded function (for attributes such as registers and occupancy).
+    pub fn function(&self) -> &Function {
+        &self.func
+    }
+
     /// Launches with one device pointer per parameter (16-byte aligned).
     pub fn launch(&self, stream: &Stream, args: &[u64]) -> Result<()> {
         if args.len() != self.params.len() {

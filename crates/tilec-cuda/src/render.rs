@@ -673,8 +673,17 @@ impl R<'_> {
             Stmt::For(l) => self.for_(l)?,
             Stmt::Store { buf, index, value } => {
                 self.check_buf(*buf)?;
-                // A store of a cast to the buffer's own 16-bit type rounds once, not twice.
+                // A store of a cast to the buffer's own 16-bit type rounds once, not twice; a
+                // native 16-bit chain stores its bits.
+                let native = match value {
+                    Expr::Cast(cd, _) if *cd == self.k.buf(*buf).dtype => self.bits16(value)?,
+                    _ => None,
+                };
                 let v = match value {
+                    _ if native.is_some() => {
+                        let t = if self.k.buf(*buf).dtype == DType::BF16 { "bf16" } else { "f16" };
+                        format!("{RAW}tl_mk_{t}({})", native.unwrap_or_default())
+                    }
                     Expr::Cast(cd, inner)
                         if *cd == self.k.buf(*buf).dtype
                             && matches!(cd, DType::F16 | DType::BF16)
@@ -1213,6 +1222,15 @@ impl R<'_> {
                     load_conv(d, format!("{name}[{i}]"))
                 }
             }
+            Expr::Cast(DType::F32, a)
+                if matches!(self.k.type_of(a), Ty::Elem(DType::BF16 | DType::F16))
+                    && matches!(a.as_ref(), Expr::Cast(..))
+                    && self.bits16(a)?.is_some() =>
+            {
+                let t = if self.k.type_of(a) == Ty::Elem(DType::BF16) { "bf16" } else { "f16" };
+                let bits = self.bits16(a)?.unwrap_or_default();
+                format!("tl_bits_{t}({bits})")
+            }
             Expr::Cast(d, a) => {
                 let s = self.expr(a)?;
                 match self.k.type_of(a) {
@@ -1243,6 +1261,36 @@ impl R<'_> {
                 let s = self.expr(a)?;
                 self.unary(*op, ty, s)
             }
+            Expr::Binary(BinOp::Mul, _, _)
+                if self.k.type_of(e) == Ty::Elem(DType::F32)
+                    && self.narrow_outputs()
+                    && gelu_erf_arg(e).is_some() =>
+            {
+                let x = gelu_erf_arg(e).unwrap_or(Expr::Int(0));
+                format!("tl_gelu_erf({})", self.expr(&x)?)
+            }
+            Expr::Binary(BinOp::Add, a, b)
+                if self.k.type_of(e) == Ty::Elem(DType::F32) && self.narrow_outputs() =>
+            {
+                // `1 + erf(x)` (the GELU form) through erfc, so that the negative tail keeps its
+                // relative accuracy and no branch diverges.
+                let one = |x: &Expr| matches!(x, Expr::Lit(Lit::Float(v, DType::F32)) if *v == 1.0);
+                let erf_arg = |x: &Expr| match x {
+                    Expr::Unary(UnOp::Erf, inner) => Some(inner.as_ref().clone()),
+                    _ => None,
+                };
+                let fused = match (one(a), one(b)) {
+                    (true, _) => erf_arg(b),
+                    (_, true) => erf_arg(a),
+                    _ => None,
+                };
+                if let Some(x) = fused {
+                    format!("tl_one_plus_erf({})", self.expr(&x)?)
+                } else {
+                    let (x, y) = (self.expr(a)?, self.expr(b)?);
+                    self.binary(BinOp::Add, Ty::Elem(DType::F32), x, y)?
+                }
+            }
             Expr::Binary(op, a, b) => {
                 let ty = self.k.type_of(a);
                 let ty = if ty == Ty::Index {
@@ -1254,6 +1302,47 @@ impl R<'_> {
                 self.binary(*op, ty, x, y)?
             }
         })
+    }
+
+    /// The raw 16-bit pattern (`unsigned short`) of a bf16/f16 value that is a load, or an add,
+    /// subtract or multiply of two such values computed in f32 and rounded back to the type. The
+    /// chain then runs in native 16-bit arithmetic: one correctly rounded operation each, as the
+    /// graph asks, without converting every intermediate to float and back.
+    fn bits16(&mut self, e: &Expr) -> Result<Option<String>> {
+        let d = match self.k.type_of(e) {
+            Ty::Elem(d @ (DType::BF16 | DType::F16)) => d,
+            _ => return Ok(None),
+        };
+        let t = if d == DType::BF16 { "bf16" } else { "f16" };
+        match e {
+            Expr::Load(..) => {
+                let s = self.expr(e)?;
+                Ok(raw_of(d, s).map(|r| format!("({}).bits", r.trim_start_matches(RAW))))
+            }
+            Expr::Cast(_, inner) => {
+                let Expr::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul), a, b) = inner.as_ref()
+                else {
+                    return Ok(None);
+                };
+                let (Expr::Cast(DType::F32, x), Expr::Cast(DType::F32, y)) = (a.as_ref(), b.as_ref())
+                else {
+                    return Ok(None);
+                };
+                if self.k.type_of(x) != Ty::Elem(d) || self.k.type_of(y) != Ty::Elem(d) {
+                    return Ok(None);
+                }
+                let (Some(xb), Some(yb)) = (self.bits16(x)?, self.bits16(y)?) else {
+                    return Ok(None);
+                };
+                let f = match op {
+                    BinOp::Add => "add",
+                    BinOp::Sub => "sub",
+                    _ => "mul",
+                };
+                Ok(Some(format!("tl_{f}_{t}({xb}, {yb})")))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Whether every float parameter the kernel writes is f16 or bf16.
@@ -1554,4 +1643,45 @@ fn float_lit(x: f64, dbl: bool) -> String {
     } else {
         format!("{:e}f", x as f32)
     }
+}
+
+/// The x of `(0.5 * x) * (1 + erf(x * c))` with c = 1/sqrt(2) (operands in either order): the
+/// erf form of GELU as the lowering spells it.
+fn gelu_erf_arg(e: &Expr) -> Option<Expr> {
+    let lit = |x: &Expr, want: f64, tol: f64| {
+        matches!(x, Expr::Lit(Lit::Float(v, DType::F32)) if (*v - want).abs() <= tol)
+    };
+    // `k * x` or `x * k` for the literal k: Some(x).
+    let scaled = |x: &Expr, k: f64, tol: f64| match x {
+        Expr::Binary(BinOp::Mul, a, b) if lit(a, k, tol) => Some(b.as_ref().clone()),
+        Expr::Binary(BinOp::Mul, a, b) if lit(b, k, tol) => Some(a.as_ref().clone()),
+        _ => None,
+    };
+    let one_plus_erf = |x: &Expr| match x {
+        Expr::Binary(BinOp::Add, a, b) => {
+            let erf = if lit(a, 1.0, 0.0) {
+                b
+            } else if lit(b, 1.0, 0.0) {
+                a
+            } else {
+                return None;
+            };
+            match erf.as_ref() {
+                Expr::Unary(UnOp::Erf, arg) => scaled(arg, std::f64::consts::FRAC_1_SQRT_2, 1e-6),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let Expr::Binary(BinOp::Mul, a, b) = e else {
+        return None;
+    };
+    for (h, q) in [(a, b), (b, a)] {
+        if let (Some(x), Some(y)) = (scaled(h, 0.5, 0.0), one_plus_erf(q)) {
+            if x == y {
+                return Some(x);
+            }
+        }
+    }
+    None
 }

@@ -472,10 +472,13 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
             t
         }
         None => {
-            // About 16 elements per thread (whatever the dtype), at least one vector each:
-            // enough warps in flight to cover memory latency, few registers per thread.
+            // About four 16-byte vectors per thread (16 f32 or 32 bf16 elements), at least one
+            // each: enough bytes in flight per block to cover memory latency, few registers per
+            // thread. Measured on an H200 at 8192 columns: bf16 rows reach 0.96x copy with 256
+            // threads against 0.85x with 512 (16 elements each); f32 rows 0.97-0.99x with 512.
             let vecs = (cmax + lanes - 1) / lanes;
-            let want = ((cmax + 15) / 16).min(vecs);
+            let per_thread = if lanes > 1 { 4 * lanes } else { 16 };
+            let want = ((cmax + per_thread - 1) / per_thread).min(vecs);
             ((want + 31) / 32 * 32).clamp(32, 1024)
         }
     };
@@ -765,9 +768,22 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
     Ok(out)
 }
 
-/// Schedules an elementwise kernel (a perfect loop nest storing element by element) as a
-/// grid-stride loop over 16-byte vectors.
+/// Schedules an elementwise kernel (a perfect loop nest storing element by element) over
+/// 16-byte vectors: each thread handles a few vectors in an unrolled loop (their loads are in
+/// flight together) and the grid covers the whole tensor, so that a kernel whose register use
+/// lowers the resident blocks per SM does not leave a partly filled last wave behind.
 pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
+    schedule_elementwise_with(k, target, None)
+}
+
+/// [`schedule_elementwise`] with the vectors per thread fixed: `Some(0)` is a grid-stride loop
+/// over a grid sized for `target.blocks_per_sm` resident blocks per SM; `None` picks 4 vectors
+/// per thread for large tensors and 1 for small ones.
+pub fn schedule_elementwise_with(
+    k: &Kernel,
+    target: &GpuTarget,
+    vectors_per_thread: Option<i64>,
+) -> Result<Kernel> {
     let (loops, body) = row_nest(&k.body);
     if loops.is_empty() {
         return Err(bad(k, "no loop nest"));
@@ -802,9 +818,24 @@ pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
     let lanes = vector_lanes(c, &global_dtypes(k, body));
     let threads = 256i64.min(target.max_threads_per_block as i64).max(32);
     let nv = n / lanes;
-    let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
-    let blocks = ((nv + threads - 1) / threads).clamp(1, max_blocks);
-    let iters = (nv + blocks * threads - 1) / (blocks * threads);
+    let waves_of = |u: i64| nv / (threads * u * (target.sm_count as i64).max(1) * 8);
+    let per_thread = match vectors_per_thread {
+        Some(u) => u.max(0),
+        None if waves_of(4) >= 4 => 4,
+        None => 1,
+    };
+    // Grid-stride (per_thread == 0): a grid of resident blocks looping over the tensor;
+    // otherwise every block covers `threads * per_thread` consecutive vectors once.
+    let grid_stride = per_thread == 0
+        || (nv + threads * per_thread - 1) / (threads * per_thread) > i32::MAX as i64;
+    let (blocks, iters) = if grid_stride {
+        let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
+        let blocks = ((nv + threads - 1) / threads).clamp(1, max_blocks);
+        (blocks, (nv + blocks * threads - 1) / (blocks * threads))
+    } else {
+        let per_thread = per_thread.min((nv + threads - 1) / threads).max(1);
+        ((nv + threads * per_thread - 1) / (threads * per_thread), per_thread)
+    };
 
     let mut out = k.clone();
     let b = fresh(&mut out, "blk", Ty::Index, false);
@@ -839,18 +870,19 @@ pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
     } else {
         inner
     };
-    let fval = Expr::add(
-        Expr::mul(
-            Expr::add(Expr::mul(Expr::Var(it), Expr::Int(blocks)), Expr::Var(b)),
-            Expr::Int(threads),
-        ),
-        Expr::Var(t),
-    );
+    // Grid-stride: vector (it * blocks + blk) * threads + thr; blocked: (blk * iters + it) *
+    // threads + thr. Both keep a warp's accesses consecutive.
+    let chunk = if grid_stride {
+        Expr::add(Expr::mul(Expr::Var(it), Expr::Int(blocks)), Expr::Var(b))
+    } else {
+        Expr::add(Expr::mul(Expr::Var(b), Expr::Int(iters)), Expr::Var(it))
+    };
+    let fval = Expr::add(Expr::mul(chunk, Expr::Int(threads)), Expr::Var(t));
     let mut per_iter = vec![Stmt::Let {
         var: f,
         value: fval,
     }];
-    if nv % (blocks * threads) != 0 {
+    if blocks * threads * iters != nv {
         per_iter.push(Stmt::If {
             cond: Expr::bin(BinOp::Lt, Expr::Var(f), Expr::Int(nv)),
             then_: inner,
@@ -863,8 +895,15 @@ pub fn schedule_elementwise(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
         let mut p = per_iter;
         subst_all(&mut p, &[(it, Expr::Int(0))]);
         p
-    } else {
+    } else if grid_stride {
         vec![Stmt::for_(it, iters, per_iter)]
+    } else {
+        vec![Stmt::For(Loop {
+            var: it,
+            extent: iters,
+            kind: LoopKind::Unrolled,
+            body: per_iter,
+        })]
     };
     out.body = vec![Stmt::For(Loop {
         var: b,

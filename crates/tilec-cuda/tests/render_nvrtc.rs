@@ -37,7 +37,13 @@ fn benchmark_kernels_render_with_vector_accesses_and_shuffles() {
                 // The row lives in registers: the input is read from global memory once.
                 assert_eq!(body.matches("&b0_x[").count(), 1, "{op} {d}\n{body}");
             } else {
-                assert_eq!(src.launch.grid.0, 132 * 8);
+                // Four 16-byte vectors per thread, 256 threads per block, the grid covering all.
+                let lanes = 16 / d.size_bytes() as u32;
+                assert_eq!(src.launch.grid.0, 32768 * 8192 / (lanes * 4 * 256), "{op} {d}");
+                assert!(body.contains("#pragma unroll"), "{op} {d}\n{body}");
+                // 16-bit results take the branchless GELU; f32 keeps the accurate erff.
+                assert_eq!(body.contains("tl_gelu_erf("), d == DType::BF16, "{op} {d}\n{body}");
+                assert_eq!(body.contains("erff("), d == DType::F32, "{op} {d}\n{body}");
             }
             let st = if d == DType::BF16 {
                 "tl_bf16*"
@@ -434,4 +440,44 @@ fn arch_names_follow_the_compute_capability() {
     assert_eq!(driver::arch_for((8, 0)), "sm_80");
     assert_eq!(driver::arch_for((8, 9)), "sm_89");
     assert_eq!(driver::arch_for((10, 0)), "sm_100a");
+}
+
+#[test]
+fn sixteen_bit_arithmetic_chains_run_natively() {
+    // y = f16(f16(a * b) - c) + d: each op's result rounded to the 16-bit type, as the graph
+    // spells it. The chain renders as native 16-bit operations on raw bits, for sm_90a and
+    // (through float for bf16) for sm_75, and both compile.
+    let mut srcs = vec![];
+    for d in [DType::BF16, DType::F16] {
+        let mut k = Kernel::new(&format!("chain_{}", d.name()));
+        let a = k.param("a", d, vec![64]);
+        let b = k.param("b", d, vec![64]);
+        let c = k.param("c", d, vec![64]);
+        let y = k.param("y", d, vec![64]);
+        let i = k.index_var("i");
+        let ld = |x| Expr::Cast(DType::F32, Box::new(Expr::load(x, vec![Expr::Var(i)])));
+        let r16 = |e: Expr| Expr::Cast(d, Box::new(e));
+        let f32_ = |e: Expr| Expr::Cast(DType::F32, Box::new(e));
+        let ab = r16(Expr::bin(BinOp::Mul, ld(a), ld(b)));
+        let abc = r16(Expr::bin(BinOp::Sub, f32_(ab), ld(c)));
+        let out = r16(Expr::bin(BinOp::Add, f32_(abc), ld(a)));
+        k.body.push(Stmt::for_(i, 64, vec![Stmt::store(y, vec![Expr::Var(i)], out)]));
+        let src = render_cuda(&k).unwrap();
+        let t = if d == DType::BF16 { "bf16" } else { "f16" };
+        assert!(
+            src.contains(&format!("tl_add_{t}(tl_sub_{t}(tl_mul_{t}(")),
+            "{d}: {}",
+            &src[src.find("extern \"C\"").unwrap()..]
+        );
+        srcs.push((k.name.clone(), src));
+    }
+    let Some(nv) = nvrtc_or_skip("sixteen_bit_arithmetic_chains_run_natively") else {
+        return;
+    };
+    for arch in ["sm_90a", "sm_75"] {
+        let c = Compiler::new(nv.clone(), arch).with_cache_dir(None);
+        for ((name, _), r) in srcs.iter().zip(c.compile_many(&srcs)) {
+            r.unwrap_or_else(|e| panic!("{name} for {arch}: {e}"));
+        }
+    }
 }

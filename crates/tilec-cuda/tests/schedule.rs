@@ -91,10 +91,11 @@ fn row_schedule_structure() {
         text.contains("block_reduce_max") && text.contains("block_reduce_add"),
         "{text}"
     );
-    assert!(text.contains("alloc reg x_row: bf16[512, 2, 8]"), "{text}");
+    // Four 16-byte vectors per thread: 256 threads for a bf16 row of 8192.
+    assert!(text.contains("alloc reg x_row: bf16[256, 4, 8]"), "{text}");
     let cfg = launch_config(&s).unwrap();
     assert_eq!(cfg.grid, (16, 1, 1));
-    assert_eq!(cfg.block, (512, 1, 1));
+    assert_eq!(cfg.block, (256, 1, 1));
 }
 
 #[test]
@@ -211,4 +212,34 @@ fn schedules_reject_what_they_cannot_handle() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("gelu_bias"), "{e}");
+}
+
+#[test]
+fn elementwise_vectors_per_thread_keep_the_semantics() {
+    // Grid-stride (0) and blocked (1..8 vectors per thread), with and without a partial last
+    // block (guards).
+    for d in [DType::F32, DType::BF16] {
+        for (rows, cols) in [(3i64, 256i64), (5, 200), (9, 1024)] {
+            for (op, k, row) in kernels(rows, cols, d) {
+                if row {
+                    continue;
+                }
+                let args = random_args(&k, 11 + cols as u64);
+                let want = reference(op, &args, rows as usize, cols as usize);
+                for u in [0i64, 1, 2, 3, 4, 8] {
+                    let s = schedule_elementwise_with(&k, &GpuTarget::hopper(), Some(u))
+                        .unwrap_or_else(|e| panic!("{op} {u}: {e}"));
+                    let mut b = args.clone();
+                    let n = k.params.len() - 1;
+                    interp::run(&s, &mut b).unwrap_or_else(|e| panic!("{op} {u}: {e}\n{s}"));
+                    assert_close(
+                        &format!("{op} {d} {rows}x{cols}, {u} vectors per thread"),
+                        &b[n].to_f64_vec(),
+                        &want,
+                        tol(d),
+                    );
+                }
+            }
+        }
+    }
 }
