@@ -62,12 +62,12 @@ def main():
         moved = 2 * R * C * x.element_size()  # read x once, write y once
         for op, f in ops.items():
             ms = median_ms(lambda: f(x))
-            print(json.dumps({"op": op, "dtype": name, "impl": "torch_eager", "ms": ms, "tb_s": moved / ms / 1e9}), flush=True)
+            print(json.dumps({"op": op, "dtype": name, "rows": R, "cols": C, "impl": "torch_eager", "ms": ms, "tb_s": moved / ms / 1e9}), flush=True)
             cf = torch.compile(f)
             cf(x)
             torch.cuda.synchronize()
             ms = median_ms(lambda: cf(x))
-            print(json.dumps({"op": op, "dtype": name, "impl": "torch_compile", "ms": ms, "tb_s": moved / ms / 1e9}), flush=True)
+            print(json.dumps({"op": op, "dtype": name, "rows": R, "cols": C, "impl": "torch_compile", "ms": ms, "tb_s": moved / ms / 1e9}), flush=True)
         del x
 
 

@@ -35,12 +35,15 @@ def main():
         if k.get("variant"):
             variants.append({
                 "op": k["op"], "dtype": k["dtype"], "variant": k["variant"], "ok": k.get("ok"),
+                "shape": [k.get("rows"), k.get("cols")],
                 "tilec_tb_s": k.get("tb_s"), "regs": k.get("regs"), "blocks_per_sm": k.get("blocks_per_sm"),
                 "grid": k.get("grid"), "block": k.get("block"),
                 "vs_copy": (k["tb_s"] / copy_bw) if copy_bw and k.get("tb_s") else None,
             })
             continue
-        peers = {x["impl"]: x for x in p if x.get("op") == k["op"] and x.get("dtype") == k["dtype"]}
+        same = lambda x: (x.get("op") == k["op"] and x.get("dtype") == k["dtype"]
+                          and x.get("rows", k.get("rows")) == k.get("rows") and x.get("cols", k.get("cols")) == k.get("cols"))
+        peers = {x["impl"]: x for x in p if same(x)}
         r = {
             "op": k["op"], "dtype": k["dtype"], "shape": [k.get("rows"), k.get("cols")],
             "tilec_ms": k.get("ms"), "tilec_tb_s": k.get("tb_s"), "ok": k.get("ok"),
@@ -67,11 +70,12 @@ def main():
     md = [f"# CUDA memory-bound kernels, {res['date']}", "",
           f"{dev.get('device', '?')} ({dev.get('sms', '?')} SMs), copy {f3(copy_bw)} TB/s measured in the same run "
           f"(torch copy {f3(res['torch_copy_tb_s'])}). TB/s counts the input read once and the output written once.", "",
-          "| op | dtype | ok | tilec TB/s | × copy | torch eager | torch.compile | tilec / compile |",
-          "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+          "| op | shape | dtype | ok | tilec TB/s | × copy | torch eager | torch.compile | tilec / compile |",
+          "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    shape = lambda r: "×".join(str(v) for v in r["shape"])
     for r in rows:
         ratio = r["tilec_tb_s"] / r["compile_tb_s"] if r["tilec_tb_s"] and r["compile_tb_s"] else None
-        md.append(f"| {r['op']} | {r['dtype']} | {r['ok']} | {f3(r['tilec_tb_s'])} | {f3(r['vs_copy'])} | "
+        md.append(f"| {r['op']} | {shape(r)} | {r['dtype']} | {r['ok']} | {f3(r['tilec_tb_s'])} | {f3(r['vs_copy'])} | "
                   f"{f3(r['eager_tb_s'])} | {f3(r['compile_tb_s'])} | {f3(ratio)} |")
     if variants:
         md += ["", "Schedule variants (the same kernels under other schedules; tuning data for the defaults):", "",
@@ -81,7 +85,7 @@ def main():
             md.append(f"| {d['op']} | {d['dtype']} | default (grid {d['grid']}, block {d['block']}) | {d['ok']} | "
                       f"{f3(d['tilec_tb_s'])} | {f3(d['vs_copy'])} | {d['regs']} | {d['blocks_per_sm']} |")
             for v in variants:
-                if v["op"] == d["op"] and v["dtype"] == d["dtype"]:
+                if v["op"] == d["op"] and v["dtype"] == d["dtype"] and v["shape"] == d["shape"]:
                     md.append(f"| {v['op']} | {v['dtype']} | {v['variant']} | {v['ok']} | {f3(v['tilec_tb_s'])} | "
                               f"{f3(v['vs_copy'])} | {v['regs']} | {v['blocks_per_sm']} |")
     text = "\n".join(md) + "\n"

@@ -229,7 +229,7 @@ fn run() -> std::result::Result<(), String> {
         // Where each kernel comes from, without a GPU (small shape, printed tile IR).
         for d in [DType::BF16, DType::F32] {
             for op in ["softmax", "layernorm", "rmsnorm", "gelu_bias"] {
-                let (pr, pc) = if std::env::args().any(|x| x == "--full") { (32768, 8192) } else { (4, 256) };
+                let (pr, pc) = if std::env::args().any(|x| x == "--full") { (32768, 8192) } else if std::env::args().any(|x| x == "--short") { (2097152, 128) } else { (4, 256) };
                 match from_graph(op, pr, pc, d, 1e-5, &GpuTarget::hopper()) {
                     Ok((k, order, _)) => println!(
                         "{op} {}: from the graph, args {order:?}\n{k}\n{}",

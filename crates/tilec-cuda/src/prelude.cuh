@@ -257,6 +257,15 @@ struct TlBitAnd { template <typename T> __device__ __forceinline__ T operator()(
 struct TlBitOr { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a | b; } };
 struct TlBitXor { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a ^ b; } };
 
+// All-reduce within aligned segments of NT lanes (a power of two up to 32) of every warp: the
+// rows of a multi-row block.
+template <int NT, typename Op, typename T>
+__device__ __forceinline__ T tl_warp_allreduce(T v, Op op) {
+#pragma unroll
+  for (int m = NT / 2; m > 0; m >>= 1) v = op(v, tl_shfl_xor(v, m));
+  return v;
+}
+
 template <int NT, typename Op, typename T>
 __device__ __forceinline__ T tl_block_allreduce(T v, Op op, T* scratch) {
 #pragma unroll

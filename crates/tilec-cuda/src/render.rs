@@ -374,12 +374,22 @@ impl Dims {
         walk(k, &k.body, &mut d, &mut vec![], &mut has_reduce)?;
         if has_reduce {
             if d.block[1] > 1 || d.block[2] > 1 {
-                return Err(err(
-                    k,
-                    "block reductions need a one-dimensional thread block (ThreadX only)".into(),
-                ));
+                // Several rows per block: each row's ThreadX threads are an aligned segment of
+                // a warp, reduced with shuffles alone.
+                let x = d.block[0];
+                if d.block[2] > 1 || x > 32 || x & (x - 1) != 0 || (x * d.block[1]) % 32 != 0 {
+                    return Err(err(
+                        k,
+                        format!(
+                            "block reductions need a one-dimensional thread block, or ThreadX a \
+                             power of two up to 32 with whole warps (block {:?})",
+                            d.block
+                        ),
+                    ));
+                }
+            } else {
+                d.block[0] = (d.block[0] + 31) / 32 * 32;
             }
-            d.block[0] = (d.block[0] + 31) / 32 * 32;
         }
         let threads: i64 = d.block.iter().product();
         if threads > 1024 {
@@ -429,10 +439,6 @@ impl Dims {
         } else {
             self.grid[i]
         }
-    }
-
-    fn threads(&self) -> i64 {
-        self.block.iter().product()
     }
 }
 
@@ -722,10 +728,16 @@ impl R<'_> {
                 }
                 let t = format!("{}[{fidx}] = {};", buf_name(self.k, *buf), conv(v));
                 let scope = self.k.buf(*buf).scope;
-                if scope != Scope::Register && self.thread_depth == 0 && self.dims.threads() > 1 {
-                    let t = format!(
-                        "if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {t}"
-                    );
+                // One thread writes a value computed alike by threads that no enclosing loop
+                // tells apart.
+                let unbound: Vec<&str> = [GpuAxis::ThreadX, GpuAxis::ThreadY, GpuAxis::ThreadZ]
+                    .into_iter()
+                    .filter(|a| self.dims.extent(*a) > 1 && !self.bound.values().any(|b| b == a))
+                    .map(axis_builtin)
+                    .collect();
+                if scope != Scope::Register && !unbound.is_empty() {
+                    let cond: Vec<String> = unbound.iter().map(|a| format!("{a} == 0")).collect();
+                    let t = format!("if ({}) {t}", cond.join(" && "));
                     self.line(&t);
                 } else {
                     self.line(&t);
@@ -792,7 +804,9 @@ impl R<'_> {
                 self.line("__syncthreads();");
             }
             Stmt::BlockReduce { var, op, axis } => {
-                if self.thread_depth > 0 {
+                let warp_segments = self.dims.block[1] > 1;
+                let inside_own_axis = self.bound.values().any(|a| a == axis);
+                if inside_own_axis || (self.thread_depth > 0 && !warp_segments) {
                     return Err(err(
                         self.k,
                         "block reduction inside a thread-bound loop".into(),
@@ -821,8 +835,20 @@ impl R<'_> {
                 let nt = self.dims.extent(*axis);
                 let name = self.var(*var)?;
                 let scratch = format!("tl_red_{}", ct.replace(' ', "_"));
-                self.red_types.insert(ct.clone());
-                let mut v = format!("tl_block_allreduce<{nt}>({name}, {functor}(), {scratch})");
+                if warp_segments && *axis != GpuAxis::ThreadX {
+                    return Err(err(
+                        self.k,
+                        format!("a multi-row block reduces over ThreadX, not {axis:?}"),
+                    ));
+                }
+                if !warp_segments {
+                    self.red_types.insert(ct.clone());
+                }
+                let mut v = if warp_segments {
+                    format!("tl_warp_allreduce<{nt}>({name}, {functor}())")
+                } else {
+                    format!("tl_block_allreduce<{nt}>({name}, {functor}(), {scratch})")
+                };
                 // Sums of rounded types are rounded once more, like every other operation.
                 if let Ty::Elem(d) = info.ty {
                     if matches!(op, BinOp::Add | BinOp::Mul) {

@@ -71,7 +71,7 @@ fn benchmark_kernels_compile_with_nvrtc_for_sm_90a() {
     let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
     let mut modules = vec![];
     for d in [DType::F32, DType::BF16] {
-        for (rows, cols) in [(32768, 8192), (3, 200), (5, 37)] {
+        for (rows, cols) in [(32768, 8192), (3, 200), (5, 37), (64, 128)] {
             for (_, k, row) in kernels(rows, cols, d) {
                 let s = schedule(&k, row);
                 modules.push((

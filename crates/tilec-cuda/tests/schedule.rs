@@ -61,6 +61,7 @@ fn schedules_match_the_interpreter_f32_and_bf16() {
             &RowOptions {
                 threads: Some(32),
                 max_register_elems: 64,
+                rows_per_block: Some(1),
             },
         );
         // Rows too long for registers.
@@ -71,11 +72,54 @@ fn schedules_match_the_interpreter_f32_and_bf16() {
             &RowOptions {
                 threads: Some(32),
                 max_register_elems: 4,
+                rows_per_block: Some(1),
             },
         );
     }
     // Odd lengths: scalar accesses.
     check_shapes(3, 37, DType::F32, &RowOptions::default());
+}
+
+#[test]
+fn short_rows_share_blocks() {
+    for d in [DType::F32, DType::BF16] {
+        // Chosen by default: 16 rows of 64 (a few threads per row, several rows per block),
+        // with guards (200 columns) and without.
+        for (rows, cols) in [(16i64, 64i64), (32, 200), (8, 512)] {
+            let k = tilec_cuda::handbuilt::softmax(rows, cols, d);
+            let s = schedule_rows(&k, &RowOptions::default()).unwrap();
+            let text = s.to_string();
+            assert!(text.contains("bind(ThreadY)"), "{rows}x{cols} {d}\n{text}");
+            let cfg = launch_config(&s).unwrap();
+            assert!(cfg.block.1 > 1 && cfg.block.0 <= 32, "{cfg:?}");
+            assert_eq!((cfg.block.0 * cfg.block.1) % 32, 0, "{cfg:?}");
+            assert_eq!(cfg.grid.0 as i64 * cfg.block.1 as i64, rows);
+            let src = render(&s).unwrap().source;
+            assert!(src.contains("tl_warp_allreduce<"), "{src}");
+            check_shapes(rows, cols, d, &RowOptions::default());
+        }
+        // Explicit rows per block and threads per row.
+        for (t, r) in [(8i64, 4i64), (16, 2), (32, 2), (4, 8)] {
+            let o = RowOptions {
+                threads: Some(t),
+                rows_per_block: Some(r),
+                ..RowOptions::default()
+            };
+            check_shapes(8, 96, d, &o);
+        }
+    }
+    // Rows that do not divide into the rows per block, threads that are not a power of two:
+    // clean errors.
+    let k = tilec_cuda::handbuilt::softmax(6, 64, DType::F32);
+    for (t, r) in [(8i64, 4i64), (12, 8), (64, 2)] {
+        let o = RowOptions {
+            threads: Some(t),
+            rows_per_block: Some(r),
+            ..RowOptions::default()
+        };
+        let e = schedule_rows(&k, &o).unwrap_err().to_string();
+        assert!(e.contains("rows per block"), "{e}");
+    }
 }
 
 #[test]
@@ -200,6 +244,7 @@ fn schedules_reject_what_they_cannot_handle() {
         &RowOptions {
             threads: Some(48),
             max_register_elems: 8,
+            rows_per_block: None,
         },
     )
     .unwrap_err()
