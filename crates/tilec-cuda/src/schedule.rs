@@ -5,9 +5,12 @@
 //!   LayerNorm, RMSNorm) becomes one thread block per row. Every row loop is spread over the
 //!   block's threads as 16-byte vectors (`tx` owns vectors `tx, tx + T, ...`), each reduction
 //!   ends with a [`Stmt::BlockReduce`], and a row read by several loops is kept in registers
-//!   (each thread holds its `C / T` elements) when that fits.
+//!   (each thread holds its `C / T` elements) when that fits. Short rows share a block: each
+//!   row gets a power-of-two segment of a warp (`ThreadY` picks the row) and its reductions are
+//!   shuffles within the segment.
 //! - [`schedule_elementwise`]: a perfect loop nest whose innermost body stores element by
-//!   element becomes a grid-stride loop over 16-byte vectors.
+//!   element becomes a loop over 16-byte vectors, a few per thread in an unrolled loop, with the
+//!   grid covering the tensor (or a grid-stride loop, on request).
 //!
 //! Both keep the serial semantics: run by the tile interpreter (thread loops serially, block
 //! reductions as no-ops) a scheduled kernel computes what the original does.
