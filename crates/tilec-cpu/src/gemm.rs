@@ -45,6 +45,59 @@ fn round_up(x: i64, m: i64) -> i64 {
     (x + m - 1) / m * m
 }
 
+/// Which operand of a gemm a prepacked buffer holds.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PackOperand {
+    /// `A[b, i, k]`, in `mr`-tall panels.
+    A,
+    /// `B[b, k, j]`, in `nr`-wide panels.
+    B,
+}
+
+/// A gemm operand that depends only on kernel parameters (no other loop or local values), so
+/// it can be packed once, ahead of the calls, when those parameters are constants.
+///
+/// The kernel's `NAME__pack(args, slot, dst)` writes the whole operand, in the layout the
+/// micro-kernel reads, to `dst` (`bytes` long, 64-byte aligned); `NAME__packed(args, packed)`
+/// then reads `packed[slot]` instead of packing that operand itself (a null entry: it packs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PackSlot {
+    pub operand: PackOperand,
+    /// Indices (into the kernel's parameters) of the buffers the operand reads.
+    pub params: Vec<usize>,
+    pub bytes: usize,
+}
+
+/// The parameters `e` loads from, if it reads nothing but parameters and the variables `vars`.
+fn operand_params(r: &Renderer, e: &Expr, vars: &[VarId]) -> Option<Vec<usize>> {
+    let mut ok = true;
+    let mut ps = vec![];
+    e.visit(&mut |x| match x {
+        Expr::Var(v) if !vars.contains(v) => ok = false,
+        Expr::Load(b, _) => match r.k.params.iter().position(|p| p == b) {
+            Some(i) => {
+                if !ps.contains(&i) {
+                    ps.push(i)
+                }
+            }
+            None => ok = false,
+        },
+        _ => {}
+    });
+    ps.sort();
+    (ok && !ps.is_empty()).then_some(ps)
+}
+
+fn uses_var(e: &Expr, v: VarId) -> bool {
+    let mut u = false;
+    e.visit(&mut |x| {
+        if let Expr::Var(w) = x {
+            u |= *w == v;
+        }
+    });
+    u
+}
+
 /// Blocking actually used for accumulator type `acc` (`nr` is in f32 units in the schedule's
 /// parameters and is rescaled for wider types and rounded to whole vectors).
 #[derive(Copy, Clone, Debug)]
@@ -320,7 +373,6 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         nc: ncb,
         ..
     } = bl;
-    let (m, n, k, batch) = (g.m, g.n, g.k, g.batch);
     let (vb, vi, vj, vk, vacc) = (
         r.var_name(g.b_var),
         r.var_name(g.i_var),
@@ -340,6 +392,92 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     let (bc, bt) = r.expr(&g.b)?;
     let b_code = convert(&bc, bt, acc_ty);
     r.close_scope();
+    let (m, n, k, batch) = (g.m, g.n, g.k, g.batch);
+    let kk = k.max(1);
+    // Operands that can be packed ahead of the calls (see `PackSlot`).
+    let (mpad, npad) = (round_up(m, mr), round_up(n, nr));
+    let a_batched = uses_var(&g.a, g.b_var);
+    let b_batched = uses_var(&g.b, g.b_var);
+    let slot = |r: &mut Renderer, op: PackOperand, ps: Vec<usize>, code: String| -> String {
+        let s = r.packs.len();
+        let (rows, batched) = match op {
+            PackOperand::A => (mpad, a_batched),
+            PackOperand::B => (npad, b_batched),
+        };
+        let nb = if batched { batch } else { 1 };
+        let bytes = (nb * rows * k * eb) as usize;
+        r.packs.push((
+            PackSlot {
+                operand: op,
+                params: ps,
+                bytes: bytes.max(64),
+            },
+            code,
+        ));
+        format!("(tc_pk ? (const {t} *)tc_pk[{s}] : NULL)")
+    };
+    let pa_init = match operand_params(r, &g.a, &[g.b_var, g.i_var, g.k_var]) {
+        Some(ps) => {
+            let code = format!(
+                r#"{{ /* A of gemm {batch} x {m} x {n} x {k} in mr={mr} panels, kc={kcb} slices */
+    {t} *TC_RESTRICT pdst = ({t} *)tc_dst;
+    for (int64_t bb = 0; bb < {nb}; ++bb) {{
+        const int64_t {vb} = bb; (void){vb};
+        for (int64_t pc = 0; pc < {kk}; pc += {kcb}) {{
+            const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
+            for (int64_t ip = 0; ip < {mpad}; ip += {mr}) {{
+                {t} *TC_RESTRICT dst = pdst + bb * {mpad} * {k} + pc * {mpad} + ip * kc;
+                for (int64_t ii = 0; ii < {mr}; ++ii) {{
+                    const int64_t {vi} = ip + ii;
+                    if ({vi} < {m}) {{
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            dst[kk * {mr} + ii] = {a_code};
+                        }}
+                    }} else {{
+                        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * {mr} + ii] = ({t})0;
+                    }}
+                }}
+            }}
+        }}
+    }}
+}}"#,
+                nb = if a_batched { batch } else { 1 },
+            );
+            slot(r, PackOperand::A, ps, code)
+        }
+        None => "NULL".into(),
+    };
+    let pb_init = match operand_params(r, &g.b, &[g.b_var, g.j_var, g.k_var]) {
+        Some(ps) => {
+            let code = format!(
+                r#"{{ /* B of gemm {batch} x {m} x {n} x {k} in nr={nr} panels, kc={kcb} slices */
+    {t} *TC_RESTRICT pdst = ({t} *)tc_dst;
+    for (int64_t bb = 0; bb < {nb}; ++bb) {{
+        const int64_t {vb} = bb; (void){vb};
+        for (int64_t pc = 0; pc < {kk}; pc += {kcb}) {{
+            const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
+            for (int64_t jp = 0; jp < {npad}; jp += {nr}) {{
+                {t} *TC_RESTRICT dst = pdst + bb * {npad} * {k} + pc * {npad} + jp * kc;
+                for (int64_t kk = 0; kk < kc; ++kk) {{
+                    const int64_t {vk} = pc + kk;
+                    for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                        const int64_t {vj} = jp + jj;
+                        dst[kk * {nr} + jj] = {vj} < {n} ? {b_code} : ({t})0;
+                    }}
+                }}
+            }}
+        }}
+    }}
+}}"#,
+                nb = if b_batched { batch } else { 1 },
+            );
+            slot(r, PackOperand::B, ps, code)
+        }
+        None => "NULL".into(),
+    };
+    let pa_off = if a_batched { format!("{vb} * {mpad} * {k} + ") } else { String::new() };
+    let pb_off = if b_batched { format!("{vb} * {npad} * {k} + ") } else { String::new() };
     let simd = simple_epilogue(&g.epilogue);
     let saved_out = std::mem::take(&mut r.out);
     let saved_indent = r.indent;
@@ -370,7 +508,6 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         convert(&format!("ct[ii * {nr} + jj]"), acc_ty, acc_var_ty)
     );
     let simd_pragma = if simd { "#pragma omp simd" } else { "" };
-    let kk = k.max(1);
     let code = format!(
         r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb} */
 #pragma omp parallel {par}
@@ -392,6 +529,8 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         {t} *TC_RESTRICT pa = ({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb});
         {t} *TC_RESTRICT pb = ({t} *)tc_scratch(1, sizeof({t}) * {kcb} * ncb);
         {t} *TC_RESTRICT cw = {k} > {kcb} ? ({t} *)tc_scratch(2, sizeof({t}) * ((mw + {mr} - 1) / {mr}) * {mr} * ncb) : NULL;
+        /* Operands packed ahead of the call (constants), else NULL. */
+        const {t} *ppa = {pa_init}, *ppb = {pb_init};
         for (int64_t {vb} = bb0; {vb} < bb1; ++{vb}) {{
         for (int64_t jc = n0; jc < n1; jc += ncb) {{
             const int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
@@ -399,7 +538,8 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                 const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
                 const int last = pc + {kcb} >= {k};
                 /* Pack B: nr-wide panels, row kk of panel jp at pb + jp * kc + kk * nr. */
-                for (int64_t jp = 0; jp < nc; jp += {nr}) {{
+                const {t} *TC_RESTRICT pbk = ppb ? ppb + {pb_off}pc * {npad} + jc * kc : pb;
+                if (!ppb) for (int64_t jp = 0; jp < nc; jp += {nr}) {{
                     {t} *TC_RESTRICT dst = pb + jp * kc;
                     if (jp + {nr} <= nc) {{
                         for (int64_t kk = 0; kk < kc; ++kk) {{
@@ -423,7 +563,8 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                 for (int64_t ic = m0; ic < m1; ic += {mcb}) {{
                     const int64_t mc = m1 - ic < {mcb} ? m1 - ic : {mcb};
                     /* Pack A: mr-tall panels, element (kk, ii) of panel ip at pa + ip * kc + kk * mr + ii. */
-                    for (int64_t ip = 0; ip < mc; ip += {mr}) {{
+                    const {t} *TC_RESTRICT pak = ppa ? ppa + {pa_off}pc * {mpad} + ic * kc : pa;
+                    if (!ppa) for (int64_t ip = 0; ip < mc; ip += {mr}) {{
                         {t} *TC_RESTRICT dst = pa + ip * kc;
                         for (int64_t ii = 0; ii < {mr}; ++ii) {{
                             const int64_t {vi} = ic + ip + ii;
@@ -443,7 +584,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                         {t} ct[{ctn}] __attribute__((aligned(64)));
                         /* Partial sums of earlier K slices: one contiguous mr x nr tile each. */
                         {t} *ws = cw ? cw + (((ic - m0 + ir) / {mr}) * (ncb / {nr}) + jr / {nr}) * {ctn} : NULL;
-                        {ukr}(kc, pa + ir * kc, pb + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});
+                        {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});
                         if (last) {{
                             const int64_t mre = mc - ir < {mr} ? mc - ir : {mr}, nre = nc - jr < {nr} ? nc - jr : {nr};
                             for (int64_t ii = 0; ii < mre; ++ii) {{

@@ -355,5 +355,36 @@ fn gemm_inside_parallel_loop() {
         kind: LoopKind::Parallel,
         body: vec![Stmt::Gemm(Box::new(g))],
     }));
-    check_kernels(&[k], 23, false, gemm_tol);
+    let m = check_kernels(&[k], 23, false, gemm_tol);
+    // The operands depend on the loop variable: nothing can be packed ahead.
+    assert!(m.packs("mm_in_loop").is_empty());
+}
+
+/// Operands that read only parameters get pack slots (checked against the interpreter with
+/// every subset packed by `check_kernels`); operands that depend on an enclosing loop do not.
+#[test]
+fn prepack_slots() {
+    use tilec_cpu::PackOperand;
+    let mut s = spec(3, 37, 101, 70);
+    s.params = Some(GemmParams {
+        mr: 4,
+        nr: 16,
+        kc: 16,
+        mc: 8,
+        nc: 32,
+    });
+    let k = gemm_kernel("mm_packs", &s);
+    let mut s2 = spec(1, 128, 96, 200);
+    s2.transposed_b = true;
+    let k2 = gemm_kernel("mm_packs_bt", &s2);
+    let m = check_kernels(&[k, k2], 23, false, gemm_tol);
+    for name in ["mm_packs", "mm_packs_bt"] {
+        let p = m.packs(name);
+        assert_eq!(p.len(), 2, "{name}: {p:?}");
+        assert_eq!((p[0].operand, p[0].params.as_slice()), (PackOperand::A, &[0usize][..]));
+        assert_eq!((p[1].operand, p[1].params.as_slice()), (PackOperand::B, &[1usize][..]));
+        assert!(m.get_packed(name).is_some());
+    }
+    // Batched operands pack every batch: 3 x 40 rows (mr = 4) x 70.
+    assert_eq!(m.packs("mm_packs")[0].bytes, 3 * 40 * 70 * 4);
 }
