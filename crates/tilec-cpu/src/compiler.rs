@@ -13,13 +13,22 @@ use tilec_ir::{DType, Tensor};
 use tilec_tile::ir::Kernel;
 
 use crate::cpuinfo::CpuInfo;
-use crate::render::{render_function, RenderError, RenderOptions, PRELUDE};
+use crate::gemm::PackSlot;
+use crate::render::{render_function_packs, RenderError, RenderOptions, PRELUDE};
 
 /// A compiled kernel: `args[i]` points at the first element of the kernel's `i`-th parameter.
 pub type KernelFn = unsafe extern "C" fn(*const *mut c_void);
 
+/// A kernel reading prepacked gemm operands: `packed[s]` is slot `s`'s packed operand, or null
+/// (then the kernel packs that operand itself). See [`Module::packs`].
+pub type PackedKernelFn = unsafe extern "C" fn(*const *mut c_void, *const *mut c_void);
+
+/// Packs slot `slot`'s gemm operand from the kernel's arguments into `dst`
+/// ([`PackSlot::bytes`] long, 64-byte aligned).
+pub type PackFn = unsafe extern "C" fn(*const *mut c_void, i64, *mut c_void);
+
 /// Bumped whenever the generated code's conventions change, to invalidate cached libraries.
-const FORMAT_VERSION: &str = "tilec-cpu-1";
+const FORMAT_VERSION: &str = "tilec-cpu-2";
 
 /// How kernels are compiled.
 #[derive(Clone, Debug)]
@@ -160,6 +169,8 @@ pub struct Compiler {
 pub struct Module {
     // Function pointers below stay valid while the library is loaded.
     fns: HashMap<String, KernelFn>,
+    /// Per kernel with packable gemm operands: the slots and the packed/pack entry points.
+    packed: HashMap<String, (Vec<PackSlot>, PackedKernelFn, PackFn)>,
     set_threads: Option<unsafe extern "C" fn(i32)>,
     stats: CompileStats,
     params: HashMap<String, Vec<(DType, i64)>>,
@@ -229,11 +240,15 @@ impl Compiler {
         let mut by_hash: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
         let mut symbol_of: HashMap<String, String> = HashMap::new();
         let mut params = HashMap::new();
+        let mut packs: HashMap<String, Vec<PackSlot>> = HashMap::new();
         for k in kernels {
             if symbol_of.contains_key(&k.name) {
                 return Err(CompileError::DuplicateName(k.name.clone()));
             }
-            let body = render_function(k, "TC_KERNEL_NAME", &ropts)?;
+            let (body, slots) = render_function_packs(k, "TC_KERNEL_NAME", &ropts)?;
+            if !slots.is_empty() {
+                packs.insert(k.name.clone(), slots);
+            }
             let hash = hex(&Sha256::digest(body.as_bytes()))[..24].to_string();
             let sym = format!("tk_{hash}");
             symbol_of.insert(k.name.clone(), sym.clone());
@@ -267,7 +282,7 @@ impl Compiler {
                 .iter_mut()
                 .min_by_key(|u| u.source.len())
                 .expect("at least one unit");
-            u.source.push_str(&body.replacen("TC_KERNEL_NAME", sym, 1));
+            u.source.push_str(&body.replace("TC_KERNEL_NAME", sym));
             u.source.push('\n');
             u.kernels.extend(names.iter().cloned());
         }
@@ -322,7 +337,7 @@ impl Compiler {
             stats.compile_time = tc.elapsed();
             stats.units = units.len();
         }
-        let mut m = load(&lib_path, &symbol_of, params)?;
+        let mut m = load(&lib_path, &symbol_of, params, packs)?;
         stats.total_time = t0.elapsed();
         m.stats = stats;
         Ok(m)
@@ -456,6 +471,7 @@ fn load(
     path: &Path,
     symbol_of: &HashMap<String, String>,
     params: HashMap<String, Vec<(DType, i64)>>,
+    packs: HashMap<String, Vec<PackSlot>>,
 ) -> Result<Module, CompileError> {
     let lerr = |msg: String| CompileError::Load {
         path: path.to_path_buf(),
@@ -472,12 +488,24 @@ fn load(
             unsafe { lib.get(sym.as_bytes()) }.map_err(|e| lerr(format!("kernel {name}: {e}")))?;
         fns.insert(name.clone(), *f);
     }
+    let mut packed = HashMap::new();
+    for (name, slots) in packs {
+        let sym = &symbol_of[&name];
+        // SAFETY: kernels with pack slots define both entry points with these signatures.
+        let pf: libloading::Symbol<PackedKernelFn> = unsafe { lib.get(format!("{sym}__packed").as_bytes()) }
+            .map_err(|e| lerr(format!("kernel {name}: {e}")))?;
+        let pk: libloading::Symbol<PackFn> = unsafe { lib.get(format!("{sym}__pack").as_bytes()) }
+            .map_err(|e| lerr(format!("kernel {name}: {e}")))?;
+        let (pf, pk) = (*pf, *pk);
+        packed.insert(name, (slots, pf, pk));
+    }
     // SAFETY: `tilec_set_threads(int)` is defined by the prelude of every unit.
     let set_threads = unsafe { lib.get::<unsafe extern "C" fn(i32)>(b"tilec_set_threads") }
         .ok()
         .map(|f| *f);
     Ok(Module {
         fns,
+        packed,
         set_threads,
         stats: CompileStats::default(),
         params,
@@ -513,6 +541,17 @@ impl Module {
     /// The compiled kernel named `name` (valid while this module is alive).
     pub fn get(&self, name: &str) -> Option<KernelFn> {
         self.fns.get(name).copied()
+    }
+
+    /// The gemm operands of kernel `name` that can be packed ahead of the calls (empty if none).
+    pub fn packs(&self, name: &str) -> &[PackSlot] {
+        self.packed.get(name).map(|p| p.0.as_slice()).unwrap_or(&[])
+    }
+
+    /// The entry points of kernel `name` for prepacked operands: the kernel reading packed
+    /// slots and the function packing one slot (`None` if it has no [`Module::packs`]).
+    pub fn get_packed(&self, name: &str) -> Option<(PackedKernelFn, PackFn)> {
+        self.packed.get(name).map(|p| (p.1, p.2))
     }
 
     /// Names of the kernels in the module.
@@ -562,6 +601,60 @@ impl Module {
         // SAFETY: every pointer addresses a live buffer of the dtype and element count the
         // kernel was compiled for; the tensors are distinct objects so buffers do not overlap.
         unsafe { f(ptrs.as_ptr()) };
+        Ok(())
+    }
+
+    /// Like [`Module::run`], but first packs the operands of the slots selected by `pack`
+    /// (all of [`Module::packs`] when it returns true) and runs the kernel on the packed
+    /// copies (the packs are made from the tensors as given, before the call).
+    pub fn run_prepacked(
+        &self,
+        name: &str,
+        args: &mut [Tensor],
+        pack: impl Fn(usize, &PackSlot) -> bool,
+    ) -> Result<(), CompileError> {
+        let Some((slots, pf, pk)) = self.packed.get(name) else {
+            return self.run(name, args);
+        };
+        let ps = &self.params[name];
+        if ps.len() != args.len() {
+            return Err(CompileError::Call {
+                kernel: name.to_string(),
+                msg: format!("expected {} arguments, got {}", ps.len(), args.len()),
+            });
+        }
+        for (i, ((d, n), t)) in ps.iter().zip(args.iter()).enumerate() {
+            if t.dtype() != *d || t.numel() as i64 != *n {
+                return Err(CompileError::Call {
+                    kernel: name.to_string(),
+                    msg: format!(
+                        "argument {i}: expected {d} with {n} elements, got {} with {}",
+                        t.dtype(),
+                        t.numel()
+                    ),
+                });
+            }
+        }
+        let ptrs: Vec<*mut c_void> = args.iter_mut().map(tensor_ptr).collect();
+        let mut bufs: Vec<Vec<u64>> = vec![];
+        let mut packed: Vec<*mut c_void> = vec![];
+        for (i, s) in slots.iter().enumerate() {
+            if pack(i, s) {
+                // 64 bytes of slack for alignment.
+                let mut b = vec![0u64; s.bytes.div_ceil(8) + 8];
+                let base = b.as_mut_ptr() as usize;
+                let p = (base + (64 - base % 64) % 64) as *mut c_void;
+                // SAFETY: `p` has `s.bytes` writable bytes; the arguments are live buffers.
+                unsafe { pk(ptrs.as_ptr(), i as i64, p) };
+                packed.push(p);
+                bufs.push(b);
+            } else {
+                packed.push(std::ptr::null_mut());
+            }
+        }
+        // SAFETY: as in `run`; packed entries address buffers filled by the pack function.
+        unsafe { pf(ptrs.as_ptr(), packed.as_ptr()) };
+        drop(bufs);
         Ok(())
     }
 }

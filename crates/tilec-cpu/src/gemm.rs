@@ -45,6 +45,239 @@ fn round_up(x: i64, m: i64) -> i64 {
     (x + m - 1) / m * m
 }
 
+/// Which operand of a gemm a prepacked buffer holds.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PackOperand {
+    /// `A[b, i, k]`, in `mr`-tall panels.
+    A,
+    /// `B[b, k, j]`, in `nr`-wide panels.
+    B,
+}
+
+/// A gemm operand that depends only on kernel parameters (no other loop or local values), so
+/// it can be packed once, ahead of the calls, when those parameters are constants.
+///
+/// The kernel's `NAME__pack(args, slot, dst)` writes the whole operand, in the layout the
+/// micro-kernel reads, to `dst` (`bytes` long, 64-byte aligned); `NAME__packed(args, packed)`
+/// then reads `packed[slot]` instead of packing that operand itself (a null entry: it packs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PackSlot {
+    pub operand: PackOperand,
+    /// Indices (into the kernel's parameters) of the buffers the operand reads.
+    pub params: Vec<usize>,
+    pub bytes: usize,
+}
+
+/// The parameters `e` loads from, if it reads nothing but parameters and the variables `vars`.
+fn operand_params(r: &Renderer, e: &Expr, vars: &[VarId]) -> Option<Vec<usize>> {
+    let mut ok = true;
+    let mut ps = vec![];
+    e.visit(&mut |x| match x {
+        Expr::Var(v) if !vars.contains(v) => ok = false,
+        Expr::Load(b, _) => match r.k.params.iter().position(|p| p == b) {
+            Some(i) => {
+                if !ps.contains(&i) {
+                    ps.push(i)
+                }
+            }
+            None => ok = false,
+        },
+        _ => {}
+    });
+    ps.sort();
+    (ok && !ps.is_empty()).then_some(ps)
+}
+
+/// Splits an index sum into its terms with coefficients (`(a + b) * 3 - c` -> `3a, 3b, -c`).
+fn sum_terms(e: &Expr, sign: i64, out: &mut Vec<(i64, Expr)>) {
+    match e {
+        Expr::Binary(BinOp::Add, a, b) => {
+            sum_terms(a, sign, out);
+            sum_terms(b, sign, out);
+        }
+        Expr::Binary(BinOp::Sub, a, b) => {
+            sum_terms(a, sign, out);
+            sum_terms(b, -sign, out);
+        }
+        Expr::Binary(BinOp::Mul, a, b) if matches!(**b, Expr::Int(_)) => {
+            let Expr::Int(c) = **b else { unreachable!() };
+            sum_terms(a, sign.saturating_mul(c), out);
+        }
+        Expr::Binary(BinOp::Mul, a, b) if matches!(**a, Expr::Int(_)) => {
+            let Expr::Int(c) = **a else { unreachable!() };
+            sum_terms(b, sign.saturating_mul(c), out);
+        }
+        Expr::Int(c) => out.push((1, Expr::Int(sign.saturating_mul(*c)))),
+        _ => out.push((sign, e.clone())),
+    }
+}
+
+/// Writes `e` (an index expression) as `row(k, b) + col(j, b)`, if no term mixes `k` and `j`.
+fn separate(e: &Expr, k: VarId, j: VarId) -> Option<(Expr, Expr)> {
+    let mut terms = vec![];
+    sum_terms(e, 1, &mut terms);
+    let (mut row, mut col) = (Expr::Int(0), Expr::Int(0));
+    for (sign, t) in terms {
+        let (hk, hj) = (uses_var(&t, k), uses_var(&t, j));
+        if hk && hj {
+            return None;
+        }
+        if sign.unsigned_abs() >= 1 << 31 {
+            return None;
+        }
+        let acc = if hj { &mut col } else { &mut row };
+        let old = std::mem::replace(acc, Expr::Int(0));
+        *acc = Expr::add(old, Expr::mul(t, Expr::Int(sign)));
+    }
+    Some((row, col))
+}
+
+/// An implicit im2col operand `B[k, j] = cond ? x[idx] : 0` whose flat offset and every
+/// bound of `cond` separate into a part of `k` (and the batch) and a part of `j`.
+struct Im2col {
+    buf: BufId,
+    /// Flat offset: row part, column part.
+    off: (Expr, Expr),
+    /// Bounds `row + col OP 0`.
+    atoms: Vec<(BinOp, Expr, Expr)>,
+}
+
+fn and_atoms(e: &Expr, out: &mut Vec<Expr>) {
+    match e {
+        Expr::Binary(BinOp::And, a, b) => {
+            and_atoms(a, out);
+            and_atoms(b, out);
+        }
+        _ => out.push(e.clone()),
+    }
+}
+
+fn im2col_form(r: &Renderer, g: &Gemm) -> Option<Im2col> {
+    let (cond, load) = match &g.b {
+        Expr::Select(c, a, z) => match (&**a, &**z) {
+            (Expr::Load(..), Expr::Lit(Lit::Float(x, _))) if *x == 0.0 => (Some(&**c), &**a),
+            _ => return None,
+        },
+        l @ Expr::Load(..) => (None, l),
+        _ => return None,
+    };
+    let Expr::Load(buf, idx) = load else { return None };
+    let b = r.k.buf(*buf);
+    if b.dtype != DType::F32 || !r.k.params.contains(buf) || b.numel() >= 1 << 30 {
+        return None;
+    }
+    let strides = b.strides();
+    let mut flat = Expr::Int(0);
+    for (e, &st) in idx.iter().zip(&strides) {
+        flat = Expr::add(flat, Expr::mul(e.clone(), Expr::Int(st)));
+    }
+    let off = separate(&flat, g.k_var, g.j_var)?;
+    let mut atoms = vec![];
+    if let Some(c) = cond {
+        let mut list = vec![];
+        and_atoms(c, &mut list);
+        for a in list {
+            let Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), x, y) = a else {
+                return None;
+            };
+            let (row, col) = separate(&Expr::bin(BinOp::Sub, *x, *y), g.k_var, g.j_var)?;
+            atoms.push((op, row, col));
+        }
+    }
+    Some(Im2col { buf: *buf, off, atoms })
+}
+
+/// The B packing loop for an [`Im2col`] operand with AVX-512 (f32, `nr` a multiple of 16):
+/// per panel the column parts are tabulated once; per row, each 16-column vector is one masked
+/// load where the columns are contiguous in memory, a masked gather elsewhere (the masks are
+/// the bounds and the panel edge).
+fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String, RenderError> {
+    let (vb, vj, vk) = (r.var_name(g.b_var), r.var_name(g.j_var), r.var_name(g.k_var));
+    r.open_scope();
+    for v in [g.b_var, g.j_var, g.k_var] {
+        r.declare(v);
+    }
+    let mut ex = |e: &Expr| -> Result<String, RenderError> { Ok(r.expr(e)?.0) };
+    let off_row = ex(&f.off.0)?;
+    let off_col = ex(&f.off.1)?;
+    let mut atoms = vec![];
+    for (op, row, col) in &f.atoms {
+        atoms.push((*op, ex(row)?, ex(col)?));
+    }
+    r.close_scope();
+    let _ = vb;
+    let nv = nr / 16;
+    let src = format!("buf{}", f.buf.0);
+    let mut tab = String::new();
+    let mut decl = format!("int32_t tc_cc[{nr}] __attribute__((aligned(64)));");
+    for (a, (_, _, col)) in atoms.iter().enumerate() {
+        decl.push_str(&format!(" int32_t tc_ca{a}[{nr}] __attribute__((aligned(64)));"));
+        tab.push_str(&format!(" tc_ca{a}[jj] = (int32_t)({col});"));
+    }
+    let mut row = String::new();
+    for (a, (_, rr, _)) in atoms.iter().enumerate() {
+        row.push_str(&format!(
+            " const __m512i tc_t{a} = _mm512_set1_epi32((int32_t)(-({rr})));"
+        ));
+    }
+    let mut vecs = String::new();
+    for v in 0..nv {
+        let mut m = format!("tc_em[{v}]");
+        for (a, (op, _, _)) in atoms.iter().enumerate() {
+            let pred = match op {
+                BinOp::Lt => "_MM_CMPINT_LT",
+                BinOp::Le => "_MM_CMPINT_LE",
+                BinOp::Gt => "_MM_CMPINT_NLE",
+                _ => "_MM_CMPINT_NLT",
+            };
+            m = format!(
+                "_mm512_mask_cmp_epi32_mask({m}, _mm512_load_si512((const void *)(tc_ca{a} + {o})), tc_t{a}, {pred})",
+                o = v * 16
+            );
+        }
+        vecs.push_str(&format!(
+            r#"
+                            {{ const __mmask16 m = {m};
+                              const __m512 x = tc_ct[{v}] ? _mm512_maskz_loadu_ps(m, xr + tc_cc[{o}]) : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_load_si512((const void *)(tc_cc + {o})), xr, 4);
+                              _mm512_storeu_ps(dst + kk * {nr} + {o}, x); }}"#,
+            o = v * 16
+        ));
+    }
+    Ok(format!(
+        r#"for (int64_t jp = 0; jp < nc; jp += {nr}) {{
+                    float *TC_RESTRICT dst = pb + jp * kc;
+                    const int64_t nvalid = nc - jp < {nr} ? nc - jp : {nr};
+                    {decl}
+                    __mmask16 tc_em[{nv}]; int tc_ct[{nv}];
+                    for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                        const int64_t {vj} = jc + jp + (jj < nvalid ? jj : 0);
+                        tc_cc[jj] = (int32_t)({off_col});{tab}
+                    }}
+                    for (int64_t v = 0; v < {nv}; ++v) {{
+                        const int64_t left = nvalid - v * 16;
+                        tc_em[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+                        int c = 1;
+                        for (int64_t l = 1; l < 16; ++l) c &= tc_cc[v * 16 + l] == tc_cc[v * 16] + l || v * 16 + l >= nvalid;
+                        tc_ct[v] = c;
+                    }}
+                    for (int64_t kk = 0; kk < kc; ++kk) {{
+                        const int64_t {vk} = pc + kk;
+                        const float *xr = {src} + ({off_row});{row}{vecs}
+                    }}
+                }}"#
+    ))
+}
+
+fn uses_var(e: &Expr, v: VarId) -> bool {
+    let mut u = false;
+    e.visit(&mut |x| {
+        if let Expr::Var(w) = x {
+            u |= *w == v;
+        }
+    });
+    u
+}
+
 /// Blocking actually used for accumulator type `acc` (`nr` is in f32 units in the schedule's
 /// parameters and is rescaled for wider types and rounded to whole vectors).
 #[derive(Copy, Clone, Debug)]
@@ -320,7 +553,6 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         nc: ncb,
         ..
     } = bl;
-    let (m, n, k, batch) = (g.m, g.n, g.k, g.batch);
     let (vb, vi, vj, vk, vacc) = (
         r.var_name(g.b_var),
         r.var_name(g.i_var),
@@ -340,6 +572,125 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     let (bc, bt) = r.expr(&g.b)?;
     let b_code = convert(&bc, bt, acc_ty);
     r.close_scope();
+    let (m, n, k, batch) = (g.m, g.n, g.k, g.batch);
+    let kk = k.max(1);
+    // Operands that can be packed ahead of the calls (see `PackSlot`).
+    let (mpad, npad) = (round_up(m, mr), round_up(n, nr));
+    let a_batched = uses_var(&g.a, g.b_var);
+    let b_batched = uses_var(&g.b, g.b_var);
+    let slot = |r: &mut Renderer, op: PackOperand, ps: Vec<usize>, code: String| -> String {
+        let s = r.packs.len();
+        let (rows, batched) = match op {
+            PackOperand::A => (mpad, a_batched),
+            PackOperand::B => (npad, b_batched),
+        };
+        let nb = if batched { batch } else { 1 };
+        let bytes = (nb * rows * k * eb) as usize;
+        r.packs.push((
+            PackSlot {
+                operand: op,
+                params: ps,
+                bytes: bytes.max(64),
+            },
+            code,
+        ));
+        format!("(tc_pk ? (const {t} *)tc_pk[{s}] : NULL)")
+    };
+    let pa_init = match operand_params(r, &g.a, &[g.b_var, g.i_var, g.k_var]) {
+        Some(ps) => {
+            let code = format!(
+                r#"{{ /* A of gemm {batch} x {m} x {n} x {k} in mr={mr} panels, kc={kcb} slices */
+    {t} *TC_RESTRICT pdst = ({t} *)tc_dst;
+    for (int64_t bb = 0; bb < {nb}; ++bb) {{
+        const int64_t {vb} = bb; (void){vb};
+        for (int64_t pc = 0; pc < {kk}; pc += {kcb}) {{
+            const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
+            for (int64_t ip = 0; ip < {mpad}; ip += {mr}) {{
+                {t} *TC_RESTRICT dst = pdst + bb * {mpad} * {k} + pc * {mpad} + ip * kc;
+                for (int64_t ii = 0; ii < {mr}; ++ii) {{
+                    const int64_t {vi} = ip + ii;
+                    if ({vi} < {m}) {{
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            dst[kk * {mr} + ii] = {a_code};
+                        }}
+                    }} else {{
+                        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * {mr} + ii] = ({t})0;
+                    }}
+                }}
+            }}
+        }}
+    }}
+}}"#,
+                nb = if a_batched { batch } else { 1 },
+            );
+            slot(r, PackOperand::A, ps, code)
+        }
+        None => "NULL".into(),
+    };
+    let pb_init = match operand_params(r, &g.b, &[g.b_var, g.j_var, g.k_var]) {
+        Some(ps) => {
+            let code = format!(
+                r#"{{ /* B of gemm {batch} x {m} x {n} x {k} in nr={nr} panels, kc={kcb} slices */
+    {t} *TC_RESTRICT pdst = ({t} *)tc_dst;
+    for (int64_t bb = 0; bb < {nb}; ++bb) {{
+        const int64_t {vb} = bb; (void){vb};
+        for (int64_t pc = 0; pc < {kk}; pc += {kcb}) {{
+            const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
+            for (int64_t jp = 0; jp < {npad}; jp += {nr}) {{
+                {t} *TC_RESTRICT dst = pdst + bb * {npad} * {k} + pc * {npad} + jp * kc;
+                for (int64_t kk = 0; kk < kc; ++kk) {{
+                    const int64_t {vk} = pc + kk;
+                    for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                        const int64_t {vj} = jp + jj;
+                        dst[kk * {nr} + jj] = {vj} < {n} ? {b_code} : ({t})0;
+                    }}
+                }}
+            }}
+        }}
+    }}
+}}"#,
+                nb = if b_batched { batch } else { 1 },
+            );
+            slot(r, PackOperand::B, ps, code)
+        }
+        None => "NULL".into(),
+    };
+    // Implicit im2col operands: a vectorized packing loop (AVX-512, f32).
+    let b_fast = match im2col_form(r, g) {
+        Some(f) if !double && cpu.avx512f && bl.lanes == 16 && nr % 16 == 0 => {
+            Some(im2col_pack(r, g, &f, nr)?)
+        }
+        _ => None,
+    };
+    let b_pack = match b_fast {
+        Some(f) => f,
+        None => format!(
+            r#"for (int64_t jp = 0; jp < nc; jp += {nr}) {{
+                    {t} *TC_RESTRICT dst = pb + jp * kc;
+                    if (jp + {nr} <= nc) {{
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            #pragma omp simd
+                            for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                                const int64_t {vj} = jc + jp + jj;
+                                dst[kk * {nr} + jj] = {b_code};
+                            }}
+                        }}
+                    }} else {{
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                                const int64_t {vj} = jc + jp + jj;
+                                dst[kk * {nr} + jj] = jp + jj < nc ? {b_code} : ({t})0;
+                            }}
+                        }}
+                    }}
+                }}"#
+        ),
+    };
+    let pa_off = if a_batched { format!("{vb} * {mpad} * {k} + ") } else { String::new() };
+    let pb_off = if b_batched { format!("{vb} * {npad} * {k} + ") } else { String::new() };
     let simd = simple_epilogue(&g.epilogue);
     let saved_out = std::mem::take(&mut r.out);
     let saved_indent = r.indent;
@@ -370,7 +721,6 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         convert(&format!("ct[ii * {nr} + jj]"), acc_ty, acc_var_ty)
     );
     let simd_pragma = if simd { "#pragma omp simd" } else { "" };
-    let kk = k.max(1);
     let code = format!(
         r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb} */
 #pragma omp parallel {par}
@@ -392,6 +742,8 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         {t} *TC_RESTRICT pa = ({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb});
         {t} *TC_RESTRICT pb = ({t} *)tc_scratch(1, sizeof({t}) * {kcb} * ncb);
         {t} *TC_RESTRICT cw = {k} > {kcb} ? ({t} *)tc_scratch(2, sizeof({t}) * ((mw + {mr} - 1) / {mr}) * {mr} * ncb) : NULL;
+        /* Operands packed ahead of the call (constants), else NULL. */
+        const {t} *ppa = {pa_init}, *ppb = {pb_init};
         for (int64_t {vb} = bb0; {vb} < bb1; ++{vb}) {{
         for (int64_t jc = n0; jc < n1; jc += ncb) {{
             const int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
@@ -399,31 +751,13 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                 const int64_t kc = {k} - pc < {kcb} ? {k} - pc : {kcb};
                 const int last = pc + {kcb} >= {k};
                 /* Pack B: nr-wide panels, row kk of panel jp at pb + jp * kc + kk * nr. */
-                for (int64_t jp = 0; jp < nc; jp += {nr}) {{
-                    {t} *TC_RESTRICT dst = pb + jp * kc;
-                    if (jp + {nr} <= nc) {{
-                        for (int64_t kk = 0; kk < kc; ++kk) {{
-                            const int64_t {vk} = pc + kk;
-                            #pragma omp simd
-                            for (int64_t jj = 0; jj < {nr}; ++jj) {{
-                                const int64_t {vj} = jc + jp + jj;
-                                dst[kk * {nr} + jj] = {b_code};
-                            }}
-                        }}
-                    }} else {{
-                        for (int64_t kk = 0; kk < kc; ++kk) {{
-                            const int64_t {vk} = pc + kk;
-                            for (int64_t jj = 0; jj < {nr}; ++jj) {{
-                                const int64_t {vj} = jc + jp + jj;
-                                dst[kk * {nr} + jj] = jp + jj < nc ? {b_code} : ({t})0;
-                            }}
-                        }}
-                    }}
-                }}
+                const {t} *TC_RESTRICT pbk = ppb ? ppb + {pb_off}pc * {npad} + jc * kc : pb;
+                if (!ppb) {b_pack}
                 for (int64_t ic = m0; ic < m1; ic += {mcb}) {{
                     const int64_t mc = m1 - ic < {mcb} ? m1 - ic : {mcb};
                     /* Pack A: mr-tall panels, element (kk, ii) of panel ip at pa + ip * kc + kk * mr + ii. */
-                    for (int64_t ip = 0; ip < mc; ip += {mr}) {{
+                    const {t} *TC_RESTRICT pak = ppa ? ppa + {pa_off}pc * {mpad} + ic * kc : pa;
+                    if (!ppa) for (int64_t ip = 0; ip < mc; ip += {mr}) {{
                         {t} *TC_RESTRICT dst = pa + ip * kc;
                         for (int64_t ii = 0; ii < {mr}; ++ii) {{
                             const int64_t {vi} = ic + ip + ii;
@@ -443,7 +777,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                         {t} ct[{ctn}] __attribute__((aligned(64)));
                         /* Partial sums of earlier K slices: one contiguous mr x nr tile each. */
                         {t} *ws = cw ? cw + (((ic - m0 + ir) / {mr}) * (ncb / {nr}) + jr / {nr}) * {ctn} : NULL;
-                        {ukr}(kc, pa + ir * kc, pb + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});
+                        {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});
                         if (last) {{
                             const int64_t mre = mc - ir < {mr} ? mc - ir : {mr}, nre = nc - jr < {nr} ? nc - jr : {nr};
                             for (int64_t ii = 0; ii < mre; ++ii) {{

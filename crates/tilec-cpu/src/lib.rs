@@ -15,8 +15,11 @@ pub mod render;
 
 pub use compiler::{
     default_cache_dir, default_flags, tensor_ptr, CompileError, CompileOptions, CompileStats,
-    Compiler, KernelFn, Module,
+    Compiler, KernelFn, Module, PackFn, PackedKernelFn,
 };
 pub use cpuinfo::CpuInfo;
-pub use gemm::gemm_params;
-pub use render::{c_symbol, render_c, render_c_with, render_function, RenderError, RenderOptions};
+pub use gemm::{gemm_params, PackOperand, PackSlot};
+pub use render::{
+    c_symbol, render_c, render_c_with, render_function, render_function_packs, RenderError,
+    RenderOptions,
+};

@@ -83,6 +83,19 @@ pub fn render_function(
     symbol: &str,
     opts: &RenderOptions,
 ) -> Result<String, RenderError> {
+    Ok(render_function_packs(k, symbol, opts)?.0)
+}
+
+/// [`render_function`], also returning the gemm operands that can be packed ahead of the calls.
+///
+/// When there are any, the code also defines `SYMBOL__packed(args, packed)`, which reads the
+/// operand of slot `s` from `packed[s]` where that is not null, and `SYMBOL__pack(args, s, dst)`,
+/// which writes slot `s`'s operand to `dst` ([`gemm::PackSlot`] describes both).
+pub fn render_function_packs(
+    k: &Kernel,
+    symbol: &str,
+    opts: &RenderOptions,
+) -> Result<(String, Vec<gemm::PackSlot>), RenderError> {
     let mut r = Renderer {
         k,
         opts,
@@ -91,9 +104,10 @@ pub fn render_function(
         indent: 1,
         declared: vec![HashSet::new()],
         heap: vec![vec![]],
+        packs: vec![],
     };
     r.validate()?;
-    let mut head = format!("void {symbol}(void *const *args) {{\n");
+    let mut head = String::new();
     let written = written_buffers(k);
     for (i, &p) in k.params.iter().enumerate() {
         let b = k.buf(p);
@@ -111,10 +125,38 @@ pub fn render_function(
     }
     r.block_stmts(&k.body, Ctx::default())?;
     let mut s = r.pre.clone();
+    if r.packs.is_empty() {
+        let _ = writeln!(s, "void {symbol}(void *const *args) {{");
+        s.push_str(&head);
+        s.push_str(&r.out);
+        s.push_str("}\n");
+        return Ok((s, vec![]));
+    }
+    let _ = writeln!(
+        s,
+        "static void {symbol}__impl(void *const *args, void *const *tc_pk) {{"
+    );
     s.push_str(&head);
     s.push_str(&r.out);
     s.push_str("}\n");
-    Ok(s)
+    let _ = writeln!(
+        s,
+        "void {symbol}(void *const *args) {{ {symbol}__impl(args, NULL); }}"
+    );
+    let _ = writeln!(
+        s,
+        "void {symbol}__packed(void *const *args, void *const *tc_pk) {{ {symbol}__impl(args, tc_pk); }}"
+    );
+    let _ = writeln!(
+        s,
+        "void {symbol}__pack(void *const *args, int64_t tc_slot, void *tc_dst) {{"
+    );
+    s.push_str(&head);
+    for (i, (_, code)) in r.packs.iter().enumerate() {
+        let _ = writeln!(s, "    if (tc_slot == {i}) {code}");
+    }
+    s.push_str("}\n");
+    Ok((s, r.packs.into_iter().map(|(p, _)| p).collect()))
 }
 
 fn written_buffers(k: &Kernel) -> HashSet<BufId> {
@@ -309,6 +351,8 @@ pub(crate) struct Renderer<'a> {
     pub declared: Vec<HashSet<VarId>>,
     /// Heap-allocated local buffers of each open scope (freed at its end).
     pub heap: Vec<Vec<BufId>>,
+    /// Gemm operands packable ahead of the calls, with the C code that packs each into `tc_dst`.
+    pub packs: Vec<(gemm::PackSlot, String)>,
 }
 
 /// Local buffers larger than this go on the heap.

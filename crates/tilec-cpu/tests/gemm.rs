@@ -355,5 +355,147 @@ fn gemm_inside_parallel_loop() {
         kind: LoopKind::Parallel,
         body: vec![Stmt::Gemm(Box::new(g))],
     }));
-    check_kernels(&[k], 23, false, gemm_tol);
+    let m = check_kernels(&[k], 23, false, gemm_tol);
+    // The operands depend on the loop variable: nothing can be packed ahead.
+    assert!(m.packs("mm_in_loop").is_empty());
+}
+
+/// Operands that read only parameters get pack slots (checked against the interpreter with
+/// every subset packed by `check_kernels`); operands that depend on an enclosing loop do not.
+#[test]
+fn prepack_slots() {
+    use tilec_cpu::PackOperand;
+    let mut s = spec(3, 37, 101, 70);
+    s.params = Some(GemmParams {
+        mr: 4,
+        nr: 16,
+        kc: 16,
+        mc: 8,
+        nc: 32,
+    });
+    let k = gemm_kernel("mm_packs", &s);
+    let mut s2 = spec(1, 128, 96, 200);
+    s2.transposed_b = true;
+    let k2 = gemm_kernel("mm_packs_bt", &s2);
+    let m = check_kernels(&[k, k2], 23, false, gemm_tol);
+    for name in ["mm_packs", "mm_packs_bt"] {
+        let p = m.packs(name);
+        assert_eq!(p.len(), 2, "{name}: {p:?}");
+        assert_eq!((p[0].operand, p[0].params.as_slice()), (PackOperand::A, &[0usize][..]));
+        assert_eq!((p[1].operand, p[1].params.as_slice()), (PackOperand::B, &[1usize][..]));
+        assert!(m.get_packed(name).is_some());
+    }
+    // Batched operands pack every batch: 3 x 40 rows (mr = 4) x 70.
+    assert_eq!(m.packs("mm_packs")[0].bytes, 3 * 40 * 70 * 4);
+}
+
+/// A grouped, batched NCHW convolution as a gemm over an implicit im2col operand, built like
+/// the lowering builds it: batch `b = n * groups + g`, `k = (c, kh, kw)`, `j = (oh, ow)`.
+#[allow(clippy::too_many_arguments)]
+fn conv_kernel(
+    name: &str,
+    (nb, c, h, w, o): (i64, i64, i64, i64, i64),
+    (kh, kw): (i64, i64),
+    stride: i64,
+    pad: i64,
+    dil: i64,
+    groups: i64,
+    params: Option<GemmParams>,
+) -> Kernel {
+    let (cg, og) = (c / groups, o / groups);
+    let oh = (h + 2 * pad - dil * (kh - 1) - 1) / stride + 1;
+    let ow = (w + 2 * pad - dil * (kw - 1) - 1) / stride + 1;
+    let taps = kh * kw;
+    let mut k = Kernel::new(name);
+    let x = k.param("x", DType::F32, vec![nb, c, h, w]);
+    let wt = k.param("w", DType::F32, vec![o, cg * taps]);
+    let out = k.param("out", DType::F32, vec![nb, o, oh * ow]);
+    let (vb, vi, vj, vk) = (
+        k.index_var("b"),
+        k.index_var("i"),
+        k.index_var("j"),
+        k.index_var("k"),
+    );
+    let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
+    let n_ = Expr::div(v(vb), groups);
+    let grp = Expr::rem(v(vb), groups);
+    let ci = Expr::add(Expr::mul(grp.clone(), Expr::Int(cg)), Expr::div(v(vk), taps));
+    let th = Expr::div(Expr::rem(v(vk), taps), kw);
+    let tw = Expr::rem(v(vk), kw);
+    let coord = |o: Expr, t: Expr| {
+        Expr::bin(
+            BinOp::Sub,
+            Expr::add(Expr::mul(o, Expr::Int(stride)), Expr::mul(t, Expr::Int(dil))),
+            Expr::Int(pad),
+        )
+    };
+    let ih = coord(Expr::div(v(vj), ow), th);
+    let iw = coord(Expr::rem(v(vj), ow), tw);
+    let inb = |e: &Expr, lim: i64| {
+        Expr::bin(
+            BinOp::And,
+            Expr::bin(BinOp::Ge, e.clone(), Expr::Int(0)),
+            Expr::bin(BinOp::Lt, e.clone(), Expr::Int(lim)),
+        )
+    };
+    let ld = Expr::load(x, vec![n_.clone(), ci, ih.clone(), iw.clone()]);
+    let b_expr = if pad > 0 {
+        Expr::select(
+            Expr::bin(BinOp::And, inb(&ih, h), inb(&iw, w)),
+            ld,
+            Expr::f32(0.0),
+        )
+    } else {
+        ld
+    };
+    let mch = Expr::add(Expr::mul(grp, Expr::Int(og)), v(vi));
+    k.body.push(Stmt::Gemm(Box::new(Gemm {
+        batch: nb * groups,
+        m: og,
+        n: oh * ow,
+        k: cg * taps,
+        b_var: vb,
+        i_var: vi,
+        j_var: vj,
+        k_var: vk,
+        acc_var: acc,
+        acc_dtype: DType::F32,
+        a: Expr::load(wt, vec![mch.clone(), v(vk)]),
+        b: b_expr,
+        epilogue: vec![Stmt::store(out, vec![n_, mch, v(vj)], v(acc))],
+        params: params
+            .unwrap_or_else(|| gemm_params(og, oh * ow, cg * taps, &CpuInfo::detect())),
+    })));
+    k
+}
+
+/// The vectorized im2col packing (contiguous runs as masked loads, other columns gathered)
+/// against the interpreter: stride 1 and 2, padding, dilation, groups, batches, 1x1 without
+/// bounds, column counts that leave partial vectors and panels.
+#[test]
+fn im2col_fast_paths() {
+    let small = Some(GemmParams {
+        mr: 4,
+        nr: 32,
+        kc: 7,
+        mc: 8,
+        nc: 64,
+    });
+    let ks = vec![
+        conv_kernel("c3s1p1", (1, 5, 11, 13, 6), (3, 3), 1, 1, 1, 1, None),
+        conv_kernel("c3s2p1", (2, 4, 12, 9, 5), (3, 3), 2, 1, 1, 1, None),
+        conv_kernel("c3s1p2d2", (1, 3, 10, 21, 4), (3, 3), 1, 2, 2, 1, None),
+        conv_kernel("c1x1", (2, 7, 6, 9, 5), (1, 1), 1, 0, 1, 1, None),
+        conv_kernel("c1x1s2", (1, 7, 9, 9, 5), (1, 1), 2, 0, 1, 1, None),
+        conv_kernel("c5g2", (2, 6, 9, 17, 4), (5, 3), 1, 2, 1, 2, None),
+        conv_kernel("c3small", (1, 5, 11, 13, 6), (3, 3), 1, 1, 1, 1, small),
+        conv_kernel("c7s2p3", (1, 3, 30, 30, 8), (7, 7), 2, 3, 1, 1, small),
+    ];
+    check_kernels(&ks, 24, true, gemm_tol);
+    if CpuInfo::detect().avx512f {
+        for k in &ks {
+            let c = tilec_cpu::render_c(k).unwrap();
+            assert!(c.contains("_mm512_maskz_loadu_ps(m, xr"), "{}: no fast im2col packing", k.name);
+        }
+    }
 }

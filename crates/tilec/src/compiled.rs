@@ -59,6 +59,9 @@ enum StepKind {
     /// `ptrs` are the argument addresses, resolved once when the arena exists (the arena and
     /// the constant pool never move).
     Kernel { func: tilec_cpu::KernelFn, ptrs: Vec<*mut std::ffi::c_void> },
+    /// A kernel whose constant gemm operands were packed once at compile time: `packed[s]`
+    /// addresses slot `s`'s packed operand (null: the kernel packs it on each call).
+    Prepacked { func: tilec_cpu::PackedKernelFn, ptrs: Vec<*mut std::ffi::c_void>, packed: Vec<*mut std::ffi::c_void> },
     Fallback { node: NodeId },
 }
 
@@ -104,6 +107,8 @@ pub struct Compiled {
     interpreted: bool,
     slots: HashMap<ValueId, Slot>,
     consts: Vec<AlignedBytes>,
+    /// Constant gemm operands in the layout of the kernels that read them.
+    packed: Vec<AlignedBytes>,
     plan: MemoryPlan,
     reqs: Vec<BufferReq>,
     arena: Arena,
@@ -116,6 +121,9 @@ struct AlignedBytes {
 }
 
 impl AlignedBytes {
+    fn zeroed(n: usize) -> AlignedBytes {
+        AlignedBytes { words: vec![0u64; n.div_ceil(8).max(1) + 8] }
+    }
     fn new(bytes: &[u8]) -> AlignedBytes {
         let mut words = vec![0u64; bytes.len().div_ceil(8).max(1) + 8];
         let base = words.as_ptr() as usize;
@@ -170,6 +178,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
             module: None,
             slots: HashMap::new(),
             consts: vec![],
+            packed: vec![],
             plan: MemoryPlan::default(),
             reqs: vec![],
             arena: Arena::new(64).map_err(|e| Error::Compile(e.to_string()))?,
@@ -371,6 +380,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
         module: Some(std::mem::ManuallyDrop::new(module)),
         slots,
         consts,
+        packed: vec![],
         plan,
         reqs,
         arena,
@@ -383,6 +393,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
         if let StepKind::Kernel { ptrs, .. } = &mut c.steps[si].kind {
             *ptrs = resolved;
         }
+        c.prepack(si);
     }
     Ok(c)
 }
@@ -437,6 +448,38 @@ impl Compiled {
     /// Checks the memory plan (no two live buffers overlap).
     pub fn check_plan(&self) -> Result<(), String> {
         tilec_runtime::check(&self.reqs, &self.plan)
+    }
+
+    /// Packs the gemm operands of step `si` that read only constants, once, and switches the
+    /// step to the kernel entry that reads them packed.
+    fn prepack(&mut self, si: usize) {
+        let Some(module) = self.module.as_deref() else { return };
+        let st = &self.steps[si];
+        let StepKind::Kernel { ptrs, .. } = &st.kind else { return };
+        let Some((func, pack)) = module.get_packed(&st.name) else { return };
+        let mut packed = vec![];
+        let mut any = false;
+        for (i, slot) in module.packs(&st.name).iter().enumerate() {
+            let constant = slot
+                .params
+                .iter()
+                .all(|&p| st.args.get(p).is_some_and(|v| matches!(self.slots.get(v), Some(Slot::Const(_)))));
+            if !constant {
+                packed.push(std::ptr::null_mut());
+                continue;
+            }
+            let buf = AlignedBytes::zeroed(slot.bytes);
+            // SAFETY: the pack function reads only the slot's (constant, live) parameters and
+            // writes `slot.bytes` bytes at the 64-byte-aligned buffer.
+            unsafe { pack(ptrs.as_ptr(), i as i64, buf.ptr() as *mut std::ffi::c_void) };
+            packed.push(buf.ptr() as *mut std::ffi::c_void);
+            self.packed.push(buf);
+            any = true;
+        }
+        if any {
+            let ptrs = ptrs.clone();
+            self.steps[si].kind = StepKind::Prepacked { func, ptrs, packed };
+        }
     }
 
     fn ptr(&self, v: ValueId) -> Result<*mut u8, Error> {
@@ -589,6 +632,11 @@ impl Compiled {
                 // SAFETY: the kernel was generated for exactly these buffers (dtypes and
                 // shapes checked at compile time), each pointer addresses a live slot.
                 unsafe { func(ptrs.as_ptr()) };
+            }
+            StepKind::Prepacked { func, ptrs, packed } => {
+                // SAFETY: as above; each non-null packed entry holds its slot's operand, packed
+                // from the same constants at compile time.
+                unsafe { func(ptrs.as_ptr(), packed.as_ptr()) };
             }
             StepKind::Fallback { node } => {
                 let node = self.graph.node(*node);

@@ -226,6 +226,24 @@ pub fn check_kernels(
         let mut got = args.clone();
         m.run(&k.name, &mut got).unwrap_or_else(|e| panic!("{e}"));
         let w = written(k);
+        // Gemm operands packed ahead of the call: every subset of the slots.
+        let slots = m.packs(&k.name).len().min(4);
+        for mask in 1u32..(1 << slots) {
+            let mut gotp = args.clone();
+            m.run_prepacked(&k.name, &mut gotp, |i, _| mask >> i & 1 == 1)
+                .unwrap_or_else(|e| panic!("{e}"));
+            for (i, &p) in k.params.iter().enumerate() {
+                let b = k.buf(p);
+                let t = if w.contains(&p) { tol(k, b.dtype) } else { exact() };
+                let exp = if w.contains(&p) { &want[i] } else { &args[i] };
+                assert_close(
+                    &format!("{} prepacked (slots {mask:b}) {}", k.name, b.name),
+                    &gotp[i],
+                    exp,
+                    t,
+                );
+            }
+        }
         for (i, &p) in k.params.iter().enumerate() {
             if w.contains(&p) {
                 let b = k.buf(p);
