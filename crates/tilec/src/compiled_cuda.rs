@@ -355,6 +355,8 @@ pub struct CompiledCuda {
     kernels: Vec<GpuKernel>,
     segments: Vec<Segment>,
     slots: HashMap<ValueId, Slot>,
+    /// Constants read by kernels (kept alive: kernel arguments point into them).
+    #[allow(dead_code)]
     consts: Vec<DeviceBuffer>,
     reqs: Vec<BufferReq>,
     plan: MemoryPlan,
