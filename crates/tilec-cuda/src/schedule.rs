@@ -373,7 +373,8 @@ fn loop_reductions(k: &Kernel, l: &Loop) -> Result<Vec<Reduction>> {
 /// A load that reads the row at the loop variable: `buf[rowpart..., r]` with the row part not
 /// depending on `r`. Key: (buffer, index with `r` replaced by 0).
 fn row_load_key(k: &Kernel, b: BufId, idx: &[Expr], r: VarId) -> Option<(BufId, Vec<Expr>)> {
-    let buf = k.buf(b);
+    // Register buffers added by the schedule are not in `k`.
+    let buf = k.buffers.get(b.0 as usize)?;
     if buf.scope != Scope::Global || idx.is_empty() {
         return None;
     }

@@ -83,6 +83,9 @@ fn check_prepared(what: &str, p: &Prepared, tally: &mut Tally, modules: &mut Vec
     tally.host_nodes += p.report.fallbacks.len();
     for (ki, k) in p.kernels().iter().enumerate() {
         tally.kernels += 1;
+        if std::env::var_os("TILEC_DUMP_SCHEDULE").is_some_and(|v| v.to_string_lossy() == k.schedule) {
+            eprintln!("{what} {}:\n{}", k.name, k.lowered);
+        }
         *tally.schedules.entry(k.schedule.to_string()).or_default() += 1;
         modules.push((format!("{what}_{}", k.name).replace(|c: char| !c.is_ascii_alphanumeric(), "_"), k.source.source.clone()));
         if cost(&k.lowered.body) > MAX_COST || cost(&k.scheduled.body) > 2.0 * MAX_COST {
