@@ -1,6 +1,7 @@
 """Merges tilec's gpu_bench output and the peers' into bench/results/cuda-DATE.json and a
 markdown table, and prints the table.
-usage: python3 bench/gpu_report.py TILEC.jsonl PEERS.jsonl OUT.json OUT.md"""
+usage: python3 bench/gpu_report.py TILEC.jsonl PEERS.jsonl OUT.json OUT.md
+       python3 bench/gpu_report.py --models MODELS.jsonl OUT.md   (whole models on the GPU)"""
 import datetime
 import json
 import sys
@@ -94,5 +95,27 @@ def main():
     print(text)
 
 
+def models(path, out_md):
+    rows = lines(path)
+    f = lambda v, fmt: "—" if v is None else format(v, fmt)
+    md = ["# Models end to end on the GPU (tilec run --target cuda)", "",
+          "| model | check | ok | max abs err | max rel err | median ms | kernels | host nodes | graphs | compile ms | error |",
+          "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        md.append(f"| {r['model']} | {r['check']} | {'ok' if r.get('ok') else 'FAIL'} | {f(r.get('max_abs_err'), '.2e')} | "
+                  f"{f(r.get('max_rel_err'), '.2e')} | {f(r.get('median_ms'), '.3f')} | {f(r.get('kernels'), 'd')} | "
+                  f"{f(r.get('host_nodes'), 'd')} | {f(r.get('graphs'), 'd')} | {f(r.get('compile_ms'), '.0f')} | "
+                  f"{(r.get('error') or '').replace('|', '/')[:160]} |")
+    ok = sum(1 for r in rows if r.get("ok"))
+    md += ["", f"{ok} of {len(rows)} model checks pass."]
+    text = "\n".join(md) + "\n"
+    with open(out_md, "w") as fh:
+        fh.write(text)
+    print(text)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--models":
+        models(sys.argv[2], sys.argv[3])
+    else:
+        main()

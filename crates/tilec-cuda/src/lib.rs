@@ -10,7 +10,9 @@
 //!   launches and CUDA graphs; every failing call is reported by name.
 //! - [`nvrtc`]: CUDA C++ → cubin, cached on disk, several modules in parallel.
 //! - [`render`]: tile IR → CUDA C++ (`render_cuda`) and launch configuration.
-//! - [`schedule`]: GPU schedules for row-wise (softmax/norm) and elementwise kernels.
+//! - [`schedule`]: GPU schedules for row-wise (softmax/norm) and elementwise kernels, and
+//!   [`schedule_gpu`], which picks one for any lowered kernel.
+//! - [`schedule_nest`]: the block-tiled GEMM and the direct-nest schedule.
 
 pub mod driver;
 pub mod error;
@@ -18,6 +20,7 @@ pub mod handbuilt;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
+pub mod schedule_nest;
 
 pub use driver::{
     device_count, driver_version, is_available, Device, DeviceArena, DeviceBuffer, DeviceProps,
@@ -26,7 +29,11 @@ pub use driver::{
 pub use error::{CudaError, Result};
 pub use nvrtc::{Compiled, Compiler, Nvrtc, Output};
 pub use render::{launch_config, render, render_cuda, CudaSource, PRELUDE};
-pub use schedule::{schedule_elementwise, schedule_elementwise_with, schedule_gpu, schedule_rows, GpuTarget, RowOptions};
+pub use schedule::{
+    schedule_elementwise, schedule_elementwise_with, schedule_gpu, schedule_gpu_named,
+    schedule_rows, GpuTarget, RowOptions,
+};
+pub use schedule_nest::{schedule_direct, schedule_gemm};
 
 use std::sync::Arc;
 
@@ -63,6 +70,32 @@ impl GpuKernel {
             )));
         }
         self.func.launch(stream, &self.launch, args)
+    }
+}
+
+impl GpuKernel {
+    /// Loads a compiled image of kernel `k` on `device`.
+    pub fn from_image(
+        device: &Device,
+        k: &tilec_tile::Kernel,
+        launch: LaunchConfig,
+        image: &[u8],
+        cache_hit: bool,
+    ) -> Result<GpuKernel> {
+        let module = Arc::new(device.load_module(image)?);
+        let func = module.function(&k.name)?;
+        let params = k
+            .params
+            .iter()
+            .map(|&b| (k.buf(b).dtype, k.buf(b).numel() as usize))
+            .collect();
+        Ok(GpuKernel {
+            name: k.name.clone(),
+            launch,
+            params,
+            cache_hit,
+            func,
+        })
     }
 }
 

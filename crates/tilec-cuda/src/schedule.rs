@@ -380,7 +380,8 @@ fn loop_reductions(k: &Kernel, l: &Loop) -> Result<Vec<Reduction>> {
 /// A load that reads the row at the loop variable: `buf[rowpart..., r]` with the row part not
 /// depending on `r`. Key: (buffer, index with `r` replaced by 0).
 fn row_load_key(k: &Kernel, b: BufId, idx: &[Expr], r: VarId) -> Option<(BufId, Vec<Expr>)> {
-    let buf = k.buf(b);
+    // Register buffers added by the schedule are not in `k`.
+    let buf = k.buffers.get(b.0 as usize)?;
     if buf.scope != Scope::Global || idx.is_empty() {
         return None;
     }
@@ -980,13 +981,38 @@ pub fn schedule_elementwise_with(
     Ok(out)
 }
 
-/// Picks a schedule: the row schedule for kernels with a row body, the elementwise one for
-/// perfect nests.
+/// Picks a schedule for any lowered kernel: the block-tiled GEMM for a matrix product, the row
+/// schedule for row-wise kernels whose rows are long enough for a block, the vectorized
+/// grid-stride schedule for perfect elementwise nests, and the direct-nest schedule for
+/// everything else (see [`crate::schedule_nest`]).
 pub fn schedule_gpu(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
-    let (_, body) = row_nest(&k.body);
-    if body.iter().any(|s| matches!(s, Stmt::For(_))) {
-        schedule_rows(k, &RowOptions::default())
-    } else {
-        schedule_elementwise(k, target)
+    schedule_gpu_named(k, target).map(|(k, _)| k)
+}
+
+/// [`schedule_gpu`], also naming the schedule it chose: `gemm`, `rows`, `elementwise`,
+/// `direct` (grid-stride over independent outer loops), `block` (one block, nest after nest)
+/// or `serial` (one thread).
+pub fn schedule_gpu_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, &'static str)> {
+    if matches!(k.body.as_slice(), [Stmt::Gemm(_)]) {
+        return crate::schedule_nest::schedule_gemm(k).map(|s| (s, "gemm"));
     }
+    let (_, body) = row_nest(&k.body);
+    let first = if body.iter().any(|s| matches!(s, Stmt::For(_))) {
+        let longest = body
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::For(l) => Some(l.extent),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if longest >= 32 {
+            schedule_rows(k, &RowOptions::default()).map(|s| (s, "rows"))
+        } else {
+            Err(bad(k, "rows too short for a block"))
+        }
+    } else {
+        schedule_elementwise(k, target).map(|s| (s, "elementwise"))
+    };
+    first.or_else(|_| crate::schedule_nest::schedule_direct_named(k, target))
 }

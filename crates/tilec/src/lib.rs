@@ -19,6 +19,7 @@
 
 pub mod compare;
 pub mod compiled;
+pub mod compiled_cuda;
 pub mod tensor_io;
 
 use std::collections::HashMap;
@@ -28,6 +29,7 @@ pub use tilec_ir as ir;
 pub use tilec_onnx as onnx;
 pub use tilec_ref as reference;
 pub use tilec_runtime as runtime;
+pub use tilec_cuda as cuda;
 
 pub use tilec_ir::{DType, Graph, Tensor};
 pub use tilec_onnx::{ImportError, ImportOptions};

@@ -72,6 +72,26 @@ pub struct RunArgs {
     /// Absolute tolerance of --expect/--expect-dir comparisons.
     #[arg(long, default_value_t = 1e-5)]
     pub atol: f64,
+    /// Where compiled code runs: the host CPU or an NVIDIA GPU (CUDA driver and NVRTC are
+    /// loaded at run time).
+    #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
+    pub target: TargetArg,
+    /// The CUDA device ordinal (with --target cuda).
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Also run the reference interpreter on the same inputs and compare every output with it
+    /// (rtol/atol as for --expect); exit non-zero on mismatch.
+    #[arg(long)]
+    pub compare_ref: bool,
+}
+
+/// Where compiled code runs.
+#[derive(clap::ValueEnum, Copy, Clone, Debug, PartialEq, Eq)]
+pub enum TargetArg {
+    /// The host CPU.
+    Cpu,
+    /// An NVIDIA GPU.
+    Cuda,
 }
 
 fn list(names: &[String]) -> String {
@@ -401,6 +421,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
 
     // Run.
     let backend: tilec::Backend = a.backend.into();
+    if a.target == TargetArg::Cuda && backend == tilec::Backend::Ref {
+        bail!("--target cuda runs compiled code; it cannot be combined with --backend ref");
+    }
+    let ref_feeds = if a.compare_ref { Some(feeds.clone()) } else { None };
+    let mut json: Option<serde_json::Value> = None;
     let outs = match backend {
         tilec::Backend::Ref => {
             let start = Instant::now();
@@ -430,7 +455,13 @@ pub fn run(a: &RunArgs) -> Result<()> {
                     feeds.get(name).cloned().ok_or_else(|| anyhow!("input '{name}' is missing"))
                 })
                 .collect::<Result<_>>()?;
-            run_compiled(a, &spec, &ordered)?
+            if a.target == TargetArg::Cuda {
+                let (outs, j) = run_cuda(a, &spec, &ordered)?;
+                json = Some(j);
+                outs
+            } else {
+                run_compiled(a, &spec, &ordered)?
+            }
         }
     };
     if outs.len() != out_names.len() {
@@ -459,8 +490,28 @@ pub fn run(a: &RunArgs) -> Result<()> {
         }
     }
 
+    let mut expected = expected;
+    if let Some(feeds) = ref_feeds {
+        let start = Instant::now();
+        let want = tilec::run(&graph, feeds, tilec::Backend::Ref).context("running the reference interpreter for --compare-ref")?;
+        println!("ran the reference interpreter in {:.3} s (--compare-ref)", start.elapsed().as_secs_f64());
+        for (i, t) in want.into_iter().enumerate() {
+            if i < expected.len() && expected[i].is_none() {
+                expected[i] = Some((t, "the reference interpreter".to_string()));
+            } else if i < expected.len() {
+                // Both given: the reference interpreter is checked as an extra output line.
+                if let Some((e, src)) = &expected[i] {
+                    if let Err(m) = compare(e, &t, a.rtol, a.atol) {
+                        println!("note: the reference interpreter differs from {src}: {m}");
+                    }
+                }
+            }
+        }
+    }
     let mut checked = 0;
     let mut bad = 0;
+    let mut max_abs = 0.0f64;
+    let mut max_rel = 0.0f64;
     for ((name, t), exp) in out_names.iter().zip(&outs).zip(&expected) {
         let Some((e, src)) = exp else { continue };
         checked += 1;
@@ -473,6 +524,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
                 println!("check '{name}' against {src}: MISMATCH: {m}");
             }
             Ok(c) => {
+                max_abs = max_abs.max(c.max_abs);
+                max_rel = max_rel.max(c.max_rel);
                 let errs = format!("max abs err {}, max rel err {}", num(c.max_abs), num(c.max_rel));
                 if c.ok() {
                     println!("check '{name}' against {src}: ok ({errs}; rtol {rtol}, atol {})", a.atol);
@@ -491,6 +544,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
                 }
             }
         }
+    }
+    if let (true, Some(mut j)) = (a.json, json) {
+        j["checked"] = serde_json::json!(checked);
+        j["mismatched"] = serde_json::json!(bad);
+        j["max_abs_err"] = serde_json::json!(max_abs);
+        j["max_rel_err"] = serde_json::json!(max_rel);
+        j["ok"] = serde_json::json!(bad == 0);
+        println!("{j}");
     }
     if bad > 0 {
         bail!("{bad} of {checked} checked outputs differ from their expected values");
@@ -594,6 +655,86 @@ fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Ten
         println!("{j}");
     }
     Ok(outs)
+}
+
+/// Compiles and runs on a CUDA GPU, with `--bench`, `--stats` and `--check-kernels`; returns
+/// the outputs and the JSON summary (printed by the caller once the outputs are checked).
+fn run_cuda(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, serde_json::Value)> {
+    use tilec::compiled_cuda::{compile, CudaOptions};
+    if a.profile {
+        println!("note: --profile is not available with --target cuda (use --bench)");
+    }
+    let opts = CudaOptions { opt_level: a.opt_level, device: a.device, ..Default::default() };
+    let mut c = compile(graph, &opts).context("compiling the model for CUDA")?;
+    let r = c.report.clone();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let scheds: Vec<String> = r.schedules.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    println!(
+        "compiled {} GPU kernels ({}; {} from the cache) for {} in {:.1} ms (optimize {:.1}, lower+schedule {:.1}, NVRTC {:.1}); {} CUDA graphs",
+        r.kernels,
+        scheds.join(", "),
+        r.cache_hits,
+        c.device_name(),
+        ms(r.total),
+        ms(r.optimize),
+        ms(r.lower),
+        ms(r.codegen),
+        r.graphs
+    );
+    if !r.fallbacks.is_empty() {
+        let mut ops: Vec<&str> = r.fallbacks.iter().map(|(op, _)| op.as_str()).collect();
+        ops.sort();
+        ops.dedup();
+        println!("note: {} nodes run on the host reference interpreter ({})", r.fallbacks.len(), ops.join(", "));
+    }
+    if a.stats {
+        println!("memory: device arena {} bytes, constants {} bytes", r.arena_bytes, r.const_bytes);
+        for (op, why) in &r.fallbacks {
+            println!("  host fallback {op}: {why}");
+        }
+    }
+    let mut kernel_mismatches = None;
+    if a.check_kernels {
+        let bad = c.check_steps(inputs, a.rtol, a.atol).context("checking the GPU kernels")?;
+        for b in &bad {
+            println!("kernel check: {b}");
+        }
+        println!("kernel check: {} of {} steps differ from the reference interpreter", bad.len(), c.steps());
+        kernel_mismatches = Some(bad.len());
+    }
+    let start = Instant::now();
+    let outs = c.run(inputs).context("running the model on the GPU")?;
+    let first = start.elapsed();
+    println!("ran on the cuda target in {:.3} ms (first run: graph capture, transfers included)", ms(first));
+    let mut median_ms = None;
+    if let Some(n) = a.bench {
+        let mut times = c.bench(inputs, n.max(1)).context("benchmarking the model on the GPU")?;
+        times.sort_by(|x, y| x.total_cmp(y));
+        let med = times[times.len() / 2];
+        median_ms = Some(med);
+        println!(
+            "bench: {} runs, median {:.3} ms, min {:.3} ms, max {:.3} ms (CUDA events, inputs resident)",
+            times.len(),
+            med,
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    let j = serde_json::json!({
+        "target": "cuda",
+        "device": c.device_name(),
+        "median_ms": median_ms,
+        "first_run_ms": ms(first),
+        "compile_ms": ms(r.total),
+        "kernels": r.kernels,
+        "schedules": r.schedules.iter().map(|(s, n)| (s.clone(), serde_json::json!(n))).collect::<serde_json::Map<_, _>>(),
+        "cache_hits": r.cache_hits,
+        "host_nodes": r.fallbacks.len(),
+        "graphs": r.graphs,
+        "arena_bytes": r.arena_bytes,
+        "kernel_mismatches": kernel_mismatches,
+    });
+    Ok((outs, j))
 }
 
 #[cfg(test)]

@@ -1,0 +1,404 @@
+//! GPU schedules for compute-bound and irregular kernels, as tile-IR → tile-IR transforms.
+//!
+//! - [`schedule_gemm`]: a kernel whose body is one [`Stmt::Gemm`] becomes a block-tiled matrix
+//!   product. Each thread block owns a `BM × BN` tile of one batch's output; per `BK`-deep step
+//!   of the reduction, the block's 256 threads stage the A and B tiles in shared memory (the
+//!   operand expressions, im2col and transposes included, evaluated once per element, zero
+//!   outside the matrix), synchronize, and each thread accumulates a `BM/16 × BN/16` register
+//!   micro-tile (rows `ty + 16 r`, columns `tx + 16 c`: conflict-free shared reads, coalesced
+//!   stores). The epilogue runs per output element with the accumulator in the Gemm's own
+//!   accumulation type (f32 for every float dtype).
+//! - [`schedule_direct`]: any other nest (pools, depthwise convs, attention, gathers, scans of
+//!   rows too short for a block). The outer loops whose iterations are provably independent
+//!   are flattened onto a grid-stride loop over grid × block threads; everything inside runs
+//!   serially per thread. A body of several nests runs in one block, nest after nest, with a
+//!   barrier between them; a body with no independent loop runs on one thread.
+//!
+//! Both keep the serial semantics: run by the tile interpreter, a scheduled kernel computes
+//! what the original does (the GEMM sums in the same order).
+
+use tilec_ir::DType;
+use tilec_tile::schedule as prim;
+use tilec_tile::*;
+
+use crate::error::{CudaError, Result};
+use crate::schedule::GpuTarget;
+
+fn bad(k: &Kernel, msg: impl Into<String>) -> CudaError {
+    CudaError::Schedule { kernel: k.name.clone(), msg: msg.into() }
+}
+
+fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
+    let mut name = base.to_string();
+    let mut n = 0;
+    while k.var_named(&name).is_some() {
+        n += 1;
+        name = format!("{base}{n}");
+    }
+    k.new_var(name, ty, mutable)
+}
+
+fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64>, scope: Scope) -> BufId {
+    let mut name = base.to_string();
+    let mut n = 0;
+    while k.buffers.iter().any(|b| b.name == name) {
+        n += 1;
+        name = format!("{base}{n}");
+    }
+    k.buffer(name, dtype, shape, scope)
+}
+
+fn v(x: VarId) -> Expr {
+    Expr::Var(x)
+}
+
+fn lt(a: Expr, n: i64) -> Expr {
+    Expr::bin(BinOp::Lt, a, Expr::Int(n))
+}
+
+fn and(a: Option<Expr>, b: Option<Expr>) -> Option<Expr> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Expr::bin(BinOp::And, a, b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+fn guard(cond: Option<Expr>, then_: Vec<Stmt>, else_: Vec<Stmt>) -> Vec<Stmt> {
+    match cond {
+        Some(c) => vec![Stmt::If { cond: c, then_, else_ }],
+        None => then_,
+    }
+}
+
+fn bound(var: VarId, extent: i64, axis: GpuAxis, body: Vec<Stmt>) -> Stmt {
+    Stmt::For(Loop { var, extent, kind: LoopKind::Bound(axis), body })
+}
+
+fn unrolled(var: VarId, extent: i64, body: Vec<Stmt>) -> Stmt {
+    Stmt::For(Loop { var, extent, kind: LoopKind::Unrolled, body })
+}
+
+fn zero_of(d: DType) -> Expr {
+    if d.is_float() {
+        Expr::Lit(Lit::Float(0.0, d))
+    } else if d == DType::Bool {
+        Expr::Lit(Lit::Bool(false))
+    } else if d.is_signed_int() {
+        Expr::Lit(Lit::Int(0, d))
+    } else {
+        Expr::Lit(Lit::UInt(0, d))
+    }
+}
+
+/// Threads per GEMM block (a 16 × 16 grid of threads).
+pub const GEMM_THREADS: i64 = 256;
+/// Depth of one shared-memory stage of the GEMM.
+pub const GEMM_BK: i64 = 16;
+
+/// The output tile edge for a matrix dimension: 16, 32 or 64.
+fn tile_edge(n: i64) -> i64 {
+    if n <= 16 {
+        16
+    } else if n <= 32 {
+        32
+    } else {
+        64
+    }
+}
+
+/// Schedules a kernel whose body is a single [`Stmt::Gemm`] as a block-tiled GEMM (see the
+/// module documentation).
+pub fn schedule_gemm(k: &Kernel) -> Result<Kernel> {
+    let g = match k.body.as_slice() {
+        [Stmt::Gemm(g)] => (**g).clone(),
+        _ => return Err(bad(k, "the body is not a single matrix product")),
+    };
+    if g.m < 1 || g.n < 1 || g.batch < 1 {
+        return Err(bad(k, format!("empty matrix product {}x{}x{} (batch {})", g.m, g.n, g.k, g.batch)));
+    }
+    let ad = g.acc_dtype;
+    let (bm, bn, bk) = (tile_edge(g.m), tile_edge(g.n), GEMM_BK);
+    let (tm, tn) = (bm / 16, bn / 16);
+    let t_n = GEMM_THREADS;
+    let (mt, nt) = ((g.m + bm - 1) / bm, (g.n + bn - 1) / bn);
+    let kt_n = (g.k + bk - 1) / bk;
+    let blocks = g.batch * mt * nt;
+    if blocks > i32::MAX as i64 {
+        return Err(bad(k, format!("{blocks} thread blocks exceed the grid limit")));
+    }
+
+    let mut out = k.clone();
+    let as_ = fresh_buf(&mut out, "gemm_a", ad, vec![bk, bm], Scope::Local);
+    let bs = fresh_buf(&mut out, "gemm_b", ad, vec![bk, bn], Scope::Local);
+    let acc = fresh_buf(&mut out, "gemm_acc", ad, vec![t_n, tm, tn], Scope::Register);
+    let blk = fresh(&mut out, "blk", Ty::Index, false);
+    let kt = fresh(&mut out, "kt", Ty::Index, false);
+    let tv = |out: &mut Kernel, n: &str| fresh(out, n, Ty::Index, false);
+    let (t0, r0, c0) = (tv(&mut out, "t_init"), tv(&mut out, "r_init"), tv(&mut out, "c_init"));
+    let (ta, la) = (tv(&mut out, "t_lda"), tv(&mut out, "l_lda"));
+    let (tb, lb) = (tv(&mut out, "t_ldb"), tv(&mut out, "l_ldb"));
+    let (tc, kk, rc, cc) = (tv(&mut out, "t_mma"), tv(&mut out, "kk"), tv(&mut out, "r_mma"), tv(&mut out, "c_mma"));
+    let (te, re, ce) = (tv(&mut out, "t_epi"), tv(&mut out, "r_epi"), tv(&mut out, "c_epi"));
+
+    // Block coordinates.
+    let bexpr = Expr::div(v(blk), mt * nt);
+    let mi = Expr::rem(Expr::div(v(blk), nt), mt);
+    let nj = Expr::rem(v(blk), nt);
+    let row0 = Expr::mul(mi, Expr::Int(bm));
+    let col0 = Expr::mul(nj, Expr::Int(bn));
+    let ty = |t: VarId| Expr::div(v(t), 16);
+    let tx = |t: VarId| Expr::rem(v(t), 16);
+    let acc_at = |t: VarId, r: VarId, c: VarId| Expr::load(acc, vec![v(t), v(r), v(c)]);
+
+    // acc = 0
+    let init = bound(
+        t0,
+        t_n,
+        GpuAxis::ThreadX,
+        vec![unrolled(r0, tm, vec![unrolled(c0, tn, vec![Stmt::store(acc, vec![v(t0), v(r0), v(c0)], zero_of(ad))])])],
+    );
+
+    // A tile: element f = l * T + t is (ii = f / BK, kk = f % BK): consecutive threads read
+    // consecutive k.
+    let gk0 = Expr::mul(v(kt), Expr::Int(bk));
+    let load_a = {
+        let f = Expr::add(Expr::mul(v(la), Expr::Int(t_n)), v(ta));
+        let ii = Expr::div(f.clone(), bk);
+        let kki = Expr::rem(f, bk);
+        let gi = Expr::add(row0.clone(), ii.clone());
+        let gk = Expr::add(gk0.clone(), kki.clone());
+        let a = g.a.clone().substitute(g.b_var, &bexpr).substitute(g.i_var, &gi).substitute(g.k_var, &gk);
+        let a = if k.type_of(&a) == Ty::Elem(ad) { a } else { Expr::cast(ad, a) };
+        let cond = and(
+            (g.m % bm != 0).then(|| lt(gi.clone(), g.m)),
+            (g.k % bk != 0).then(|| lt(gk.clone(), g.k)),
+        );
+        let dst = vec![kki, ii];
+        bound(
+            ta,
+            t_n,
+            GpuAxis::ThreadX,
+            vec![Stmt::For(Loop {
+                var: la,
+                extent: bm * bk / t_n,
+                kind: LoopKind::Unrolled,
+                body: guard(cond, vec![Stmt::store(as_, dst.clone(), a)], vec![Stmt::store(as_, dst, zero_of(ad))]),
+            })],
+        )
+    };
+    // B tile: element f is (kk = f / BN, jj = f % BN): consecutive threads read consecutive j.
+    let load_b = {
+        let f = Expr::add(Expr::mul(v(lb), Expr::Int(t_n)), v(tb));
+        let kki = Expr::div(f.clone(), bn);
+        let jj = Expr::rem(f, bn);
+        let gj = Expr::add(col0.clone(), jj.clone());
+        let gk = Expr::add(gk0.clone(), kki.clone());
+        let b = g.b.clone().substitute(g.b_var, &bexpr).substitute(g.j_var, &gj).substitute(g.k_var, &gk);
+        let b = if k.type_of(&b) == Ty::Elem(ad) { b } else { Expr::cast(ad, b) };
+        let cond = and(
+            (g.n % bn != 0).then(|| lt(gj.clone(), g.n)),
+            (g.k % bk != 0).then(|| lt(gk.clone(), g.k)),
+        );
+        let dst = vec![kki, jj];
+        bound(
+            tb,
+            t_n,
+            GpuAxis::ThreadX,
+            vec![Stmt::For(Loop {
+                var: lb,
+                extent: bn * bk / t_n,
+                kind: LoopKind::Unrolled,
+                body: guard(cond, vec![Stmt::store(bs, dst.clone(), b)], vec![Stmt::store(bs, dst, zero_of(ad))]),
+            })],
+        )
+    };
+    // acc[r][c] += A[kk][ty + 16 r] * B[kk][tx + 16 c]
+    let mma = {
+        let a = Expr::load(as_, vec![v(kk), Expr::add(ty(tc), Expr::mul(v(rc), Expr::Int(16)))]);
+        let b = Expr::load(bs, vec![v(kk), Expr::add(tx(tc), Expr::mul(v(cc), Expr::Int(16)))]);
+        let upd = Stmt::store(acc, vec![v(tc), v(rc), v(cc)], Expr::bin(BinOp::Add, acc_at(tc, rc, cc), Expr::bin(BinOp::Mul, a, b)));
+        bound(
+            tc,
+            t_n,
+            GpuAxis::ThreadX,
+            vec![Stmt::For(Loop {
+                var: kk,
+                extent: bk,
+                kind: LoopKind::Unrolled,
+                body: vec![unrolled(rc, tm, vec![unrolled(cc, tn, vec![upd])])],
+            })],
+        )
+    };
+    let kloop = Stmt::for_(kt, kt_n, vec![load_a, load_b, Stmt::Barrier, mma, Stmt::Barrier]);
+
+    // Epilogue per element of the micro-tile.
+    let epi = {
+        let gi = Expr::add(row0, Expr::add(ty(te), Expr::mul(v(re), Expr::Int(16))));
+        let gj = Expr::add(col0, Expr::add(tx(te), Expr::mul(v(ce), Expr::Int(16))));
+        let cond = and((g.m % bm != 0).then(|| lt(gi.clone(), g.m)), (g.n % bn != 0).then(|| lt(gj.clone(), g.n)));
+        let mut body = vec![
+            Stmt::Let { var: g.b_var, value: bexpr.clone() },
+            Stmt::Let { var: g.i_var, value: gi },
+            Stmt::Let { var: g.j_var, value: gj },
+            Stmt::Let { var: g.acc_var, value: acc_at(te, re, ce) },
+        ];
+        body.extend(g.epilogue.iter().cloned());
+        bound(te, t_n, GpuAxis::ThreadX, vec![unrolled(re, tm, vec![unrolled(ce, tn, guard(cond, body, vec![]))])])
+    };
+    out.body = vec![bound(
+        blk,
+        blocks,
+        GpuAxis::BlockX,
+        vec![Stmt::Alloc(as_), Stmt::Alloc(bs), Stmt::Alloc(acc), init, kloop, epi],
+    )];
+    Ok(out)
+}
+
+/// The chain of loops from the top of `body` down to the first body that is not a single loop.
+fn chain(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
+    let mut loops = vec![];
+    let mut cur = body;
+    while let [Stmt::For(l)] = cur {
+        loops.push(l);
+        cur = &l.body;
+    }
+    (loops, cur)
+}
+
+/// How many loops of the chain starting at `s` (outermost first) have provably independent
+/// iterations, counting from the top.
+fn parallel_prefix(k: &Kernel, s: &Stmt) -> usize {
+    let (loops, _) = chain(std::slice::from_ref(s));
+    let mut n = 0;
+    for l in loops {
+        if l.kind != LoopKind::Serial || l.extent < 1 {
+            break;
+        }
+        let name = k.var_info(l.var).name.clone();
+        let mut probe = k.clone();
+        if prim::parallel(&mut probe, &name).is_err() {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Rewrites the first `p` loops of the chain `s` into `for it { let f = it*stride + base; if
+/// f < n { body } }` where `base` is the thread's flat index; returns the statements.
+fn flatten(out: &mut Kernel, s: &Stmt, p: usize, base: Expr, stride: i64) -> Vec<Stmt> {
+    let (loops, _) = chain(std::slice::from_ref(s));
+    let loops = &loops[..p];
+    let n: i64 = loops.iter().map(|l| l.extent).product();
+    let inner = loops[p - 1].body.clone();
+    let f = fresh(out, "flat", Ty::Index, false);
+    let it = fresh(out, "it", Ty::Index, false);
+    let mut body = inner;
+    let mut rest = Expr::Var(f);
+    let mut subs = vec![];
+    for (d, l) in loops.iter().enumerate().rev() {
+        let e = if d == 0 { rest.clone() } else { Expr::rem(rest.clone(), l.extent) };
+        subs.push((l.var, e));
+        rest = Expr::div(rest, l.extent);
+    }
+    for st in body.iter_mut() {
+        for (var, e) in &subs {
+            st.substitute(*var, e);
+        }
+    }
+    let iters = (n + stride - 1) / stride;
+    let fval = Expr::add(Expr::mul(v(it), Expr::Int(stride)), base);
+    let mut per = vec![Stmt::Let { var: f, value: fval }];
+    per.extend(guard((n % stride != 0).then(|| lt(v(f), n)), body, vec![]));
+    if iters == 1 {
+        for st in per.iter_mut() {
+            st.substitute(it, &Expr::Int(0));
+        }
+        per
+    } else {
+        vec![Stmt::for_(it, iters, per)]
+    }
+}
+
+/// Schedules any kernel as a direct nest (see the module documentation).
+pub fn schedule_direct(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
+    schedule_direct_named(k, target).map(|(k, _)| k)
+}
+
+/// [`schedule_direct`], also naming the variant: `direct`, `block` or `serial`.
+pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, &'static str)> {
+    let mut has_bound = false;
+    for l in k.loops() {
+        if matches!(l.kind, LoopKind::Bound(_)) {
+            has_bound = true;
+        }
+    }
+    let mut has_gpu_stmt = false;
+    for s in &k.body {
+        s.visit(&mut |x| {
+            if matches!(x, Stmt::Barrier | Stmt::BlockReduce { .. }) {
+                has_gpu_stmt = true
+            }
+        });
+    }
+    if has_bound || has_gpu_stmt {
+        return Err(bad(k, "already bound to GPU axes"));
+    }
+    let mut out = k.clone();
+    // One nest: grid-stride over the independent outer loops.
+    if let [s @ Stmt::For(_)] = k.body.as_slice() {
+        let p = parallel_prefix(k, s);
+        if p > 0 {
+            let (loops, _) = chain(std::slice::from_ref(s));
+            let n: i64 = loops[..p].iter().map(|l| l.extent).product();
+            let threads = if n >= 256 { 256 } else { ((n + 31) / 32 * 32).max(32) };
+            let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
+            let blocks = ((n + threads - 1) / threads).clamp(1, max_blocks);
+            let b = fresh(&mut out, "blk", Ty::Index, false);
+            let t = fresh(&mut out, "thr", Ty::Index, false);
+            let base = Expr::add(Expr::mul(v(b), Expr::Int(threads)), v(t));
+            let body = flatten(&mut out, s, p, base, blocks * threads);
+            out.body = vec![bound(b, blocks, GpuAxis::BlockX, vec![bound(t, threads, GpuAxis::ThreadX, body)])];
+            return Ok((out, "direct"));
+        }
+    }
+    // Several statements: one block; nests spread over its threads in turn.
+    let threads = 256i64.min(target.max_threads_per_block as i64);
+    let mut body = vec![];
+    let mut parallel_any = false;
+    let mut serial_ok = true;
+    for s in &k.body {
+        match s {
+            Stmt::For(_) => {
+                let p = parallel_prefix(k, s);
+                if p == 0 {
+                    serial_ok = false;
+                    break;
+                }
+                parallel_any = true;
+                let t = fresh(&mut out, "thr", Ty::Index, false);
+                let inner = flatten(&mut out, s, p, v(t), threads);
+                body.push(bound(t, threads, GpuAxis::ThreadX, inner));
+                body.push(Stmt::Barrier);
+            }
+            // Values every thread computes alike.
+            Stmt::Let { var, .. } if !k.var_info(*var).mutable => body.push(s.clone()),
+            Stmt::Alloc(b) if k.buf(*b).scope == Scope::Local => body.push(s.clone()),
+            _ => {
+                serial_ok = false;
+                break;
+            }
+        }
+    }
+    if serial_ok && parallel_any {
+        let b = fresh(&mut out, "blk", Ty::Index, false);
+        out.body = vec![bound(b, 1, GpuAxis::BlockX, body)];
+        return Ok((out, "block"));
+    }
+    // Nothing provably parallel: one thread runs the kernel as it is.
+    let mut out = k.clone();
+    let t = fresh(&mut out, "thr", Ty::Index, false);
+    out.body = vec![bound(t, 1, GpuAxis::ThreadX, k.body.clone())];
+    Ok((out, "serial"))
+}
