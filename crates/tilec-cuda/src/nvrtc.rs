@@ -13,6 +13,9 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+/// Stack of each NVRTC worker thread.
+const COMPILE_STACK_BYTES: usize = 64 << 20;
+
 use crate::error::{CudaError, Result};
 
 type NvrtcResult = c_int;
@@ -459,7 +462,10 @@ impl Compiler {
             results.iter_mut().map(std::sync::Mutex::new).collect();
         std::thread::scope(|s| {
             for _ in 0..threads {
-                s.spawn(|| loop {
+                // NVRTC's front end recurses over nested expressions: a large stack, as the
+                // main thread of a compiler would have.
+                let worker = std::thread::Builder::new().stack_size(COMPILE_STACK_BYTES);
+                let spawned = worker.spawn_scoped(s, || loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if i >= modules.len() {
                         break;
@@ -467,6 +473,10 @@ impl Compiler {
                     let r = self.compile(&modules[i].0, &modules[i].1);
                     **slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
                 });
+                if spawned.is_err() {
+                    // Modules left over report "not compiled" below.
+                    break;
+                }
             }
         });
         drop(slots);

@@ -644,14 +644,28 @@ impl R<'_> {
             ));
         }
         let drop = self.reg_drop.get(&b);
-        let mut flat = Expr::Int(0);
+        let mut terms = vec![];
         let mut stride = 1i64;
         for d in (0..index.len()).rev() {
             if drop.is_some_and(|dr| dr[d]) {
                 continue;
             }
-            flat = Expr::add(Expr::mul(index[d].clone(), Expr::Int(stride)), flat);
+            terms.push((index[d].clone(), stride));
             stride = stride.saturating_mul(buf.shape[d]);
+        }
+        // An affine sum with re-indexing div/rem pairs folded back (NVRTC 13.0 crashes on some
+        // loop nests that index with such pairs); as written when a coefficient overflows.
+        if let Some((atoms, konst)) = tilec_tile::affine::linear_offset(&terms) {
+            let mut flat = Expr::Int(konst);
+            for (c, e) in atoms.into_iter().rev() {
+                let t = if c == 1 { e } else { Expr::mul(e, Expr::Int(c)) };
+                flat = if flat == Expr::Int(0) { t } else { Expr::add(t, flat) };
+            }
+            return Ok(flat);
+        }
+        let mut flat = Expr::Int(0);
+        for (e, c) in terms {
+            flat = Expr::add(Expr::mul(e, Expr::Int(c)), flat);
         }
         Ok(flat)
     }

@@ -993,6 +993,11 @@ pub fn schedule_gpu(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
 /// `direct` (grid-stride over independent outer loops), `block` (one block, nest after nest)
 /// or `serial` (one thread).
 pub fn schedule_gpu_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, &'static str)> {
+    if let Some(fused) = crate::schedule_nest::fuse_scratch_epilogue(k) {
+        if let Ok(s) = crate::schedule_nest::schedule_gemm(&fused) {
+            return Ok((s, "gemm"));
+        }
+    }
     if matches!(k.body.as_slice(), [Stmt::Gemm(_)]) {
         return crate::schedule_nest::schedule_gemm(k).map(|s| (s, "gemm"));
     }

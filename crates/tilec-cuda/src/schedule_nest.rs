@@ -346,6 +346,22 @@ pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, 
         return Err(bad(k, "already bound to GPU axes"));
     }
     let mut out = k.clone();
+    // Scratch allocated inside a nest belongs to one iteration, hence to one thread once the
+    // nest is spread over threads: thread-private (`Register`) arrays, not shared memory.
+    for s in &k.body {
+        if let Stmt::For(l) = s {
+            for b in &l.body {
+                b.visit(&mut |x| {
+                    if let Stmt::Alloc(b) = x {
+                        if out.buf(*b).scope == Scope::Local {
+                            out.buffers[b.0 as usize].scope = Scope::Register;
+                        }
+                    }
+                });
+            }
+        }
+    }
+    let k = &out.clone();
     // One nest: grid-stride over the independent outer loops.
     if let [s @ Stmt::For(_)] = k.body.as_slice() {
         let p = parallel_prefix(k, s);
@@ -396,9 +412,142 @@ pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, 
         out.body = vec![bound(b, 1, GpuAxis::BlockX, body)];
         return Ok((out, "block"));
     }
-    // Nothing provably parallel: one thread runs the kernel as it is.
+    // Nothing provably parallel: one thread runs the kernel as it is, its scratch private
+    // (shared memory is too small for the scratch of whole-tensor nests).
     let mut out = k.clone();
+    for b in out.buffers.iter_mut() {
+        if b.scope == Scope::Local {
+            b.scope = Scope::Register;
+        }
+    }
     let t = fresh(&mut out, "thr", Ty::Index, false);
     out.body = vec![bound(t, 1, GpuAxis::ThreadX, k.body.clone())];
     Ok((out, "serial"))
+}
+
+/// Folds a GEMM's scratch consumer into its epilogue: a kernel `[alloc L; gemm (epilogue ends
+/// with L[.., i, j] = v); nest reading L]`, where the nest walks L's elements in order (its
+/// flattened iteration index is L's flattened offset in every read) becomes a single GEMM whose
+/// epilogue computes the nest's body for element (i, j) with `v` in place of the reads. The
+/// lowering spells a GEMM followed by re-indexing consumers (a reshape of its rows) this way;
+/// the fused kernel takes the block-tiled GEMM schedule and never materializes L. `None` when
+/// the kernel does not have that shape.
+pub fn fuse_scratch_epilogue(k: &Kernel) -> Option<Kernel> {
+    let [Stmt::Alloc(l), Stmt::Gemm(g), nest @ Stmt::For(_)] = k.body.as_slice() else {
+        return None;
+    };
+    let lbuf = k.buf(*l);
+    if lbuf.scope != Scope::Local {
+        return None;
+    }
+    // The epilogue's last statement stores the value into L at [b?, i, j], row-major.
+    let (last, lets) = g.epilogue.split_last()?;
+    let Stmt::Store { buf, index, value } = last else { return None };
+    if *buf != *l || value.reads(*l) || lets.iter().any(|s| !matches!(s, Stmt::Let { .. })) {
+        return None;
+    }
+    let want_idx: Vec<Expr> = match lbuf.shape.len() {
+        2 if g.batch == 1 => vec![v(g.i_var), v(g.j_var)],
+        3 => vec![v(g.b_var), v(g.i_var), v(g.j_var)],
+        _ => return None,
+    };
+    if *index != want_idx || lbuf.numel() != g.batch * g.m * g.n {
+        return None;
+    }
+    // The nest: a perfect chain of serial loops covering L exactly once, in order.
+    let (loops, inner) = chain(std::slice::from_ref(nest));
+    if loops.iter().any(|lp| lp.kind != LoopKind::Serial) || loops.iter().map(|lp| lp.extent).product::<i64>() != lbuf.numel() {
+        return None;
+    }
+    let mut nest_terms = vec![];
+    let mut stride = 1i64;
+    for lp in loops.iter().rev() {
+        nest_terms.push((Expr::Var(lp.var), stride));
+        stride *= lp.extent;
+    }
+    let canon = |terms: &[(Expr, i64)]| {
+        canonical(tilec_tile::affine::linear_offset(terms))
+    };
+    let nest_flat = canon(&nest_terms)?;
+    let lstrides = lbuf.strides();
+    let mut ok = true;
+    let mut stores_l = false;
+    for s in inner {
+        s.visit(&mut |x| {
+            if matches!(x, Stmt::For(_) | Stmt::Gemm(_) | Stmt::Alloc(_) | Stmt::Barrier | Stmt::BlockReduce { .. }) {
+                ok = false;
+            }
+            if let Stmt::Store { buf, .. } = x {
+                stores_l |= *buf == *l;
+            }
+        });
+        each_expr_in(s, &mut |e| {
+            if let Expr::Load(b, idx) = e {
+                if *b == *l {
+                    let terms: Vec<(Expr, i64)> = idx.iter().cloned().zip(lstrides.iter().copied()).collect();
+                    if canon(&terms) != Some(nest_flat.clone()) {
+                        ok = false;
+                    }
+                }
+            }
+        });
+    }
+    if !ok || stores_l {
+        return None;
+    }
+    // Build: lets, `let t = value`, then the nest body with L's reads as t and the nest
+    // variables recovered from the element's flat offset (b * M + i) * N + j.
+    let mut out = k.clone();
+    let tname = format!("{}_v", lbuf.name);
+    let t = out.new_var(tname, Ty::Elem(lbuf.dtype), false);
+    let flat = Expr::add(
+        Expr::mul(Expr::add(Expr::mul(v(g.b_var), Expr::Int(g.m)), v(g.i_var)), Expr::Int(g.n)),
+        v(g.j_var),
+    );
+    let mut epi: Vec<Stmt> = lets.to_vec();
+    epi.push(Stmt::Let { var: t, value: value.clone() });
+    let mut body: Vec<Stmt> = inner.to_vec();
+    let lid = *l;
+    for s in body.iter_mut() {
+        s.map_exprs(&mut |e| {
+            e.rewrite(&mut |x| match x {
+                Expr::Load(b, _) if b == lid => Expr::Var(t),
+                other => other,
+            })
+        });
+    }
+    let mut rest = flat;
+    let mut subs = vec![];
+    for (d, lp) in loops.iter().enumerate().rev() {
+        let e = if d == 0 { rest.clone() } else { Expr::rem(rest.clone(), lp.extent) };
+        subs.push((lp.var, e));
+        rest = Expr::div(rest, lp.extent);
+    }
+    for s in body.iter_mut() {
+        for (var, e) in &subs {
+            s.substitute(*var, e);
+        }
+    }
+    epi.extend(body);
+    let mut g2 = (**g).clone();
+    g2.epilogue = epi;
+    out.body = vec![Stmt::Gemm(Box::new(g2))];
+    Some(out)
+}
+
+/// An affine offset in a canonical order (atoms sorted by their printed form), for equality.
+fn canonical(x: Option<(Vec<(i64, Expr)>, i64)>) -> Option<(Vec<(i64, String)>, i64)> {
+    let (atoms, k) = x?;
+    let mut a: Vec<(i64, String)> = atoms.into_iter().map(|(c, e)| (c, format!("{e:?}"))).collect();
+    a.sort_by(|p, q| p.1.cmp(&q.1).then(p.0.cmp(&q.0)));
+    Some((a, k))
+}
+
+/// Calls `f` on every expression of `s` and its sub-expressions (loads' indices included).
+fn each_expr_in(s: &Stmt, f: &mut impl FnMut(&Expr)) {
+    let mut c = s.clone();
+    c.map_exprs(&mut |e| {
+        e.visit(f);
+        e
+    });
 }

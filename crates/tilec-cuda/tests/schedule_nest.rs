@@ -168,6 +168,28 @@ fn two_nests(n: i64) -> (Kernel, Kernel) {
     (k, s)
 }
 
+/// `y[i, j] = 2 * x[i, w - 1 - j]` through a per-row scratch buffer (as attention lowers its
+/// score rows), stored at a re-indexed offset `(i / 13) * 13w + (i % 13) * w + j`.
+fn scratch_rows(rows: i64, w: i64) -> Kernel {
+    let mut k = Kernel::new(format!("scratch_{rows}x{w}"));
+    let x = k.param("x", DType::F32, vec![rows, w]);
+    let y = k.param("y", DType::F32, vec![rows * w]);
+    let tmp = k.buffer("tmp", DType::F32, vec![w], Scope::Local);
+    let (i, j, j2) = (k.index_var("i"), k.index_var("j"), k.index_var("j2"));
+    let rev = Expr::add(Expr::Int(w - 1), Expr::mul(Expr::Var(j), Expr::Int(-1)));
+    let fill = Stmt::for_(j, w, vec![Stmt::store(tmp, vec![Expr::Var(j)], Expr::bin(BinOp::Mul, Expr::load(x, vec![Expr::Var(i), rev]), Expr::f32(2.0)))]);
+    let off = Expr::add(
+        Expr::add(
+            Expr::mul(Expr::div(Expr::Var(i), 13), Expr::Int(13 * w)),
+            Expr::mul(Expr::rem(Expr::Var(i), 13), Expr::Int(w)),
+        ),
+        Expr::Var(j2),
+    );
+    let out = Stmt::for_(j2, w, vec![Stmt::store(y, vec![off], Expr::load(tmp, vec![Expr::Var(j2)]))]);
+    k.body = vec![Stmt::for_(i, rows, vec![Stmt::Alloc(tmp), fill, out])];
+    k
+}
+
 fn all_cases() -> Vec<(Kernel, Kernel, &'static str, f64)> {
     let t = GpuTarget::hopper();
     let mut out = vec![];
@@ -182,6 +204,11 @@ fn all_cases() -> Vec<(Kernel, Kernel, &'static str, f64)> {
     }
     for (n, c, h, w) in [(1, 3, 7, 9), (2, 4, 16, 16)] {
         let k = pool_kernel(n, c, h, w);
+        let (s, how) = schedule_gpu_named(&k, &t).unwrap();
+        out.push((k, s, how, 0.0));
+    }
+    for (rows, w) in [(169, 16), (3, 5)] {
+        let k = scratch_rows(rows, w);
         let (s, how) = schedule_gpu_named(&k, &t).unwrap();
         out.push((k, s, how, 0.0));
     }
@@ -237,4 +264,18 @@ fn scheduled_kernels_render_and_compile_with_nvrtc() {
         let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(r.image.starts_with(b"\x7fELF"), "{name}: not a cubin");
     }
+}
+
+#[test]
+fn scratch_inside_a_spread_nest_is_private_and_offsets_fold() {
+    // Each thread runs its own rows: their scratch must not be one shared-memory array.
+    let k = scratch_rows(169, 16);
+    let s = schedule_gpu(&k, &GpuTarget::hopper()).unwrap();
+    let tmp = s.buffers.iter().find(|b| b.name == "tmp").unwrap();
+    assert_eq!(tmp.scope, Scope::Register, "{s}");
+    let src = render(&s).unwrap().source;
+    let body = &src[src.find("extern \"C\"").unwrap()..];
+    assert!(!body.contains("__shared__"), "{body}");
+    // The re-indexed store offset folds back to i * 16 + j: no division by 13 left.
+    assert!(!body.contains("(13)"), "{body}");
 }

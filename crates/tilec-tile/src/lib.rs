@@ -7,6 +7,7 @@
 //! before lowering, so every extent and stride is a constant the C compiler can see.
 
 pub mod ir;
+pub mod affine;
 pub mod interp;
 pub mod lower;
 pub mod print;

@@ -84,7 +84,7 @@ fn check_prepared(what: &str, p: &Prepared, tally: &mut Tally, modules: &mut Vec
     for (ki, k) in p.kernels().iter().enumerate() {
         tally.kernels += 1;
         if std::env::var_os("TILEC_DUMP_SCHEDULE").is_some_and(|v| v.to_string_lossy() == k.schedule) {
-            eprintln!("{what} {}:\n{}", k.name, k.lowered);
+            eprintln!("{what} {}:\n{}\n{}", k.name, k.lowered, k.scheduled);
         }
         *tally.schedules.entry(k.schedule.to_string()).or_default() += 1;
         modules.push((format!("{what}_{}", k.name).replace(|c: char| !c.is_ascii_alphanumeric(), "_"), k.source.source.clone()));
@@ -164,6 +164,14 @@ fn run_models(dirs: Vec<(String, PathBuf, Vec<(&'static str, usize)>)>) {
         eprintln!("note: no models found (run scripts/setup-venv.sh)");
         return;
     }
+    // TILEC_CUDA_TEST_MODELS=a,b restricts the run to those models.
+    let only: Option<Vec<String>> = std::env::var("TILEC_CUDA_TEST_MODELS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    let dirs: Vec<_> = dirs
+        .into_iter()
+        .filter(|(n, _, _)| only.as_ref().is_none_or(|o| o.contains(n)))
+        .collect();
     let target = GpuTarget::hopper();
     let mut fails = vec![];
     let mut modules = vec![];
