@@ -92,6 +92,8 @@ pub struct CudaReport {
     pub const_bytes: usize,
     /// CUDA graphs (runs of device steps between host steps).
     pub graphs: usize,
+    /// Kernel groups lowered node by node because fused they would run on one thread.
+    pub split_groups: usize,
 }
 
 /// A model lowered, scheduled and rendered for the GPU (no device needed).
@@ -155,7 +157,21 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     let mut steps: Vec<PStep> = vec![];
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group(&g, grp, &name) {
+        // A fused group that only a single thread could run (several GEMMs, or scratch larger
+        // than shared memory) is cheaper as separate kernels, each with a parallel schedule.
+        let group = lower_group(&g, grp, &name).and_then(|l| {
+            let serial = grp.nodes.len() > 1
+                && matches!(tilec_cuda::schedule_gpu_named(&l.kernel, target), Ok((_, "serial")));
+            if serial {
+                report.split_groups += 1;
+                Err(tilec_tile::lower::LowerError::Invalid(format!(
+                    "{name} runs on one GPU thread fused; split into its nodes"
+                )))
+            } else {
+                Ok(l)
+            }
+        });
+        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match group {
             Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
             Err(_) if grp.nodes.len() > 1 => grp
                 .nodes
