@@ -117,20 +117,7 @@ pub fn load_kernels(
     let mut out = vec![];
     for ((k, r), c) in kernels.iter().zip(rendered).zip(compiled) {
         let c = c?;
-        let module = Arc::new(device.load_module(&c.image)?);
-        let func = module.function(&k.name)?;
-        let params = k
-            .params
-            .iter()
-            .map(|&b| (k.buf(b).dtype, k.buf(b).numel() as usize))
-            .collect();
-        out.push(GpuKernel {
-            name: k.name.clone(),
-            launch: r.launch,
-            params,
-            cache_hit: c.cache_hit,
-            func,
-        });
+        out.push(GpuKernel::from_image(device, k, r.launch, &c.image, c.cache_hit)?);
     }
     Ok(out)
 }

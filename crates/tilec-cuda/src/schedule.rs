@@ -79,7 +79,8 @@ fn bad(k: &Kernel, msg: impl Into<String>) -> CudaError {
     }
 }
 
-fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
+/// A new variable named `base` (with a number appended when the name is taken).
+pub(crate) fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
     let mut name = base.to_string();
     let mut n = 0;
     while k.var_named(&name).is_some() {
@@ -89,7 +90,8 @@ fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
     k.new_var(name, ty, mutable)
 }
 
-fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64>, scope: Scope) -> BufId {
+/// A new buffer named `base` (with a number appended when the name is taken).
+pub(crate) fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64>, scope: Scope) -> BufId {
     let mut name = base.to_string();
     let mut n = 0;
     while k.buffers.iter().any(|b| b.name == name) {

@@ -22,30 +22,10 @@ use tilec_tile::schedule as prim;
 use tilec_tile::*;
 
 use crate::error::{CudaError, Result};
-use crate::schedule::GpuTarget;
+use crate::schedule::{fresh, fresh_buf, GpuTarget};
 
 fn bad(k: &Kernel, msg: impl Into<String>) -> CudaError {
     CudaError::Schedule { kernel: k.name.clone(), msg: msg.into() }
-}
-
-fn fresh(k: &mut Kernel, base: &str, ty: Ty, mutable: bool) -> VarId {
-    let mut name = base.to_string();
-    let mut n = 0;
-    while k.var_named(&name).is_some() {
-        n += 1;
-        name = format!("{base}{n}");
-    }
-    k.new_var(name, ty, mutable)
-}
-
-fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64>, scope: Scope) -> BufId {
-    let mut name = base.to_string();
-    let mut n = 0;
-    while k.buffers.iter().any(|b| b.name == name) {
-        n += 1;
-        name = format!("{base}{n}");
-    }
-    k.buffer(name, dtype, shape, scope)
 }
 
 fn v(x: VarId) -> Expr {
