@@ -1379,10 +1379,27 @@ fn cache_write_stages_and_writes_back() {
 fn rfactor_splits_reductions() {
     let mut rng = StdRng::seed_from_u64(13);
     for op in [BinOp::Add, BinOp::Max, BinOp::Min, BinOp::Mul] {
-        for (n, f) in [(16, 4), (17, 4), (5, 8), (9, 1)] {
+        for (n, f) in [
+            (16, 4),
+            (17, 4),
+            (5, 8),
+            (9, 1),
+            (40, 16),
+            (23, 6),
+            (64, 32),
+        ] {
             let c = rowred(3, n, op, DType::F64);
             let mut k = c.k.clone();
             let (_, i) = schedule::rfactor(&mut k, "j", f).unwrap();
+            // Power-of-two factors (at least 4) combine their partials pairwise.
+            let f_eff = f.min(n);
+            let trees = names(&k).iter().filter(|l| l.starts_with("j_tree")).count();
+            let want = if f_eff >= 4 && f_eff.count_ones() == 1 {
+                f_eff.trailing_zeros() as usize
+            } else {
+                0
+            };
+            assert_eq!(trees, want, "rfactor {op:?} {n} by {f}:\n{k}");
             schedule::vectorize(&mut k, &i).unwrap();
             schedule::parallel(&mut k, "i").unwrap();
             let tol = if op == BinOp::Max || op == BinOp::Min {
