@@ -838,6 +838,7 @@ fn candidates(k: &Kernel, rng: &mut StdRng) -> Vec<Primitive> {
         mc: 64,
         nc: 256,
     });
+    out.push(Primitive::GemmTranspose { gemm: None });
     out
 }
 
@@ -888,6 +889,7 @@ fn each_primitive_alone_preserves_results() {
         "compute_at",
         "rfactor",
         "partition",
+        "gemm_transpose",
         "gemm_blocking",
     ] {
         assert!(

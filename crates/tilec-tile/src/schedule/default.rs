@@ -129,6 +129,22 @@ pub fn gemm_params(g: &Gemm, t: &CpuTarget) -> GemmParams {
     GemmParams { mr, nr, kc, mc, nc }
 }
 
+/// Whether computing the transposed product of `g` fills the register tiles markedly better
+/// (padded `m × n` at least 10% smaller). Not when `B` selects (a padded implicit im2col): as
+/// `A` it would lose the vectorized im2col packing, which costs more than the tiles gain.
+fn transpose_pays(g: &Gemm, t: &CpuTarget) -> bool {
+    let mut selects = false;
+    g.b.visit(&mut |e| selects |= matches!(e, Expr::Select(..)));
+    if selects {
+        return false;
+    }
+    let p = gemm_params(g, t);
+    let pad = |x: i64, r: i64| (x.max(1) + r - 1) / r * r;
+    let now = pad(g.m, p.mr) as i128 * pad(g.n, p.nr) as i128;
+    let swapped = pad(g.n, p.mr) as i128 * pad(g.m, p.nr) as i128;
+    swapped * 10 < now * 9
+}
+
 /// The default CPU schedule of a kernel:
 /// - every gemm gets [`gemm_params`] blocking;
 /// - the outermost loop of each loop nest is made parallel when the kernel does at least
@@ -151,12 +167,32 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
         }
         ok
     };
+    // Gemm orientation: the register tile (mr rows, nr columns, nr the wider) runs along the
+    // dimensions that waste less of it (a convolution over few output positions computes the
+    // transposed product).
+    let mut swaps = vec![];
+    for st in &w.body {
+        st.visit(&mut |st| {
+            if let Stmt::Gemm(g) = st {
+                if transpose_pays(g, t) {
+                    swaps.push(var_name(k, g.i_var));
+                }
+            }
+        });
+    }
+    for name in swaps {
+        attempt(
+            &mut w,
+            &mut s,
+            Primitive::GemmTranspose { gemm: Some(name) },
+        );
+    }
     // Gemm blocking.
     let mut gemms = vec![];
     for st in &w.body {
         st.visit(&mut |st| {
             if let Stmt::Gemm(g) = st {
-                gemms.push((var_name(k, g.i_var), gemm_params(g, t)));
+                gemms.push((var_name(&w, g.i_var), gemm_params(g, t)));
             }
         });
     }
