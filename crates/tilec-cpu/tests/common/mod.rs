@@ -234,11 +234,7 @@ pub fn check_kernels(
                 .unwrap_or_else(|e| panic!("{e}"));
             for (i, &p) in k.params.iter().enumerate() {
                 let b = k.buf(p);
-                let t = if w.contains(&p) {
-                    tol(k, b.dtype)
-                } else {
-                    exact()
-                };
+                let t = if w.contains(&p) { tol(k, b.dtype) } else { exact() };
                 let exp = if w.contains(&p) { &want[i] } else { &args[i] };
                 assert_close(
                     &format!("{} prepacked (slots {mask:b}) {}", k.name, b.name),
