@@ -381,8 +381,14 @@ fn prepack_slots() {
     for name in ["mm_packs", "mm_packs_bt"] {
         let p = m.packs(name);
         assert_eq!(p.len(), 2, "{name}: {p:?}");
-        assert_eq!((p[0].operand, p[0].params.as_slice()), (PackOperand::A, &[0usize][..]));
-        assert_eq!((p[1].operand, p[1].params.as_slice()), (PackOperand::B, &[1usize][..]));
+        assert_eq!(
+            (p[0].operand, p[0].params.as_slice()),
+            (PackOperand::A, &[0usize][..])
+        );
+        assert_eq!(
+            (p[1].operand, p[1].params.as_slice()),
+            (PackOperand::B, &[1usize][..])
+        );
         assert!(m.get_packed(name).is_some());
     }
     // Batched operands pack every batch: 3 x 40 rows (mr = 4) x 70.
@@ -419,13 +425,19 @@ fn conv_kernel(
     let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
     let n_ = Expr::div(v(vb), groups);
     let grp = Expr::rem(v(vb), groups);
-    let ci = Expr::add(Expr::mul(grp.clone(), Expr::Int(cg)), Expr::div(v(vk), taps));
+    let ci = Expr::add(
+        Expr::mul(grp.clone(), Expr::Int(cg)),
+        Expr::div(v(vk), taps),
+    );
     let th = Expr::div(Expr::rem(v(vk), taps), kw);
     let tw = Expr::rem(v(vk), kw);
     let coord = |o: Expr, t: Expr| {
         Expr::bin(
             BinOp::Sub,
-            Expr::add(Expr::mul(o, Expr::Int(stride)), Expr::mul(t, Expr::Int(dil))),
+            Expr::add(
+                Expr::mul(o, Expr::Int(stride)),
+                Expr::mul(t, Expr::Int(dil)),
+            ),
             Expr::Int(pad),
         )
     };
@@ -463,8 +475,7 @@ fn conv_kernel(
         a: Expr::load(wt, vec![mch.clone(), v(vk)]),
         b: b_expr,
         epilogue: vec![Stmt::store(out, vec![n_, mch, v(vj)], v(acc))],
-        params: params
-            .unwrap_or_else(|| gemm_params(og, oh * ow, cg * taps, &CpuInfo::detect())),
+        params: params.unwrap_or_else(|| gemm_params(og, oh * ow, cg * taps, &CpuInfo::detect())),
     })));
     k
 }
@@ -495,7 +506,108 @@ fn im2col_fast_paths() {
     if CpuInfo::detect().avx512f {
         for k in &ks {
             let c = tilec_cpu::render_c(k).unwrap();
-            assert!(c.contains("_mm512_maskz_loadu_ps(m, xr"), "{}: no fast im2col packing", k.name);
+            assert!(
+                c.contains("_mm512_maskz_loadu_ps(m, xr"),
+                "{}: no fast im2col packing",
+                k.name
+            );
         }
     }
+}
+
+/// Gemms computed transposed (operands swapped, the register tile along the other dimension):
+/// products with epilogues, transposed operands and implicit im2col convolutions, with small
+/// blocks (edge tiles, several K slices), against the interpreter of the original kernels.
+#[test]
+fn transposed_gemms() {
+    let small = GemmParams {
+        mr: 3,
+        nr: 16,
+        kc: 16,
+        mc: 9,
+        nc: 48,
+    };
+    let mut ks = vec![];
+    for (idx, &(batch, m, n, kk)) in [
+        (1, 7, 33, 57),
+        (2, 33, 7, 5),
+        (1, 1, 49, 20),
+        (3, 17, 40, 50),
+    ]
+    .iter()
+    .enumerate()
+    {
+        ks.push(gemm_kernel(&format!("tmm{idx}"), &spec(batch, m, n, kk)));
+        ks.push(gemm_kernel(
+            &format!("tmm{idx}_small"),
+            &Spec {
+                params: Some(small),
+                ..spec(batch, m, n, kk)
+            },
+        ));
+    }
+    ks.push(gemm_kernel(
+        "tmm_t",
+        &Spec {
+            transposed_b: true,
+            ..spec(2, 33, 65, 47)
+        },
+    ));
+    ks.push(conv_kernel(
+        "tc1x1",
+        (2, 7, 6, 9, 5),
+        (1, 1),
+        1,
+        0,
+        1,
+        1,
+        None,
+    ));
+    ks.push(conv_kernel(
+        "tc3s2p1",
+        (2, 4, 12, 9, 5),
+        (3, 3),
+        2,
+        1,
+        1,
+        1,
+        None,
+    ));
+    ks.push(conv_kernel(
+        "tc5g2",
+        (2, 6, 9, 17, 4),
+        (5, 3),
+        1,
+        2,
+        1,
+        2,
+        Some(small),
+    ));
+    let originals = ks.clone();
+    for k in ks.iter_mut() {
+        let before = format!("{k}");
+        tilec_tile::schedule::gemm_transpose(k, None).unwrap();
+        assert_ne!(before, format!("{k}"));
+    }
+    // The transposed kernels run on the same inputs as the originals: compare outputs.
+    let m = compiler().compile(&ks).unwrap_or_else(|e| panic!("{e}"));
+    let mut r = rng(25);
+    for (k, orig) in ks.iter().zip(&originals) {
+        let args = make_args(orig, &mut r, false);
+        let mut want = args.clone();
+        tilec_tile::interp::run(orig, &mut want).unwrap_or_else(|e| panic!("interpreter: {e}"));
+        let mut got = args.clone();
+        m.run(&k.name, &mut got).unwrap_or_else(|e| panic!("{e}"));
+        for &p in &written(orig) {
+            let i = orig.params.iter().position(|&q| q == p).unwrap();
+            let d = orig.buf(p).dtype;
+            assert_close(
+                &format!("{} transposed, output {}", k.name, orig.buf(p).name),
+                &got[i],
+                &want[i],
+                gemm_tol(orig, d),
+            );
+        }
+    }
+    check_kernels(&ks, 26, false, gemm_tol);
 }

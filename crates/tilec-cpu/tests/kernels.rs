@@ -314,3 +314,134 @@ fn nested_parallel_and_guarded_loads() {
     assert_eq!(src.matches("omp parallel for").count(), 1, "{src}");
     check_kernels(&[k], 13, true, |_, d| tol_for(d));
 }
+
+/// A padded 2-D max or average window over `x[c, h, w]` with every tap bounds-checked (as the
+/// lowering writes pools); the average divides by the taps inside the padded extent.
+#[allow(clippy::too_many_arguments)]
+fn window_kernel(
+    name: &str,
+    c: i64,
+    (h, w): (i64, i64),
+    (kh, kw): (i64, i64),
+    (sh, sw): (i64, i64),
+    (dh, dw): (i64, i64),
+    (pt, pl, pb, pr): (i64, i64, i64, i64),
+    avg: bool,
+) -> Kernel {
+    let d = DType::F32;
+    let oh = (h + pt + pb - dh * (kh - 1) - 1) / sh + 1;
+    let ow = (w + pl + pr - dw * (kw - 1) - 1) / sw + 1;
+    let mut k = Kernel::new(name);
+    let x = k.param("x", d, vec![c, h, w]);
+    let out = k.param("out", d, vec![c, oh, ow]);
+    let [ci, oy, ox, ky, kx] = ["c", "oy", "ox", "ky", "kx"].map(|n| k.index_var(n));
+    let acc = k.new_var("acc", Ty::Elem(d), true);
+    let cnt = k.new_var("cnt", Ty::Elem(DType::I64), true);
+    let coord = |o: VarId, s: i64, t: VarId, dl: i64, p: i64| {
+        Expr::add(
+            Expr::add(
+                Expr::mul(v(o), Expr::Int(s)),
+                Expr::mul(v(t), Expr::Int(dl)),
+            ),
+            Expr::Int(-p),
+        )
+    };
+    let (iy, ix) = (coord(oy, sh, ky, dh, pt), coord(ox, sw, kx, dw, pl));
+    let within = |e: &Expr, hi: i64| {
+        Expr::bin(
+            BinOp::And,
+            Expr::bin(BinOp::Ge, e.clone(), Expr::Int(0)),
+            Expr::bin(BinOp::Lt, e.clone(), Expr::Int(hi)),
+        )
+    };
+    let inside = Expr::bin(BinOp::And, within(&iy, h), within(&ix, w));
+    let in_pad = Expr::bin(
+        BinOp::And,
+        Expr::bin(BinOp::Lt, iy.clone(), Expr::Int(h + pb)),
+        Expr::bin(BinOp::Lt, ix.clone(), Expr::Int(w + pr)),
+    );
+    let op = if avg { BinOp::Add } else { BinOp::Max };
+    let xv = Expr::load(x, vec![v(ci), iy, ix]);
+    let mut tap = vec![Stmt::Assign {
+        var: acc,
+        value: Expr::select(inside, Expr::bin(op, v(acc), xv), v(acc)),
+    }];
+    if avg {
+        tap.push(Stmt::Assign {
+            var: cnt,
+            value: Expr::select(
+                in_pad,
+                Expr::bin(BinOp::Add, v(cnt), Expr::Lit(Lit::Int(1, DType::I64))),
+                v(cnt),
+            ),
+        });
+    }
+    let res = if avg {
+        Expr::bin(BinOp::Div, v(acc), Expr::cast(d, v(cnt)))
+    } else {
+        v(acc)
+    };
+    let init = Expr::Lit(Lit::Float(if avg { 0.0 } else { f64::NEG_INFINITY }, d));
+    let body = vec![
+        Stmt::Let {
+            var: acc,
+            value: init,
+        },
+        Stmt::Let {
+            var: cnt,
+            value: Expr::Lit(Lit::Int(0, DType::I64)),
+        },
+        Stmt::for_(ky, kh, vec![Stmt::for_(kx, kw, tap)]),
+        Stmt::store(out, vec![v(ci), v(oy), v(ox)], res),
+    ];
+    k.body.push(Stmt::for_(
+        ci,
+        c,
+        vec![Stmt::for_(oy, oh, vec![Stmt::for_(ox, ow, body)])],
+    ));
+    k
+}
+
+/// Padded windows under the default CPU schedule (borders partitioned off, the interior
+/// unchecked and vectorized), compiled, against the interpreter on inputs with NaNs and
+/// infinities: padding on all sides, strides above the window, dilation.
+#[test]
+fn partitioned_windows_match_the_interpreter() {
+    use tilec_tile::schedule::{self, CpuTarget, Primitive};
+    let shapes = [
+        ((56, 56), (3, 3), (2, 2), (1, 1), (0, 0, 1, 1)),
+        ((28, 30), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+        ((33, 40), (2, 2), (3, 3), (1, 1), (1, 0, 0, 1)),
+        ((30, 41), (3, 2), (1, 2), (2, 3), (2, 1, 2, 1)),
+        ((20, 20), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
+    ];
+    let t = CpuTarget {
+        threads: 2,
+        vector_bytes: 64,
+        l1_bytes: 32 << 10,
+        l2_bytes: 1 << 20,
+    };
+    let mut kernels = vec![];
+    for (i, (hw, kk, st, dil, pads)) in shapes.into_iter().enumerate() {
+        for avg in [false, true] {
+            let name = format!("{}pool{i}", if avg { "avg" } else { "max" });
+            let mut k = window_kernel(&name, 24, hw, kk, st, dil, pads, avg);
+            let s = schedule::default_cpu(&k, &t);
+            assert!(
+                s.steps
+                    .iter()
+                    .any(|p| matches!(p, Primitive::Partition { .. })),
+                "{name}: {s}"
+            );
+            assert!(
+                s.steps
+                    .iter()
+                    .any(|p| matches!(p, Primitive::Vectorize { .. })),
+                "{name}: {s}"
+            );
+            schedule::apply(&mut k, &s).unwrap();
+            kernels.push(k);
+        }
+    }
+    check_kernels(&kernels, 41, true, |_, d| tol_for(d));
+}

@@ -473,6 +473,172 @@ fn colmax_i32(m: i64, n: i64) -> Case {
     }
 }
 
+/// A padded 2-D window over `x[c, h, w]` as the lowering spells it: every tap checked
+/// against the input bounds (`select(inside, .., ..)`), `out[c, oy, ox]` the max (or, with
+/// `avg`, the sum of the taps inside divided by the number of taps inside the padded extent).
+#[allow(clippy::too_many_arguments)]
+fn pool2d(
+    c: i64,
+    (h, w): (i64, i64),
+    (kh, kw): (i64, i64),
+    (sh, sw): (i64, i64),
+    (dh, dw): (i64, i64),
+    (pt, pl, pb, pr): (i64, i64, i64, i64),
+    avg: bool,
+) -> Case {
+    let d = DType::F32;
+    let oh = ((h + pt + pb - dh * (kh - 1) - 1) / sh + 1).max(1);
+    let ow = ((w + pl + pr - dw * (kw - 1) - 1) / sw + 1).max(1);
+    let mut k = Kernel::new(if avg { "avgpool" } else { "maxpool" });
+    let x = k.param("x", d, vec![c, h, w]);
+    let out = k.param("out", d, vec![c, oh, ow]);
+    let (ci, oy, ox, ky, kx) = (
+        k.index_var("c"),
+        k.index_var("oy"),
+        k.index_var("ox"),
+        k.index_var("ky"),
+        k.index_var("kx"),
+    );
+    let acc = k.new_var("acc", Ty::Elem(d), true);
+    let cnt = k.new_var("cnt", Ty::Elem(DType::I64), true);
+    let iy = Expr::add(
+        Expr::add(
+            Expr::mul(v(oy), Expr::Int(sh)),
+            Expr::mul(v(ky), Expr::Int(dh)),
+        ),
+        Expr::Int(-pt),
+    );
+    let ix = Expr::add(
+        Expr::add(
+            Expr::mul(v(ox), Expr::Int(sw)),
+            Expr::mul(v(kx), Expr::Int(dw)),
+        ),
+        Expr::Int(-pl),
+    );
+    let within = |e: &Expr, lo: i64, hi: i64| {
+        bin(
+            BinOp::And,
+            bin(BinOp::Ge, e.clone(), Expr::Int(lo)),
+            bin(BinOp::Lt, e.clone(), Expr::Int(hi)),
+        )
+    };
+    let inside = bin(BinOp::And, within(&iy, 0, h), within(&ix, 0, w));
+    let in_pad = bin(
+        BinOp::And,
+        bin(BinOp::Lt, iy.clone(), Expr::Int(h + pb)),
+        bin(BinOp::Lt, ix.clone(), Expr::Int(w + pr)),
+    );
+    let xv = ld(x, vec![v(ci), iy, ix]);
+    let a = Expr::Var(acc);
+    let mut tap = vec![Stmt::Assign {
+        var: acc,
+        value: Expr::select(
+            inside,
+            bin(if avg { BinOp::Add } else { BinOp::Max }, a.clone(), xv),
+            a.clone(),
+        ),
+    }];
+    if avg {
+        tap.push(Stmt::Assign {
+            var: cnt,
+            value: Expr::select(
+                in_pad,
+                bin(
+                    BinOp::Add,
+                    Expr::Var(cnt),
+                    Expr::Lit(Lit::Int(1, DType::I64)),
+                ),
+                Expr::Var(cnt),
+            ),
+        });
+    }
+    let res = if avg {
+        bin(BinOp::Div, a.clone(), Expr::cast(d, Expr::Var(cnt)))
+    } else {
+        a.clone()
+    };
+    let init = if avg {
+        lit(0.0, d)
+    } else {
+        lit(f64::NEG_INFINITY, d)
+    };
+    k.body.push(for_(
+        ci,
+        c,
+        vec![for_(
+            oy,
+            oh,
+            vec![for_(
+                ox,
+                ow,
+                vec![
+                    Stmt::Let {
+                        var: acc,
+                        value: init,
+                    },
+                    Stmt::Let {
+                        var: cnt,
+                        value: Expr::Lit(Lit::Int(0, DType::I64)),
+                    },
+                    for_(ky, kh, vec![for_(kx, kw, tap)]),
+                    Stmt::store(out, vec![v(ci), v(oy), v(ox)], res),
+                ],
+            )],
+        )],
+    ));
+    Case {
+        k,
+        outputs: vec![1],
+    }
+}
+
+/// `out[i] = i < n0 ? a[i] : (i < n0 + n1 ? b[i - n0] : c[i - n0 - n1])`: a concatenation.
+fn concat3(n0: i64, n1: i64, n2: i64) -> Case {
+    let d = DType::F32;
+    let mut k = Kernel::new("concat3");
+    let a = k.param("a", d, vec![n0]);
+    let b = k.param("b", d, vec![n1]);
+    let c = k.param("c", d, vec![n2]);
+    let out = k.param("out", d, vec![n0 + n1 + n2]);
+    let i = k.index_var("i");
+    let val = Expr::select(
+        bin(BinOp::Lt, v(i), Expr::Int(n0)),
+        ld(a, vec![v(i)]),
+        Expr::select(
+            bin(BinOp::Lt, v(i), Expr::Int(n0 + n1)),
+            ld(b, vec![Expr::add(v(i), Expr::Int(-n0))]),
+            ld(c, vec![Expr::add(v(i), Expr::Int(-n0 - n1))]),
+        ),
+    );
+    k.body.push(for_(
+        i,
+        n0 + n1 + n2,
+        vec![Stmt::store(out, vec![v(i)], val)],
+    ));
+    Case {
+        k,
+        outputs: vec![3],
+    }
+}
+
+fn random_pool(rng: &mut StdRng, avg: bool) -> Case {
+    let (kh, kw) = (rng.gen_range(1..4), rng.gen_range(1..4));
+    let (dh, dw) = (rng.gen_range(1..3), rng.gen_range(1..3));
+    let pad = |rng: &mut StdRng, k: i64| rng.gen_range(0..k.max(1));
+    let pads = (pad(rng, kh), pad(rng, kw), pad(rng, kh), pad(rng, kw));
+    let h = rng.gen_range(dh * (kh - 1) + 1..dh * (kh - 1) + 12);
+    let w = rng.gen_range(dw * (kw - 1) + 1..dw * (kw - 1) + 12);
+    pool2d(
+        rng.gen_range(1..3),
+        (h, w),
+        (kh, kw),
+        (rng.gen_range(1..4), rng.gen_range(1..4)),
+        (dh, dw),
+        pads,
+        avg,
+    )
+}
+
 fn all_cases(rng: &mut StdRng) -> Vec<Case> {
     let mut out = vec![];
     for _ in 0..2 {
@@ -502,6 +668,13 @@ fn all_cases(rng: &mut StdRng) -> Vec<Case> {
         out.push(colmax_i32(m, n));
         out.push(rowred(m, n, BinOp::Min, DType::I32));
         out.push(overlap(rng.gen_range(1..6)));
+        out.push(random_pool(rng, false));
+        out.push(random_pool(rng, true));
+        out.push(concat3(
+            rng.gen_range(1..9),
+            rng.gen_range(1..9),
+            rng.gen_range(1..9),
+        ));
     }
     out
 }
@@ -624,6 +797,9 @@ fn candidates(k: &Kernel, rng: &mut StdRng) -> Vec<Primitive> {
             loop_var: l.clone(),
             factor: rng.gen_range(1..=n.max(1) + 1),
         });
+        out.push(Primitive::Partition {
+            loop_var: l.clone(),
+        });
         let ch = chain(k, l);
         if ch.len() >= 2 {
             out.push(Primitive::Fuse {
@@ -662,6 +838,7 @@ fn candidates(k: &Kernel, rng: &mut StdRng) -> Vec<Primitive> {
         mc: 64,
         nc: 256,
     });
+    out.push(Primitive::GemmTranspose { gemm: None });
     out
 }
 
@@ -711,6 +888,8 @@ fn each_primitive_alone_preserves_results() {
         "cache_write",
         "compute_at",
         "rfactor",
+        "partition",
+        "gemm_transpose",
         "gemm_blocking",
     ] {
         assert!(
@@ -762,6 +941,92 @@ fn random_sequences_preserve_results() {
     }
     eprintln!("random sequences applied {total} primitives");
     assert!(total > 200, "only {total} primitives applied");
+}
+
+/// Partitioning a padded window loop: the border pieces keep the checks, the interior has none,
+/// and results are unchanged for padding on all sides, strides above the window and dilation.
+#[test]
+fn partition_drops_checks_in_the_interior() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let shapes = [
+        // (h, w), (kh, kw), (sh, sw), (dh, dw), pads (t, l, b, r)
+        ((9, 11), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+        ((9, 11), (3, 3), (2, 2), (1, 1), (1, 0, 2, 1)),
+        ((10, 7), (2, 2), (3, 3), (1, 1), (0, 1, 1, 0)),
+        ((12, 12), (3, 2), (1, 2), (2, 3), (2, 1, 0, 2)),
+        ((5, 5), (3, 3), (1, 1), (1, 1), (2, 2, 2, 2)),
+        ((4, 4), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
+    ];
+    for (hw, kk, st, dil, pads) in shapes {
+        for avg in [false, true] {
+            let case = pool2d(2, hw, kk, st, dil, pads, avg);
+            for name in ["oy", "ox"] {
+                let mut k = case.k.clone();
+                let p = schedule::partition(&mut k, name).unwrap();
+                assert_eq!(p.interior, name);
+                assert!(p.dropped > 0, "{p:?}");
+                let n = loop_by_name(&case.k, name).extent;
+                assert!(0 <= p.interior_start && p.interior_start < p.interior_end);
+                assert!(p.interior_end <= n);
+                assert_eq!(p.before.is_some(), p.interior_start > 0, "{p:?}");
+                assert_eq!(p.after.is_some(), p.interior_end < n, "{p:?}");
+                assert_eq!(
+                    loop_by_name(&k, name).extent,
+                    p.interior_end - p.interior_start
+                );
+                check_same(
+                    &case,
+                    &k,
+                    0.0,
+                    &mut rng,
+                    &format!("{} partition {name}", case.k.name),
+                );
+            }
+            // Both loops, then the default schedule on top.
+            let mut k = case.k.clone();
+            schedule::partition(&mut k, "oy").unwrap();
+            schedule::partition(&mut k, "ox").unwrap();
+            check_same(&case, &k, 0.0, &mut rng, "both");
+            let t = CpuTarget {
+                threads: 2,
+                vector_bytes: 64,
+                l1_bytes: 32 << 10,
+                l2_bytes: 1 << 20,
+            };
+            let s = schedule::default_cpu(&case.k, &t);
+            let mut k = case.k.clone();
+            schedule::apply(&mut k, &s).unwrap();
+            check_same(&case, &k, 0.0, &mut rng, &format!("default schedule\n{s}"));
+        }
+    }
+    // Without padding the checks hold everywhere: one piece, no check left in it.
+    let case = pool2d(1, (9, 9), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), false);
+    let mut k = case.k.clone();
+    let p = schedule::partition(&mut k, "oy").unwrap();
+    assert_eq!((p.before, p.after), (None, None));
+    let p = schedule::partition(&mut k, "ox").unwrap();
+    assert_eq!((p.before, p.after), (None, None));
+    assert!(!format!("{k}").contains(">="), "{k}");
+    check_same(&case, &k, 0.0, &mut rng, "unpadded");
+    // A concatenation splits into one loop per input, each without a select.
+    let case = concat3(5, 3, 4);
+    let mut k = case.k.clone();
+    let p = schedule::partition(&mut k, "i").unwrap();
+    assert_eq!((p.interior_start, p.interior_end), (0, 5));
+    let after = p.after.unwrap();
+    let p2 = schedule::partition(&mut k, &after).unwrap();
+    assert_eq!((p2.interior_start, p2.interior_end), (0, 3));
+    assert_eq!(k.body.len(), 3, "{k}");
+    assert!(
+        !format!("{k}").contains('?') && !format!("{k}").contains("select"),
+        "{k}"
+    );
+    check_same(&case, &k, 0.0, &mut rng, "concat");
+    // Nothing to partition.
+    let case = ew1d(10);
+    let mut k = case.k.clone();
+    assert!(schedule::partition(&mut k, "i").is_err());
+    assert_eq!(k, case.k);
 }
 
 #[test]
@@ -831,8 +1096,13 @@ fn illegal_applications_are_refused() {
     );
     {
         let mut k = r.k.clone();
-        schedule::apply_primitive(&mut k, &Primitive::Vectorize { loop_var: "i".into() })
-            .expect("rows over a 6-wide window vectorize");
+        schedule::apply_primitive(
+            &mut k,
+            &Primitive::Vectorize {
+                loop_var: "i".into(),
+            },
+        )
+        .expect("rows over a 6-wide window vectorize");
     }
     expect_err(
         &r,
@@ -1111,10 +1381,27 @@ fn cache_write_stages_and_writes_back() {
 fn rfactor_splits_reductions() {
     let mut rng = StdRng::seed_from_u64(13);
     for op in [BinOp::Add, BinOp::Max, BinOp::Min, BinOp::Mul] {
-        for (n, f) in [(16, 4), (17, 4), (5, 8), (9, 1)] {
+        for (n, f) in [
+            (16, 4),
+            (17, 4),
+            (5, 8),
+            (9, 1),
+            (40, 16),
+            (23, 6),
+            (64, 32),
+        ] {
             let c = rowred(3, n, op, DType::F64);
             let mut k = c.k.clone();
             let (_, i) = schedule::rfactor(&mut k, "j", f).unwrap();
+            // Power-of-two factors (at least 4) combine their partials pairwise.
+            let f_eff = f.min(n);
+            let trees = names(&k).iter().filter(|l| l.starts_with("j_tree")).count();
+            let want = if f_eff >= 4 && f_eff.count_ones() == 1 {
+                f_eff.trailing_zeros() as usize
+            } else {
+                0
+            };
+            assert_eq!(trees, want, "rfactor {op:?} {n} by {f}:\n{k}");
             schedule::vectorize(&mut k, &i).unwrap();
             schedule::parallel(&mut k, "i").unwrap();
             let tol = if op == BinOp::Max || op == BinOp::Min {

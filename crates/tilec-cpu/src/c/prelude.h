@@ -243,10 +243,13 @@ TC_INLINE int64_t tc_ifloormod(int64_t a, int64_t b) {
 }
 
 /* ---- NaN-propagating min / max ---- */
-TC_INLINE float tc_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
-TC_INLINE float tc_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
-TC_INLINE double tc_fmin(double a, double b) { return (a < b || a != a) ? a : b; }
-TC_INLINE double tc_fmax(double a, double b) { return (a > b || a != a) ? a : b; }
+/* Two selects rather than one on `a > b || a != a`: gcc 12 does not vectorize the combined mask
+   (a window max then runs scalar), but does vectorize this form. Same result: a NaN `a` is
+   returned; a NaN `b` fails the compare and is returned as `m`. */
+TC_INLINE float tc_fminf(float a, float b) { float m = a < b ? a : b; return a != a ? a : m; }
+TC_INLINE float tc_fmaxf(float a, float b) { float m = a > b ? a : b; return a != a ? a : m; }
+TC_INLINE double tc_fmin(double a, double b) { double m = a < b ? a : b; return a != a ? a : m; }
+TC_INLINE double tc_fmax(double a, double b) { double m = a > b ? a : b; return a != a ? a : m; }
 
 /* ---- vectorizable single-precision math (branch-free; about 1-2 ulp) ---- */
 TC_INLINE float tc_expf(float x) {

@@ -129,6 +129,22 @@ pub fn gemm_params(g: &Gemm, t: &CpuTarget) -> GemmParams {
     GemmParams { mr, nr, kc, mc, nc }
 }
 
+/// Whether computing the transposed product of `g` fills the register tiles markedly better
+/// (padded `m × n` at least 10% smaller). Not when `B` selects (a padded implicit im2col): as
+/// `A` it would lose the vectorized im2col packing, which costs more than the tiles gain.
+fn transpose_pays(g: &Gemm, t: &CpuTarget) -> bool {
+    let mut selects = false;
+    g.b.visit(&mut |e| selects |= matches!(e, Expr::Select(..)));
+    if selects {
+        return false;
+    }
+    let p = gemm_params(g, t);
+    let pad = |x: i64, r: i64| (x.max(1) + r - 1) / r * r;
+    let now = pad(g.m, p.mr) as i128 * pad(g.n, p.nr) as i128;
+    let swapped = pad(g.n, p.mr) as i128 * pad(g.m, p.nr) as i128;
+    swapped * 10 < now * 9
+}
+
 /// The default CPU schedule of a kernel:
 /// - every gemm gets [`gemm_params`] blocking;
 /// - the outermost loop of each loop nest is made parallel when the kernel does at least
@@ -151,12 +167,32 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
         }
         ok
     };
+    // Gemm orientation: the register tile (mr rows, nr columns, nr the wider) runs along the
+    // dimensions that waste less of it (a convolution over few output positions computes the
+    // transposed product).
+    let mut swaps = vec![];
+    for st in &w.body {
+        st.visit(&mut |st| {
+            if let Stmt::Gemm(g) = st {
+                if transpose_pays(g, t) {
+                    swaps.push(var_name(k, g.i_var));
+                }
+            }
+        });
+    }
+    for name in swaps {
+        attempt(
+            &mut w,
+            &mut s,
+            Primitive::GemmTranspose { gemm: Some(name) },
+        );
+    }
     // Gemm blocking.
     let mut gemms = vec![];
     for st in &w.body {
         st.visit(&mut |st| {
             if let Stmt::Gemm(g) = st {
-                gemms.push((var_name(k, g.i_var), gemm_params(g, t)));
+                gemms.push((var_name(&w, g.i_var), gemm_params(g, t)));
             }
         });
     }
@@ -173,6 +209,36 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 nc: p.nc,
             },
         );
+    }
+    // Outer loops that select between inputs (a concatenation read as `i < n0 ? a : b`) or
+    // check bounds: cut into pieces in which the checks are constant.
+    let first_roots: Vec<String> = w
+        .body
+        .iter()
+        .filter_map(|st| match st {
+            Stmt::For(l) if l.kind == LoopKind::Serial => Some(var_name(&w, l.var)),
+            _ => None,
+        })
+        .collect();
+    for root in first_roots {
+        let mut cur = root;
+        for _ in 0..4 {
+            let mut trial = w.clone();
+            let Ok(p) = super::partition(&mut trial, &cur) else {
+                break;
+            };
+            attempt(
+                &mut w,
+                &mut s,
+                Primitive::Partition {
+                    loop_var: cur.clone(),
+                },
+            );
+            match p.after {
+                Some(a) => cur = a,
+                None => break,
+            }
+        }
     }
     let roots: Vec<String> = w
         .body
@@ -314,10 +380,29 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             }
         }
         // Windowed nests (pooling, direct convolution): the loop just outside a small
-        // reduction window is vectorized, the window unrolled inside it.
+        // reduction window is vectorized, the window unrolled inside it. Where the window is
+        // bounds-checked (padding, ceil mode), the window loop and the serial loop directly
+        // around it are first partitioned into an unchecked interior and checked borders.
         let mut window_loops = vec![];
         if let Some((l, _)) = loop_named(&w, &root) {
-            collect_window_loops(&w, std::slice::from_ref(&Stmt::For(l.clone())), &mut window_loops);
+            collect_window_loops(
+                &w,
+                std::slice::from_ref(&Stmt::For(l.clone())),
+                &mut window_loops,
+            );
+        }
+        for name in &window_loops {
+            if let Some(parent) = serial_parent(&w, name) {
+                attempt(&mut w, &mut s, Primitive::Partition { loop_var: parent });
+            }
+        }
+        let mut window_loops = vec![];
+        if let Some((l, _)) = loop_named(&w, &root) {
+            collect_window_loops(
+                &w,
+                std::slice::from_ref(&Stmt::For(l.clone())),
+                &mut window_loops,
+            );
         }
         for name in window_loops {
             let Some((l, _)) = loop_named(&w, &name) else {
@@ -326,10 +411,39 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             if l.kind != LoopKind::Serial || l.extent < 8 {
                 continue;
             }
+            let mut trial = w.clone();
+            if let Ok(p) = super::partition(&mut trial, &name) {
+                if p.interior_end - p.interior_start >= 8 {
+                    attempt(
+                        &mut w,
+                        &mut s,
+                        Primitive::Partition {
+                            loop_var: name.clone(),
+                        },
+                    );
+                }
+            }
+            let Some((l, _)) = loop_named(&w, &name) else {
+                continue;
+            };
+            if l.extent < 8 {
+                continue;
+            }
             attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
         }
     }
     s
+}
+
+/// The loop directly around loop `name` when it is serial and `name` is its whole body.
+fn serial_parent(k: &Kernel, name: &str) -> Option<String> {
+    let (_, pos) = loop_named(k, name)?;
+    let &(pv, _, kind) = pos.ancestors.last()?;
+    if kind != LoopKind::Serial {
+        return None;
+    }
+    let (pl, _) = loop_named(k, &var_name(k, pv))?;
+    (pl.body.len() == 1).then(|| var_name(k, pv))
 }
 
 /// Loops whose body holds only a small serial nest (a window) besides straight-line code.

@@ -465,3 +465,55 @@ pub fn gemm_blocking(
     }
     Ok(())
 }
+
+/// Exchanges the roles of the operands of the gemm whose row variable is named `gemm` (every
+/// gemm when `None`): `C = A·B` is computed as `Cᵀ = Bᵀ·Aᵀ`, i.e. `m` and `n`, the row and
+/// column variables and the operand expressions swap places. The epilogue still sees each output
+/// element under the same variables, and every element is the same sum over `k` in the same
+/// order (each product with its factors swapped, which is exact), so results are unchanged. The
+/// register tile then runs along the other dimension: worth it when `n` wastes more of a
+/// tile's width than `m` would. The gemm's row variable afterwards is the former column one.
+pub fn gemm_transpose(k: &mut Kernel, gemm: Option<&str>) -> Result<(), ScheduleError> {
+    const P: &str = "gemm_transpose";
+    fn go(stmts: &mut [Stmt], want: Option<VarId>, n: &mut usize) {
+        for s in stmts {
+            match s {
+                Stmt::Gemm(g) if want.is_none() || want == Some(g.i_var) => {
+                    let g = &mut **g;
+                    std::mem::swap(&mut g.m, &mut g.n);
+                    std::mem::swap(&mut g.i_var, &mut g.j_var);
+                    std::mem::swap(&mut g.a, &mut g.b);
+                    *n += 1;
+                }
+                Stmt::For(l) => go(&mut l.body, want, n),
+                Stmt::If { then_, else_, .. } => {
+                    go(then_, want, n);
+                    go(else_, want, n);
+                }
+                _ => {}
+            }
+        }
+    }
+    let want = match gemm {
+        Some(name) => Some(
+            k.var_named(name)
+                .ok_or_else(|| err(k, P, format!("no gemm with row variable `{name}`")))?,
+        ),
+        None => None,
+    };
+    let mut n = 0;
+    let mut body = std::mem::take(&mut k.body);
+    go(&mut body, want, &mut n);
+    k.body = body;
+    if n == 0 {
+        return Err(err(
+            k,
+            P,
+            match gemm {
+                Some(name) => format!("no gemm with row variable `{name}`"),
+                None => "the kernel has no gemm".to_string(),
+            },
+        ));
+    }
+    Ok(())
+}

@@ -21,6 +21,7 @@ mod cache;
 mod default;
 mod deps;
 mod loops;
+mod partition;
 mod rfactor;
 
 use std::fmt;
@@ -31,7 +32,10 @@ use crate::ir::*;
 
 pub use cache::{cache_read, cache_write, compute_at, MAX_LOCAL_BYTES, MAX_REGISTER_ELEMS};
 pub use default::{default_cpu, gemm_params, CpuTarget, PARALLEL_MIN_WORK};
-pub use loops::{fuse, gemm_blocking, parallel, reorder, split, unroll, vectorize, MAX_UNROLL};
+pub use loops::{
+    fuse, gemm_blocking, gemm_transpose, parallel, reorder, split, unroll, vectorize, MAX_UNROLL,
+};
+pub use partition::{partition, Partitioned};
 pub use rfactor::rfactor;
 
 /// A primitive that could not be applied.
@@ -116,6 +120,18 @@ pub enum Primitive {
         factor: i64,
     },
     /// Blocking of the gemm whose row variable is `gemm` (all gemms when absent).
+    /// Cuts a loop into border / interior / border by the bounds checks in its body, dropping
+    /// the checks that hold throughout the interior (which keeps the loop's name).
+    Partition {
+        #[serde(rename = "loop")]
+        loop_var: String,
+    },
+    /// Swaps the operands of the gemm whose row variable is `gemm` (all gemms when absent):
+    /// computes the transposed product, the register tile running along the other dimension.
+    GemmTranspose {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gemm: Option<String>,
+    },
     GemmBlocking {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gemm: Option<String>,
@@ -141,6 +157,8 @@ impl Primitive {
             Primitive::CacheWrite { .. } => "cache_write",
             Primitive::ComputeAt { .. } => "compute_at",
             Primitive::Rfactor { .. } => "rfactor",
+            Primitive::Partition { .. } => "partition",
+            Primitive::GemmTranspose { .. } => "gemm_transpose",
             Primitive::GemmBlocking { .. } => "gemm_blocking",
         }
     }
@@ -171,6 +189,11 @@ impl fmt::Display for Primitive {
             } => write!(f, "cache_write {buffer} at {at} ({})", scope(s)),
             Primitive::ComputeAt { producer, at } => write!(f, "compute_at {producer} at {at}"),
             Primitive::Rfactor { loop_var, factor } => write!(f, "rfactor {loop_var} by {factor}"),
+            Primitive::Partition { loop_var } => write!(f, "partition {loop_var}"),
+            Primitive::GemmTranspose { gemm } => match gemm {
+                Some(g) => write!(f, "gemm_transpose {g}"),
+                None => write!(f, "gemm_transpose"),
+            },
             Primitive::GemmBlocking {
                 gemm,
                 mr,
@@ -246,6 +269,8 @@ pub fn apply_primitive(k: &mut Kernel, p: &Primitive) -> Result<(), ScheduleErro
         Primitive::CacheWrite { buffer, at, scope } => cache_write(k, buffer, at, *scope).map(drop),
         Primitive::ComputeAt { producer, at } => compute_at(k, producer, at),
         Primitive::Rfactor { loop_var, factor } => rfactor(k, loop_var, *factor).map(drop),
+        Primitive::Partition { loop_var } => partition(k, loop_var).map(drop),
+        Primitive::GemmTranspose { gemm } => gemm_transpose(k, gemm.as_deref()),
         Primitive::GemmBlocking {
             gemm,
             mr,

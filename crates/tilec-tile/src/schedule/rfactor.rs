@@ -151,7 +151,8 @@ fn rewrite(stmts: &mut [Stmt], u: &Update, rf: BufId, i: VarId) {
 /// `name_i`) and gives each scalar accumulator updated in it `factor` partial accumulators in a
 /// local buffer `<acc>_rf`: initialized to the identity of the update, updated as
 /// `<acc>_rf[name_i] = op(<acc>_rf[name_i], x)`, and combined into the accumulator after the
-/// loop. `name_i` then has independent iterations (it can be vectorized).
+/// loop (pairwise, in `log2(factor)` loops `name_tree*`, when the factor is a power of two of at
+/// least 4; else in order). `name_i` then has independent iterations (it can be vectorized).
 ///
 /// Every accumulator (a mutable scalar declared outside the loop and assigned inside it) must be
 /// updated only as `acc = op(acc, x)` or `acc = op(x, acc)` with `op` one of add, mul, max, min
@@ -280,6 +281,13 @@ pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, Strin
             .ok_or_else(|| err(k, P, "split produced an unexpected nest"))?;
         let init_v = fresh_var(k, &format!("{name}_init"), Ty::Index, false);
         let comb_v = fresh_var(k, &format!("{name}_comb"), Ty::Index, false);
+        let tree_vars: Vec<VarId> = if f >= 4 && f.count_ones() == 1 {
+            halves(f)
+                .map(|_| fresh_var(k, &format!("{name}_tree"), Ty::Index, false))
+                .collect()
+        } else {
+            vec![]
+        };
         let mut allocs = vec![];
         let mut init = vec![];
         let mut comb = vec![];
@@ -312,9 +320,32 @@ pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, Strin
             }
         }
         let at = opos.idx;
-        block.insert(at + 1, Stmt::for_(comb_v, f, comb));
+        // Partials combined pairwise (f/2, f/4, ..., 1 apart) when f is a power of two, so the
+        // combine is log2(f) vector steps instead of a chain of f dependent operations; then
+        // the accumulator takes partial 0.
+        let mut combine = vec![];
+        let mut comb_n = f;
+        if f >= 4 && f.count_ones() == 1 {
+            for (t, half) in tree_vars.iter().zip(halves(f)) {
+                let mut body = vec![];
+                for (u, rf) in updates.iter().zip(&rfs) {
+                    let a = Expr::load(*rf, vec![Expr::Var(*t)]);
+                    let b = Expr::load(*rf, vec![Expr::add(Expr::Var(*t), Expr::Int(half))]);
+                    body.push(Stmt::store(*rf, vec![Expr::Var(*t)], Expr::bin(u.op, a, b)));
+                }
+                combine.push(Stmt::for_(*t, half, body));
+            }
+            comb_n = 1;
+        }
+        combine.push(Stmt::for_(comb_v, comb_n, comb));
+        block.splice(at + 1..at + 1, combine);
         allocs.push(Stmt::for_(init_v, f, init));
         block.splice(at..at, allocs);
         Ok((var_name(k, o), var_name(k, i)))
     })
+}
+
+/// `f/2, f/4, ..., 1` for a power of two `f`.
+fn halves(f: i64) -> impl Iterator<Item = i64> {
+    std::iter::successors(Some(f / 2), |&h| (h > 1).then_some(h / 2))
 }
