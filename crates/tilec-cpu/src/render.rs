@@ -630,21 +630,9 @@ impl<'a> Renderer<'a> {
         // The offset as an affine sum over atoms, with `(x / a) * a*c + (x % a) * c` folded
         // back to `x * c` (exact for C's truncating division): re-indexing through reshapes
         // leaves such pairs, and without the fold every access pays for divisions.
-        let mut atoms: Vec<(i64, Expr)> = vec![];
-        let mut konst = 0i64;
-        let mut ok = true;
-        for (e, s) in index.iter().zip(&strides) {
-            ok &= affine_terms(e, *s, &mut atoms, &mut konst);
-        }
-        if ok {
-            fold_div_rem(&mut atoms);
-        } else {
-            atoms.clear();
-            konst = 0;
-            for (e, s) in index.iter().zip(&strides) {
-                atoms.push((*s, e.clone()));
-            }
-        }
+        let terms: Vec<(Expr, i64)> = index.iter().cloned().zip(strides.iter().copied()).collect();
+        let (atoms, konst) = tilec_tile::affine::linear_offset(&terms)
+            .unwrap_or_else(|| (terms.iter().map(|(e, s)| (*s, e.clone())).collect(), 0));
         let mut terms = vec![];
         for (c, e) in &atoms {
             if *c == 0 {
@@ -945,79 +933,3 @@ impl<'a> Renderer<'a> {
     }
 }
 
-/// Adds `coef * e` to an affine sum of atoms; false on overflow.
-fn affine_terms(e: &Expr, coef: i64, out: &mut Vec<(i64, Expr)>, konst: &mut i64) -> bool {
-    match e {
-        Expr::Int(c) => match c.checked_mul(coef).and_then(|v| konst.checked_add(v)) {
-            Some(v) => {
-                *konst = v;
-                true
-            }
-            None => false,
-        },
-        Expr::Binary(BinOp::Add, a, b) => affine_terms(a, coef, out, konst) && affine_terms(b, coef, out, konst),
-        Expr::Binary(BinOp::Sub, a, b) => match coef.checked_neg() {
-            Some(n) => affine_terms(a, coef, out, konst) && affine_terms(b, n, out, konst),
-            None => false,
-        },
-        Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
-            (x, Expr::Int(c)) | (Expr::Int(c), x) => match coef.checked_mul(*c) {
-                Some(m) => affine_terms(x, m, out, konst),
-                None => false,
-            },
-            _ => add_atom(out, coef, e.clone()),
-        },
-        _ => add_atom(out, coef, e.clone()),
-    }
-}
-
-fn add_atom(out: &mut Vec<(i64, Expr)>, coef: i64, e: Expr) -> bool {
-    if let Some(t) = out.iter_mut().find(|(_, x)| *x == e) {
-        match t.0.checked_add(coef) {
-            Some(v) => t.0 = v,
-            None => return false,
-        }
-    } else {
-        out.push((coef, e));
-    }
-    true
-}
-
-/// Folds `c*a * (x / a) + c * (x % a)` into `c * x` until nothing changes.
-fn fold_div_rem(atoms: &mut Vec<(i64, Expr)>) {
-    loop {
-        let mut found = None;
-        'search: for (i, (ci, ei)) in atoms.iter().enumerate() {
-            if let Expr::Binary(BinOp::Div, x, a) = ei {
-                if let Expr::Int(a) = **a {
-                    if a <= 0 {
-                        continue;
-                    }
-                    for (j, (cj, ej)) in atoms.iter().enumerate() {
-                        if let Expr::Binary(BinOp::Rem, y, b) = ej {
-                            if **b == Expr::Int(a) && y == x && cj.checked_mul(a) == Some(*ci) && *cj != 0 {
-                                found = Some((i, j, *cj, (**x).clone()));
-                                break 'search;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let Some((i, j, c, x)) = found else { return };
-        let (hi, lo) = if i > j { (i, j) } else { (j, i) };
-        atoms.remove(hi);
-        atoms.remove(lo);
-        let mut k = 0i64;
-        let mut extra = vec![];
-        if !affine_terms(&x, c, &mut extra, &mut k) || k != 0 {
-            extra = vec![(c, x)];
-            if k != 0 {
-                // A constant inside x: keep x whole rather than splitting it out.
-            }
-        }
-        for (c, e) in extra {
-            add_atom(atoms, c, e);
-        }
-    }
-}
