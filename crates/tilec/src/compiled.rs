@@ -144,11 +144,11 @@ fn bytemuck_cast(w: &mut [u64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, w.len() * 8) }
 }
 
-fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
+pub(crate) fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
     g.value(v).ty.shape.iter().map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
 }
 
-fn value_bytes(g: &Graph, v: ValueId) -> Option<usize> {
+pub(crate) fn value_bytes(g: &Graph, v: ValueId) -> Option<usize> {
     let ty = &g.value(v).ty;
     let n: usize = fixed_shape(g, v)?.iter().product();
     Some(n * ty.dtype.size_bytes())
@@ -333,38 +333,18 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
             consts.push(AlignedBytes::new(&t.to_le_bytes()));
         }
     }
-    let n_steps = steps.len();
-    let mut first: HashMap<ValueId, usize> = HashMap::new();
-    let mut last: HashMap<ValueId, usize> = HashMap::new();
-    for &v in g.inputs() {
-        first.insert(v, 0);
-        last.insert(v, 0);
-    }
-    for (i, st) in steps.iter().enumerate() {
-        for &v in &st.outputs {
-            first.entry(v).or_insert(i);
-            last.insert(v, i);
-        }
-        for &v in &st.args {
-            if first.contains_key(&v) {
-                last.insert(v, i);
-            }
-        }
-    }
-    for &v in g.outputs() {
-        if first.contains_key(&v) {
-            last.insert(v, n_steps);
-        }
-    }
-    let mut order: Vec<ValueId> = first.keys().copied().collect();
-    order.sort();
-    let mut reqs = vec![];
-    let index: HashMap<ValueId, usize> = order.iter().enumerate().map(|(i, &v)| (v, i)).collect();
-    for &v in &order {
-        let size = value_bytes(&g, v).unwrap_or(0).max(1);
-        reqs.push(BufferReq { size, align: 64, first: first[&v], last: last[&v], inplace_of: None });
-    }
-    let _ = &index;
+    let lives = lifetimes(&g, &steps, |s| &s.args, |s| &s.outputs);
+    let order: Vec<ValueId> = lives.iter().map(|l| l.0).collect();
+    let reqs: Vec<BufferReq> = lives
+        .iter()
+        .map(|&(v, first, last)| BufferReq {
+            size: value_bytes(&g, v).unwrap_or(0).max(1),
+            align: 64,
+            first,
+            last,
+            inplace_of: None,
+        })
+        .collect();
     let plan = tilec_runtime::plan(&reqs);
     for (i, &v) in order.iter().enumerate() {
         slots.insert(v, Slot::Arena(plan.offsets[i]));
@@ -401,9 +381,54 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
 /// Orders steps so that every value is produced before it is read (stable: the partition's
 /// order is kept where dependencies allow).
 fn order_steps(steps: Vec<Step>) -> Result<Vec<Step>, String> {
+    order_by_deps(steps, |s| &s.args, |s| &s.outputs)
+}
+
+/// The arena values of a step sequence (graph inputs and step outputs, by id) with the first and
+/// last step that touches each; graph outputs live past the last step.
+pub(crate) fn lifetimes<T>(
+    g: &Graph,
+    steps: &[T],
+    args: impl Fn(&T) -> &[ValueId],
+    outputs: impl Fn(&T) -> &[ValueId],
+) -> Vec<(ValueId, usize, usize)> {
+    let mut first: HashMap<ValueId, usize> = HashMap::new();
+    let mut last: HashMap<ValueId, usize> = HashMap::new();
+    for &v in g.inputs() {
+        first.insert(v, 0);
+        last.insert(v, 0);
+    }
+    for (i, st) in steps.iter().enumerate() {
+        for &v in outputs(st) {
+            first.entry(v).or_insert(i);
+            last.insert(v, i);
+        }
+        for &v in args(st) {
+            if first.contains_key(&v) {
+                last.insert(v, i);
+            }
+        }
+    }
+    for &v in g.outputs() {
+        if first.contains_key(&v) {
+            last.insert(v, steps.len());
+        }
+    }
+    let mut order: Vec<ValueId> = first.keys().copied().collect();
+    order.sort();
+    order.into_iter().map(|v| (v, first[&v], last[&v])).collect()
+}
+
+/// Orders items that read (`args`) and produce (`outputs`) values so that every value is
+/// produced before it is read, keeping the given order where dependencies allow.
+pub(crate) fn order_by_deps<T>(
+    steps: Vec<T>,
+    args: impl Fn(&T) -> &[ValueId],
+    outputs: impl Fn(&T) -> &[ValueId],
+) -> Result<Vec<T>, String> {
     let mut producer: HashMap<ValueId, usize> = HashMap::new();
     for (i, s) in steps.iter().enumerate() {
-        for &v in &s.outputs {
+        for &v in outputs(s) {
             producer.insert(v, i);
         }
     }
@@ -411,7 +436,7 @@ fn order_steps(steps: Vec<Step>) -> Result<Vec<Step>, String> {
     let mut indeg = vec![0usize; n];
     let mut users: Vec<Vec<usize>> = vec![vec![]; n];
     for (i, s) in steps.iter().enumerate() {
-        let mut deps: Vec<usize> = s.args.iter().filter_map(|v| producer.get(v).copied()).filter(|&p| p != i).collect();
+        let mut deps: Vec<usize> = args(s).iter().filter_map(|v| producer.get(v).copied()).filter(|&p| p != i).collect();
         deps.sort();
         deps.dedup();
         indeg[i] = deps.len();
@@ -433,7 +458,7 @@ fn order_steps(steps: Vec<Step>) -> Result<Vec<Step>, String> {
     if order.len() != n {
         return Err("the kernel steps depend on each other in a cycle".into());
     }
-    let mut slots: Vec<Option<Step>> = steps.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<T>> = steps.into_iter().map(Some).collect();
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 

@@ -17,13 +17,14 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use tilec_cuda::{CudaError, Device, DeviceBuffer, GpuKernel, GpuTarget, Stream};
-use tilec_ir::{Dim, Graph, NodeId, Tensor, ValueDef, ValueId};
+use tilec_ir::{Graph, NodeId, Tensor, ValueDef, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_runtime::{BufferReq, MemoryPlan};
 use tilec_tile::lower::{lower_group, lower_nodes, Lowered};
 use tilec_tile::Kernel;
 
+use crate::compiled::{fixed_shape, value_bytes};
 use crate::Error;
 
 /// Options of [`prepare`] and [`compile`].
@@ -105,16 +106,6 @@ pub struct Prepared {
     /// The whole graph runs on the interpreter (data-dependent shapes).
     interpreted: bool,
     pub report: CudaReport,
-}
-
-fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
-    g.value(v).ty.shape.iter().map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
-}
-
-fn value_bytes(g: &Graph, v: ValueId) -> Option<usize> {
-    let ty = &g.value(v).ty;
-    let n: usize = fixed_shape(g, v)?.iter().product();
-    Some(n * ty.dtype.size_bytes())
 }
 
 fn host_steps(g: &Graph, nodes: &[NodeId], prefix: &str) -> Vec<PStep> {
@@ -267,40 +258,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
 /// Orders steps so that every value is produced before it is read (stable where dependencies
 /// allow).
 fn order_steps(steps: Vec<PStep>) -> Result<Vec<PStep>, String> {
-    let mut producer: HashMap<ValueId, usize> = HashMap::new();
-    for (i, s) in steps.iter().enumerate() {
-        for &v in &s.outputs {
-            producer.insert(v, i);
-        }
-    }
-    let n = steps.len();
-    let mut indeg = vec![0usize; n];
-    let mut users: Vec<Vec<usize>> = vec![vec![]; n];
-    for (i, s) in steps.iter().enumerate() {
-        let mut deps: Vec<usize> = s.args.iter().filter_map(|v| producer.get(v).copied()).filter(|&p| p != i).collect();
-        deps.sort();
-        deps.dedup();
-        indeg[i] = deps.len();
-        for p in deps {
-            users[p].push(i);
-        }
-    }
-    let mut ready: std::collections::BTreeSet<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
-    let mut order = Vec::with_capacity(n);
-    while let Some(i) = ready.pop_first() {
-        order.push(i);
-        for &u in &users[i] {
-            indeg[u] -= 1;
-            if indeg[u] == 0 {
-                ready.insert(u);
-            }
-        }
-    }
-    if order.len() != n {
-        return Err("the kernel steps depend on each other in a cycle".into());
-    }
-    let mut slots: Vec<Option<PStep>> = steps.into_iter().map(Some).collect();
-    Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
+    crate::compiled::order_by_deps(steps, |s| &s.args, |s| &s.outputs)
 }
 
 impl Prepared {
@@ -478,38 +436,15 @@ fn compile_prepared(
             }
         }
     }
-    let n_steps = steps.len();
-    let mut first: HashMap<ValueId, usize> = HashMap::new();
-    let mut last: HashMap<ValueId, usize> = HashMap::new();
-    for &v in g.inputs() {
-        first.insert(v, 0);
-        last.insert(v, 0);
-    }
-    for (i, st) in steps.iter().enumerate() {
-        for &v in &st.outputs {
-            first.entry(v).or_insert(i);
-            last.insert(v, i);
-        }
-        for &v in &st.args {
-            if first.contains_key(&v) {
-                last.insert(v, i);
-            }
-        }
-    }
-    for &v in g.outputs() {
-        if first.contains_key(&v) {
-            last.insert(v, n_steps);
-        }
-    }
-    let mut order: Vec<ValueId> = first.keys().copied().collect();
-    order.sort();
-    let reqs: Vec<BufferReq> = order
+    let lives = crate::compiled::lifetimes(&g, &steps, |s| &s.args, |s| &s.outputs);
+    let order: Vec<ValueId> = lives.iter().map(|l| l.0).collect();
+    let reqs: Vec<BufferReq> = lives
         .iter()
-        .map(|&v| BufferReq {
+        .map(|&(v, first, last)| BufferReq {
             size: value_bytes(&g, v).unwrap_or(0).max(1),
             align: 256,
-            first: first[&v],
-            last: last[&v],
+            first,
+            last,
             inplace_of: None,
         })
         .collect();
