@@ -1003,6 +1003,36 @@ fn built_graphs() -> Vec<(String, Graph)> {
         ]);
         out.push(("norms".to_string(), g));
     }
+    // Channels-last batch norm and LRN (as the GPU layout choice leaves them), [N, H, W, C].
+    {
+        let mut g = Graph::new("norms_nhwc");
+        let x = g.add_input("x", f32t(&[2, 3, 4, 6]));
+        let mut p = vec![];
+        for (i, name) in ["scale", "bias", "mean"].iter().enumerate() {
+            p.push(rand_const(&mut g, &format!("{name}{i}"), &[6], &mut rng));
+        }
+        let var = g.add_const("var", Tensor::from_vec(vec![6], (0..6).map(|i| 0.5 + i as f32 * 0.25).collect::<Vec<f32>>()).unwrap());
+        let bn = g
+            .add(
+                Op::Norm(NormOp::BatchNorm { epsilon: 1e-5, channels_last: true }),
+                &[x, p[0], p[1], p[2], var],
+            )
+            .unwrap();
+        let lrn = g
+            .add(
+                Op::Norm(NormOp::Lrn { size: 3, alpha: 1e-2, beta: 0.75, bias: 1.0, channels_last: true }),
+                &[x],
+            )
+            .unwrap();
+        let lrn4 = g
+            .add(
+                Op::Norm(NormOp::Lrn { size: 4, alpha: 2e-2, beta: 0.5, bias: 2.0, channels_last: true }),
+                &[bn],
+            )
+            .unwrap();
+        g.set_outputs(vec![bn, lrn, lrn4]);
+        out.push(("norms_nhwc".to_string(), g));
+    }
     // Attention: 4-D with a float mask and GQA, 3-D causal with a bool mask and a past.
     {
         let mut g = Graph::new("attention4d");

@@ -194,6 +194,12 @@ fn run_models(dirs: Vec<(String, PathBuf, Vec<(&'static str, usize)>)>) {
             t.bad_inputs,
             n - cfails.len()
         );
+        let mut why: Vec<String> = p.report.fallbacks.iter().map(|(op, e)| format!("{op}: {e}")).collect();
+        why.sort();
+        why.dedup();
+        for w in why.iter().take(5) {
+            eprintln!("  host fallback: {}", w.chars().take(200).collect::<String>());
+        }
         fails.extend(cfails);
         modules.extend(m);
     }

@@ -1138,14 +1138,16 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
             alpha,
             beta,
             bias,
-            channels_last: false,
+            channels_last,
         } => {
-            let c = xs[1];
+            // The channel axis: 1, or the last one when channels-last.
+            let cax = if *channels_last { xs.len() - 1 } else { 1 };
+            let c = xs[cax];
             let (lo, hi) = ((*size as i64 - 1) / 2, (*size as i64 - 1 + 1) / 2);
             let (alpha, beta, bias, size) =
                 (*alpha as f64, *beta as f64, *bias as f64, *size as i64);
             output_nest(l, &xs, &mut |l, idx| {
-                let ch = idx[1].clone();
+                let ch = idx[cax].clone();
                 let (mut st, acc) =
                     accumulate(l, &[], idx, vec![(cd, lit(0.0, cd))], &mut |_l, _i, a| {
                         Ok(vec![a[0].clone()])
@@ -1170,7 +1172,7 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
                     bin(BinOp::Lt, k.clone(), Expr::Int(c)),
                 );
                 let mut xi = idx.to_vec();
-                xi[1] = k;
+                xi[cax] = k;
                 let m = l.begin_block();
                 l.guard += 1;
                 let v = val(l, x, &xi);
@@ -1236,7 +1238,6 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
             Ok(inner)
         }
         NormOp::BatchNorm { .. } => l.unsupported(n, "not a row normalization"),
-        NormOp::Lrn { channels_last: true, .. } => l.unsupported(n, "channels-last LRN is not lowered yet"),
     }
 }
 

@@ -167,12 +167,14 @@ impl Lowerer<'_> {
                 Ok(Expr::cast(*to, x))
             }
             Op::Quant(q) => self.quant(n, q, idx),
-            Op::Norm(NormOp::BatchNorm { epsilon, channels_last: false }) => {
-                // y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1).
+            Op::Norm(NormOp::BatchNorm { epsilon, channels_last }) => {
+                // y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1, or the
+                // last axis when channels-last).
                 let d = self.dtype(ins[0]);
                 let ct = compute_dtype(d);
                 let x = self.operand(ins[0], idx)?;
-                let c = vec![idx[1].clone()];
+                let cax = if *channels_last { idx.len() - 1 } else { 1 };
+                let c = vec![idx[cax].clone()];
                 let mut p = Vec::new();
                 for &pv in &ins[1..5] {
                     let e = self.value_at(pv, &c)?;
