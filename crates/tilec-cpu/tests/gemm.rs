@@ -1,4 +1,5 @@
-//! The GEMM template: edge sizes, blockings, epilogues, transposed, im2col and concatenated operands, dtypes.
+//! The GEMM template: edge sizes, blockings, epilogues, transposed, im2col and concatenated
+//! operands, dtypes.
 
 mod common;
 use common::*;
