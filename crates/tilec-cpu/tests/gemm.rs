@@ -1,4 +1,5 @@
-//! The GEMM template: edge sizes, blockings, epilogues, transposed and im2col operands, dtypes.
+//! The GEMM template: edge sizes, blockings, epilogues, transposed, im2col and concatenated
+//! operands, dtypes.
 
 mod common;
 use common::*;
@@ -610,4 +611,122 @@ fn transposed_gemms() {
         }
     }
     check_kernels(&ks, 26, false, gemm_tol);
+}
+
+/// A convolution (no groups) over the channel concatenation of `chans.len()` inputs, as a gemm
+/// whose B operand picks the input by the row: `k < c0 ? x0[.., k, ..] : (k < c0 + c1 ? ...)`,
+/// each branch with its own padding bounds.
+fn concat_conv_kernel(
+    name: &str,
+    (nb, h, w, o): (i64, i64, i64, i64),
+    chans: &[i64],
+    kside: i64,
+    pad: i64,
+    params: Option<GemmParams>,
+) -> Kernel {
+    let c: i64 = chans.iter().sum();
+    let oh = h + 2 * pad - kside + 1;
+    let ow = w + 2 * pad - kside + 1;
+    let taps = kside * kside;
+    let mut k = Kernel::new(name);
+    let xs: Vec<BufId> = chans
+        .iter()
+        .enumerate()
+        .map(|(i, &ci)| k.param(&format!("x{i}"), DType::F32, vec![nb, ci, h, w]))
+        .collect();
+    let wt = k.param("w", DType::F32, vec![o, c * taps]);
+    let out = k.param("out", DType::F32, vec![nb, o, oh * ow]);
+    let (vb, vi, vj, vk) = (
+        k.index_var("b"),
+        k.index_var("i"),
+        k.index_var("j"),
+        k.index_var("k"),
+    );
+    let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
+    let ci = Expr::div(v(vk), taps);
+    let th = Expr::div(Expr::rem(v(vk), taps), kside);
+    let tw = Expr::rem(v(vk), kside);
+    let ih = Expr::bin(
+        BinOp::Sub,
+        Expr::add(Expr::div(v(vj), ow), th),
+        Expr::Int(pad),
+    );
+    let iw = Expr::bin(
+        BinOp::Sub,
+        Expr::add(Expr::rem(v(vj), ow), tw),
+        Expr::Int(pad),
+    );
+    let inb = |e: &Expr, lim: i64| {
+        Expr::bin(
+            BinOp::And,
+            Expr::bin(BinOp::Ge, e.clone(), Expr::Int(0)),
+            Expr::bin(BinOp::Lt, e.clone(), Expr::Int(lim)),
+        )
+    };
+    // Branches from the last input outwards.
+    let mut starts = vec![0i64];
+    for &ci in chans {
+        starts.push(starts.last().unwrap() + ci);
+    }
+    let branch = |i: usize| {
+        let ch = Expr::bin(BinOp::Sub, ci.clone(), Expr::Int(starts[i]));
+        let ld = Expr::load(xs[i], vec![v(vb), ch, ih.clone(), iw.clone()]);
+        if pad > 0 {
+            Expr::select(
+                Expr::bin(BinOp::And, inb(&ih, h), inb(&iw, w)),
+                ld,
+                Expr::f32(0.0),
+            )
+        } else {
+            ld
+        }
+    };
+    let mut b_expr = branch(chans.len() - 1);
+    for i in (0..chans.len() - 1).rev() {
+        b_expr = Expr::select(
+            Expr::bin(BinOp::Lt, ci.clone(), Expr::Int(starts[i + 1])),
+            branch(i),
+            b_expr,
+        );
+    }
+    k.body.push(Stmt::Gemm(Box::new(Gemm {
+        batch: nb,
+        m: o,
+        n: oh * ow,
+        k: c * taps,
+        b_var: vb,
+        i_var: vi,
+        j_var: vj,
+        k_var: vk,
+        acc_var: acc,
+        acc_dtype: DType::F32,
+        a: Expr::load(wt, vec![v(vi), v(vk)]),
+        b: b_expr,
+        epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], v(acc))],
+        params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * taps, &CpuInfo::detect())),
+    })));
+    k
+}
+
+/// Convolutions over 2- and 3-way channel concatenations (1x1 with and without padding, 3x3
+/// padded; K slices that start inside an input; with every subset of the operands prepacked),
+/// against the interpreter.
+#[test]
+fn concat_operands() {
+    let small = Some(GemmParams {
+        mr: 4,
+        nr: 32,
+        kc: 5,
+        mc: 8,
+        nc: 64,
+    });
+    let ks = vec![
+        concat_conv_kernel("cat2_1x1", (2, 7, 9, 6), &[5, 8], 1, 0, None),
+        concat_conv_kernel("cat2_1x1p1", (1, 6, 7, 5), &[3, 4], 1, 1, None),
+        concat_conv_kernel("cat3_1x1", (2, 5, 11, 7), &[4, 3, 6], 1, 0, None),
+        concat_conv_kernel("cat3_1x1p1", (1, 9, 5, 4), &[2, 5, 3], 1, 1, small),
+        concat_conv_kernel("cat3_1x1_small", (2, 8, 9, 9), &[6, 7, 5], 1, 0, small),
+        concat_conv_kernel("cat2_3x3p1", (1, 8, 10, 6), &[3, 2], 3, 1, small),
+    ];
+    check_kernels(&ks, 25, true, gemm_tol);
 }
