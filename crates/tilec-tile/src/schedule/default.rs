@@ -152,8 +152,9 @@ fn transpose_pays(g: &Gemm, t: &CpuTarget) -> bool {
 ///   the innermost one) while its extent is below the thread count; a nest that is a single loop
 ///   is first split into chunks of whole vectors;
 /// - innermost loops with stride-1 accesses are vectorized when their iterations are
-///   independent, and reductions over such loops (long enough: at least four vectors) are
-///   rfactored into one partial accumulator per vector lane and the partial loop vectorized.
+///   independent, and reductions over such loops (long enough: at least two vectors, such as
+///   a 32-wide attention head) are rfactored into one partial accumulator per vector lane and
+///   the partial loop vectorized.
 ///
 /// Every step is tried on a copy and kept only when it applies, so the result always applies to
 /// `k`.
@@ -357,7 +358,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             }
             let carried = !Region::of(&l.body).carried_scalars().is_empty();
             if carried {
-                if l.extent >= 4 * lanes && lanes > 1 {
+                if l.extent >= 2 * lanes && lanes > 1 {
                     let mut trial = w.clone();
                     if let Ok((_, i)) = super::rfactor(&mut trial, &name, lanes) {
                         if super::vectorize(&mut trial, &i).is_ok() {
