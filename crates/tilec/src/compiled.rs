@@ -265,28 +265,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     }
     // Nodes in no group (sources read only inline, or whose value is a graph output) run on
     // the interpreter when a step or the graph outputs need their values.
-    let produced: HashSet<ValueId> = steps.iter().flat_map(|s| s.outputs.iter().copied()).collect();
-    let mut needed: HashSet<ValueId> = steps.iter().flat_map(|s| s.args.iter().copied()).collect();
-    needed.extend(g.outputs().iter().copied());
-    let covered: HashSet<NodeId> = steps.iter().flat_map(|s| s.nodes.iter().copied()).collect();
-    let mut extra: Vec<NodeId> = g
-        .node_ids()
-        .filter(|n| !covered.contains(n))
-        .filter(|&n| g.node(n).outputs.iter().any(|v| needed.contains(v) && !produced.contains(v)))
-        .collect();
-    // Their own inputs may in turn need uncovered producers.
-    let mut i = 0;
-    while i < extra.len() {
-        let n = extra[i];
-        for &v in &g.node(n).inputs {
-            if let ValueDef::Node { node: p, .. } = g.value(v).def {
-                if !covered.contains(&p) && !extra.contains(&p) && !produced.contains(&v) {
-                    extra.push(p);
-                }
-            }
-        }
-        i += 1;
-    }
+    let extra = uncovered_producers(&g, &steps, |s| &s.args, |s| &s.outputs, |s| &s.nodes);
     for n in extra {
         let node = g.node(n);
         steps.push(Step {
@@ -382,6 +361,39 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
 /// order is kept where dependencies allow).
 fn order_steps(steps: Vec<Step>) -> Result<Vec<Step>, String> {
     order_by_deps(steps, |s| &s.args, |s| &s.outputs)
+}
+
+/// The nodes in no step whose values a step or the graph outputs need, with the uncovered
+/// producers of their own inputs, in discovery order.
+pub(crate) fn uncovered_producers<T>(
+    g: &Graph,
+    steps: &[T],
+    args: impl Fn(&T) -> &[ValueId],
+    outputs: impl Fn(&T) -> &[ValueId],
+    nodes: impl Fn(&T) -> &[NodeId],
+) -> Vec<NodeId> {
+    let produced: HashSet<ValueId> = steps.iter().flat_map(|s| outputs(s).iter().copied()).collect();
+    let mut needed: HashSet<ValueId> = steps.iter().flat_map(|s| args(s).iter().copied()).collect();
+    needed.extend(g.outputs().iter().copied());
+    let covered: HashSet<NodeId> = steps.iter().flat_map(|s| nodes(s).iter().copied()).collect();
+    let mut extra: Vec<NodeId> = g
+        .node_ids()
+        .filter(|n| !covered.contains(n))
+        .filter(|&n| g.node(n).outputs.iter().any(|v| needed.contains(v) && !produced.contains(v)))
+        .collect();
+    let mut i = 0;
+    while i < extra.len() {
+        let n = extra[i];
+        for &v in &g.node(n).inputs {
+            if let ValueDef::Node { node: p, .. } = g.value(v).def {
+                if !covered.contains(&p) && !extra.contains(&p) && !produced.contains(&v) {
+                    extra.push(p);
+                }
+            }
+        }
+        i += 1;
+    }
+    extra
 }
 
 /// The arena values of a step sequence (graph inputs and step outputs, by id) with the first and

@@ -216,27 +216,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
         }
     }
     // Nodes in no group whose values a step or the graph outputs need run on the host.
-    let produced: HashSet<ValueId> = steps.iter().flat_map(|s| s.outputs.iter().copied()).collect();
-    let mut needed: HashSet<ValueId> = steps.iter().flat_map(|s| s.args.iter().copied()).collect();
-    needed.extend(g.outputs().iter().copied());
-    let covered: HashSet<NodeId> = steps.iter().flat_map(|s| s.nodes.iter().copied()).collect();
-    let mut extra: Vec<NodeId> = g
-        .node_ids()
-        .filter(|n| !covered.contains(n))
-        .filter(|&n| g.node(n).outputs.iter().any(|v| needed.contains(v) && !produced.contains(v)))
-        .collect();
-    let mut i = 0;
-    while i < extra.len() {
-        let n = extra[i];
-        for &v in &g.node(n).inputs {
-            if let ValueDef::Node { node: p, .. } = g.value(v).def {
-                if !covered.contains(&p) && !extra.contains(&p) && !produced.contains(&v) {
-                    extra.push(p);
-                }
-            }
-        }
-        i += 1;
-    }
+    let extra = crate::compiled::uncovered_producers(&g, &steps, |s| &s.args, |s| &s.outputs, |s| &s.nodes);
     for n in extra {
         steps.extend(host_steps(&g, &[n], &format!("ref_{}", n.index())));
     }
