@@ -362,25 +362,42 @@ impl Tensor {
 
     /// Raw little-endian bytes of the elements (fp8 as their bit patterns, bool as 0/1).
     pub fn to_le_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.numel() * self.dtype().size_bytes());
-        match &self.data {
-            TensorData::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::F16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::BF16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::I8(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::I16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::U8(v) => out.extend_from_slice(v),
-            TensorData::U16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::U32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::U64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            TensorData::Bool(v) => v.iter().for_each(|&x| out.push(x as u8)),
-            TensorData::F8E4M3(v) => v.iter().for_each(|x| out.push(x.0)),
-            TensorData::F8E5M2(v) => v.iter().for_each(|x| out.push(x.0)),
-        }
+        let mut out = vec![0u8; self.numel() * self.dtype().size_bytes()];
+        self.write_le_bytes(&mut out);
         out
+    }
+
+    /// Writes the elements' little-endian bytes (as [`Tensor::to_le_bytes`]) into the front of
+    /// `out`, without an intermediate buffer; returns the number of bytes written, which is
+    /// less than the tensor's size only when `out` is too short (then `out` is filled).
+    pub fn write_le_bytes(&self, out: &mut [u8]) -> usize {
+        macro_rules! le {
+            ($v:expr, $w:expr, $f:expr) => {{
+                let mut n = 0;
+                for (c, x) in out.chunks_exact_mut($w).zip($v.iter()) {
+                    c.copy_from_slice(&$f(x));
+                    n += $w;
+                }
+                n
+            }};
+        }
+        match &self.data {
+            TensorData::F32(v) => le!(v, 4, |x: &f32| x.to_le_bytes()),
+            TensorData::F16(v) => le!(v, 2, |x: &f16| x.to_le_bytes()),
+            TensorData::BF16(v) => le!(v, 2, |x: &bf16| x.to_le_bytes()),
+            TensorData::F64(v) => le!(v, 8, |x: &f64| x.to_le_bytes()),
+            TensorData::I8(v) => le!(v, 1, |x: &i8| x.to_le_bytes()),
+            TensorData::I16(v) => le!(v, 2, |x: &i16| x.to_le_bytes()),
+            TensorData::I32(v) => le!(v, 4, |x: &i32| x.to_le_bytes()),
+            TensorData::I64(v) => le!(v, 8, |x: &i64| x.to_le_bytes()),
+            TensorData::U8(v) => le!(v, 1, |x: &u8| [*x]),
+            TensorData::U16(v) => le!(v, 2, |x: &u16| x.to_le_bytes()),
+            TensorData::U32(v) => le!(v, 4, |x: &u32| x.to_le_bytes()),
+            TensorData::U64(v) => le!(v, 8, |x: &u64| x.to_le_bytes()),
+            TensorData::Bool(v) => le!(v, 1, |x: &bool| [*x as u8]),
+            TensorData::F8E4M3(v) => le!(v, 1, |x: &F8E4M3| [x.0]),
+            TensorData::F8E5M2(v) => le!(v, 1, |x: &F8E5M2| [x.0]),
+        }
     }
 
     /// Builds a tensor from raw little-endian bytes. Errors when the byte count does not

@@ -621,7 +621,8 @@ fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Ten
     }
     if a.profile {
         let mut p = tilec::runtime::Profile::default();
-        let reps = 5;
+        // As many profiled runs as timed ones (at least 5): single kernels vary more than runs.
+        let reps = a.bench.unwrap_or(0).max(5);
         for _ in 0..reps {
             c.run_profiled(inputs, Some(&mut p)).context("running the compiled model")?;
         }
