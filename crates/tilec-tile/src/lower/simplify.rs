@@ -155,6 +155,11 @@ fn div_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
             return q;
         }
     }
+    // (c*A + B) / (c*e) = A / e when 0 <= B < c (floor division): a flattened index divided
+    // by a stride that a coarser term's coefficient divides, as reshapes leave behind.
+    if let Some((big, e, _)) = split_multiple(&rest, d, r) {
+        return q.add(div_lin(big, e, r), 1);
+    }
     // (y / a) / d = y / (a * d) for positive a, d (floor division).
     if rest.c == 0 && rest.terms.len() == 1 && rest.terms[0].1 == 1 {
         if let Expr::Binary(op @ (BinOp::Div | BinOp::FloorDiv), y, a) = &rest.terms[0].0 {
@@ -196,6 +201,11 @@ fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
             return rest;
         }
     }
+    // (c*A + B) % (c*e) = c * (A % e) + B when 0 <= B < c (floor modulo).
+    if let Some((big, e, small)) = split_multiple(&rest, d, r) {
+        let c = d / e;
+        return rem_lin(big, e, r).scale(c).add(small, 1);
+    }
     // (y % a) % d = y % d when d divides a.
     if rest.c == 0 && rest.terms.len() == 1 && rest.terms[0].1 == 1 {
         if let Expr::Binary(BinOp::Rem | BinOp::FloorMod, y, a) = &rest.terms[0].0 {
@@ -212,6 +222,40 @@ fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
         BinOp::FloorMod
     };
     Lin::atom(Expr::bin(op, from_lin(rest), Expr::Int(d)))
+}
+
+/// Splits `l` into `c * big + small` with `c > 1` dividing `d`, every coefficient of `big`'s
+/// terms a multiple of `c` (before dividing) and `0 <= small < c` over the ranges; returns
+/// `(big, d / c, small)`. Tries the terms' coefficients as `c`, largest first.
+fn split_multiple(l: &Lin, d: i64, r: &Ranges) -> Option<(Lin, i64, Lin)> {
+    let mut cands: Vec<i64> = l
+        .terms
+        .iter()
+        .map(|t| t.1.abs())
+        .filter(|&k| k > 1 && k < d && d % k == 0)
+        .collect();
+    cands.sort_unstable_by(|a, b| b.cmp(a));
+    cands.dedup();
+    for c in cands {
+        let mut big = Lin::constant(0);
+        let mut small = Lin::constant(l.c);
+        for (e, k) in &l.terms {
+            if k % c == 0 {
+                big.add_term(e.clone(), k / c);
+            } else {
+                small.add_term(e.clone(), *k);
+            }
+        }
+        if big.terms.is_empty() {
+            continue;
+        }
+        if let Some((lo, hi)) = lin_range(&small, r) {
+            if lo >= 0 && hi < c {
+                return Some((big, d / c, small));
+            }
+        }
+    }
+    None
 }
 
 /// `(y / a) * (k * a) + (y % a) * k` → `y * k`, repeatedly.
@@ -446,6 +490,48 @@ mod tests {
                 assert_eq!(eval(&e, x), eval(&s, x), "{op:?} at {x}: {s:?}");
             }
         }
+    }
+
+    #[test]
+    fn flattened_index_divided_by_a_coarser_stride() {
+        // (i * 1024 + k) / 65536 = i / 64 and (i * 1024 + k) % 65536 = (i % 64) * 1024 + k
+        // for 0 <= k < 1024: a reshape of [2, 64, 1024] to [128, 1024] read back.
+        let r: Ranges = [(VarId(0), 128), (VarId(1), 1024)].into_iter().collect();
+        let flat = add(mul(v(0), 1024), v(1));
+        assert_eq!(simplify(div(flat.clone(), 65536), &r), div(v(0), 64));
+        let m = simplify(rem(flat.clone(), 65536), &r);
+        let ev = |e: &Expr, i: i64, k: i64| -> i64 {
+            fn go(e: &Expr, i: i64, k: i64) -> i64 {
+                match e {
+                    Expr::Int(c) => *c,
+                    Expr::Var(VarId(0)) => i,
+                    Expr::Var(_) => k,
+                    Expr::Binary(op, a, b) => {
+                        let (a, b) = (go(a, i, k), go(b, i, k));
+                        match op {
+                            BinOp::Add => a + b,
+                            BinOp::Sub => a - b,
+                            BinOp::Mul => a * b,
+                            BinOp::Div => a / b,
+                            BinOp::Rem => a % b,
+                            BinOp::FloorDiv => a.div_euclid(b),
+                            BinOp::FloorMod => a.rem_euclid(b),
+                            _ => unreachable!(),
+                        }
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            go(e, i, k)
+        };
+        for i in (0..128).step_by(7) {
+            for k in (0..1024).step_by(61) {
+                assert_eq!(ev(&m, i, k), (i * 1024 + k) % 65536, "{m:?}");
+            }
+        }
+        // Not when the small part can reach the coarser stride.
+        let r2: Ranges = [(VarId(0), 128), (VarId(1), 2048)].into_iter().collect();
+        assert_ne!(simplify(div(flat, 65536), &r2), div(v(0), 64));
     }
 
     #[test]
