@@ -17,6 +17,7 @@ use tilec_ir::DType;
 use tilec_tile::ir::*;
 
 use crate::cpuinfo::CpuInfo;
+use tilec_tile::indirect::{indirect_form, IndirectA};
 use crate::render::{convert, value_type, Ctx, RenderError, Renderer};
 
 /// Chooses the blocking of an `m × n × k` single-precision product for `cpu`.
@@ -68,8 +69,14 @@ pub struct PackSlot {
     pub bytes: usize,
 }
 
-/// The parameters `e` loads from, if it reads nothing but parameters and the variables `vars`.
+/// The parameters `e` loads from, if it reads nothing but parameters and the variables `vars`
+/// (none at all for an operand computed from its indices alone, such as the Winograd
+/// transform of a constant fill: packed once too; but not a bare literal, which packs from
+/// registers faster than a packed copy streams from memory).
 fn operand_params(r: &Renderer, e: &Expr, vars: &[VarId]) -> Option<Vec<usize>> {
+    if matches!(e, Expr::Lit(_)) || matches!(e, Expr::Cast(_, x) if matches!(**x, Expr::Lit(_))) {
+        return None;
+    }
     let mut ok = true;
     let mut ps = vec![];
     e.visit(&mut |x| match x {
@@ -85,7 +92,7 @@ fn operand_params(r: &Renderer, e: &Expr, vars: &[VarId]) -> Option<Vec<usize>> 
         _ => {}
     });
     ps.sort();
-    (ok && !ps.is_empty()).then_some(ps)
+    ok.then_some(ps)
 }
 
 /// Splits an index sum into its terms with coefficients (`(a + b) * 3 - c` -> `3a, 3b, -c`).
@@ -153,7 +160,13 @@ fn and_atoms(e: &Expr, out: &mut Vec<Expr>) {
 }
 
 fn im2col_form(r: &Renderer, g: &Gemm) -> Option<Im2col> {
-    let (cond, load) = match &g.b {
+    im2col_of(r, g, &g.b, g.j_var)
+}
+
+/// [`im2col_form`] for an operand `e` whose vectors run along `vec` (the column variable for
+/// `B`, the row variable for `A`).
+fn im2col_of(r: &Renderer, g: &Gemm, e: &Expr, vec: VarId) -> Option<Im2col> {
+    let (cond, load) = match e {
         Expr::Select(c, a, z) => match (&**a, &**z) {
             (Expr::Load(..), Expr::Lit(Lit::Float(x, _))) if *x == 0.0 => (Some(&**c), &**a),
             _ => return None,
@@ -171,7 +184,7 @@ fn im2col_form(r: &Renderer, g: &Gemm) -> Option<Im2col> {
     for (e, &st) in idx.iter().zip(&strides) {
         flat = Expr::add(flat, Expr::mul(e.clone(), Expr::Int(st)));
     }
-    let off = separate(&flat, g.k_var, g.j_var)?;
+    let off = separate(&flat, g.k_var, vec)?;
     let mut atoms = vec![];
     if let Some(c) = cond {
         let mut list = vec![];
@@ -180,7 +193,7 @@ fn im2col_form(r: &Renderer, g: &Gemm) -> Option<Im2col> {
             let Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), x, y) = a else {
                 return None;
             };
-            let (row, col) = separate(&Expr::bin(BinOp::Sub, *x, *y), g.k_var, g.j_var)?;
+            let (row, col) = separate(&Expr::bin(BinOp::Sub, *x, *y), g.k_var, vec)?;
             atoms.push((op, row, col));
         }
     }
@@ -265,6 +278,64 @@ fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String
                         const float *xr = {src} + ({off_row});{row}{vecs}
                     }}
                 }}"#
+    ))
+}
+
+/// The A packing loop for an [`Im2col`] operand with AVX-512 (f32, `mr` at most 16): per
+/// panel the row parts are tabulated once; per `k`, the panel's `mr` values are one masked load
+/// where the rows are contiguous in memory, a masked gather elsewhere.
+fn im2col_pack_a(r: &mut Renderer, g: &Gemm, f: &Im2col, mr: i64) -> Result<String, RenderError> {
+    let (vi, vk) = (r.var_name(g.i_var), r.var_name(g.k_var));
+    r.open_scope();
+    for v in [g.b_var, g.i_var, g.k_var] {
+        r.declare(v);
+    }
+    let mut ex = |e: &Expr| -> Result<String, RenderError> { Ok(r.expr(e)?.0) };
+    let off_k = ex(&f.off.0)?;
+    let off_i = ex(&f.off.1)?;
+    let mut atoms = vec![];
+    for (op, kp, ip) in &f.atoms {
+        atoms.push((*op, ex(kp)?, ex(ip)?));
+    }
+    r.close_scope();
+    let src = format!("buf{}", f.buf.0);
+    let mut decl = String::from("int32_t tc_rc[16] __attribute__((aligned(64)));");
+    let mut tab = String::new();
+    let mut thr = String::new();
+    let mut m = "tc_em".to_string();
+    for (a, (op, kp, ip)) in atoms.iter().enumerate() {
+        decl.push_str(&format!(" int32_t tc_ra{a}[16] __attribute__((aligned(64)));"));
+        tab.push_str(&format!(" tc_ra{a}[ii] = (int32_t)({ip});"));
+        thr.push_str(&format!(" const __m512i tc_t{a} = _mm512_set1_epi32((int32_t)(-({kp})));"));
+        let pred = match op {
+            BinOp::Lt => "_MM_CMPINT_LT",
+            BinOp::Le => "_MM_CMPINT_LE",
+            BinOp::Gt => "_MM_CMPINT_NLE",
+            _ => "_MM_CMPINT_NLT",
+        };
+        m = format!("_mm512_mask_cmp_epi32_mask({m}, _mm512_load_si512((const void *)tc_ra{a}), tc_t{a}, {pred})");
+    }
+    Ok(format!(
+        r#"if (!ppa) for (int64_t ip = 0; ip < mc; ip += {mr}) {{
+                        float *TC_RESTRICT dst = pa + ip * kc;
+                        const int64_t nvalid = mc - ip < {mr} ? mc - ip : {mr};
+                        {decl}
+                        for (int64_t ii = 0; ii < 16; ++ii) {{
+                            const int64_t {vi} = ic + ip + (ii < nvalid ? ii : 0);
+                            tc_rc[ii] = (int32_t)({off_i});{tab}
+                        }}
+                        const __mmask16 tc_em = (__mmask16)((1u << nvalid) - 1);
+                        int tc_ct = 1;
+                        for (int64_t l = 1; l < nvalid; ++l) tc_ct &= tc_rc[l] == tc_rc[0] + l;
+                        const __m512i tc_ri = _mm512_load_si512((const void *)tc_rc);
+                        for (int64_t kk = 0; kk < kc; ++kk) {{
+                            const int64_t {vk} = pc + kk;
+                            const float *xr = {src} + ({off_k});{thr}
+                            const __mmask16 m = {m};
+                            const __m512 x = tc_ct ? _mm512_maskz_loadu_ps(m, xr + tc_rc[0]) : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, tc_ri, xr, 4);
+                            _mm512_mask_storeu_ps(dst + kk * {mr}, (__mmask16)((1u << {mr}) - 1), x);
+                        }}
+                    }}"#
     ))
 }
 
@@ -487,6 +558,186 @@ fn micro_kernel(double: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
     (s, name)
 }
 
+/// The indirect micro-kernel: like [`micro_kernel`], but `A` is read in place through one
+/// pointer per row and piece (`ptrs[q * mr + i]`, `pl[q]` elements each, see
+/// [`crate::indirect`]); the `B` panel runs through the pieces in order.
+fn micro_kernel_indirect(b: &Blocking, cpu: &CpuInfo) -> (String, String) {
+    let vb = b.lanes as usize * 4;
+    let is = isa(false, vb, cpu.fma);
+    let nv = b.nr / b.lanes;
+    let (mr, nr, lanes) = (b.mr, b.nr, b.lanes);
+    let name = format!("tc_ukri_float_{mr}x{nr}_w{vb}");
+    let guard = name.to_uppercase();
+    let mut s = String::new();
+    s.push_str(&format!("#ifndef {guard}\n#define {guard}\n"));
+    s.push_str(&format!("#if !({})\n#error \"the GEMM micro-kernel needs a {}-byte vector ISA: compile for the CPU it was generated for\"\n#endif\n", is.cond, vb));
+    s.push_str("#include <immintrin.h>\n");
+    s.push_str(&format!(
+        "static __attribute__((noinline)) void {name}(int64_t np, const int32_t *TC_RESTRICT pl, const float *const *TC_RESTRICT ptrs, const float *TC_RESTRICT b, const float *TC_RESTRICT cin, int64_t ldi, float *TC_RESTRICT cout, int64_t ldo) {{\n"
+    ));
+    for i in 0..mr {
+        for v in 0..nv {
+            s.push_str(&format!("    {} c{i}_{v} = {}();\n", is.vty, is.zero));
+        }
+    }
+    s.push_str(&format!(
+        "    if (cin) for (int64_t p = 0; p < {}; p += 64) __builtin_prefetch((const char *)cin + p, 0, 3);\n",
+        mr * nr * 4
+    ));
+    s.push_str("    for (int64_t q = 0; q < np; ++q) {\n");
+    for i in 0..mr {
+        s.push_str(&format!(
+            "        const float *TC_RESTRICT a{i} = ptrs[q * {mr} + {i}];\n"
+        ));
+    }
+    s.push_str("        const int64_t len = pl[q];\n");
+    s.push_str("        #pragma GCC unroll 4\n        for (int64_t k = 0; k < len; ++k) {\n");
+    for v in 0..nv {
+        s.push_str(&format!(
+            "            {} b{v} = {}(b + k * {nr} + {});\n",
+            is.vty,
+            is.load,
+            v * lanes
+        ));
+    }
+    for i in 0..mr {
+        s.push_str(&format!("            {{ {} ai = {}(a{i}[k]);", is.vty, is.set1));
+        for v in 0..nv {
+            match is.fma {
+                Some(f) => s.push_str(&format!(" c{i}_{v} = {f}(ai, b{v}, c{i}_{v});")),
+                None => s.push_str(&format!(
+                    " c{i}_{v} = {}(c{i}_{v}, {}(ai, b{v}));",
+                    is.add, is.mul
+                )),
+            }
+        }
+        s.push_str(" }\n");
+    }
+    s.push_str(&format!("        }}\n        b += len * {nr};\n    }}\n    if (cin) {{\n"));
+    for i in 0..mr {
+        for v in 0..nv {
+            s.push_str(&format!(
+                "        c{i}_{v} = {}(c{i}_{v}, {}(cin + {i} * ldi + {}));\n",
+                is.add,
+                is.loadu,
+                v * lanes
+            ));
+        }
+    }
+    s.push_str("    }\n");
+    for i in 0..mr {
+        for v in 0..nv {
+            s.push_str(&format!(
+                "    {}(cout + {i} * ldo + {}, c{i}_{v});\n",
+                is.storeu,
+                v * lanes
+            ));
+        }
+    }
+    s.push_str("}\n#endif\n");
+    (s, name)
+}
+
+/// C for an indirect `A`: the piece tables (function-scope statics, before the parallel
+/// region) and the statement that fills the pointer table `tc_ptr` of row block `ic..ic+mc`
+/// for slice `pc` (inside it).
+fn indirect_code(r: &mut Renderer, g: &Gemm, ind: &IndirectA, mr: i64, kcb: i64) -> Result<(String, String), RenderError> {
+    let ns = ind.slices[0].len();
+    let mut pl = vec![];
+    let mut pf = vec![];
+    let mut po = vec![];
+    let natoms = ind.leaves.iter().map(|l| l.atoms.len()).max().unwrap_or(0);
+    let mut pa = vec![vec![]; natoms];
+    let mut ps = vec![];
+    for var in &ind.slices {
+        for sl in var {
+            ps.push(pl.len());
+            for p in sl {
+                pl.push(p.len);
+                pf.push(p.leaf as i64);
+                po.push(p.off);
+                for (a, col) in pa.iter_mut().enumerate() {
+                    col.push(p.atoms.get(a).copied().unwrap_or(0));
+                }
+            }
+        }
+        ps.push(pl.len());
+    }
+    let list = |v: &[i64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let mut tables = format!(
+        "static const int32_t tc_pl[] = {{{}}};\n    static const int32_t tc_po[] = {{{}}};\n    static const int32_t tc_ps[] = {{{}}};\n    static const float tc_zero[{}] __attribute__((aligned(64))) = {{0}};\n",
+        list(&pl),
+        list(&po),
+        list(&ps.iter().map(|&x| x as i64).collect::<Vec<_>>()),
+        ind.max_len().max(1)
+    );
+    if ind.leaves.len() > 1 {
+        tables.push_str(&format!("    static const int32_t tc_pf[] = {{{}}};\n", list(&pf)));
+    }
+    for (a, col) in pa.iter().enumerate() {
+        tables.push_str(&format!("    static const int32_t tc_pa{a}[] = {{{}}};\n", list(col)));
+    }
+    // Row parts, rendered with the row (and batch) variables in scope.
+    r.open_scope();
+    r.declare(g.b_var);
+    r.declare(g.i_var);
+    let mut rows = String::new();
+    let mut cases = String::new();
+    for (q, lf) in ind.leaves.iter().enumerate() {
+        let (rc, rt) = r.expr(&lf.row)?;
+        rows.push_str(&format!(
+            " const int64_t tc_r{q} = {};",
+            convert(&rc, rt, Ty::Index)
+        ));
+        let mut checks = vec![];
+        for (a, (op, _, ip)) in lf.atoms.iter().enumerate() {
+            let (ic, it) = r.expr(ip)?;
+            rows.push_str(&format!(
+                " const int64_t tc_r{q}_{a} = {};",
+                convert(&ic, it, Ty::Index)
+            ));
+            let o = match op {
+                BinOp::Lt => "<",
+                BinOp::Le => "<=",
+                BinOp::Gt => ">",
+                _ => ">=",
+            };
+            checks.push(format!("tc_r{q}_{a} + tc_pa{a}[q] {o} 0"));
+        }
+        let cond = if checks.is_empty() { "1".to_string() } else { checks.join(" && ") };
+        let set = format!("if ({cond}) p = buf{} + tc_r{q} + tc_po[q];", lf.buf.0);
+        if ind.leaves.len() > 1 {
+            cases.push_str(&format!(" case {q}: {set} break;"));
+        } else {
+            cases = set;
+        }
+    }
+    r.close_scope();
+    if ind.leaves.len() > 1 {
+        cases = format!("switch (tc_pf[q]) {{{cases} default: break; }}");
+    }
+    let (vb, vi) = (r.var_name(g.b_var), r.var_name(g.i_var));
+    let variant = if ind.batched { vb.clone() } else { "0".into() };
+    let fill = format!(
+        r#"{{
+                        const int64_t tc_q0 = tc_ps[{variant} * {nsp} + pc / {kcb}], tc_q1 = tc_ps[{variant} * {nsp} + pc / {kcb} + 1];
+                        tc_np = tc_q1 - tc_q0; tc_plq = tc_pl + tc_q0;
+                        for (int64_t ip = 0; ip < mc; ip += {mr}) for (int64_t ii = 0; ii < {mr}; ++ii) {{
+                            const float **TC_RESTRICT dst = tc_ptr + ip * tc_np + ii;
+                            if (ip + ii >= mc) {{ for (int64_t q = 0; q < tc_np; ++q) dst[q * {mr}] = tc_zero; continue; }}
+                            const int64_t {vi} = ic + ip + ii; (void){vb};{rows}
+                            for (int64_t q = tc_q0; q < tc_q1; ++q) {{
+                                const float *p = tc_zero;
+                                {cases}
+                                dst[(q - tc_q0) * {mr}] = p;
+                            }}
+                        }}
+                    }}"#,
+        nsp = ns + 1,
+    );
+    Ok((tables, fill))
+}
+
 /// Renders one gemm statement into `r` (the micro-kernel goes into `r.pre`).
 pub(crate) fn render_gemm(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderError> {
     if g.batch < 0 || g.m < 0 || g.n < 0 || g.k < 0 {
@@ -541,10 +792,27 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     let acc_ty = Ty::Elem(g.acc_dtype);
     let cpu = r.opts.cpu.clone();
     let bl = normalize(g.params, g, eb, &cpu);
+    // A read in place (see `crate::indirect`) unless it is packed ahead of the calls; the K
+    // slices then follow its segments.
+    let ind = if double { None } else { indirect_form(r.k, g) };
+    let bl = match &ind {
+        Some(x) => Blocking { kc: x.kc, ..bl },
+        None => bl,
+    };
     let (ukr_src, ukr) = micro_kernel(double, &bl, &cpu);
     if !r.pre.contains(&ukr_src) {
         r.pre.push_str(&ukr_src);
     }
+    let ukri = match &ind {
+        Some(_) => {
+            let (src, name) = micro_kernel_indirect(&bl, &cpu);
+            if !r.pre.contains(&src) {
+                r.pre.push_str(&src);
+            }
+            name
+        }
+        None => String::new(),
+    };
     let Blocking {
         mr,
         nr,
@@ -721,9 +989,74 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         convert(&format!("ct[ii * {nr} + jj]"), acc_ty, acc_var_ty)
     );
     let simd_pragma = if simd { "#pragma omp simd" } else { "" };
+    // Implicit im2col A operands (a convolution over few channels): a vectorized packing loop.
+    let a_fast = match (&ind, im2col_of(r, g, &g.a, g.i_var)) {
+        (None, Some(f)) if !double && cpu.avx512f && bl.lanes == 16 && mr <= 16 => {
+            Some(im2col_pack_a(r, g, &f, mr)?)
+        }
+        _ => None,
+    };
+    let (ind_tables, ind_decl, a_fill, tile_call) = match &ind {
+        Some(x) => {
+            let (tables, fill) = indirect_code(r, g, x, mr, kcb)?;
+            let decl = format!(
+                "const float **TC_RESTRICT tc_ptr = (const float **)tc_scratch(3, sizeof(const float *) * {mcb} * {np});\n        int64_t tc_np = 0; const int32_t *tc_plq = tc_pl;",
+                np = x.max_pieces().max(1)
+            );
+            let call = format!(
+                "if (ppa) {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});\n                        else {ukri}(tc_np, tc_plq, tc_ptr + ir * tc_np, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"
+            );
+            (tables, decl, format!("if (!ppa) {fill}"), call)
+        }
+        None if a_fast.is_some() => (
+            String::new(),
+            String::new(),
+            a_fast.clone().unwrap_or_default(),
+            format!("{ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"),
+        ),
+        None => (
+            String::new(),
+            String::new(),
+            format!(
+                r#"if (!ppa) for (int64_t ip = 0; ip < mc; ip += {mr}) {{
+                        {t} *TC_RESTRICT dst = pa + ip * kc;
+                        for (int64_t ii = 0; ii < {mr}; ++ii) {{
+                            const int64_t {vi} = ic + ip + ii;
+                            if (ip + ii < mc) {{
+                                for (int64_t kk = 0; kk < kc; ++kk) {{
+                                    const int64_t {vk} = pc + kk;
+                                    dst[kk * {mr} + ii] = {a_code};
+                                }}
+                            }} else {{
+                                for (int64_t kk = 0; kk < kc; ++kk) dst[kk * {mr} + ii] = ({t})0;
+                            }}
+                        }}
+                    }}"#
+            ),
+            format!("{ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"),
+        ),
+    };
+    // Tile order: normally a B panel stays in L1 while the A panels stream past it; when the
+    // whole B slice is small next to L2 and A is read in place, each A tile is read once
+    // instead, against all B panels.
+    let a_once = ind.is_some() && kcb * ncb * eb <= (cpu.l2_bytes as i64) / 4 && m > 4 * mr;
+    let tile_loops = if a_once {
+        format!(
+            "/* Tiles: an A tile meets every B panel of the slice (B stays in L2). */\n                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{\n                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{"
+        )
+    } else {
+        format!(
+            "/* Tiles: a B panel stays in L1 while the A panels stream past it. */\n                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{\n                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{"
+        )
+    };
+    let pa_alloc = if ind.is_some() {
+        "NULL".to_string()
+    } else {
+        format!("({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb})")
+    };
     let code = format!(
-        r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb} */
-#pragma omp parallel {par}
+        r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb}{ind_note} */
+    {ind_tables}#pragma omp parallel {par}
 {{
     /* Each thread computes its own block of C (no barriers): batches, rows or columns,
        whichever splits most evenly. */
@@ -739,7 +1072,8 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     if (bb0 < bb1 && m0 < m1 && n0 < n1) {{
         const int64_t mw = m1 - m0, nw = n1 - n0;
         const int64_t ncb = ((nw + {nr} - 1) / {nr}) * {nr} < {ncb} ? ((nw + {nr} - 1) / {nr}) * {nr} : {ncb};
-        {t} *TC_RESTRICT pa = ({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb});
+        {t} *TC_RESTRICT pa = {pa_alloc}; (void)pa;
+        {ind_decl}
         {t} *TC_RESTRICT pb = ({t} *)tc_scratch(1, sizeof({t}) * {kcb} * ncb);
         {t} *TC_RESTRICT cw = {k} > {kcb} ? ({t} *)tc_scratch(2, sizeof({t}) * ((mw + {mr} - 1) / {mr}) * {mr} * ncb) : NULL;
         /* Operands packed ahead of the call (constants), else NULL. */
@@ -757,27 +1091,12 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                     const int64_t mc = m1 - ic < {mcb} ? m1 - ic : {mcb};
                     /* Pack A: mr-tall panels, element (kk, ii) of panel ip at pa + ip * kc + kk * mr + ii. */
                     const {t} *TC_RESTRICT pak = ppa ? ppa + {pa_off}pc * {mpad} + ic * kc : pa;
-                    if (!ppa) for (int64_t ip = 0; ip < mc; ip += {mr}) {{
-                        {t} *TC_RESTRICT dst = pa + ip * kc;
-                        for (int64_t ii = 0; ii < {mr}; ++ii) {{
-                            const int64_t {vi} = ic + ip + ii;
-                            if (ip + ii < mc) {{
-                                for (int64_t kk = 0; kk < kc; ++kk) {{
-                                    const int64_t {vk} = pc + kk;
-                                    dst[kk * {mr} + ii] = {a_code};
-                                }}
-                            }} else {{
-                                for (int64_t kk = 0; kk < kc; ++kk) dst[kk * {mr} + ii] = ({t})0;
-                            }}
-                        }}
-                    }}
-                    /* Tiles: a B panel stays in L1 while the A panels stream past it. */
-                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{
-                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{
+                    {a_fill}
+                    {tile_loops}
                         {t} ct[{ctn}] __attribute__((aligned(64)));
                         /* Partial sums of earlier K slices: one contiguous mr x nr tile each. */
                         {t} *ws = cw ? cw + (((ic - m0 + ir) / {mr}) * (ncb / {nr}) + jr / {nr}) * {ctn} : NULL;
-                        {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});
+                        {tile_call}
                         if (last) {{
                             const int64_t mre = mc - ir < {mr} ? mc - ir : {mr}, nre = nc - jr < {nr} ? nc - jr : {nr};
                             for (int64_t ii = 0; ii < mre; ++ii) {{
@@ -798,7 +1117,8 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     }}
 }}
 }}"#,
-        ctn = mr * nr
+        ctn = mr * nr,
+        ind_note = if ind.is_some() { ", A in place" } else { "" },
     );
     for l in code.lines() {
         r.line(l);

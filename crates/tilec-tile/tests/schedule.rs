@@ -1613,13 +1613,14 @@ fn default_cpu_schedules_apply_and_preserve_results() {
     assert_eq!(s.to_string(), "parallel i\nrfactor j by 8\nvectorize j_i\n");
     let s = schedule::default_cpu(&rowred(4, 256, BinOp::Max, DType::F32).k, t);
     assert_eq!(s.to_string(), "rfactor j by 16\nvectorize j_i\n");
-    // Gemm blocking from the vector width: 16 f32 lanes, nr two vectors.
+    // Gemm blocking from the vector width: 16 f32 lanes, nr two vectors, mr 8 (16
+    // accumulators of the 32 AVX-512 registers).
     let s = schedule::default_cpu(&gemm_case(2, 64, 64, 64).k, t);
     match &s.steps[0] {
         Primitive::GemmBlocking {
             mr, nr, kc, mc, nc, ..
         } => {
-            assert_eq!((*mr, *nr), (6, 32));
+            assert_eq!((*mr, *nr), (8, 32));
             assert!(*kc >= 8 && *kc <= 64 && mc % mr == 0 && nc % nr == 0, "{s}");
         }
         p => panic!("{p}"),

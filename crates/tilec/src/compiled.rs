@@ -13,7 +13,7 @@ use tilec_ir::{Dim, Graph, NodeId, Tensor, ValueDef, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_runtime::{Arena, BufferReq, MemoryPlan, Profile};
-use tilec_tile::lower::{lower_group, lower_nodes, Lowered};
+use tilec_tile::lower::{lower_group_with, lower_nodes_with, LowerOptions, Lowered};
 use tilec_tile::schedule::{self, CpuTarget};
 use tilec_tile::Kernel;
 
@@ -196,7 +196,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     let mut steps: Vec<Step> = vec![];
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group(&g, grp, &name) {
+        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group_with(&g, grp, &name, LowerOptions::cpu()) {
             Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
             Err(_) if grp.nodes.len() > 1 => grp
                 .nodes
@@ -204,7 +204,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                 .enumerate()
                 .map(|(i, &n)| {
                     let nm = format!("{name}_{i}");
-                    match lower_nodes(&g, &[n], &nm) {
+                    match lower_nodes_with(&g, &[n], &nm, LowerOptions::cpu()) {
                         Ok(l) => (Some(l), vec![n], nm),
                         Err(e) => {
                             report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
@@ -542,18 +542,19 @@ impl Compiled {
 
     fn write(&self, v: ValueId, t: &Tensor) -> Result<(), Error> {
         let n = value_bytes(&self.graph, v).unwrap_or(0);
-        let bytes = t.to_le_bytes();
-        if bytes.len() != n {
+        let have = t.numel() * t.dtype().size_bytes();
+        if have != n {
             return Err(Error::Compile(format!(
                 "value '{}': {} bytes produced, {} expected",
                 self.graph.value(v).name,
-                bytes.len(),
+                have,
                 n
             )));
         }
         let p = self.ptr(v)?;
-        // SAFETY: the slot has room for `n` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, n) };
+        // SAFETY: the slot has room for `n` bytes and nothing else refers to it during the copy.
+        let dst = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        t.write_le_bytes(dst);
         Ok(())
     }
 

@@ -310,7 +310,7 @@ fn output_nest(
 }
 
 /// `x` (dtype `d`) up-converted, at index `idx`.
-fn val(l: &mut Lowerer, x: ValueId, idx: &[Expr]) -> R<Expr> {
+pub(crate) fn val(l: &mut Lowerer, x: ValueId, idx: &[Expr]) -> R<Expr> {
     let e = l.value_at(x, idx)?;
     Ok(l.up(e, l.dtype(x)))
 }
@@ -1581,7 +1581,7 @@ fn pool(
 
 // ---------------------------------------------------------------- matmul, conv
 
-fn gemm_params() -> GemmParams {
+pub(crate) fn gemm_params() -> GemmParams {
     GemmParams {
         mr: 6,
         nr: 16,
@@ -1591,15 +1591,15 @@ fn gemm_params() -> GemmParams {
     }
 }
 
-struct GemmVars {
-    b: VarId,
-    i: VarId,
-    j: VarId,
-    k: VarId,
-    acc: VarId,
+pub(crate) struct GemmVars {
+    pub b: VarId,
+    pub i: VarId,
+    pub j: VarId,
+    pub k: VarId,
+    pub acc: VarId,
 }
 
-fn gemm_vars(l: &mut Lowerer, batch: i64, m: i64, nn: i64, k: i64, acc_d: DType) -> GemmVars {
+pub(crate) fn gemm_vars(l: &mut Lowerer, batch: i64, m: i64, nn: i64, k: i64, acc_d: DType) -> GemmVars {
     GemmVars {
         b: l.loop_var("gb", batch),
         i: l.loop_var("gi", m),
@@ -1808,6 +1808,11 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
         v
     };
     let out_at = |n_: Expr, ch: Expr, o: Vec<Expr>| -> Vec<Expr> { x_at(n_, ch, o) };
+    if cl {
+        if let Some(st) = super::winograd::conv(l, n, w, group, &geo)? {
+            return Ok(st);
+        }
+    }
     let use_gemm = kk >= 16 && mg >= 4;
     if !use_gemm {
         // Direct loop nest: out[n, m, o] = bias[m] + sum_{c, taps} x * w.

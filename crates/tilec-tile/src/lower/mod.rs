@@ -24,6 +24,7 @@
 mod anchors;
 mod expr;
 pub mod simplify;
+mod winograd;
 
 use std::collections::{HashMap, HashSet};
 
@@ -61,19 +62,45 @@ pub enum LowerError {
     Invalid(String),
 }
 
+/// Choices of algorithm that depend on the target (the default suits every back end).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// Lower 3×3 stride-1 channels-last convolutions with enough channels as Winograd
+    /// F(2×2, 3×3) (`winograd.rs`): 2.25 times fewer multiply-adds. For the CPU; the GPU
+    /// schedules expect the direct forms.
+    pub winograd: bool,
+}
+
+impl LowerOptions {
+    /// What the CPU back end wants.
+    pub fn cpu() -> LowerOptions {
+        LowerOptions { winograd: true }
+    }
+}
+
 /// Lowers one kernel group of a partition.
 pub fn lower_group(g: &Graph, group: &KernelGroup, name: &str) -> Result<Lowered, LowerError> {
-    lower_set(g, &group.nodes, name)
+    lower_set(g, &group.nodes, name, LowerOptions::default())
+}
+
+/// [`lower_group`] with target choices.
+pub fn lower_group_with(g: &Graph, group: &KernelGroup, name: &str, opts: LowerOptions) -> Result<Lowered, LowerError> {
+    lower_set(g, &group.nodes, name, opts)
 }
 
 /// Lowers any set of nodes (e.g. a single node) as one kernel. Its inputs are the values its
 /// nodes read from outside the set; its outputs the values read outside the set or that are
 /// graph outputs (as the partitioner computes them).
 pub fn lower_nodes(g: &Graph, nodes: &[NodeId], name: &str) -> Result<Lowered, LowerError> {
-    lower_set(g, nodes, name)
+    lower_set(g, nodes, name, LowerOptions::default())
 }
 
-fn lower_set(g: &Graph, nodes: &[NodeId], name: &str) -> Result<Lowered, LowerError> {
+/// [`lower_nodes`] with target choices.
+pub fn lower_nodes_with(g: &Graph, nodes: &[NodeId], name: &str, opts: LowerOptions) -> Result<Lowered, LowerError> {
+    lower_set(g, nodes, name, opts)
+}
+
+fn lower_set(g: &Graph, nodes: &[NodeId], name: &str, opts: LowerOptions) -> Result<Lowered, LowerError> {
     if nodes.is_empty() {
         return Err(LowerError::Invalid("no nodes".into()));
     }
@@ -84,6 +111,7 @@ fn lower_set(g: &Graph, nodes: &[NodeId], name: &str) -> Result<Lowered, LowerEr
         return Err(LowerError::Invalid(format!("node id {} out of range", n.0)));
     }
     let mut l = Lowerer::new(g, sorted, name)?;
+    l.opts = opts;
     l.run().map_err(|f| l.to_error(f))?;
     Ok(l.finish())
 }
@@ -108,6 +136,7 @@ pub(crate) enum Kind {
 
 pub(crate) struct Lowerer<'g> {
     pub g: &'g Graph,
+    pub opts: LowerOptions,
     pub k: Kernel,
     pub nodes: Vec<NodeId>,
     pub set: HashSet<NodeId>,
@@ -245,6 +274,7 @@ impl<'g> Lowerer<'g> {
         }
         let mut l = Lowerer {
             g,
+            opts: LowerOptions::default(),
             k: Kernel::new(name),
             nodes,
             set,
@@ -706,7 +736,12 @@ impl<'g> Lowerer<'g> {
             if self.done.contains(&v) {
                 self.mat.insert(v, self.out_buf[&v]);
             } else {
-                let b = self.local(d, self.shape(v));
+                // One buffer however many places produce elements of `v` (a Winograd tile's
+                // pixels each run the epilogue).
+                let b = match self.mat.get(&v) {
+                    Some(&b) => b,
+                    None => self.local(d, self.shape(v)),
+                };
                 out.push(Stmt::store(b, aidx, val));
                 self.mat.insert(v, b);
             }

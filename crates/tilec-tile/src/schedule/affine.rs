@@ -313,18 +313,20 @@ impl<'a> AffineCx<'a> {
 /// sides) holds. A variable is determined when those equations force it to take the same value in
 /// both executions. The test is conservative: "not determined" may be a false alarm, "determined"
 /// is a proof. Dominance: in an equation, an atom whose coefficient exceeds the largest possible
-/// difference of all other undetermined terms must be equal on both sides.
+/// difference of all other undetermined terms (plus the equation's slack: the two sides may
+/// differ by up to that much, for accesses at constant offsets of one another) must be equal
+/// on both sides.
 pub(crate) fn determined_vars(
-    equations: &[Affine],
+    equations: &[(Affine, i128)],
     varying: &BTreeSet<VarId>,
     ranges: &Ranges,
 ) -> BTreeSet<VarId> {
     let moving_part = |a: &Affine| a.split_by(varying).1;
-    let mut eqs: Vec<Affine> = vec![];
-    for e in equations {
+    let mut eqs: Vec<(Affine, i128)> = vec![];
+    for (e, slack) in equations {
         let m = moving_part(e);
-        if !m.terms.is_empty() && !eqs.contains(&m) {
-            eqs.push(m);
+        if !m.terms.is_empty() && !eqs.iter().any(|(x, s)| *x == m && s <= slack) {
+            eqs.push((m, (*slack).max(0)));
         }
     }
     let width = |a: &Atom| -> i128 {
@@ -336,7 +338,7 @@ pub(crate) fn determined_vars(
     let mut det: BTreeSet<Atom> = BTreeSet::new();
     loop {
         let mut changed = false;
-        for eq in &eqs {
+        for (eq, slack) in &eqs {
             let open: Vec<(&Atom, i128)> = eq
                 .terms
                 .iter()
@@ -346,7 +348,7 @@ pub(crate) fn determined_vars(
             let total: i128 = open
                 .iter()
                 .map(|(a, c)| c.saturating_mul(width(a)))
-                .fold(0i128, |s, x| s.saturating_add(x));
+                .fold(*slack, |s, x| s.saturating_add(x));
             for (a, c) in &open {
                 let others = total.saturating_sub(c.saturating_mul(width(a)));
                 if *c > others && det.insert((*a).clone()) {
@@ -374,8 +376,8 @@ pub(crate) fn determined_vars(
         }
         for e in new_eqs {
             let m = moving_part(&e);
-            if !m.terms.is_empty() && !eqs.contains(&m) {
-                eqs.push(m);
+            if !m.terms.is_empty() && !eqs.iter().any(|(x, s)| *x == m && *s == 0) {
+                eqs.push((m, 0));
                 changed = true;
             }
         }

@@ -6,6 +6,7 @@ use super::affine::AffineCx;
 use super::deps::Region;
 use super::{apply_primitive, locate, loop_ref, var_name, Primitive, Schedule};
 use crate::ir::*;
+use crate::indirect::indirect_form;
 
 /// Below this many innermost iterations a kernel is not worth spreading over threads.
 pub const PARALLEL_MIN_WORK: u128 = 1 << 16;
@@ -111,13 +112,21 @@ fn work(stmts: &[Stmt]) -> u128 {
         .fold(0u128, |a, b| a.saturating_add(b))
 }
 
-/// Blocking for a gemm: an `mr × nr` register tile with `nr` two vectors wide, a `kc` deep
-/// B micro-panel filling half of L1, an `mc × kc` A block filling half of L2.
-pub fn gemm_params(g: &Gemm, t: &CpuTarget) -> GemmParams {
+/// Blocking for a gemm: an `mr × nr` register tile with `nr` two vectors wide (one or three
+/// when `A` is read in place and `n` is one or three vectors: channels-last convolutions with
+/// 16 or 48 output channels), a `kc` deep B micro-panel filling half of L1, an `mc × kc` A
+/// block filling half of L2.
+pub fn gemm_params(g: &Gemm, t: &CpuTarget, a_in_place: bool) -> GemmParams {
     let elem = g.acc_dtype.size_bytes().clamp(4, 8) as i64;
     let lanes = (t.vector_bytes as i64 / elem).max(1);
-    let nr = 2 * lanes;
-    let mr = if t.vector_bytes >= 32 { 6 } else { 4 };
+    let wide = t.vector_bytes >= 64;
+    let (mr, nr) = if a_in_place && g.n <= lanes {
+        (if wide { 12 } else { 6 }, lanes)
+    } else if a_in_place && wide && g.n == 3 * lanes {
+        (8, 3 * lanes)
+    } else {
+        (if wide { 8 } else if t.vector_bytes >= 32 { 6 } else { 4 }, 2 * lanes)
+    };
     let round_up = |x: i64, m: i64| (x.max(1) + m - 1) / m * m;
     let kc = ((t.l1_bytes as i64 / 2 / (nr * elem)) / 8 * 8)
         .clamp(8, 512)
@@ -132,13 +141,21 @@ pub fn gemm_params(g: &Gemm, t: &CpuTarget) -> GemmParams {
 /// Whether computing the transposed product of `g` fills the register tiles markedly better
 /// (padded `m × n` at least 10% smaller). Not when `B` selects (a padded implicit im2col): as
 /// `A` it would lose the vectorized im2col packing, which costs more than the tiles gain.
-fn transpose_pays(g: &Gemm, t: &CpuTarget) -> bool {
-    let mut selects = false;
-    g.b.visit(&mut |e| selects |= matches!(e, Expr::Select(..)));
-    if selects {
+fn transpose_pays(k: &Kernel, g: &Gemm, t: &CpuTarget) -> bool {
+    let selects = |e: &Expr| {
+        let mut s = false;
+        e.visit(&mut |x| s |= matches!(x, Expr::Select(..)));
+        s
+    };
+    if selects(&g.b) || indirect_form(k, g).is_some() {
         return false;
     }
-    let p = gemm_params(g, t);
+    // An implicit im2col that cannot be read in place (a convolution over few channels) is
+    // packed far more cheaply as `B` (16-wide vectors, reused by every A panel).
+    if selects(&g.a) {
+        return true;
+    }
+    let p = gemm_params(g, t, false);
     let pad = |x: i64, r: i64| (x.max(1) + r - 1) / r * r;
     let now = pad(g.m, p.mr) as i128 * pad(g.n, p.nr) as i128;
     let swapped = pad(g.n, p.mr) as i128 * pad(g.m, p.nr) as i128;
@@ -175,7 +192,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
     for st in &w.body {
         st.visit(&mut |st| {
             if let Stmt::Gemm(g) = st {
-                if transpose_pays(g, t) {
+                if transpose_pays(k, g, t) {
                     swaps.push(var_name(k, g.i_var));
                 }
             }
@@ -193,7 +210,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
     for st in &w.body {
         st.visit(&mut |st| {
             if let Stmt::Gemm(g) = st {
-                gemms.push((var_name(&w, g.i_var), gemm_params(g, t)));
+                gemms.push((var_name(&w, g.i_var), gemm_params(g, t, indirect_form(&w, g).is_some())));
             }
         });
     }

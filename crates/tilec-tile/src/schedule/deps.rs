@@ -171,6 +171,9 @@ pub(crate) fn sharing(
         }
         let acc = region.accesses(b);
         let rank = k.buf(b).shape.len();
+        // One equation per dimension whose index forms agree up to their constants (accesses
+        // at fixed offsets of one another, as the pixels of a Winograd tile); the constants'
+        // spread is the slack two accesses may differ by.
         let mut eqs = vec![];
         for d in 0..rank {
             let forms: Option<Vec<_>> = acc
@@ -179,8 +182,10 @@ pub(crate) fn sharing(
                 .collect();
             if let Some(forms) = forms {
                 if let Some(first) = forms.first() {
-                    if forms.iter().all(|f| f == first) {
-                        eqs.push(first.clone());
+                    if forms.iter().all(|f| f.terms == first.terms) {
+                        let lo = forms.iter().map(|f| f.c).min().unwrap_or(0);
+                        let hi = forms.iter().map(|f| f.c).max().unwrap_or(0);
+                        eqs.push((first.clone(), (hi as i128) - (lo as i128)));
                     }
                 }
             }

@@ -115,9 +115,13 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
     let t = partition::Target::preset(args.target.kind());
     let p = partition::partition(&g, &t);
     let cpu = tilec_tile::schedule::CpuTarget::host();
+    let lopts = match args.target.kind() {
+        partition::TargetKind::Cpu => tilec_tile::lower::LowerOptions::cpu(),
+        _ => tilec_tile::lower::LowerOptions::default(),
+    };
     for grp in &p.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        match tilec_tile::lower::lower_group(&g, grp, &name) {
+        match tilec_tile::lower::lower_group_with(&g, grp, &name, lopts) {
             Ok(l) => {
                 if lower {
                     println!("// ----- tile IR after lower: {name} -----");
@@ -156,7 +160,7 @@ pub fn explain(args: &OptArgs) -> Result<()> {
         println!("schedules (default, for this CPU):");
         for grp in &p.groups {
             let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-            match tilec_tile::lower::lower_group(&g, grp, &name) {
+            match tilec_tile::lower::lower_group_with(&g, grp, &name, tilec_tile::lower::LowerOptions::cpu()) {
                 Ok(l) => {
                     let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
                     let steps: Vec<String> = s.to_string().lines().map(str::to_string).collect();

@@ -15,10 +15,13 @@
 //!   are no more than its convolutions. Tensor-core convolutions (cuDNN, CUTLASS implicit
 //!   GEMM) work channels-last: with NCHW tensors the library transposes in and out around
 //!   every conv, so one boundary transpose per conv at most is always a win.
-//! - [`TargetKind::Cpu`]: NCHW, always. The CPU path lowers convs to im2col + GEMM or direct
-//!   loops, for which NCHW and NHWC cost about the same, so boundary transposes would be
-//!   pure overhead; the layout that does pay on CPUs is a blocked one (`NCHW[x]c`,
-//!   oneDNN-style, vector-width channel blocks), which is future work.
+//! - [`TargetKind::Cpu`]: NHWC under the same transpose budget, when the register tiles of
+//!   the region's convs, which run along output channels per group, would be at least 90%
+//!   full (FLOP-weighted). Channels-last
+//!   convolutions read their input in place (`tilec_tile::indirect`: one pointer per output
+//!   pixel and tap, channels contiguous) and vectorize along output channels, so they need
+//!   no im2col packing; with odd channel counts per group (ShuffleNet's 34, 68, ...) the
+//!   vectors would be mostly padding, and NCHW (vectors along pixels) stays.
 //!
 //! Channel shuffles (`reshape [N,C,H,W] → [N,g,C/g,H,W]`, `transpose(0,2,1,3,4)`,
 //! `reshape → [N,C,H,W]`, as in ShuffleNet) stay inside a region: a reshape that keeps N
@@ -280,7 +283,26 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
         }
         let boundary = entries.len() + exits.len();
         let (layout, reason) = match target {
-            TargetKind::Cpu => (Layout::Nchw, "cpu keeps NCHW (im2col/direct conv is layout-neutral; blocked NCHWc is future work)".to_string()),
+            TargetKind::Cpu if convs == 0 => (Layout::Nchw, "no convolution to gain from channels-last".to_string()),
+            TargetKind::Cpu => {
+                let (aligned, total) = lane_aligned_conv_flops(g, members);
+                if boundary > convs {
+                    (Layout::Nchw, format!("{boundary} boundary transposes outweigh {convs} conv(s)"))
+                } else if aligned * 10.0 < total * 9.0 {
+                    (
+                        Layout::Nchw,
+                        format!(
+                            "channels-last register tiles would be {:.0}% padding (output channels per group)",
+                            100.0 * (1.0 - aligned / total.max(1.0))
+                        ),
+                    )
+                } else {
+                    (
+                        Layout::Nhwc,
+                        format!("{convs} conv(s) read their input in place channels-last for {boundary} boundary transpose(s)"),
+                    )
+                }
+            }
             TargetKind::Cuda if convs == 0 => (Layout::Nchw, "no convolution to gain from channels-last".to_string()),
             TargetKind::Cuda if boundary <= convs => (
                 Layout::Nhwc,
@@ -311,6 +333,33 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
 const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 
 /// Where axis `a` of an NCHW tensor lands in NHWC.
+/// Multiply-adds of the region's convolutions channels-last on the CPU, weighted by how much
+/// of the register tiles they fill (output channels per group padded as the CPU gemm tile
+/// pads them: one vector up to 16, three at exactly 48, else whole pairs of vectors; depthwise
+/// convs are direct loops over channels and fill them), and unweighted.
+fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
+    let (mut aligned, mut total) = (0.0, 0.0);
+    for &ni in members {
+        let n = &g.nodes()[ni];
+        let Op::Linalg(LinalgOp::Conv { group, .. }) = &n.op else { continue };
+        let w = g.value(n.inputs[1]).ty.fixed_shape();
+        let o = g.value(n.outputs[0]).ty.fixed_shape();
+        let (Some(w), Some(o)) = (w, o) else { continue };
+        let work = (o.iter().product::<usize>() * w[1..].iter().product::<usize>()) as f64;
+        let mg = (w[0] / (*group).max(1)).max(1);
+        let padded = if w[1] == 1 && mg == 1 {
+            1
+        } else if mg <= 16 || mg == 48 {
+            mg.div_ceil(16) * 16
+        } else {
+            mg.div_ceil(32) * 32
+        };
+        total += work;
+        aligned += work * mg as f64 / padded as f64;
+    }
+    (aligned, total)
+}
+
 fn nhwc_axis(a: usize) -> usize {
     TO_NHWC.iter().position(|&p| p == a).unwrap_or(a)
 }

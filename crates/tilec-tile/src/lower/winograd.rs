@@ -1,0 +1,369 @@
+//! Winograd F(2×2, 3×3) lowering of channels-last 3×3 stride-1 convolutions.
+//!
+//! Each 2×2 block of output pixels (a *tile*) is computed from the 4×4 input patch under it:
+//! `Y = Aᵀ [U ⊙ V] A` with `V = Bᵀ d B` (the input transform of patch `d`, per input channel)
+//! and `U = G g Gᵀ` (the filter transform of `g`, per output and input channel), where the
+//! products `U ⊙ V` summed over input channels are 16 matrix products, one per position of
+//! the 4×4 transformed tile: `M[ab] = V[ab] · U[ab]` (`tiles × C` by `C × M`). That is 16
+//! multiply-adds per output channel and input channel for 4 outputs, against 36 directly:
+//! 2.25 times less arithmetic, at the price of the transforms (additions, linear in the
+//! channels) and of slightly different rounding (the transforms are exact in binary but
+//! reassociate the sums).
+//!
+//! The kernel: for blocks of tiles (small enough that the transformed inputs and products of
+//! a block stay in L2), the input transform writes `V[16, tiles, C]` (vectorized along the
+//! channels), a batched [`Gemm`] writes `M[16, tiles, M]` (its `A` is read in place, its `B`,
+//! the filter transform, is an expression of the weights that the CPU packs once), and the
+//! output transform reads `M`, adds the bias and runs the group's epilogue per output pixel.
+//! Blocks are independent; with one block, each step is parallel by itself.
+//!
+//! Used where the lowering is asked to ([`LowerOptions::winograd`], the CPU) and the conv has
+//! enough channels for the products to be efficient; everything else stays a direct GEMM.
+
+use tilec_ir::op::Window;
+use tilec_ir::{DType, NodeId};
+
+use super::{bin, lit, Lowerer, LowerOptions, R};
+use crate::ir::*;
+
+/// `Bᵀ` of F(2×2, 3×3): the input transform.
+const BT: [[f64; 4]; 4] = [
+    [1.0, 0.0, -1.0, 0.0],
+    [0.0, 1.0, 1.0, 0.0],
+    [0.0, -1.0, 1.0, 0.0],
+    [0.0, 1.0, 0.0, -1.0],
+];
+/// `G`: the filter transform.
+const G: [[f64; 3]; 4] = [
+    [1.0, 0.0, 0.0],
+    [0.5, 0.5, 0.5],
+    [0.5, -0.5, 0.5],
+    [0.0, 0.0, 1.0],
+];
+/// `Aᵀ`: the output transform.
+const AT: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
+
+/// Fewest input and output channels for which the 16 products pay for the transforms.
+const MIN_CHANNELS: i64 = 16;
+/// Fewest tiles: below, the transformed filters (16 per channel pair against 9 weights) are
+/// read for too little work, and the tiles of an odd 7×7 output are a third padding.
+const MIN_TILES: i64 = 32;
+
+/// Rows of tiles per block: the transformed inputs and products of a block (`16 × tiles ×
+/// (C + M)` floats) within about 1 MiB, and at least eight blocks when there are many tiles;
+/// all rows in one block when there are few tiles.
+fn block_rows(rows: i64, row_tiles: i64, c: i64, m: i64) -> i64 {
+    let tiles = rows * row_tiles;
+    if tiles <= 64 {
+        return rows;
+    }
+    let cap = (16384 / (c + m)).max(8);
+    let want = (tiles + 7) / 8;
+    (cap.min(want) / row_tiles).clamp(1, rows)
+}
+
+/// `sum(coef * term)` for coefficients in {-1, 0, 1}: additions and subtractions only.
+fn lin(terms: &[(f64, Expr)]) -> Expr {
+    let mut acc: Option<Expr> = None;
+    for (c, t) in terms {
+        acc = match (acc, *c) {
+            (a, c) if c == 0.0 => a,
+            (None, c) if c > 0.0 => Some(t.clone()),
+            (None, _) => Some(Expr::un(UnOp::Neg, t.clone())),
+            (Some(a), c) if c > 0.0 => Some(bin(BinOp::Add, a, t.clone())),
+            (Some(a), _) => Some(bin(BinOp::Sub, a, t.clone())),
+        };
+    }
+    acc.unwrap_or_else(|| lit(0.0, DType::F32))
+}
+
+/// `G[a][i]` as an expression of the transform row `a` (an index expression in `0..4`).
+fn g_coef(a: &Expr, i: usize) -> Expr {
+    let eq = |v: i64| bin(BinOp::Eq, a.clone(), Expr::Int(v));
+    let f = |x: f64| lit(x, DType::F32);
+    Expr::select(
+        eq(0),
+        f(G[0][i]),
+        Expr::select(eq(1), f(G[1][i]), Expr::select(eq(2), f(G[2][i]), f(G[3][i]))),
+    )
+}
+
+/// Lowers the conv `n` (channels-last, `geo` its spatial geometry) with Winograd if it is
+/// eligible; `None` leaves it to the direct lowering.
+pub(crate) fn conv(
+    l: &mut Lowerer,
+    n: NodeId,
+    w: &Window,
+    group: usize,
+    geo: &[(i64, i64, i64)],
+) -> R<Option<Vec<Stmt>>> {
+    let opts: LowerOptions = l.opts;
+    let node = l.g.node(n);
+    let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
+    let (xs, ws) = (l.shape(x), l.shape(wt));
+    let eligible = opts.winograd
+        && group == 1
+        && xs.len() == 4
+        && ws[2..] == [3, 3]
+        && w.strides.iter().all(|&s| s == 1)
+        && w.dilations.iter().all(|&d| d == 1)
+        && l.dtype(x) == DType::F32
+        && l.dtype(out) == DType::F32
+        && l.dtype(wt) == DType::F32
+        && xs[0] * ((geo[0].0 + 1) / 2) * ((geo[1].0 + 1) / 2) >= MIN_TILES
+        && xs[3] >= MIN_CHANNELS
+        && ws[0] >= MIN_CHANNELS
+        // The input is read at clamped coordinates: it must be a plain buffer, not an
+        // expression of fused producers.
+        && !l.node_of(x).is_some_and(|(p, _)| l.set.contains(&p));
+    if !eligible {
+        return Ok(None);
+    }
+    let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
+    let m = ws[0];
+    let ((oh, pt, _), (ow, pl, _)) = (geo[0], geo[1]);
+    let (th, tw) = ((oh + 1) / 2, (ow + 1) / 2);
+    // Tiles are numbered by rows (`R` over `nb * th`: image `R / th`, tile row `R % th`) and
+    // columns (`tx` over `tw`); a block is `rb` rows.
+    let rows = nb * th;
+    let rb = block_rows(rows, tw, c, m);
+    let blocks = (rows + rb - 1) / rb;
+    let tb = rb * tw;
+    let f32 = DType::F32;
+
+    // The block loop (only when there are several blocks).
+    let blk = (blocks > 1).then(|| l.loop_var("i", blocks));
+    let row_of = |r: VarId| -> Expr {
+        match blk {
+            Some(b) => bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(b), Expr::Int(rb)), Expr::Var(r)),
+            None => Expr::Var(r),
+        }
+    };
+    let vbuf = l.scratch(f32, vec![16, tb, c]);
+    let mbuf = l.scratch(f32, vec![16, tb, m]);
+
+    // Input transform: V[ab, t, c] = (Bᵀ d B)[a][b] for the patch d under tile t.
+    let r1 = l.loop_var("i", rb);
+    let x1 = l.loop_var("i", tw);
+    let c1 = l.loop_var("i", c);
+    let row1 = l.simp(row_of(r1));
+    // Rows past the end of the last block read the last row and are zeroed.
+    let live = bin(BinOp::Lt, row1.clone(), Expr::Int(rows));
+    let rowc = bin(BinOp::Min, row1, Expr::Int(rows - 1));
+    let n1 = l.simp(bin(BinOp::Div, rowc.clone(), Expr::Int(th)));
+    let ty1 = l.simp(bin(BinOp::Rem, rowc, Expr::Int(th)));
+    let tx1 = Expr::Var(x1);
+    let t1 = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(r1), Expr::Int(tw)), Expr::Var(x1)));
+    // Per tile (outside the channel loop, so that it vectorizes): the clamped coordinates of
+    // the patch's rows and columns and whether each lies inside the image.
+    let mut tile_lets = vec![];
+    let mut coord = |l: &mut Lowerer, base: &Expr, k: i64, pad: i64, size: i64, extra: Option<&Expr>| {
+        let raw = l.simp(bin(BinOp::Sub, bin(BinOp::Add, bin(BinOp::Mul, base.clone(), Expr::Int(2)), Expr::Int(k)), Expr::Int(pad)));
+        let clamped = l.simp(bin(BinOp::Max, bin(BinOp::Min, raw.clone(), Expr::Int(size - 1)), Expr::Int(0)));
+        let name = l.fresh("t");
+        let cv = l.k.index_var(name);
+        tile_lets.push(Stmt::Let { var: cv, value: clamped });
+        let mut ok = bin(BinOp::And, bin(BinOp::Ge, raw.clone(), Expr::Int(0)), bin(BinOp::Lt, raw, Expr::Int(size)));
+        if let Some(e) = extra {
+            ok = bin(BinOp::And, e.clone(), ok);
+        }
+        let name = l.fresh("t");
+        let ov = l.k.new_var(name, Ty::Elem(DType::Bool), false);
+        tile_lets.push(Stmt::Let { var: ov, value: l.simp(ok) });
+        (Expr::Var(cv), Expr::Var(ov))
+    };
+    let ys: Vec<(Expr, Expr)> = (0..4).map(|i| coord(l, &ty1, i, pt, h, Some(&live))).collect();
+    let xs_: Vec<(Expr, Expr)> = (0..4).map(|j| coord(l, &tx1, j, pl, wd, None)).collect();
+    let mut body = vec![];
+    let mut d = vec![vec![Expr::Int(0); 4]; 4];
+    for (i, row) in d.iter_mut().enumerate() {
+        for (j, dij) in row.iter_mut().enumerate() {
+            let idx = vec![n1.clone(), ys[i].0.clone(), xs_[j].0.clone(), Expr::Var(c1)];
+            // The load is unconditional (clamped in bounds) so that the channel loop
+            // vectorizes; the select zeroes the padding.
+            let raw = l.value_at(x, &idx)?;
+            let v = l.elem_var("t", f32, false);
+            body.push(Stmt::Let { var: v, value: raw });
+            // Padding is zeroed by a factor of 1 or 0 per patch element, invariant in the
+            // channel loop: gcc does not vectorize that loop with selects in it. (The factor
+            // turns an infinite or NaN neighbour under a padded position into NaN; Winograd's
+            // transforms mix such values anyway, so non-finite inputs are not kept exact.)
+            let okf = l.elem_var("t", f32, false);
+            tile_lets.push(Stmt::Let {
+                var: okf,
+                value: Expr::select(bin(BinOp::And, ys[i].1.clone(), xs_[j].1.clone()), lit(1.0, f32), lit(0.0, f32)),
+            });
+            let z = l.elem_var("t", f32, false);
+            body.push(Stmt::Let { var: z, value: bin(BinOp::Mul, Expr::Var(v), Expr::Var(okf)) });
+            *dij = Expr::Var(z);
+        }
+    }
+    body.extend(l.take_lets());
+    // Rows first: r[a][j] = sum_i Bᵀ[a][i] d[i][j]; then V[a][b] = sum_j Bᵀ[b][j] r[a][j].
+    let mut r = vec![vec![Expr::Int(0); 4]; 4];
+    for a in 0..4 {
+        for j in 0..4 {
+            let e = lin(&(0..4).map(|i| (BT[a][i], d[i][j].clone())).collect::<Vec<_>>());
+            let t = l.elem_var("t", f32, false);
+            body.push(Stmt::Let { var: t, value: e });
+            r[a][j] = Expr::Var(t);
+        }
+    }
+    for a in 0..4 {
+        for b in 0..4 {
+            let e = lin(&(0..4).map(|j| (BT[b][j], r[a][j].clone())).collect::<Vec<_>>());
+            body.push(Stmt::store(vbuf, vec![Expr::Int((a * 4 + b) as i64), t1.clone(), Expr::Var(c1)], e));
+        }
+    }
+    tile_lets.push(Stmt::for_(c1, c, body));
+    let input_nest = Lowerer::nest(&[(r1, rb), (x1, tw)], tile_lets);
+
+    // The 16 products: M[ab, t, m] = sum_c V[ab, t, c] * U[ab, c, m].
+    let gv = super::anchors::gemm_vars(l, 16, tb, m, c, f32);
+    let (vb, vi, vj, vk) = (Expr::Var(gv.b), Expr::Var(gv.i), Expr::Var(gv.j), Expr::Var(gv.k));
+    let a_row = l.simp(bin(BinOp::Div, vb.clone(), Expr::Int(4)));
+    let b_col = l.simp(bin(BinOp::Rem, vb.clone(), Expr::Int(4)));
+    let mut uterms = vec![];
+    for i in 0..3 {
+        for j in 0..3 {
+            let wv = l.value_at(wt, &[vj.clone(), vk.clone(), Expr::Int(i as i64), Expr::Int(j as i64)])?;
+            let coef = bin(BinOp::Mul, g_coef(&a_row, i), g_coef(&b_col, j));
+            uterms.push(bin(BinOp::Mul, coef, wv));
+        }
+    }
+    let u = uterms
+        .into_iter()
+        .reduce(|acc, t| bin(BinOp::Add, acc, t))
+        .unwrap_or_else(|| lit(0.0, f32));
+    let lets = l.take_lets();
+    if !lets.is_empty() {
+        // The weights must read as plain loads inside the operand.
+        return Ok(None);
+    }
+    let gemm = Stmt::Gemm(Box::new(Gemm {
+        batch: 16,
+        m: tb,
+        n: m,
+        k: c,
+        b_var: gv.b,
+        i_var: gv.i,
+        j_var: gv.j,
+        k_var: gv.k,
+        acc_var: gv.acc,
+        acc_dtype: f32,
+        a: Expr::Load(vbuf, vec![vb.clone(), vi.clone(), vk]),
+        b: u,
+        epilogue: vec![Stmt::store(mbuf, vec![vb, vi, vj], Expr::Var(gv.acc))],
+        params: super::anchors::gemm_params(),
+    }));
+
+    // Output transform: Y = Aᵀ M A per tile and output channel, plus bias and epilogue.
+    let r2 = l.loop_var("i", rb);
+    let x2 = l.loop_var("i", tw);
+    let m2 = l.loop_var("i", m);
+    let row2 = l.simp(row_of(r2));
+    let n2 = l.simp(bin(BinOp::Div, row2.clone(), Expr::Int(th)));
+    let ty2 = l.simp(bin(BinOp::Rem, row2.clone(), Expr::Int(th)));
+    let tx2 = Expr::Var(x2);
+    let t2 = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(r2), Expr::Int(tw)), Expr::Var(x2)));
+    let mark = l.begin_block();
+    let mut ob = vec![];
+    let mut mv = vec![vec![Expr::Int(0); 4]; 4];
+    for a in 0..4 {
+        for b in 0..4 {
+            let t = l.elem_var("t", f32, false);
+            ob.push(Stmt::Let {
+                var: t,
+                value: Expr::Load(mbuf, vec![Expr::Int((a * 4 + b) as i64), t2.clone(), Expr::Var(m2)]),
+            });
+            mv[a][b] = Expr::Var(t);
+        }
+    }
+    // s[a][q] = sum_b Aᵀ[q][b] M[a][b]; y[p][q] = sum_a Aᵀ[p][a] s[a][q].
+    let mut s = vec![vec![Expr::Int(0); 2]; 4];
+    for a in 0..4 {
+        for q in 0..2 {
+            let e = lin(&(0..4).map(|b| (AT[q][b], mv[a][b].clone())).collect::<Vec<_>>());
+            let t = l.elem_var("t", f32, false);
+            ob.push(Stmt::Let { var: t, value: e });
+            s[a][q] = Expr::Var(t);
+        }
+    }
+    let bv = super::anchors::val(l, bias, &[Expr::Var(m2)])?;
+    ob.extend(l.take_lets());
+    // Each of the four pixels runs the epilogue, which marks the outputs it writes as done:
+    // every pixel starts from the same state.
+    let done = l.done.clone();
+    for p in 0..2 {
+        for q in 0..2 {
+            l.done = done.clone();
+            let y = lin(&(0..4).map(|a| (AT[p][a], s[a][q].clone())).collect::<Vec<_>>());
+            let oy = l.simp(bin(BinOp::Add, bin(BinOp::Mul, ty2.clone(), Expr::Int(2)), Expr::Int(p as i64)));
+            let ox = l.simp(bin(BinOp::Add, bin(BinOp::Mul, tx2.clone(), Expr::Int(2)), Expr::Int(q as i64)));
+            let oidx = vec![n2.clone(), oy.clone(), ox.clone(), Expr::Var(m2)];
+            let e = bin(BinOp::Add, y, bv.clone());
+            let st = l.epilogue(out, &oidx, e)?;
+            // Odd output sizes: the last row or column of tiles has one pixel.
+            let mut conds = vec![];
+            if oh % 2 == 1 && p == 1 {
+                conds.push(bin(BinOp::Lt, oy, Expr::Int(oh)));
+            }
+            if ow % 2 == 1 && q == 1 {
+                conds.push(bin(BinOp::Lt, ox, Expr::Int(ow)));
+            }
+            match conds.into_iter().reduce(|a, b| bin(BinOp::And, a, b)) {
+                Some(cond) => ob.push(Stmt::If { cond: l.simp(cond), then_: st, else_: vec![] }),
+                None => ob.extend(st),
+            }
+        }
+    }
+    l.end_block(mark);
+    let inner = Lowerer::nest(&[(x2, tw), (m2, m)], ob);
+    let out_rows = if blk.is_some() && rows % rb != 0 {
+        vec![Stmt::If {
+            cond: bin(BinOp::Lt, row2, Expr::Int(rows)),
+            then_: inner,
+            else_: vec![],
+        }]
+    } else {
+        inner
+    };
+    let output_nest = Lowerer::nest(&[(r2, rb)], out_rows);
+
+    let mut block = vec![Stmt::Alloc(vbuf), Stmt::Alloc(mbuf)];
+    block.extend(input_nest);
+    block.push(gemm);
+    block.extend(output_nest);
+    Ok(Some(match blk {
+        Some(b) => vec![Stmt::for_(b, blocks, block)],
+        None => block,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transforms reproduce a 1-D correlation of 4 inputs with 3 taps (F(2, 3)), so their
+    /// tensor product reproduces the 2-D one.
+    #[test]
+    fn transforms_compute_a_correlation() {
+        let d = [0.3, -1.2, 2.5, 0.7];
+        let g = [0.9, -0.4, 1.1];
+        let u: Vec<f64> = (0..4).map(|a| (0..3).map(|i| G[a][i] * g[i]).sum()).collect();
+        let v: Vec<f64> = (0..4).map(|a| (0..4).map(|i| BT[a][i] * d[i]).sum()).collect();
+        let y: Vec<f64> = (0..2).map(|p| (0..4).map(|a| AT[p][a] * u[a] * v[a]).sum()).collect();
+        for (p, yp) in y.iter().enumerate() {
+            let want: f64 = (0..3).map(|k| d[p + k] * g[k]).sum();
+            assert!((yp - want).abs() < 1e-12, "{p}: {yp} vs {want}");
+        }
+    }
+
+    #[test]
+    fn blocks_of_tile_rows() {
+        assert_eq!(block_rows(7, 7, 256, 256), 7);
+        assert_eq!(block_rows(28, 28, 64, 64), 3);
+        assert_eq!(block_rows(14, 14, 128, 128), 1);
+        assert_eq!(block_rows(112, 112, 64, 64), 1);
+    }
+}

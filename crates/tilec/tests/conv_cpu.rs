@@ -1,0 +1,131 @@
+//! Channels-last convolutions on the compiled CPU path, against the reference interpreter on
+//! random weights and inputs: Winograd F(2×2, 3×3) for 3×3 stride-1 convs (odd and even
+//! sizes, one and several blocks of tiles, asymmetric padding, fused residual add and ReLU),
+//! the in-place (indirect) GEMM for the others, and the packed paths next to them.
+//!
+//! The light models' weights are constant fills, against which a wrong tile or channel can go
+//! unnoticed; these graphs have random weights, and the arena is poisoned before each run.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use tilec::compiled::{compile, CompileOptions};
+use tilec_ir::op::{BinaryOp, LinalgOp, Padding, UnaryOp, Window};
+use tilec_ir::{DType, Graph, Op, Tensor, TensorType, ValueId};
+
+fn random(shape: &[usize], rng: &mut impl Rng, scale: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0) * scale).collect();
+    Tensor::from_vec(shape.to_vec(), v).unwrap()
+}
+
+struct Conv {
+    cout: usize,
+    k: usize,
+    stride: usize,
+    pads: [usize; 4],
+}
+
+/// `x` (NCHW input) through a chain of convs with ReLU; a residual add where shapes allow.
+/// Every conv sits between two others, so the CPU layout pass runs the chain channels-last.
+fn chain(name: &str, x: [usize; 4], convs: &[Conv], rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
+    let mut g = Graph::new(name);
+    let xi = g.add_input("x", TensorType::fixed(DType::F32, &x));
+    let mut cur: ValueId = xi;
+    let mut shape = x;
+    for (i, c) in convs.iter().enumerate() {
+        let w = random(&[c.cout, shape[1], c.k, c.k], rng, 0.5 / ((shape[1] * c.k * c.k) as f32).sqrt());
+        let w = g.add_const(&format!("w{i}"), w);
+        let b = g.add_const(&format!("b{i}"), random(&[c.cout], rng, 0.5));
+        let window = Window {
+            kernel: vec![c.k, c.k],
+            strides: vec![c.stride, c.stride],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(c.pads.to_vec()),
+        };
+        let y = g
+            .add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[cur, w, b])
+            .unwrap();
+        let oh = (shape[2] + c.pads[0] + c.pads[2] - c.k) / c.stride + 1;
+        let ow = (shape[3] + c.pads[1] + c.pads[3] - c.k) / c.stride + 1;
+        let out = [shape[0], c.cout, oh, ow];
+        let y = if out == shape { g.add(Op::Binary(BinaryOp::Add), &[y, cur]).unwrap() } else { y };
+        cur = g.add(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+        shape = out;
+    }
+    g.set_outputs(vec![cur]);
+    let inputs = vec![random(&x, rng, 1.0)];
+    (g, inputs)
+}
+
+fn check(name: &str, x: [usize; 4], convs: &[Conv], want_winograd: usize) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(name.len() as u64 * 7919);
+    let (g, inputs) = chain(name, x, convs, &mut rng);
+    let cache = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache");
+    let opts = CompileOptions { cache_dir: Some(cache), keep_ir: true, ..Default::default() };
+    let mut c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
+    let winograd = c.report.ir.iter().filter(|(_, lowered, _)| lowered.contains("gemm[16 x")).count();
+    assert_eq!(winograd, want_winograd, "{name}: Winograd kernels");
+    let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
+    let want = tilec_ref::run_named(&g, names.into_iter().zip(inputs.clone()).collect::<HashMap<_, _>>())
+        .unwrap()
+        .remove(0);
+    for run in 0..2 {
+        c.poison();
+        let got = c.run(&inputs).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
+        assert_eq!(got.shape(), want.shape(), "{name}");
+        let (w, o) = (want.to_f64_vec(), got.to_f64_vec());
+        let scale = w.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0);
+        for (i, (a, b)) in w.iter().zip(&o).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * scale + 1e-4 * a.abs(),
+                "{name} run {run}: element {i}: reference {a}, compiled {b}"
+            );
+        }
+    }
+}
+
+fn conv(cout: usize, k: usize, stride: usize, p: usize) -> Conv {
+    Conv { cout, k, stride, pads: [p; 4] }
+}
+
+#[test]
+fn winograd_even_sizes_several_blocks() {
+    // 56×56 output: 28 rows of 28 tiles, several blocks; 64 → 64 channels with a residual.
+    check("w56", [1, 64, 56, 56], &[conv(64, 1, 1, 0), conv(64, 3, 1, 1), conv(64, 1, 1, 0)], 1);
+}
+
+#[test]
+fn winograd_odd_sizes_and_padding() {
+    // 27×27 (the last tile row and column have one pixel), then asymmetric padding; 48
+    // output channels (a three-vector register tile).
+    check(
+        "w27",
+        [1, 24, 27, 27],
+        &[
+            conv(32, 1, 1, 0),
+            conv(48, 3, 1, 1),
+            Conv { cout: 32, k: 3, stride: 1, pads: [0, 1, 1, 0] },
+            conv(16, 1, 1, 0),
+        ],
+        2,
+    );
+}
+
+#[test]
+fn winograd_batch_and_single_block() {
+    // Two images of 12×12: one block of tiles spanning both.
+    check("w12", [2, 32, 12, 12], &[conv(32, 1, 1, 0), conv(32, 3, 1, 1), conv(32, 1, 1, 0)], 1);
+}
+
+#[test]
+fn direct_convs_channels_last() {
+    // Strided 3×3 and 1×1, a 5×5, and too few tiles for Winograd (7×7 output).
+    check(
+        "direct",
+        [1, 32, 15, 15],
+        &[conv(32, 1, 1, 0), conv(64, 3, 2, 1), conv(64, 3, 1, 1), conv(48, 5, 1, 2), conv(32, 1, 1, 0)],
+        0,
+    );
+}
