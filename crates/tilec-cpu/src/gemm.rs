@@ -1058,13 +1058,14 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb}{ind_note} */
     {ind_tables}#pragma omp parallel {par}
 {{
-    /* Each thread computes its own block of C (no barriers): batches, rows or columns,
-       whichever splits most evenly. */
+    /* Each thread computes its own block of C (no barriers): batches, else rows or columns,
+       whichever costs less: its padded multiply-adds plus two per operand byte it reads
+       (splitting columns makes every thread read all of A, splitting rows all of B). */
     const int64_t nt = tc_team_size(), tid = tc_team_id();
     const int64_t mt = ({m} + {mr} - 1) / {mr}, ntl = ({n} + {nr} - 1) / {nr};
     const int64_t cm = (mt + nt - 1) / nt, cn = (ntl + nt - 1) / nt;
     const int split_b = nt > 1 && {batch} >= nt && ({batch} % nt == 0 || {batch} >= 4 * nt);
-    const int split_n = !split_b && cn * {nr} * {m} <= cm * {mr} * {n};
+    const int split_n = !split_b && cn * {nr} * {m} * {kk} + 8 * ({m} * {kk} + cn * {nr} * {kk}) <= cm * {mr} * {n} * {kk} + 8 * (cm * {mr} * {kk} + {n} * {kk});
     int64_t bb0 = 0, bb1 = {batch}, m0 = 0, m1 = {m}, n0 = 0, n1 = {n};
     if (split_b) {{ const int64_t cb = ({batch} + nt - 1) / nt; bb0 = tid * cb; bb1 = bb0 + cb < {batch} ? bb0 + cb : {batch}; }}
     else if (split_n) {{ n0 = tid * cn * {nr}; n1 = n0 + cn * {nr} < {n} ? n0 + cn * {nr} : {n}; }}
