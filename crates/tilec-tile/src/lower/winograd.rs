@@ -43,8 +43,11 @@ const G: [[f64; 3]; 4] = [
 /// `Aᵀ`: the output transform.
 const AT: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
 
-/// Fewest input and output channels for which the 16 products pay for the transforms.
+/// Fewest output channels for which the 16 products pay for the transforms.
 const MIN_CHANNELS: i64 = 16;
+/// Fewest input channels: the products' depth. At 16 (SqueezeNet's first expand convs) each
+/// micro-kernel call is too short, and the direct GEMM over 144 is faster.
+const MIN_IN_CHANNELS: i64 = 32;
 /// Fewest tiles: below, the transformed filters (16 per channel pair against 9 weights) are
 /// read for too little work, and the tiles of an odd 7×7 output are a third padding.
 const MIN_TILES: i64 = 32;
@@ -111,7 +114,7 @@ pub(crate) fn conv(
         && l.dtype(out) == DType::F32
         && l.dtype(wt) == DType::F32
         && xs[0] * ((geo[0].0 + 1) / 2) * ((geo[1].0 + 1) / 2) >= MIN_TILES
-        && xs[3] >= MIN_CHANNELS
+        && xs[3] >= MIN_IN_CHANNELS
         && ws[0] >= MIN_CHANNELS
         // The input is read at clamped coordinates: it must be a plain buffer, not an
         // expression of fused producers.
