@@ -430,24 +430,31 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 continue;
             }
             let mut trial = w.clone();
+            let mut pieces = vec![name.clone()];
             if let Ok(p) = super::partition(&mut trial, &name) {
-                if p.interior_end - p.interior_start >= 8 {
-                    attempt(
+                if p.interior_end - p.interior_start >= 8
+                    && attempt(
                         &mut w,
                         &mut s,
                         Primitive::Partition {
                             loop_var: name.clone(),
                         },
-                    );
+                    )
+                {
+                    // The border pieces too where they are long (a concatenation's inputs
+                    // along the vector axis: one piece per input).
+                    pieces.extend(p.before.into_iter().chain(p.after));
                 }
             }
-            let Some((l, _)) = loop_named(&w, &name) else {
-                continue;
-            };
-            if l.extent < 8 {
-                continue;
+            for piece in pieces {
+                let Some((l, _)) = loop_named(&w, &piece) else {
+                    continue;
+                };
+                if l.extent < 8 {
+                    continue;
+                }
+                attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: piece });
             }
-            attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
         }
     }
     s
