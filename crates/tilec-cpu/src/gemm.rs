@@ -1036,10 +1036,14 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
             format!("{ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"),
         ),
     };
-    // Tile order: normally a B panel stays in L1 while the A panels stream past it; when the
-    // whole B slice is small next to L2 and A is read in place, each A tile is read once
-    // instead, against all B panels.
-    let a_once = ind.is_some() && kcb * ncb * eb <= (cpu.l2_bytes as i64) / 4 && m > 4 * mr;
+    // Tile order: normally a B panel stays in L1 while the A panels stream past it (B is read
+    // once per slice, A once per panel, from L2). When A is read in place and its slice does
+    // not fit in L2 while the whole B slice fits in a quarter of it, each A tile is read once
+    // instead, against all B panels: the large operand streams from memory once. (With B the
+    // larger, as the weights of a convolution over 7×7 pixels, the panel order also paces the
+    // weights' stream from memory to the arithmetic instead of fetching a slice at once.)
+    let l2 = cpu.l2_bytes as i64;
+    let a_once = ind.is_some() && kcb * ncb * eb <= l2 / 4 && m * kcb * eb > l2 / 2;
     let tile_loops = if a_once {
         format!(
             "/* Tiles: an A tile meets every B panel of the slice (B stays in L2). */\n                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{\n                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{"
