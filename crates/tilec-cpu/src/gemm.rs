@@ -339,6 +339,34 @@ fn im2col_pack_a(r: &mut Renderer, g: &Gemm, f: &Im2col, mr: i64) -> Result<Stri
     ))
 }
 
+/// Whether every load in `e` that depends on `k` walks memory with stride one along it (and
+/// some does): then `e` can be evaluated as vectors along `k`.
+fn k_contiguous(kern: &Kernel, e: &Expr, k: VarId) -> bool {
+    let mut ok = true;
+    let mut some = false;
+    e.visit(&mut |x| {
+        let Expr::Load(b, idx) = x else { return };
+        if !idx.iter().any(|i| uses_var(i, k)) {
+            return;
+        }
+        let terms: Vec<(Expr, i64)> = idx.iter().cloned().zip(kern.buf(*b).strides()).collect();
+        match tilec_tile::affine::linear_offset(&terms) {
+            Some((atoms, _)) => {
+                for (c, a) in &atoms {
+                    if *a == Expr::Var(k) {
+                        ok &= *c == 1;
+                        some = true;
+                    } else if uses_var(a, k) {
+                        ok = false;
+                    }
+                }
+            }
+            None => ok = false,
+        }
+    });
+    ok && some
+}
+
 fn uses_var(e: &Expr, v: VarId) -> bool {
     let mut u = false;
     e.visit(&mut |x| {
@@ -803,7 +831,21 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     if !r.pre.contains(&ukr_src) {
         r.pre.push_str(&ukr_src);
     }
+    // An A that must be computed (a normalization and activation fused ahead of a
+    // channels-last convolution) but runs contiguously along k: packed row by row with vector
+    // code, and read through row pointers by the indirect micro-kernel.
+    let a_rows = ind.is_none()
+        && !double
+        && im2col_of(r, g, &g.a, g.i_var).is_none()
+        && k_contiguous(r.k, &g.a, g.k_var);
     let ukri = match &ind {
+        _ if a_rows => {
+            let (src, name) = micro_kernel_indirect(&bl, &cpu);
+            if !r.pre.contains(&src) {
+                r.pre.push_str(&src);
+            }
+            name
+        }
         Some(_) => {
             let (src, name) = micro_kernel_indirect(&bl, &cpu);
             if !r.pre.contains(&src) {
@@ -1008,6 +1050,30 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
             );
             (tables, decl, format!("if (!ppa) {fill}"), call)
         }
+        None if a_rows => (
+            format!("static const float tc_zero[{kcb}] __attribute__((aligned(64))) = {{0}};\n    "),
+            format!(
+                "const float **TC_RESTRICT tc_ptr = (const float **)tc_scratch(3, sizeof(const float *) * ({mcb} + {mr}));\n        const int64_t tc_np = 1; int32_t tc_kc32 = 0; const int32_t *tc_plq = &tc_kc32;"
+            ),
+            format!(
+                r#"if (!ppa) {{
+                        tc_kc32 = (int32_t)kc;
+                        for (int64_t ip = 0; ip < mc; ++ip) {{
+                            {t} *TC_RESTRICT dst = pa + ip * kc;
+                            const int64_t {vi} = ic + ip;
+                            #pragma omp simd
+                            for (int64_t kk = 0; kk < kc; ++kk) {{
+                                const int64_t {vk} = pc + kk;
+                                dst[kk] = {a_code};
+                            }}
+                        }}
+                        for (int64_t ip = 0; ip < mc + {mr} - 1; ++ip) tc_ptr[ip] = ip < mc ? pa + ip * kc : tc_zero;
+                    }}"#
+            ),
+            format!(
+                "if (ppa) {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});\n                        else {ukri}(tc_np, tc_plq, tc_ptr + ir * tc_np, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"
+            ),
+        ),
         None if a_fast.is_some() => (
             String::new(),
             String::new(),
@@ -1053,7 +1119,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
             "/* Tiles: a B panel stays in L1 while the A panels stream past it. */\n                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{\n                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{"
         )
     };
-    let pa_alloc = if ind.is_some() {
+    let pa_alloc = if ind.is_some() && !a_rows {
         "NULL".to_string()
     } else {
         format!("({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb})")

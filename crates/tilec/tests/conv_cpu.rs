@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions};
-use tilec_ir::op::{BinaryOp, LinalgOp, Padding, UnaryOp, Window};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, UnaryOp, Window};
 use tilec_ir::{DType, Graph, Op, Tensor, TensorType, ValueId};
 
 fn random(shape: &[usize], rng: &mut impl Rng, scale: f32) -> Tensor {
@@ -61,6 +61,55 @@ fn chain(name: &str, x: [usize; 4], convs: &[Conv], rng: &mut impl Rng) -> (Grap
 fn check(name: &str, x: [usize; 4], convs: &[Conv], want_winograd: usize) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(name.len() as u64 * 7919);
     let (g, inputs) = chain(name, x, convs, &mut rng);
+    check_graph(name, g, inputs, want_winograd);
+}
+
+fn conv_node(g: &mut Graph, x: ValueId, cin: usize, cout: usize, k: usize, i: usize, rng: &mut impl Rng) -> ValueId {
+    let w = random(&[cout, cin, k, k], rng, 0.5 / ((cin * k * k) as f32).sqrt());
+    let w = g.add_const(&format!("w{i}"), w);
+    let b = g.add_const(&format!("b{i}"), random(&[cout], rng, 0.5));
+    let p = k / 2;
+    let window = Window { kernel: vec![k, k], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![p; 4]) };
+    g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[x, w, b]).unwrap()
+}
+
+/// DenseNet layers: the concatenation of all earlier outputs, batch-normalized and rectified
+/// inside the 1×1 conv's operand (computed, contiguous along the channels: packed row by row
+/// and read by the indirect micro-kernel), then a 3×3 conv (Winograd) adding 32 channels.
+#[test]
+fn dense_block_normalized_concatenations() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut g = Graph::new("dense");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 64, 14, 14]));
+    let mut feats = vec![conv_node(&mut g, x, 64, 64, 1, 0, &mut rng)];
+    let mut c = 64;
+    for l in 0..3 {
+        let cat = if feats.len() == 1 {
+            feats[0]
+        } else {
+            g.add(Op::Layout(LayoutOp::Concat { axis: 1 }), &feats).unwrap()
+        };
+        let mut bn_in = vec![cat];
+        for (j, scale) in [1.0f32, 0.3, 0.5, 1.0].iter().enumerate() {
+            let t = random(&[c], &mut rng, *scale);
+            let t = if j == 3 { Tensor::from_vec(vec![c], t.to_f64_vec().iter().map(|v| (v.abs() + 0.5) as f32).collect()).unwrap() } else { t };
+            bn_in.push(g.add_const(&format!("bn{l}_{j}"), t));
+        }
+        let bn = g.add(Op::Norm(NormOp::BatchNorm { epsilon: 1e-5, channels_last: false }), &bn_in).unwrap();
+        let r = g.add(Op::Unary(UnaryOp::Relu), &[bn]).unwrap();
+        let h = conv_node(&mut g, r, c, 64, 1, 10 + l, &mut rng);
+        let h = g.add(Op::Unary(UnaryOp::Relu), &[h]).unwrap();
+        let y = conv_node(&mut g, h, 64, 32, 3, 20 + l, &mut rng);
+        feats.push(y);
+        c += 32;
+    }
+    let out = g.add(Op::Layout(LayoutOp::Concat { axis: 1 }), &feats).unwrap();
+    g.set_outputs(vec![out]);
+    let inputs = vec![random(&[1, 64, 14, 14], &mut rng, 1.0)];
+    check_graph("dense", g, inputs, 3);
+}
+
+fn check_graph(name: &str, g: Graph, inputs: Vec<Tensor>, want_winograd: usize) {
     let cache = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache");
     let opts = CompileOptions { cache_dir: Some(cache), keep_ir: true, ..Default::default() };
     let mut c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));

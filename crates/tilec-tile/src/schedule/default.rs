@@ -150,9 +150,16 @@ fn transpose_pays(k: &Kernel, g: &Gemm, t: &CpuTarget) -> bool {
     if selects(&g.b) || indirect_form(k, g).is_some() {
         return false;
     }
-    // An implicit im2col that cannot be read in place (a convolution over few channels) is
-    // packed far more cheaply as `B` (16-wide vectors, reused by every A panel).
-    if selects(&g.a) {
+    // An implicit im2col that cannot be read in place (a convolution over few channels: its
+    // selects check bounds that depend on the row) is packed far more cheaply as `B` (16-wide
+    // vectors, reused by every A panel). Selects on `k` alone (a concatenation) are not.
+    let mut row_checks = false;
+    g.a.visit(&mut |x| {
+        if let Expr::Select(c, ..) = x {
+            row_checks |= c.uses_var(g.i_var);
+        }
+    });
+    if row_checks {
         return true;
     }
     let p = gemm_params(g, t, false);
