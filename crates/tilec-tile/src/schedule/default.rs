@@ -114,7 +114,7 @@ fn work(stmts: &[Stmt]) -> u128 {
 
 /// Blocking for a gemm: an `mr × nr` register tile with `nr` two vectors wide (one or three
 /// when `A` is read in place and `n` is one or three vectors: channels-last convolutions with
-/// 16 or 48 output channels), a `kc` deep B micro-panel filling half of L1, an `mc × kc` A
+/// 16 or 48 output channels; `mr` then fitted to the rows), a `kc` deep B micro-panel filling half of L1, an `mc × kc` A
 /// block filling half of L2.
 pub fn gemm_params(g: &Gemm, t: &CpuTarget, a_in_place: bool) -> GemmParams {
     let elem = g.acc_dtype.size_bytes().clamp(4, 8) as i64;
@@ -124,6 +124,12 @@ pub fn gemm_params(g: &Gemm, t: &CpuTarget, a_in_place: bool) -> GemmParams {
         (if wide { 12 } else { 6 }, lanes)
     } else if a_in_place && wide && g.n == 3 * lanes {
         (8, 3 * lanes)
+    } else if a_in_place && wide {
+        // Rows are output pixels: 6 to 8 per tile, whichever pads the rows least (7 for the
+        // 49 pixels of a 7×7 map and the 196 of a 14×14 one, 8 elsewhere).
+        let waste = |r: i64| (g.m.max(1) + r - 1) / r * r - g.m.max(1);
+        let mr = [8, 7, 6].into_iter().min_by_key(|&r| waste(r)).unwrap_or(8);
+        (mr, 2 * lanes)
     } else {
         (if wide { 8 } else if t.vector_bytes >= 32 { 6 } else { 4 }, 2 * lanes)
     };
