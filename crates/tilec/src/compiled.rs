@@ -32,6 +32,8 @@ pub struct CompileOptions {
     pub cache_dir: Option<std::path::PathBuf>,
     /// Keep the text of every kernel after lowering and after scheduling.
     pub keep_ir: bool,
+    /// Lower eligible 3x3 convolutions with Winograd transforms (`LowerOptions::winograd`).
+    pub winograd: bool,
 }
 
 impl Default for CompileOptions {
@@ -42,6 +44,7 @@ impl Default for CompileOptions {
             schedule: true,
             cache_dir: None,
             keep_ir: false,
+            winograd: true,
         }
     }
 }
@@ -192,11 +195,12 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     let target = Target::preset(TargetKind::Cpu);
     let part = partition(&g, &target);
     let cpu = CpuTarget::host();
+    let lopts = LowerOptions { winograd: opts.winograd, ..LowerOptions::cpu() };
     let mut kernels: Vec<Kernel> = vec![];
     let mut steps: Vec<Step> = vec![];
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group_with(&g, grp, &name, LowerOptions::cpu()) {
+        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group_with(&g, grp, &name, lopts) {
             Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
             Err(_) if grp.nodes.len() > 1 => grp
                 .nodes
@@ -204,7 +208,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                 .enumerate()
                 .map(|(i, &n)| {
                     let nm = format!("{name}_{i}");
-                    match lower_nodes_with(&g, &[n], &nm, LowerOptions::cpu()) {
+                    match lower_nodes_with(&g, &[n], &nm, lopts) {
                         Ok(l) => (Some(l), vec![n], nm),
                         Err(e) => {
                             report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));

@@ -1,5 +1,5 @@
 //! Channels-last convolutions on the compiled CPU path, against the reference interpreter on
-//! random weights and inputs: Winograd F(2×2, 3×3) for 3×3 stride-1 convs (odd and even
+//! random weights and inputs: Winograd F(2×2, 3×3) and F(4×4, 3×3) for 3×3 stride-1 convs (odd and even
 //! sizes, one and several blocks of tiles, asymmetric padding, fused residual add and ReLU),
 //! the in-place (indirect) GEMM for the others, and the packed paths next to them.
 //!
@@ -110,11 +110,15 @@ fn dense_block_normalized_concatenations() {
 }
 
 fn check_graph(name: &str, g: Graph, inputs: Vec<Tensor>, want_winograd: usize) {
+    check_with(name, g, inputs, want_winograd, true)
+}
+
+fn check_with(name: &str, g: Graph, inputs: Vec<Tensor>, want_winograd: usize, winograd: bool) {
     let cache = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache");
-    let opts = CompileOptions { cache_dir: Some(cache), keep_ir: true, ..Default::default() };
+    let opts = CompileOptions { cache_dir: Some(cache), keep_ir: true, winograd, ..Default::default() };
     let mut c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
-    let winograd = c.report.ir.iter().filter(|(_, lowered, _)| lowered.contains("gemm[16 x")).count();
+    let winograd = c.report.ir.iter().filter(|(_, lowered, _)| lowered.contains("gemm[16 x") || lowered.contains("gemm[36 x")).count();
     assert_eq!(winograd, want_winograd, "{name}: Winograd kernels");
     let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
     let want = tilec_ref::run_named(&g, names.into_iter().zip(inputs.clone()).collect::<HashMap<_, _>>())
@@ -143,6 +147,13 @@ fn conv(cout: usize, k: usize, stride: usize, p: usize) -> Conv {
 fn winograd_even_sizes_several_blocks() {
     // 56×56 output: 28 rows of 28 tiles, several blocks; 64 → 64 channels with a residual.
     check("w56", [1, 64, 56, 56], &[conv(64, 1, 1, 0), conv(64, 3, 1, 1), conv(64, 1, 1, 0)], 1);
+}
+
+#[test]
+fn winograd_can_be_turned_off() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let (g, inputs) = chain("off", [1, 32, 28, 28], &[conv(32, 1, 1, 0), conv(32, 3, 1, 1), conv(32, 1, 1, 0)], &mut rng);
+    check_with("off", g, inputs, 0, false);
 }
 
 #[test]

@@ -1,18 +1,21 @@
-//! Winograd F(2×2, 3×3) lowering of channels-last 3×3 stride-1 convolutions.
+//! Winograd F(m×m, 3×3) lowering of channels-last 3×3 stride-1 convolutions, m = 2 or 4.
 //!
-//! Each 2×2 block of output pixels (a *tile*) is computed from the 4×4 input patch under it:
-//! `Y = Aᵀ [U ⊙ V] A` with `V = Bᵀ d B` (the input transform of patch `d`, per input channel)
-//! and `U = G g Gᵀ` (the filter transform of `g`, per output and input channel), where the
-//! products `U ⊙ V` summed over input channels are 16 matrix products, one per position of
-//! the 4×4 transformed tile: `M[ab] = V[ab] · U[ab]` (`tiles × C` by `C × M`). That is 16
-//! multiply-adds per output channel and input channel for 4 outputs, against 36 directly:
-//! 2.25 times less arithmetic, at the price of the transforms (additions, linear in the
-//! channels) and of slightly different rounding (the transforms are exact in binary but
-//! reassociate the sums).
+//! Each m×m block of output pixels (a *tile*) is computed from the a×a input patch under it
+//! (a = m + 2): `Y = Aᵀ [U ⊙ V] A` with `V = Bᵀ d B` (the input transform of patch `d`, per
+//! input channel) and `U = G g Gᵀ` (the filter transform of `g`, per output and input
+//! channel), where the products `U ⊙ V` summed over input channels are a² matrix products,
+//! one per position of the transformed tile: `M[ab] = V[ab] · U[ab]` (`tiles × C` by `C × M`).
+//! F(2×2) spends 16 multiply-adds per output and input channel on 4 outputs, F(4×4) 36 on 16,
+//! against 9 per output directly: 2.25 and 4 times less arithmetic, at the price of the
+//! transforms (linear in the channels) and of different rounding: the transforms reassociate
+//! the sums and scale them (by up to 5 and 8 in F(4×4)), so results differ from the direct
+//! sums by about 1e-5 of the outputs' magnitude in f32 (`CompileOptions::winograd` off, or
+//! `tilec run --no-winograd`, computes them directly). F(4×4) is used where its tiles cover
+//! the output with little padding, F(2×2) elsewhere (14×14 or 13×13 maps).
 //!
-//! The kernel: for blocks of tiles (small enough that the transformed inputs and products of
-//! a block stay in L2), the input transform writes `V[16, tiles, C]` (vectorized along the
-//! channels), a batched [`Gemm`] writes `M[16, tiles, M]` (its `A` is read in place, its `B`,
+//! The kernel: for blocks of tile rows (small enough that the transformed inputs and products
+//! of a block stay in L2), the input transform writes `V[a², tiles, C]` (vectorized along the
+//! channels), a batched [`Gemm`] writes `M[a², tiles, M]` (its `A` is read in place, its `B`,
 //! the filter transform, is an expression of the weights that the CPU packs once), and the
 //! output transform reads `M`, adds the bias and runs the group's epilogue per output pixel.
 //! Blocks are independent; with one block, each step is parallel by itself.
@@ -26,22 +29,56 @@ use tilec_ir::{DType, NodeId};
 use super::{bin, lit, Lowerer, LowerOptions, R};
 use crate::ir::*;
 
-/// `Bᵀ` of F(2×2, 3×3): the input transform.
-const BT: [[f64; 4]; 4] = [
-    [1.0, 0.0, -1.0, 0.0],
-    [0.0, 1.0, 1.0, 0.0],
-    [0.0, -1.0, 1.0, 0.0],
-    [0.0, 1.0, 0.0, -1.0],
-];
-/// `G`: the filter transform.
-const G: [[f64; 3]; 4] = [
-    [1.0, 0.0, 0.0],
-    [0.5, 0.5, 0.5],
-    [0.5, -0.5, 0.5],
-    [0.0, 0.0, 1.0],
-];
-/// `Aᵀ`: the output transform.
-const AT: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
+/// One variant F(m×m, 3×3): output tiles of `m × m` from input patches of `a × a`, `a = m + 2`,
+/// with the transforms `Bᵀ` (`a × a`), `G` (`a × 3`) and `Aᵀ` (`m × a`).
+struct Variant {
+    m: usize,
+    bt: &'static [&'static [f64]],
+    g: &'static [[f64; 3]],
+    at: &'static [&'static [f64]],
+}
+
+impl Variant {
+    fn a(&self) -> usize {
+        self.m + 2
+    }
+}
+
+/// F(2×2, 3×3): 16 products for 4 outputs; the transforms are additions only.
+const F2: Variant = Variant {
+    m: 2,
+    bt: &[&[1.0, 0.0, -1.0, 0.0], &[0.0, 1.0, 1.0, 0.0], &[0.0, -1.0, 1.0, 0.0], &[0.0, 1.0, 0.0, -1.0]],
+    g: &[[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]],
+    at: &[&[1.0, 1.0, 1.0, 0.0], &[0.0, 1.0, -1.0, -1.0]],
+};
+
+/// F(4×4, 3×3) (interpolation points 0, ±1, ±2, ∞): 36 products for 16 outputs, 1.78 times
+/// fewer than F(2×2, 3×3), with heavier transforms and slightly larger rounding errors.
+const F4: Variant = Variant {
+    m: 4,
+    bt: &[
+        &[4.0, 0.0, -5.0, 0.0, 1.0, 0.0],
+        &[0.0, -4.0, -4.0, 1.0, 1.0, 0.0],
+        &[0.0, 4.0, -4.0, -1.0, 1.0, 0.0],
+        &[0.0, -2.0, -1.0, 2.0, 1.0, 0.0],
+        &[0.0, 2.0, -1.0, -2.0, 1.0, 0.0],
+        &[0.0, 4.0, 0.0, -5.0, 0.0, 1.0],
+    ],
+    g: &[
+        [0.25, 0.0, 0.0],
+        [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+        [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+        [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+        [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+        [0.0, 0.0, 1.0],
+    ],
+    at: &[
+        &[1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+        &[0.0, 1.0, -1.0, 2.0, -2.0, 0.0],
+        &[0.0, 1.0, 1.0, 4.0, 4.0, 0.0],
+        &[0.0, 1.0, -1.0, 8.0, -8.0, 1.0],
+    ],
+};
 
 /// Fewest output channels for which the 16 products pay for the transforms.
 const MIN_CHANNELS: i64 = 16;
@@ -52,43 +89,59 @@ const MIN_IN_CHANNELS: i64 = 32;
 /// read for too little work, and the tiles of an odd 7×7 output are a third padding.
 const MIN_TILES: i64 = 32;
 
-/// Rows of tiles per block: the transformed inputs and products of a block (`16 × tiles ×
+/// Rows of tiles per block: the transformed inputs and products of a block (`a² × tiles ×
 /// (C + M)` floats) within about 1 MiB, and at least eight blocks when there are many tiles;
 /// all rows in one block when there are few tiles.
-fn block_rows(rows: i64, row_tiles: i64, c: i64, m: i64) -> i64 {
+fn block_rows(rows: i64, row_tiles: i64, c: i64, m: i64, a2: i64) -> i64 {
     let tiles = rows * row_tiles;
     if tiles <= 64 {
         return rows;
     }
-    let cap = (16384 / (c + m)).max(8);
+    let cap = (262144 / (a2 * (c + m))).max(8);
     let want = (tiles + 7) / 8;
     (cap.min(want) / row_tiles).clamp(1, rows)
 }
 
-/// `sum(coef * term)` for coefficients in {-1, 0, 1}: additions and subtractions only.
+/// `sum(coef * term)`: ±1 as additions and subtractions, other coefficients as products.
 fn lin(terms: &[(f64, Expr)]) -> Expr {
     let mut acc: Option<Expr> = None;
     for (c, t) in terms {
-        acc = match (acc, *c) {
-            (a, c) if c == 0.0 => a,
-            (None, c) if c > 0.0 => Some(t.clone()),
-            (None, _) => Some(Expr::un(UnOp::Neg, t.clone())),
-            (Some(a), c) if c > 0.0 => Some(bin(BinOp::Add, a, t.clone())),
-            (Some(a), _) => Some(bin(BinOp::Sub, a, t.clone())),
-        };
+        if *c == 0.0 {
+            continue;
+        }
+        let mag = c.abs();
+        let term = if mag == 1.0 { t.clone() } else { bin(BinOp::Mul, t.clone(), lit(mag, DType::F32)) };
+        acc = Some(match acc {
+            None if *c > 0.0 => term,
+            None => Expr::un(UnOp::Neg, term),
+            Some(a) if *c > 0.0 => bin(BinOp::Add, a, term),
+            Some(a) => bin(BinOp::Sub, a, term),
+        });
     }
     acc.unwrap_or_else(|| lit(0.0, DType::F32))
 }
 
-/// `G[a][i]` as an expression of the transform row `a` (an index expression in `0..4`).
-fn g_coef(a: &Expr, i: usize) -> Expr {
-    let eq = |v: i64| bin(BinOp::Eq, a.clone(), Expr::Int(v));
-    let f = |x: f64| lit(x, DType::F32);
-    Expr::select(
-        eq(0),
-        f(G[0][i]),
-        Expr::select(eq(1), f(G[1][i]), Expr::select(eq(2), f(G[2][i]), f(G[3][i]))),
-    )
+/// `G[r][i]` as an expression of the transform row `r` (an index expression in `0..a`).
+fn g_coef(v: &Variant, r: &Expr, i: usize) -> Expr {
+    let last = v.a() - 1;
+    let mut e = lit(v.g[last][i], DType::F32);
+    for row in (0..last).rev() {
+        let eq = bin(BinOp::Eq, r.clone(), Expr::Int(row as i64));
+        e = Expr::select(eq, lit(v.g[row][i], DType::F32), e);
+    }
+    e
+}
+
+/// The variant for an output of `oh × ow` pixels: F(4×4) where its tiles fit the output
+/// (at most 1/8 of them padding) and there are enough of them, else F(2×2).
+fn variant(nb: i64, oh: i64, ow: i64) -> &'static Variant {
+    let padded = |m: i64| nb * ((oh + m - 1) / m * m) * ((ow + m - 1) / m * m);
+    let tiles4 = nb * ((oh + 3) / 4) * ((ow + 3) / 4);
+    if padded(4) * 8 <= nb * oh * ow * 9 && tiles4 >= MIN_TILES {
+        &F4
+    } else {
+        &F2
+    }
 }
 
 /// Lowers the conv `n` (channels-last, `geo` its spatial geometry) with Winograd if it is
@@ -125,11 +178,14 @@ pub(crate) fn conv(
     let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
     let m = ws[0];
     let ((oh, pt, _), (ow, pl, _)) = (geo[0], geo[1]);
-    let (th, tw) = ((oh + 1) / 2, (ow + 1) / 2);
+    let v = variant(nb, oh, ow);
+    let (tm, ta) = (v.m as i64, v.a());
+    let a2 = (ta * ta) as i64;
+    let (th, tw) = ((oh + tm - 1) / tm, (ow + tm - 1) / tm);
     // Tiles are numbered by rows (`R` over `nb * th`: image `R / th`, tile row `R % th`) and
     // columns (`tx` over `tw`); a block is `rb` rows.
     let rows = nb * th;
-    let rb = block_rows(rows, tw, c, m);
+    let rb = block_rows(rows, tw, c, m, a2);
     let blocks = (rows + rb - 1) / rb;
     let tb = rb * tw;
     let f32 = DType::F32;
@@ -142,8 +198,8 @@ pub(crate) fn conv(
             None => Expr::Var(r),
         }
     };
-    let vbuf = l.scratch(f32, vec![16, tb, c]);
-    let mbuf = l.scratch(f32, vec![16, tb, m]);
+    let vbuf = l.scratch(f32, vec![a2, tb, c]);
+    let mbuf = l.scratch(f32, vec![a2, tb, m]);
 
     // Input transform: V[ab, t, c] = (Bᵀ d B)[a][b] for the patch d under tile t.
     let r1 = l.loop_var("i", rb);
@@ -161,7 +217,7 @@ pub(crate) fn conv(
     // the patch's rows and columns and whether each lies inside the image.
     let mut tile_lets = vec![];
     let mut coord = |l: &mut Lowerer, base: &Expr, k: i64, pad: i64, size: i64, extra: Option<&Expr>| {
-        let raw = l.simp(bin(BinOp::Sub, bin(BinOp::Add, bin(BinOp::Mul, base.clone(), Expr::Int(2)), Expr::Int(k)), Expr::Int(pad)));
+        let raw = l.simp(bin(BinOp::Sub, bin(BinOp::Add, bin(BinOp::Mul, base.clone(), Expr::Int(tm)), Expr::Int(k)), Expr::Int(pad)));
         let clamped = l.simp(bin(BinOp::Max, bin(BinOp::Min, raw.clone(), Expr::Int(size - 1)), Expr::Int(0)));
         let name = l.fresh("t");
         let cv = l.k.index_var(name);
@@ -175,10 +231,10 @@ pub(crate) fn conv(
         tile_lets.push(Stmt::Let { var: ov, value: l.simp(ok) });
         (Expr::Var(cv), Expr::Var(ov))
     };
-    let ys: Vec<(Expr, Expr)> = (0..4).map(|i| coord(l, &ty1, i, pt, h, Some(&live))).collect();
-    let xs_: Vec<(Expr, Expr)> = (0..4).map(|j| coord(l, &tx1, j, pl, wd, None)).collect();
+    let ys: Vec<(Expr, Expr)> = (0..ta as i64).map(|i| coord(l, &ty1, i, pt, h, Some(&live))).collect();
+    let xs_: Vec<(Expr, Expr)> = (0..ta as i64).map(|j| coord(l, &tx1, j, pl, wd, None)).collect();
     let mut body = vec![];
-    let mut d = vec![vec![Expr::Int(0); 4]; 4];
+    let mut d = vec![vec![Expr::Int(0); ta]; ta];
     for (i, row) in d.iter_mut().enumerate() {
         for (j, dij) in row.iter_mut().enumerate() {
             let idx = vec![n1.clone(), ys[i].0.clone(), xs_[j].0.clone(), Expr::Var(c1)];
@@ -203,34 +259,34 @@ pub(crate) fn conv(
     }
     body.extend(l.take_lets());
     // Rows first: r[a][j] = sum_i Bᵀ[a][i] d[i][j]; then V[a][b] = sum_j Bᵀ[b][j] r[a][j].
-    let mut r = vec![vec![Expr::Int(0); 4]; 4];
-    for a in 0..4 {
-        for j in 0..4 {
-            let e = lin(&(0..4).map(|i| (BT[a][i], d[i][j].clone())).collect::<Vec<_>>());
+    let mut r = vec![vec![Expr::Int(0); ta]; ta];
+    for a in 0..ta {
+        for j in 0..ta {
+            let e = lin(&(0..ta).map(|i| (v.bt[a][i], d[i][j].clone())).collect::<Vec<_>>());
             let t = l.elem_var("t", f32, false);
             body.push(Stmt::Let { var: t, value: e });
             r[a][j] = Expr::Var(t);
         }
     }
-    for a in 0..4 {
-        for b in 0..4 {
-            let e = lin(&(0..4).map(|j| (BT[b][j], r[a][j].clone())).collect::<Vec<_>>());
-            body.push(Stmt::store(vbuf, vec![Expr::Int((a * 4 + b) as i64), t1.clone(), Expr::Var(c1)], e));
+    for a in 0..ta {
+        for b in 0..ta {
+            let e = lin(&(0..ta).map(|j| (v.bt[b][j], r[a][j].clone())).collect::<Vec<_>>());
+            body.push(Stmt::store(vbuf, vec![Expr::Int((a * ta + b) as i64), t1.clone(), Expr::Var(c1)], e));
         }
     }
     tile_lets.push(Stmt::for_(c1, c, body));
     let input_nest = Lowerer::nest(&[(r1, rb), (x1, tw)], tile_lets);
 
-    // The 16 products: M[ab, t, m] = sum_c V[ab, t, c] * U[ab, c, m].
-    let gv = super::anchors::gemm_vars(l, 16, tb, m, c, f32);
+    // The a² products: M[ab, t, m] = sum_c V[ab, t, c] * U[ab, c, m].
+    let gv = super::anchors::gemm_vars(l, a2, tb, m, c, f32);
     let (vb, vi, vj, vk) = (Expr::Var(gv.b), Expr::Var(gv.i), Expr::Var(gv.j), Expr::Var(gv.k));
-    let a_row = l.simp(bin(BinOp::Div, vb.clone(), Expr::Int(4)));
-    let b_col = l.simp(bin(BinOp::Rem, vb.clone(), Expr::Int(4)));
+    let a_row = l.simp(bin(BinOp::Div, vb.clone(), Expr::Int(ta as i64)));
+    let b_col = l.simp(bin(BinOp::Rem, vb.clone(), Expr::Int(ta as i64)));
     let mut uterms = vec![];
     for i in 0..3 {
         for j in 0..3 {
             let wv = l.value_at(wt, &[vj.clone(), vk.clone(), Expr::Int(i as i64), Expr::Int(j as i64)])?;
-            let coef = bin(BinOp::Mul, g_coef(&a_row, i), g_coef(&b_col, j));
+            let coef = bin(BinOp::Mul, g_coef(v, &a_row, i), g_coef(v, &b_col, j));
             uterms.push(bin(BinOp::Mul, coef, wv));
         }
     }
@@ -244,7 +300,7 @@ pub(crate) fn conv(
         return Ok(None);
     }
     let gemm = Stmt::Gemm(Box::new(Gemm {
-        batch: 16,
+        batch: a2,
         m: tb,
         n: m,
         k: c,
@@ -271,22 +327,22 @@ pub(crate) fn conv(
     let t2 = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(r2), Expr::Int(tw)), Expr::Var(x2)));
     let mark = l.begin_block();
     let mut ob = vec![];
-    let mut mv = vec![vec![Expr::Int(0); 4]; 4];
-    for a in 0..4 {
-        for b in 0..4 {
+    let mut mv = vec![vec![Expr::Int(0); ta]; ta];
+    for a in 0..ta {
+        for b in 0..ta {
             let t = l.elem_var("t", f32, false);
             ob.push(Stmt::Let {
                 var: t,
-                value: Expr::Load(mbuf, vec![Expr::Int((a * 4 + b) as i64), t2.clone(), Expr::Var(m2)]),
+                value: Expr::Load(mbuf, vec![Expr::Int((a * ta + b) as i64), t2.clone(), Expr::Var(m2)]),
             });
             mv[a][b] = Expr::Var(t);
         }
     }
     // s[a][q] = sum_b Aᵀ[q][b] M[a][b]; y[p][q] = sum_a Aᵀ[p][a] s[a][q].
-    let mut s = vec![vec![Expr::Int(0); 2]; 4];
-    for a in 0..4 {
-        for q in 0..2 {
-            let e = lin(&(0..4).map(|b| (AT[q][b], mv[a][b].clone())).collect::<Vec<_>>());
+    let mut s = vec![vec![Expr::Int(0); v.m]; ta];
+    for a in 0..ta {
+        for q in 0..v.m {
+            let e = lin(&(0..ta).map(|b| (v.at[q][b], mv[a][b].clone())).collect::<Vec<_>>());
             let t = l.elem_var("t", f32, false);
             ob.push(Stmt::Let { var: t, value: e });
             s[a][q] = Expr::Var(t);
@@ -294,24 +350,25 @@ pub(crate) fn conv(
     }
     let bv = super::anchors::val(l, bias, &[Expr::Var(m2)])?;
     ob.extend(l.take_lets());
-    // Each of the four pixels runs the epilogue, which marks the outputs it writes as done:
+    // Each pixel of the tile runs the epilogue, which marks the outputs it writes as done:
     // every pixel starts from the same state.
     let done = l.done.clone();
-    for p in 0..2 {
-        for q in 0..2 {
+    for p in 0..v.m {
+        for q in 0..v.m {
             l.done = done.clone();
-            let y = lin(&(0..4).map(|a| (AT[p][a], s[a][q].clone())).collect::<Vec<_>>());
-            let oy = l.simp(bin(BinOp::Add, bin(BinOp::Mul, ty2.clone(), Expr::Int(2)), Expr::Int(p as i64)));
-            let ox = l.simp(bin(BinOp::Add, bin(BinOp::Mul, tx2.clone(), Expr::Int(2)), Expr::Int(q as i64)));
+            let y = lin(&(0..ta).map(|a| (v.at[p][a], s[a][q].clone())).collect::<Vec<_>>());
+            let oy = l.simp(bin(BinOp::Add, bin(BinOp::Mul, ty2.clone(), Expr::Int(tm)), Expr::Int(p as i64)));
+            let ox = l.simp(bin(BinOp::Add, bin(BinOp::Mul, tx2.clone(), Expr::Int(tm)), Expr::Int(q as i64)));
             let oidx = vec![n2.clone(), oy.clone(), ox.clone(), Expr::Var(m2)];
             let e = bin(BinOp::Add, y, bv.clone());
             let st = l.epilogue(out, &oidx, e)?;
-            // Odd output sizes: the last row or column of tiles has one pixel.
+            // Sizes that are not multiples of the tile: the last row or column of tiles is
+            // partly outside the output.
             let mut conds = vec![];
-            if oh % 2 == 1 && p == 1 {
+            if oh % tm != 0 && p as i64 >= oh % tm {
                 conds.push(bin(BinOp::Lt, oy, Expr::Int(oh)));
             }
-            if ow % 2 == 1 && q == 1 {
+            if ow % tm != 0 && q as i64 >= ow % tm {
                 conds.push(bin(BinOp::Lt, ox, Expr::Int(ow)));
             }
             match conds.into_iter().reduce(|a, b| bin(BinOp::And, a, b)) {
@@ -347,26 +404,39 @@ pub(crate) fn conv(
 mod tests {
     use super::*;
 
-    /// The transforms reproduce a 1-D correlation of 4 inputs with 3 taps (F(2, 3)), so their
-    /// tensor product reproduces the 2-D one.
+    /// Each variant's transforms reproduce a 1-D correlation of `a` inputs with 3 taps
+    /// (F(m, 3)), so their tensor product reproduces the 2-D one.
     #[test]
     fn transforms_compute_a_correlation() {
-        let d = [0.3, -1.2, 2.5, 0.7];
-        let g = [0.9, -0.4, 1.1];
-        let u: Vec<f64> = (0..4).map(|a| (0..3).map(|i| G[a][i] * g[i]).sum()).collect();
-        let v: Vec<f64> = (0..4).map(|a| (0..4).map(|i| BT[a][i] * d[i]).sum()).collect();
-        let y: Vec<f64> = (0..2).map(|p| (0..4).map(|a| AT[p][a] * u[a] * v[a]).sum()).collect();
-        for (p, yp) in y.iter().enumerate() {
-            let want: f64 = (0..3).map(|k| d[p + k] * g[k]).sum();
-            assert!((yp - want).abs() < 1e-12, "{p}: {yp} vs {want}");
+        for v in [&F2, &F4] {
+            let d: Vec<f64> = (0..v.a()).map(|i| (i as f64 * 0.7).sin() + 0.3).collect();
+            let g = [0.9, -0.4, 1.1];
+            let u: Vec<f64> = (0..v.a()).map(|a| (0..3).map(|i| v.g[a][i] * g[i]).sum()).collect();
+            let t: Vec<f64> = (0..v.a()).map(|a| (0..v.a()).map(|i| v.bt[a][i] * d[i]).sum()).collect();
+            for p in 0..v.m {
+                let y: f64 = (0..v.a()).map(|a| v.at[p][a] * u[a] * t[a]).sum();
+                let want: f64 = (0..3).map(|k| d[p + k] * g[k]).sum();
+                assert!((y - want).abs() < 1e-12, "F({}, 3) output {p}: {y} vs {want}", v.m);
+            }
         }
     }
 
     #[test]
+    fn variants_follow_the_output_size() {
+        assert_eq!(variant(1, 56, 56).m, 4);
+        assert_eq!(variant(1, 28, 28).m, 4);
+        assert_eq!(variant(1, 14, 14).m, 2);
+        assert_eq!(variant(1, 27, 27).m, 4);
+        assert_eq!(variant(1, 13, 13).m, 2);
+        assert_eq!(variant(1, 112, 111).m, 4);
+    }
+
+    #[test]
     fn blocks_of_tile_rows() {
-        assert_eq!(block_rows(7, 7, 256, 256), 7);
-        assert_eq!(block_rows(28, 28, 64, 64), 3);
-        assert_eq!(block_rows(14, 14, 128, 128), 1);
-        assert_eq!(block_rows(112, 112, 64, 64), 1);
+        assert_eq!(block_rows(7, 7, 256, 256, 16), 7);
+        assert_eq!(block_rows(28, 28, 64, 64, 16), 3);
+        assert_eq!(block_rows(14, 14, 128, 128, 16), 1);
+        assert_eq!(block_rows(14, 14, 64, 64, 36), 1);
+        assert_eq!(block_rows(112, 112, 64, 64, 16), 1);
     }
 }

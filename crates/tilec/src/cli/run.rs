@@ -52,6 +52,10 @@ pub struct RunArgs {
     /// Optimization level of the compiled path.
     #[arg(short = 'O', default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub opt_level: u8,
+    /// Compute 3x3 convolutions directly instead of with Winograd transforms (CPU): slower,
+    /// but rounded like the reference (Winograd's errors reach about 1e-5 of the outputs).
+    #[arg(long)]
+    pub no_winograd: bool,
     /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=8.
     /// Symbolic dimensions not fixed here or by a given input default to 1.
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
@@ -564,7 +568,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
 
 /// Compiles and runs on the CPU backend, with `--bench`, `--profile`, `--stats` and `--json`.
 fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-    let mut opts = tilec::compiled::CompileOptions { opt_level: a.opt_level, ..Default::default() };
+    let mut opts = tilec::compiled::CompileOptions { opt_level: a.opt_level, winograd: !a.no_winograd, ..Default::default() };
     if let Some(t) = a.threads {
         if t == 0 {
             bail!("--threads must be at least 1");
