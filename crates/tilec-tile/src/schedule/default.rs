@@ -455,8 +455,23 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                     )
                 {
                     // The border pieces too where they are long (a concatenation's inputs
-                    // along the vector axis: one piece per input).
-                    pieces.extend(p.before.into_iter().chain(p.after));
+                    // along the vector axis: one piece per input, the piece after cut again
+                    // while it still selects between inputs).
+                    pieces.extend(p.before);
+                    let mut next = p.after;
+                    for _ in 0..8 {
+                        let Some(a) = next.take() else { break };
+                        let mut trial = w.clone();
+                        match super::partition(&mut trial, &a) {
+                            Ok(q) if attempt(&mut w, &mut s, Primitive::Partition { loop_var: a.clone() }) => {
+                                pieces.extend(q.before);
+                                pieces.push(a);
+                                next = q.after;
+                            }
+                            _ => pieces.push(a),
+                        }
+                    }
+                    pieces.extend(next);
                 }
             }
             for piece in pieces {
