@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, SinkTransposes, Simplify, TargetKind};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, PadThinConvs, SinkTransposes, Simplify, TargetKind};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -115,6 +115,9 @@ pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
     // ---- layout ----
     v.push(SpecStage::Once(at(3, ChooseLayout::new(target))));
     v.push(SpecStage::Once(at(2, SinkTransposes)));
+    if target == TargetKind::Cpu {
+        v.push(SpecStage::Once(at(3, PadThinConvs)));
+    }
     v.push(canonicalize());
     v
 }

@@ -661,3 +661,53 @@ fn light_cnns_go_nhwc_on_cuda() {
         assert!((1..=2).contains(&tr4), "{m}: {tr4} rank-4 transposes");
     }
 }
+
+/// `pad-thin-convs`: a channels-last conv over 3 channels with padding gets an explicit `pad`
+/// (same results on the interpreter), wider or NCHW convs are left alone, and the partitioner
+/// keeps the padded copy out of the conv's kernel.
+#[test]
+fn thin_channels_last_convs_are_padded_explicitly() {
+    use tilec_opt::partition::{partition, Target};
+    use tilec_opt::passes::PadThinConvs;
+    let mut g = Graph::new("thin");
+    let x = input(&mut g, DType::F32, &[1, 17, 19, 3]);
+    let cl = |g: &mut Graph, x: ValueId, cin: usize, cout: usize, seed: u64, cl: bool| {
+        let w = random_const(g, DType::F32, &[cout, cin, 5, 5], seed);
+        let b = random_const(g, DType::F32, &[cout], seed + 1);
+        let window = Window {
+            kernel: vec![5, 5],
+            strides: vec![2, 2],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(vec![2, 1, 2, 2]),
+        };
+        g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: cl }), &[x, w, b]).unwrap()
+    };
+    let y = cl(&mut g, x, 3, 8, 1, true);
+    let z = cl(&mut g, y, 8, 8, 3, true);
+    g.set_outputs(vec![z]);
+    let mut h = g.clone();
+    assert!(PadThinConvs.run(&mut h).unwrap());
+    verify(&h).unwrap();
+    assert_same(&g, &h, 7);
+    let pads: Vec<_> = h.nodes().iter().filter(|n| matches!(n.op, Op::Layout(LayoutOp::Pad { .. }))).collect();
+    assert_eq!(pads.len(), 1, "only the 3-channel conv is padded");
+    let Op::Layout(LayoutOp::Pad { pads: p, .. }) = &pads[0].op else { unreachable!() };
+    assert_eq!(p, &vec![0, 2, 1, 0, 0, 2, 2, 0]);
+    // Nothing left to do, and NCHW convs are not touched.
+    assert!(!PadThinConvs.run(&mut h.clone()).unwrap());
+    let mut n = Graph::new("nchw");
+    let x = input(&mut n, DType::F32, &[1, 3, 17, 19]);
+    let y = cl(&mut n, x, 3, 8, 1, false);
+    n.set_outputs(vec![y]);
+    assert!(!PadThinConvs.run(&mut n).unwrap());
+    // The pad is a kernel of its own.
+    let p = partition(&h, &Target::preset(TargetKind::Cpu));
+    let conv_group = p.groups.iter().find(|grp| grp.nodes.iter().any(|&id| {
+        matches!(&h.node(id).op, Op::Linalg(LinalgOp::Conv { .. })) && h.value(h.node(id).inputs[1]).ty.fixed_shape().unwrap()[1] == 3
+    }));
+    let conv_group = conv_group.expect("a group with the thin conv");
+    assert!(
+        !conv_group.nodes.iter().any(|&id| matches!(h.node(id).op, Op::Layout(LayoutOp::Pad { .. }))),
+        "the pad is folded into the conv"
+    );
+}

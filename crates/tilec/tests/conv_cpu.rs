@@ -149,6 +149,15 @@ fn winograd_even_sizes_several_blocks() {
     check("w56", [1, 64, 56, 56], &[conv(64, 1, 1, 0), conv(64, 3, 1, 1), conv(64, 1, 1, 0)], 1);
 }
 
+/// An image's first convolutions (3 channels, padded and not, strided): the channels-last
+/// copy (`pad-thin-convs`) is materialized and the conv reads it in place.
+#[test]
+fn first_convolutions_over_three_channels() {
+    check("first7", [1, 3, 45, 45], &[conv(32, 7, 2, 3), conv(32, 1, 1, 0), conv(32, 3, 1, 1)], 1);
+    check("first3", [2, 3, 33, 31], &[conv(16, 3, 1, 1), conv(32, 3, 2, 0), conv(32, 1, 1, 0)], 0);
+    check("first11", [1, 3, 51, 51], &[conv(48, 11, 4, 0), conv(32, 1, 1, 0)], 0);
+}
+
 #[test]
 fn winograd_can_be_turned_off() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);

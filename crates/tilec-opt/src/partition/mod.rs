@@ -36,7 +36,8 @@ pub use target::{intensity, Target, TargetKind};
 use cost::{classify, node_flops, reduction_row, Sizes};
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use tilec_ir::{Graph, NodeId, Uses, ValueDef, ValueId};
+use tilec_ir::op::LinalgOp;
+use tilec_ir::{Graph, NodeId, Op, Uses, ValueDef, ValueId};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GroupKind {
@@ -304,6 +305,23 @@ impl<'a> St<'a> {
         out
     }
 
+    /// Whether layout group `gi` computes the input of a channels-last convolution over at
+    /// most `pad-thin-convs`' channel count per group (its padded, channels-last copy of an
+    /// image: read in place by the conv only when materialized).
+    fn pads_thin_conv(&self, gi: usize) -> bool {
+        self.kind(gi) == GroupKind::Layout && self.groups[gi].nodes.iter().any(|&n| {
+            let node = self.g.node(n);
+            self.uses[node.outputs[0].index()].by_node.iter().any(|&(c, slot)| {
+                    let cn = self.g.node(c);
+                    slot == 0
+                        && matches!(cn.op, Op::Linalg(LinalgOp::Conv { channels_last: true, .. }))
+                        && self.g.value(cn.inputs[1]).ty.fixed_shape().is_some_and(|w| {
+                            w.len() > 1 && w[1] <= crate::passes::layout::THIN_CONV_CHANNELS
+                        })
+                })
+        })
+    }
+
     fn producer_groups(&self, gi: usize) -> BTreeSet<usize> {
         self.ext_inputs(gi)
             .into_iter()
@@ -541,6 +559,14 @@ impl<'a> St<'a> {
             if matches!(self.kind(c), GroupKind::Conv | GroupKind::Pool) && !self.producer_groups(gi).is_empty() {
                 continue;
             }
+            // The (padded, channels-last) copy in front of a convolution over few channels
+            // (`pad-thin-convs`) stays a kernel of its own: folded back, every tap would
+            // re-index and check bounds again, and the conv could not read it in place.
+            if self.pads_thin_conv(gi) {
+                self.groups[gi].note =
+                    Some("pads the input of a convolution over few channels: materialized once".into());
+                continue;
+            }
             self.merge(c, gi);
             changed = true;
         }
@@ -746,6 +772,11 @@ impl<'a> St<'a> {
     }
 
     fn try_prologue(&mut self, p: usize, c: usize) -> bool {
+        if self.pads_thin_conv(p) {
+            let d = "the channels-last input of a convolution over few channels: folded, every tap would re-index and check bounds; materialized once".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         let ck = self.kind(c);
         let (saved, escapes) = self.saved_bytes(p, c);
         let pf = self.group_flops(p);

@@ -13,7 +13,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
-pub use layout::{ChooseLayout, SinkTransposes, TargetKind};
+pub use layout::{ChooseLayout, PadThinConvs, SinkTransposes, TargetKind};
 pub use simplify::Simplify;
 
 use crate::OptError;

@@ -1,10 +1,13 @@
 //! Layout passes: `sink-transposes` (move transposes through ops that commute with axis
 //! permutations so they cancel, merge or shrink) and `choose-layout` (NCHW vs NHWC per
-//! convolution region and target).
+//! convolution region and target), and `pad-thin-convs` (explicit padding in front of
+//! channels-last convolutions over few channels, for the CPU).
 
 mod choose;
+mod pad;
 mod sink;
 
 pub use crate::partition::TargetKind;
 pub use choose::{apply_plan, plan_layout, ChooseLayout, Layout, LayoutPlan, LayoutRegion};
+pub use pad::{PadThinConvs, MAX_CHANNELS as THIN_CONV_CHANNELS};
 pub use sink::{count_transposes, inverse, reduced_perm, transpose_of, SinkTransposes};
