@@ -21,7 +21,7 @@ use tilec_onnx::{import_model, ImportError, ImportOptions};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_ref::EvalCtx;
-use tilec_tile::lower::{lower_group, lower_nodes, LowerError, Lowered};
+use tilec_tile::lower::{lower_group, lower_group_with, lower_nodes, LowerError, LowerOptions, Lowered};
 use tilec_tile::{interp, Expr, Scope, Stmt};
 
 // ------------------------------------------------------------------ comparison
@@ -148,10 +148,13 @@ struct Stats {
     symbolic: usize,
     skipped: Vec<String>,
     mismatches: Vec<String>,
+    /// Groups whose CPU lowering differs from the default one (also checked).
+    cpu_variants: usize,
 }
 
 impl Stats {
     fn merge(&mut self, o: Stats) {
+        self.cpu_variants += o.cpu_variants;
         self.cases += o.cases;
         self.groups += o.groups;
         self.lowered += o.lowered;
@@ -335,6 +338,26 @@ fn run_partitioned(
                     .iter()
                     .flat_map(|&n| g.node(n).inputs.iter().chain(&g.node(n).outputs).copied());
                 let tol = coarsest(g, vals);
+                // The CPU's algorithm choices (Winograd convolutions, attention as matrix
+                // products), where they change the kernel, against the same reference.
+                if let Ok(lc) = lower_group_with(g, grp, &format!("k{gi}c"), LowerOptions::cpu()) {
+                    if lc.kernel.body != lw.kernel.body {
+                        st.cpu_variants += 1;
+                        let outs = run_lowered(g, &lc, &env)
+                            .map_err(|e| format!("group {gi} ({:?}, cpu lowering): {e}", grp.kind))?;
+                        for (&v, t) in lc.outputs.iter().zip(outs) {
+                            if let Some(want) = reference.get(&v) {
+                                if let Some(m) = compare_at(want, &t, tol) {
+                                    st.mismatches.push(format!(
+                                        "{name} group {gi} {:?} (cpu lowering) value '{}': {m}",
+                                        grp.kind,
+                                        g.value(v).name
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
                 for (&v, t) in lw.outputs.iter().zip(outs) {
                     st.checked_outputs += 1;
                     if let Some(want) = reference.get(&v) {
@@ -585,8 +608,8 @@ fn conformance_node_cases_lower_and_match() {
 fn report(what: &str, st: &Stats) {
     let fb: usize = st.fallback_ops.values().sum();
     println!(
-        "{what}: {} graphs ({} skipped with symbolic shapes); {} groups: {} lowered, {} fell back; {} kernel outputs checked",
-        st.cases, st.symbolic, st.groups, st.lowered, fb, st.checked_outputs
+        "{what}: {} graphs ({} skipped with symbolic shapes); {} groups: {} lowered ({} also with the cpu's algorithms), {} fell back; {} kernel outputs checked",
+        st.cases, st.symbolic, st.groups, st.lowered, st.cpu_variants, fb, st.checked_outputs
     );
     let mut top: Vec<(&String, &usize)> = st.fallback_ops.iter().collect();
     top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));

@@ -156,7 +156,7 @@ pub(crate) fn lower_anchor(l: &mut Lowerer, n: NodeId) -> R<Vec<Stmt>> {
 
 // ---------------------------------------------------------------- helpers
 
-fn neg_inf(d: DType) -> Expr {
+pub(crate) fn neg_inf(d: DType) -> Expr {
     lit(f64::NEG_INFINITY, d)
 }
 
@@ -315,7 +315,7 @@ pub(crate) fn val(l: &mut Lowerer, x: ValueId, idx: &[Expr]) -> R<Expr> {
     Ok(l.up(e, l.dtype(x)))
 }
 
-fn is_used(l: &Lowerer, v: ValueId) -> bool {
+pub(crate) fn is_used(l: &Lowerer, v: ValueId) -> bool {
     l.outputs.contains(&v)
         || l.uses[v.index()]
             .by_node
@@ -2152,18 +2152,18 @@ fn einsum(l: &mut Lowerer, n: NodeId, subs: &[Vec<u8>], output: &[u8]) -> R<Vec<
 
 // ---------------------------------------------------------------- attention
 
-struct Att {
-    rank3: bool,
-    hq: i64,
-    hkv: i64,
-    sq: i64,
-    skv: i64,
-    past: i64,
-    dh: i64,
-    dv: i64,
+pub(crate) struct Att {
+    pub rank3: bool,
+    pub hq: i64,
+    pub hkv: i64,
+    pub sq: i64,
+    pub skv: i64,
+    pub past: i64,
+    pub dh: i64,
+    pub dv: i64,
 }
 
-fn att_geom(l: &Lowerer, n: NodeId, op: &Op) -> R<Att> {
+pub(crate) fn att_geom(l: &Lowerer, n: NodeId, op: &Op) -> R<Att> {
     let Op::Nn(NnOp::Attention {
         q_num_heads,
         kv_num_heads,
@@ -2212,7 +2212,7 @@ fn att_geom(l: &Lowerer, n: NodeId, op: &Op) -> R<Att> {
 }
 
 /// Element (b, h, s, d) of a 3-D `[B, S, H*D]` or 4-D `[B, H, S, D]` tensor.
-fn head_idx(rank3: bool, dsz: i64, b: Expr, h: Expr, s: Expr, d: Expr) -> Vec<Expr> {
+pub(crate) fn head_idx(rank3: bool, dsz: i64, b: Expr, h: Expr, s: Expr, d: Expr) -> Vec<Expr> {
     if rank3 {
         vec![b, s, bin(BinOp::Add, bin(BinOp::Mul, h, Expr::Int(dsz)), d)]
     } else {
@@ -2221,7 +2221,7 @@ fn head_idx(rank3: bool, dsz: i64, b: Expr, h: Expr, s: Expr, d: Expr) -> Vec<Ex
 }
 
 /// K (which = 1) or V (which = 2) with the past prepended, at (b, kh, j, d).
-fn kv_at(
+pub(crate) fn kv_at(
     l: &mut Lowerer,
     n: NodeId,
     op: &Op,
@@ -2287,6 +2287,11 @@ pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[E
 }
 
 fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
+    if l.opts.attention_gemm {
+        if let Some(st) = super::attention_gemm::attention(l, n, op)? {
+            return Ok(st);
+        }
+    }
     let Op::Nn(NnOp::Attention {
         scale,
         is_causal,
@@ -2645,10 +2650,10 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
 }
 
 /// Rounding of a constant to a dtype's precision.
-struct Tensor1;
+pub(crate) struct Tensor1;
 
 impl Tensor1 {
-    fn round(d: DType, x: f64) -> f64 {
+    pub(crate) fn round(d: DType, x: f64) -> f64 {
         match tilec_ir::Tensor::from_f64s(d, vec![1], &[x]) {
             Ok(t) => t.to_f64_vec()[0],
             Err(_) => x,

@@ -22,6 +22,7 @@
 //! contiguous dimension.
 
 mod anchors;
+mod attention_gemm;
 mod expr;
 pub mod simplify;
 mod winograd;
@@ -69,12 +70,16 @@ pub struct LowerOptions {
     /// F(2×2, 3×3) (`winograd.rs`): 2.25 times fewer multiply-adds. For the CPU; the GPU
     /// schedules expect the direct forms.
     pub winograd: bool,
+    /// Lower attention as two matrix products around a row softmax per (batch, head)
+    /// (`attention_gemm.rs`), where its form allows, instead of one query row at a time.
+    /// For the CPU.
+    pub attention_gemm: bool,
 }
 
 impl LowerOptions {
     /// What the CPU back end wants.
     pub fn cpu() -> LowerOptions {
-        LowerOptions { winograd: true }
+        LowerOptions { winograd: true, attention_gemm: true }
     }
 }
 
