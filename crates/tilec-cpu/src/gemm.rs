@@ -1124,6 +1124,17 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
             "/* Tiles: a B panel stays in L1 while the A panels stream past it. */\n                    for (int64_t jr = 0; jr < nc; jr += {nr}) {{\n                    for (int64_t ir = 0; ir < mc; ir += {mr}) {{"
         )
     };
+    // Panel order: while the row tiles pass one B panel, each fetches its share of the panel
+    // after next towards L2, so that panels streaming from memory (the weights of a
+    // convolution over few pixels) overlap the arithmetic instead of stalling the first tile.
+    // (ResNet-50: 24.8-24.9 ms without, 23.4-23.8 with; one panel ahead 24.0-24.1.)
+    let prefetch_next = if a_once {
+        String::new()
+    } else {
+        format!(
+            "if (jr + 2 * {nr} < nc && mc > {mr}) {{ const char *tc_nx = (const char *)(pbk + (jr + 2 * {nr}) * kc); const int64_t tc_nt = (mc + {mr} - 1) / {mr}, tc_per = (kc * {nr} * (int64_t)sizeof({t}) + tc_nt - 1) / tc_nt; for (int64_t o = (ir / {mr}) * tc_per; o < (ir / {mr} + 1) * tc_per && o < kc * {nr} * (int64_t)sizeof({t}); o += 64) __builtin_prefetch(tc_nx + o, 0, 2); }}"
+        )
+    };
     let pa_alloc = if ind.is_some() && !a_rows {
         "NULL".to_string()
     } else {
@@ -1172,6 +1183,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                         {t} ct[{ctn}] __attribute__((aligned(64)));
                         /* Partial sums of earlier K slices: one contiguous mr x nr tile each. */
                         {t} *ws = cw ? cw + (((ic - m0 + ir) / {mr}) * (ncb / {nr}) + jr / {nr}) * {ctn} : NULL;
+                        {prefetch_next}
                         {tile_call}
                         if (last) {{
                             const int64_t mre = mc - ir < {mr} ? mc - ir : {mr}, nre = nc - jr < {nr} ? nc - jr : {nr};
