@@ -17,7 +17,7 @@ use tilec_ir::DType;
 use tilec_tile::ir::*;
 
 use crate::cpuinfo::CpuInfo;
-use tilec_tile::indirect::{indirect_form, IndirectA};
+use tilec_tile::indirect::{bound_atoms, indirect_form, split_offset, IndirectA};
 use crate::render::{convert, value_type, Ctx, RenderError, Renderer};
 
 /// Chooses the blocking of an `m × n × k` single-precision product for `cpu`.
@@ -95,50 +95,6 @@ fn operand_params(r: &Renderer, e: &Expr, vars: &[VarId]) -> Option<Vec<usize>> 
     ok.then_some(ps)
 }
 
-/// Splits an index sum into its terms with coefficients (`(a + b) * 3 - c` -> `3a, 3b, -c`).
-fn sum_terms(e: &Expr, sign: i64, out: &mut Vec<(i64, Expr)>) {
-    match e {
-        Expr::Binary(BinOp::Add, a, b) => {
-            sum_terms(a, sign, out);
-            sum_terms(b, sign, out);
-        }
-        Expr::Binary(BinOp::Sub, a, b) => {
-            sum_terms(a, sign, out);
-            sum_terms(b, -sign, out);
-        }
-        Expr::Binary(BinOp::Mul, a, b) if matches!(**b, Expr::Int(_)) => {
-            let Expr::Int(c) = **b else { unreachable!() };
-            sum_terms(a, sign.saturating_mul(c), out);
-        }
-        Expr::Binary(BinOp::Mul, a, b) if matches!(**a, Expr::Int(_)) => {
-            let Expr::Int(c) = **a else { unreachable!() };
-            sum_terms(b, sign.saturating_mul(c), out);
-        }
-        Expr::Int(c) => out.push((1, Expr::Int(sign.saturating_mul(*c)))),
-        _ => out.push((sign, e.clone())),
-    }
-}
-
-/// Writes `e` (an index expression) as `row(k, b) + col(j, b)`, if no term mixes `k` and `j`.
-fn separate(e: &Expr, k: VarId, j: VarId) -> Option<(Expr, Expr)> {
-    let mut terms = vec![];
-    sum_terms(e, 1, &mut terms);
-    let (mut row, mut col) = (Expr::Int(0), Expr::Int(0));
-    for (sign, t) in terms {
-        let (hk, hj) = (uses_var(&t, k), uses_var(&t, j));
-        if hk && hj {
-            return None;
-        }
-        if sign.unsigned_abs() >= 1 << 31 {
-            return None;
-        }
-        let acc = if hj { &mut col } else { &mut row };
-        let old = std::mem::replace(acc, Expr::Int(0));
-        *acc = Expr::add(old, Expr::mul(t, Expr::Int(sign)));
-    }
-    Some((row, col))
-}
-
 /// An implicit im2col operand `B[k, j] = cond ? x[idx] : 0` whose flat offset and every
 /// bound of `cond` separate into a part of `k` (and the batch) and a part of `j`.
 struct Im2col {
@@ -147,16 +103,6 @@ struct Im2col {
     off: (Expr, Expr),
     /// Bounds `row + col OP 0`.
     atoms: Vec<(BinOp, Expr, Expr)>,
-}
-
-fn and_atoms(e: &Expr, out: &mut Vec<Expr>) {
-    match e {
-        Expr::Binary(BinOp::And, a, b) => {
-            and_atoms(a, out);
-            and_atoms(b, out);
-        }
-        _ => out.push(e.clone()),
-    }
 }
 
 fn im2col_form(r: &Renderer, g: &Gemm) -> Option<Im2col> {
@@ -179,24 +125,12 @@ fn im2col_of(r: &Renderer, g: &Gemm, e: &Expr, vec: VarId) -> Option<Im2col> {
     if b.dtype != DType::F32 || !r.k.params.contains(buf) || b.numel() >= 1 << 30 {
         return None;
     }
-    let strides = b.strides();
-    let mut flat = Expr::Int(0);
-    for (e, &st) in idx.iter().zip(&strides) {
-        flat = Expr::add(flat, Expr::mul(e.clone(), Expr::Int(st)));
-    }
-    let off = separate(&flat, g.k_var, vec)?;
-    let mut atoms = vec![];
-    if let Some(c) = cond {
-        let mut list = vec![];
-        and_atoms(c, &mut list);
-        for a in list {
-            let Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), x, y) = a else {
-                return None;
-            };
-            let (row, col) = separate(&Expr::bin(BinOp::Sub, *x, *y), g.k_var, vec)?;
-            atoms.push((op, row, col));
-        }
-    }
+    let terms: Vec<(Expr, i64)> = idx.iter().cloned().zip(b.strides()).collect();
+    let off = split_offset(&terms, vec, g.k_var, None)?;
+    let atoms = match cond {
+        Some(c) => bound_atoms(c, vec, g.k_var, None)?,
+        None => vec![],
+    };
     Some(Im2col { buf: *buf, off, atoms })
 }
 
@@ -511,19 +445,40 @@ fn isa(double: bool, vector_bytes: usize, fma: bool) -> Isa {
 /// The micro-kernel `cout[mr × nr] = (cin ? cin : 0) + a_panel · b_panel` (file-scope C code,
 /// guarded so that it is defined once per translation unit) and its name.
 fn micro_kernel(double: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
+    ukr_source(double, false, b, cpu)
+}
+
+/// The indirect micro-kernel: like [`micro_kernel`], but `A` is read in place through one
+/// pointer per row and piece (`ptrs[q * mr + i]`, `pl[q]` elements each, see
+/// [`tilec_tile::indirect`]); the `B` panel runs through the pieces in order.
+fn micro_kernel_indirect(b: &Blocking, cpu: &CpuInfo) -> (String, String) {
+    ukr_source(false, true, b, cpu)
+}
+
+fn ukr_source(double: bool, indirect: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
     let t = if double { "double" } else { "float" };
-    let vb = b.lanes as usize * if double { 8 } else { 4 };
+    let eb = if double { 8 } else { 4 };
+    let vb = b.lanes as usize * eb;
     let is = isa(double, vb, cpu.fma);
     let nv = b.nr / b.lanes;
     let (mr, nr, lanes) = (b.mr, b.nr, b.lanes);
-    let name = format!("tc_ukr_{t}_{mr}x{nr}_w{vb}");
+    let name = if indirect {
+        format!("tc_ukri_{t}_{mr}x{nr}_w{vb}")
+    } else {
+        format!("tc_ukr_{t}_{mr}x{nr}_w{vb}")
+    };
     let guard = name.to_uppercase();
     let mut s = String::new();
     s.push_str(&format!("#ifndef {guard}\n#define {guard}\n"));
     s.push_str(&format!("#if !({})\n#error \"the GEMM micro-kernel needs a {}-byte vector ISA: compile for the CPU it was generated for\"\n#endif\n", is.cond, vb));
     s.push_str("#include <immintrin.h>\n");
+    let a_param = if indirect {
+        format!("int64_t np, const int32_t *TC_RESTRICT pl, const {t} *const *TC_RESTRICT ptrs")
+    } else {
+        format!("int64_t kc, const {t} *TC_RESTRICT a")
+    };
     s.push_str(&format!(
-        "static __attribute__((noinline)) void {name}(int64_t kc, const {t} *TC_RESTRICT a, const {t} *TC_RESTRICT b, const {t} *TC_RESTRICT cin, int64_t ldi, {t} *TC_RESTRICT cout, int64_t ldo) {{\n"
+        "static __attribute__((noinline)) void {name}({a_param}, const {t} *TC_RESTRICT b, const {t} *TC_RESTRICT cin, int64_t ldi, {t} *TC_RESTRICT cout, int64_t ldo) {{\n"
     ));
     for i in 0..mr {
         for v in 0..nv {
@@ -532,104 +487,29 @@ fn micro_kernel(double: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
     }
     // The partial sums are needed only after the K loop: start fetching them now.
     s.push_str(&format!(
-        "    if (cin) for (int64_t p = 0; p < {}; p += {}) __builtin_prefetch((const char *)cin + p, 0, 3);\n",
-        mr * nr * if double { 8 } else { 4 },
-        64
-    ));
-    s.push_str("    #pragma GCC unroll 4\n    for (int64_t k = 0; k < kc; ++k) {\n");
-    for v in 0..nv {
-        s.push_str(&format!(
-            "        {} b{v} = {}(b + k * {nr} + {});\n",
-            is.vty,
-            is.load,
-            v * lanes
-        ));
-    }
-    for i in 0..mr {
-        s.push_str(&format!(
-            "        {{ {} ai = {}(a[k * {mr} + {i}]);",
-            is.vty, is.set1
-        ));
-        for v in 0..nv {
-            match is.fma {
-                Some(f) => s.push_str(&format!(" c{i}_{v} = {f}(ai, b{v}, c{i}_{v});")),
-                None => s.push_str(&format!(
-                    " c{i}_{v} = {}(c{i}_{v}, {}(ai, b{v}));",
-                    is.add, is.mul
-                )),
-            }
-        }
-        s.push_str(" }\n");
-    }
-    s.push_str("    }\n    if (cin) {\n");
-    for i in 0..mr {
-        for v in 0..nv {
-            s.push_str(&format!(
-                "        c{i}_{v} = {}(c{i}_{v}, {}(cin + {i} * ldi + {}));\n",
-                is.add,
-                is.loadu,
-                v * lanes
-            ));
-        }
-    }
-    s.push_str("    }\n");
-    for i in 0..mr {
-        for v in 0..nv {
-            s.push_str(&format!(
-                "    {}(cout + {i} * ldo + {}, c{i}_{v});\n",
-                is.storeu,
-                v * lanes
-            ));
-        }
-    }
-    s.push_str("}\n#endif\n");
-    (s, name)
-}
-
-/// The indirect micro-kernel: like [`micro_kernel`], but `A` is read in place through one
-/// pointer per row and piece (`ptrs[q * mr + i]`, `pl[q]` elements each, see
-/// [`crate::indirect`]); the `B` panel runs through the pieces in order.
-fn micro_kernel_indirect(b: &Blocking, cpu: &CpuInfo) -> (String, String) {
-    let vb = b.lanes as usize * 4;
-    let is = isa(false, vb, cpu.fma);
-    let nv = b.nr / b.lanes;
-    let (mr, nr, lanes) = (b.mr, b.nr, b.lanes);
-    let name = format!("tc_ukri_float_{mr}x{nr}_w{vb}");
-    let guard = name.to_uppercase();
-    let mut s = String::new();
-    s.push_str(&format!("#ifndef {guard}\n#define {guard}\n"));
-    s.push_str(&format!("#if !({})\n#error \"the GEMM micro-kernel needs a {}-byte vector ISA: compile for the CPU it was generated for\"\n#endif\n", is.cond, vb));
-    s.push_str("#include <immintrin.h>\n");
-    s.push_str(&format!(
-        "static __attribute__((noinline)) void {name}(int64_t np, const int32_t *TC_RESTRICT pl, const float *const *TC_RESTRICT ptrs, const float *TC_RESTRICT b, const float *TC_RESTRICT cin, int64_t ldi, float *TC_RESTRICT cout, int64_t ldo) {{\n"
-    ));
-    for i in 0..mr {
-        for v in 0..nv {
-            s.push_str(&format!("    {} c{i}_{v} = {}();\n", is.vty, is.zero));
-        }
-    }
-    s.push_str(&format!(
         "    if (cin) for (int64_t p = 0; p < {}; p += 64) __builtin_prefetch((const char *)cin + p, 0, 3);\n",
-        mr * nr * 4
+        mr * nr * eb as i64
     ));
-    s.push_str("    for (int64_t q = 0; q < np; ++q) {\n");
-    for i in 0..mr {
-        s.push_str(&format!(
-            "        const float *TC_RESTRICT a{i} = ptrs[q * {mr} + {i}];\n"
-        ));
+    let pad = if indirect { "    " } else { "" };
+    if indirect {
+        s.push_str("    for (int64_t q = 0; q < np; ++q) {\n");
+        for i in 0..mr {
+            s.push_str(&format!("        const {t} *TC_RESTRICT a{i} = ptrs[q * {mr} + {i}];\n"));
+        }
+        s.push_str("        const int64_t kc = pl[q];\n");
     }
-    s.push_str("        const int64_t len = pl[q];\n");
-    s.push_str("        #pragma GCC unroll 4\n        for (int64_t k = 0; k < len; ++k) {\n");
+    s.push_str(&format!("{pad}    #pragma GCC unroll 4\n{pad}    for (int64_t k = 0; k < kc; ++k) {{\n"));
     for v in 0..nv {
         s.push_str(&format!(
-            "            {} b{v} = {}(b + k * {nr} + {});\n",
+            "{pad}        {} b{v} = {}(b + k * {nr} + {});\n",
             is.vty,
             is.load,
             v * lanes
         ));
     }
     for i in 0..mr {
-        s.push_str(&format!("            {{ {} ai = {}(a{i}[k]);", is.vty, is.set1));
+        let a = if indirect { format!("a{i}[k]") } else { format!("a[k * {mr} + {i}]") };
+        s.push_str(&format!("{pad}        {{ {} ai = {}({a});", is.vty, is.set1));
         for v in 0..nv {
             match is.fma {
                 Some(f) => s.push_str(&format!(" c{i}_{v} = {f}(ai, b{v}, c{i}_{v});")),
@@ -641,7 +521,11 @@ fn micro_kernel_indirect(b: &Blocking, cpu: &CpuInfo) -> (String, String) {
         }
         s.push_str(" }\n");
     }
-    s.push_str(&format!("        }}\n        b += len * {nr};\n    }}\n    if (cin) {{\n"));
+    s.push_str(&format!("{pad}    }}\n"));
+    if indirect {
+        s.push_str(&format!("        b += kc * {nr};\n    }}\n"));
+    }
+    s.push_str("    if (cin) {\n");
     for i in 0..mr {
         for v in 0..nv {
             s.push_str(&format!(

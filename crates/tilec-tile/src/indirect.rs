@@ -109,19 +109,12 @@ fn leaf(k: &Kernel, g: &Gemm, load: &Expr, cond: Option<&Expr>) -> Option<Leaf> 
         return None;
     }
     let terms: Vec<(Expr, i64)> = idx.iter().cloned().zip(b.strides()).collect();
-    let (koff, row) = split(&terms, g)?;
-    let mut atoms = vec![];
-    if let Some(c) = cond {
-        let mut list = vec![];
-        and_atoms(c, &mut list);
-        for a in list {
-            let Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), x, y) = a else {
-                return None;
-            };
-            let (kp, ip) = split(&[(*x, 1), (*y, -1)], g)?;
-            atoms.push((op, kp, ip));
-        }
-    }
+    let vars = [g.b_var, g.i_var, g.k_var];
+    let (koff, row) = split_offset(&terms, g.i_var, g.k_var, Some(&vars))?;
+    let atoms = match cond {
+        Some(c) => bound_atoms(c, g.i_var, g.k_var, Some(&vars))?,
+        None => vec![],
+    };
     Some(Leaf {
         buf: *buf,
         row,
@@ -140,30 +133,49 @@ fn and_atoms(e: &Expr, out: &mut Vec<Expr>) {
     }
 }
 
-/// `sum(e * c)` as (part without the row variable, part with it); `None` if a term mixes the
-/// row and reduction variables or uses a variable other than the gemm's batch, row and `k`.
-fn split(terms: &[(Expr, i64)], g: &Gemm) -> Option<(Expr, Expr)> {
+/// A conjunction of bounds `x OP y` (`<`, `<=`, `>`, `>=`) as `(OP, part of x - y without
+/// `row`, part with it)` per bound, split as [`split_offset`] splits; `None` for any other
+/// condition.
+pub fn bound_atoms(cond: &Expr, row: VarId, col: VarId, allowed: Option<&[VarId]>) -> Option<Vec<(BinOp, Expr, Expr)>> {
+    let mut list = vec![];
+    and_atoms(cond, &mut list);
+    list.into_iter()
+        .map(|a| {
+            let Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), x, y) = a else {
+                return None;
+            };
+            let (rest, r) = split_offset(&[(*x, 1), (*y, -1)], row, col, allowed)?;
+            Some((op, rest, r))
+        })
+        .collect()
+}
+
+/// `sum(e * c)` as (the part without `row`, the part with it); `None` if a term uses both
+/// `row` and `col`, or (with `allowed`) a variable not in `allowed`.
+pub fn split_offset(terms: &[(Expr, i64)], row: VarId, col: VarId, allowed: Option<&[VarId]>) -> Option<(Expr, Expr)> {
     let (atoms, konst) = linear_offset(terms)?;
-    let (mut kp, mut ip) = (Expr::Int(konst), Expr::Int(0));
+    let (mut rest, mut rp) = (Expr::Int(konst), Expr::Int(0));
     for (c, e) in atoms {
-        let (hi, hk) = (uses(&e, g.i_var), uses(&e, g.k_var));
+        let (hr, hc) = (uses(&e, row), uses(&e, col));
         let mut other = false;
-        e.visit(&mut |x| {
-            if let Expr::Var(v) = x {
-                other |= ![g.b_var, g.i_var, g.k_var].contains(v);
-            }
-        });
-        if other || (hi && hk) {
+        if let Some(vars) = allowed {
+            e.visit(&mut |x| {
+                if let Expr::Var(v) = x {
+                    other |= !vars.contains(v);
+                }
+            });
+        }
+        if other || (hr && hc) || c.unsigned_abs() >= 1 << 31 {
             return None;
         }
         let t = Expr::bin(BinOp::Mul, e, Expr::Int(c));
-        if hi {
-            ip = Expr::bin(BinOp::Add, ip, t);
+        if hr {
+            rp = Expr::bin(BinOp::Add, rp, t);
         } else {
-            kp = Expr::bin(BinOp::Add, kp, t);
+            rest = Expr::bin(BinOp::Add, rest, t);
         }
     }
-    Some((kp, ip))
+    Some((rest, rp))
 }
 
 fn uses(e: &Expr, v: VarId) -> bool {

@@ -2269,6 +2269,38 @@ pub(crate) fn kv_at(
     Ok(Expr::select(bin(BinOp::Lt, j, Expr::Int(a.past)), p?, c?))
 }
 
+/// The additive mask of attention at `bhij` = [b, h, i, j] (broadcast from the mask's shape;
+/// a boolean mask is 0 or -inf; keys past a mask shorter than the `t` keys are -inf).
+pub(crate) fn mask_bias(l: &mut Lowerer, mv: ValueId, bhij: [Expr; 4], t: i64, cd: DType) -> R<Expr> {
+    let ms = l.shape(mv);
+    let off = 4 - ms.len();
+    let mi: Vec<Expr> = ms
+        .iter()
+        .enumerate()
+        .map(|(k, &dsz)| if dsz == 1 { Expr::Int(0) } else { bhij[off + k].clone() })
+        .collect();
+    let last = ms[ms.len() - 1];
+    let guarded = last < t;
+    if guarded {
+        l.guard += 1;
+    }
+    let m = l.value_at(mv, &mi);
+    if guarded {
+        l.guard -= 1;
+    }
+    let m = m?;
+    let mval = if l.dtype(mv) == DType::Bool {
+        Expr::select(m, lit(0.0, cd), neg_inf(cd))
+    } else {
+        l.up(m, l.dtype(mv))
+    };
+    Ok(if guarded {
+        Expr::select(bin(BinOp::Lt, bhij[3].clone(), Expr::Int(last)), mval, neg_inf(cd))
+    } else {
+        mval
+    })
+}
+
 /// present_key / present_value (outputs 1 and 2) at `idx` = [b, h, t, d].
 pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[Expr]) -> R<Expr> {
     let op = l.g.node(n).op.clone();
@@ -2414,44 +2446,7 @@ fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let mb = l.begin_block();
     let mut bias: Option<Expr> = None;
     if let Some(mv) = mask {
-        let ms = l.shape(mv);
-        let full = [b.clone(), h.clone(), i.clone(), j.clone()];
-        let off = 4 - ms.len();
-        let mi: Vec<Expr> = ms
-            .iter()
-            .enumerate()
-            .map(|(k, &dsz)| {
-                if dsz == 1 {
-                    Expr::Int(0)
-                } else {
-                    full[off + k].clone()
-                }
-            })
-            .collect();
-        let last = ms[ms.len() - 1];
-        let guarded = last < t;
-        if guarded {
-            l.guard += 1;
-        }
-        let m = l.value_at(mv, &mi);
-        if guarded {
-            l.guard -= 1;
-        }
-        let m = m?;
-        let mval = if l.dtype(mv) == DType::Bool {
-            Expr::select(m, lit(0.0, cd), neg_inf(cd))
-        } else {
-            l.up(m, l.dtype(mv))
-        };
-        let mval = if guarded {
-            Expr::select(
-                bin(BinOp::Lt, j.clone(), Expr::Int(last)),
-                mval,
-                neg_inf(cd),
-            )
-        } else {
-            mval
-        };
+        let mval = mask_bias(l, mv, [b.clone(), h.clone(), i.clone(), j.clone()], t, cd)?;
         bias = Some(rnd(mval));
     }
     let mut blocked: Option<Expr> = None;

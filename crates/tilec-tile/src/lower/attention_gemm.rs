@@ -13,7 +13,7 @@
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, NodeId, Op};
 
-use super::anchors::{att_geom, gemm_params, gemm_vars, head_idx, is_used, kv_at, neg_inf, val, Tensor1};
+use super::anchors::{att_geom, gemm_params, gemm_vars, head_idx, is_used, kv_at, mask_bias, neg_inf, val, Tensor1};
 use super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
@@ -80,34 +80,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     let mark = l.begin_block();
     let mut logit = Expr::Var(g1.acc);
     if let Some(mv) = mask {
-        let ms = l.shape(mv);
-        let full = [b.clone(), h.clone(), i1.clone(), j1.clone()];
-        let off = 4 - ms.len();
-        let mi: Vec<Expr> = ms
-            .iter()
-            .enumerate()
-            .map(|(k, &d)| if d == 1 { Expr::Int(0) } else { full[off + k].clone() })
-            .collect();
-        let last = ms[ms.len() - 1];
-        let guarded = last < t;
-        if guarded {
-            l.guard += 1;
-        }
-        let m = l.value_at(mv, &mi);
-        if guarded {
-            l.guard -= 1;
-        }
-        let m = m?;
-        let mval = if l.dtype(mv) == DType::Bool {
-            Expr::select(m, lit(0.0, f32), neg_inf(f32))
-        } else {
-            l.up(m, l.dtype(mv))
-        };
-        let mval = if guarded {
-            Expr::select(bin(BinOp::Lt, j1.clone(), Expr::Int(last)), mval, neg_inf(f32))
-        } else {
-            mval
-        };
+        let mval = mask_bias(l, mv, [b.clone(), h.clone(), i1.clone(), j1.clone()], t, f32)?;
         logit = bin(BinOp::Add, logit, mval);
     }
     if *is_causal {
