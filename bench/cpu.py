@@ -263,7 +263,8 @@ def markdown(res: dict) -> str:
         f"(intra-op threads {res['settings']['ort_threads']}, sequential, all optimizations), "
         f"numpy {m['numpy']} ({m['numpy_blas']}). Load average at the start: "
         f"{', '.join(str(x) for x in m['load_average_at_start'])}. Median of up to {res['settings']['runs']} runs "
-        f"after {res['settings']['warmup']} warm-up runs. Ratio = tilec / reference "
+        f"after {res['settings']['warmup']} warm-up runs; per model {res['settings'].get('rounds', 1)} alternating "
+        "rounds (onnxruntime, tilec), each side the median of its rounds. Ratio = tilec / reference "
         "(latency: < 1 is faster than onnxruntime; GFLOP/s: > 1 is faster than numpy).",
         "",
         "## Models",
@@ -308,6 +309,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20, help="timed runs per model (at most; default 20)")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up runs per model (default 3)")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed runs per model and side (default 20)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per model (default 3)")
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (default 2)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="benchmark only these models")
     ap.add_argument("--sizes", type=int, nargs="+", default=SGEMM_SIZES, help="SGEMM sizes")
@@ -324,7 +326,7 @@ def main() -> int:
     res = {
         "date": date,
         "machine": machine(),
-        "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads},
+        "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads, "rounds": args.rounds},
         "models": [],
         "sgemm": [],
     }
@@ -345,22 +347,31 @@ def main() -> int:
             print(f"{name:14s} inputs: {e}", file=sys.stderr)
             continue
         runs = args.runs
-        if not args.no_ort:
-            try:
-                o = bench_ort(d, inputs, args.threads, args.warmup, args.runs, args.budget)
-                rec["ort_ms"], rec["ort_best_ms"], rec["ort_runs"] = o["ms"], o["best_ms"], o["runs"]
-                rec["ort_session_ms"] = o["session_ms"]
-                runs = o["runs"]
-            except Exception as e:  # noqa: BLE001
-                rec["ort_error"] = str(e).strip().splitlines()[0][:500] if str(e).strip() else repr(e)
-        if not args.no_tilec:
-            t = bench_tilec(args.tilec, d, inputs, runs, args.timeout)
-            if "error" in t:
-                rec["tilec_error"] = t["error"]
-            else:
-                rec["tilec_ms"] = t.pop("ms")
-                rec["tilec_runs"] = t.pop("runs")
-                rec["tilec"] = t  # compile_ms and anything else the CLI reports
+        # Alternating rounds (onnxruntime, then tilec, again): the machine's speed drifts over
+        # minutes, and each side's figure is the median of its rounds' medians.
+        ort_rounds, tilec_rounds = [], []
+        for _ in range(max(1, args.rounds)):
+            if not args.no_ort and "ort_error" not in rec:
+                try:
+                    o = bench_ort(d, inputs, args.threads, args.warmup, args.runs, args.budget)
+                    ort_rounds.append(o["ms"])
+                    rec["ort_best_ms"] = min(rec.get("ort_best_ms", o["best_ms"]), o["best_ms"])
+                    rec["ort_runs"], rec["ort_session_ms"] = o["runs"], o["session_ms"]
+                    runs = o["runs"]
+                except Exception as e:  # noqa: BLE001
+                    rec["ort_error"] = str(e).strip().splitlines()[0][:500] if str(e).strip() else repr(e)
+            if not args.no_tilec and "tilec_error" not in rec:
+                t = bench_tilec(args.tilec, d, inputs, runs, args.timeout)
+                if "error" in t:
+                    rec["tilec_error"] = t["error"]
+                else:
+                    tilec_rounds.append(t.pop("ms"))
+                    rec["tilec_runs"] = t.pop("runs")
+                    rec["tilec"] = t  # compile_ms and anything else the CLI reports
+        if ort_rounds:
+            rec["ort_ms"], rec["ort_rounds_ms"] = statistics.median(ort_rounds), ort_rounds
+        if tilec_rounds:
+            rec["tilec_ms"], rec["tilec_rounds_ms"] = statistics.median(tilec_rounds), tilec_rounds
         if rec["tilec_ms"] is not None and rec["ort_ms"]:
             rec["ratio"] = rec["tilec_ms"] / rec["ort_ms"]
         res["models"].append(rec)
