@@ -525,8 +525,11 @@ fn load(
 /// loads it. Its default (300000 spins, milliseconds) lets a thread that waits at a region's
 /// end take the CPU from the one it waits for whenever another process shares the cores:
 /// ResNet-50 ran 127-139 ms (median) beside a CPU-bound process with the default, 50 ms with
-/// 1000-3000 spins (onnxruntime: 47-61 ms), and the same 23-25 ms on a quiet machine.
-const GOMP_SPINS: &str = "2000";
+/// 2000 spins and 56 ms with 5000 (onnxruntime: 47-61 ms). Too few spins cost on a quiet
+/// machine, where the gaps between small kernels outlast them: GPT-2 at sequence length 1 took
+/// 0.55-0.64 ms with 2000 spins, 0.36-0.44 ms with 5000 as with the default, SqueezeNet 2.20
+/// against 2.06 ms.
+const GOMP_SPINS: &str = "5000";
 
 fn openmp_wait_policy() {
     static ONCE: std::sync::Once = std::sync::Once::new();
