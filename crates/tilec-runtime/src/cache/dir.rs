@@ -34,10 +34,11 @@ pub fn default_dir() -> PathBuf {
     if let Some(d) = var("HOME") {
         return d.join(".cache").join("tilec");
     }
-    std::env::temp_dir().join(format!("tilec-{}", uid()))
+    std::env::temp_dir().join(format!("tilec-{}", euid()))
 }
 
-pub fn uid() -> u32 {
+/// The effective user id: the owner a cache directory must have.
+pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -57,7 +58,7 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::Create(e) => write!(f, "cannot be created ({e})"),
             Refusal::NotADirectory => write!(f, "is not a directory"),
-            Refusal::Owner(o) => write!(f, "is owned by uid {o}, not by uid {}", uid()),
+            Refusal::Owner(o) => write!(f, "is owned by uid {o}, not by uid {}", euid()),
             Refusal::Writable(m) => write!(f, "is writable by group or others (mode {m:o})"),
             Refusal::Work(e) => write!(f, "is not writable ({e})"),
         }
@@ -74,14 +75,14 @@ pub fn check(dir: &Path) -> Result<(), Refusal> {
         .create(dir)
         .map_err(Refusal::Create)?;
     let link = std::fs::symlink_metadata(dir).map_err(Refusal::Create)?;
-    if link.file_type().is_symlink() && link.uid() != uid() && link.uid() != 0 {
+    if link.file_type().is_symlink() && link.uid() != euid() && link.uid() != 0 {
         return Err(Refusal::Owner(link.uid()));
     }
     let m = std::fs::metadata(dir).map_err(Refusal::Create)?;
     if !m.is_dir() {
         return Err(Refusal::NotADirectory);
     }
-    if m.uid() != uid() {
+    if m.uid() != euid() {
         return Err(Refusal::Owner(m.uid()));
     }
     if m.mode() & 0o022 != 0 {
@@ -183,7 +184,7 @@ pub fn sweep(dir: &Path, prefix: &str, own_only: bool) {
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        if own_only && meta.uid() != uid() {
+        if own_only && meta.uid() != euid() {
             continue;
         }
         let old = meta

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use dir::{default_dir, STALE_AFTER};
+pub use dir::{default_dir, euid, STALE_AFTER};
 pub use entry::{hex, Key, KeyBuilder, Rejection};
 
 use dir::Owned;
