@@ -7,7 +7,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use tilec_runtime::cache::{Cache, Key};
+use tilec_runtime::cache::{euid, Cache, Key};
 
 fn fresh(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -22,11 +22,6 @@ fn key(source: &str) -> Key {
         .part("-O2")
         .part(source)
         .finish()
-}
-
-fn euid() -> u32 {
-    // SAFETY: no preconditions.
-    unsafe { libc::geteuid() }
 }
 
 fn names(dir: &Path) -> Vec<String> {
