@@ -19,7 +19,11 @@ fn affine_kernel(name: &str, n: i64, a: f32, b: f32) -> Kernel {
         var: i,
         extent: n,
         kind: LoopKind::Vectorized,
-        body: vec![Stmt::store(y, vec![v(i)], Expr::bin(BinOp::Add, ax, Expr::f32(b)))],
+        body: vec![Stmt::store(
+            y,
+            vec![v(i)],
+            Expr::bin(BinOp::Add, ax, Expr::f32(b)),
+        )],
     }));
     k
 }
@@ -61,7 +65,11 @@ fn damaged_and_foreign_libraries_are_rebuilt() {
     let m = compile_fresh(&dir, &k);
     assert!(!m.stats().cache_hit);
     let entry = m.stats().library.clone();
-    assert!(entry.starts_with(&dir) && entry.is_file(), "{}", entry.display());
+    assert!(
+        entry.starts_with(&dir) && entry.is_file(),
+        "{}",
+        entry.display()
+    );
     let good = std::fs::read(&entry).unwrap();
     let foreign_path = compile_fresh(&dir, &other).stats().library.clone();
     let foreign = std::fs::read(&foreign_path).unwrap();
@@ -84,9 +92,16 @@ fn damaged_and_foreign_libraries_are_rebuilt() {
         let m = compile_fresh(&dir, &k);
         assert!(!m.stats().cache_hit, "{what}: the damaged entry was used");
         check(&m, &k, 1);
-        assert_eq!(std::fs::read(&entry).unwrap().len(), good.len(), "{what}: not rebuilt");
+        assert_eq!(
+            std::fs::read(&entry).unwrap().len(),
+            good.len(),
+            "{what}: not rebuilt"
+        );
         let again = compile_fresh(&dir, &k);
-        assert!(again.stats().cache_hit, "{what}: the rebuilt entry is not used");
+        assert!(
+            again.stats().cache_hit,
+            "{what}: the rebuilt entry is not used"
+        );
         check(&again, &k, 2);
     }
 }
@@ -102,12 +117,21 @@ fn a_loaded_library_does_not_change_with_its_entry() {
     let len = std::fs::metadata(&entry).unwrap().len();
     // Truncating the file a library was mapped from makes the next access fault (SIGBUS);
     // overwriting it changes the code under the caller. Neither reaches a loaded module.
-    std::fs::OpenOptions::new().write(true).open(&entry).unwrap().set_len(64).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&entry)
+        .unwrap()
+        .set_len(64)
+        .unwrap();
     check(&m, &k, 3);
     std::fs::write(&entry, vec![0xcc; len as usize]).unwrap();
     check(&m, &k, 4);
     // The compilers are gone, and so are their work folders with the copies they loaded.
-    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     assert_eq!(left, vec![entry]);
 }
 
@@ -127,9 +151,18 @@ fn an_unusable_cache_directory_only_costs_the_cache() {
         let c = compiler_in(&dir);
         let m = c.compile(std::slice::from_ref(&k)).unwrap();
         check(&m, &k, 5);
-        assert!(!m.stats().library.starts_with(&dir), "{}", m.stats().library.display());
+        assert!(
+            !m.stats().library.starts_with(&dir),
+            "{}",
+            m.stats().library.display()
+        );
         // Compiling again in the same process uses the private directory.
-        assert!(c.compile(std::slice::from_ref(&k)).unwrap().stats().cache_hit);
+        assert!(
+            c.compile(std::slice::from_ref(&k))
+                .unwrap()
+                .stats()
+                .cache_hit
+        );
     }
     assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
 }
@@ -146,7 +179,10 @@ fn a_cache_directory_of_another_user_is_not_used() {
     // Someone else's now, with a valid-looking library inside.
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
     let m = compile_fresh(&dir, &k);
-    assert!(!m.stats().cache_hit, "loaded a library from another user's directory");
+    assert!(
+        !m.stats().cache_hit,
+        "loaded a library from another user's directory"
+    );
     assert!(!m.stats().library.starts_with(&dir));
     check(&m, &k, 6);
     assert!(entry.is_file());

@@ -43,17 +43,34 @@ fn entries_round_trip_and_keys_discriminate() {
     assert_eq!(c.get(&k, "so.tilec"), None);
     let path = c.put(&k, "so.tilec", b"payload bytes").unwrap();
     assert_eq!(path, c.entry_path(&k, "so.tilec"));
-    assert_eq!(c.get(&k, "so.tilec").as_deref(), Some(&b"payload bytes"[..]));
+    assert_eq!(
+        c.get(&k, "so.tilec").as_deref(),
+        Some(&b"payload bytes"[..])
+    );
     // Another process sees the same entry.
     let c2 = Cache::open(&dir).unwrap();
-    assert_eq!(c2.get(&k, "so.tilec").as_deref(), Some(&b"payload bytes"[..]));
+    assert_eq!(
+        c2.get(&k, "so.tilec").as_deref(),
+        Some(&b"payload bytes"[..])
+    );
     // Sources, flags, compiler and kind all name different entries; parts do not run together.
     let names: Vec<String> = [
         key("int f() { return 2; }"),
-        Key::builder("test-library", "cc 1.0").part("-O3").part("int f() { return 1; }").finish(),
-        Key::builder("test-library", "cc 1.1").part("-O2").part("int f() { return 1; }").finish(),
-        Key::builder("other-kind", "cc 1.0").part("-O2").part("int f() { return 1; }").finish(),
-        Key::builder("test-library", "cc 1.0").part("-O2int f() { return 1; }").finish(),
+        Key::builder("test-library", "cc 1.0")
+            .part("-O3")
+            .part("int f() { return 1; }")
+            .finish(),
+        Key::builder("test-library", "cc 1.1")
+            .part("-O2")
+            .part("int f() { return 1; }")
+            .finish(),
+        Key::builder("other-kind", "cc 1.0")
+            .part("-O2")
+            .part("int f() { return 1; }")
+            .finish(),
+        Key::builder("test-library", "cc 1.0")
+            .part("-O2int f() { return 1; }")
+            .finish(),
     ]
     .iter()
     .map(|k| k.name())
@@ -98,7 +115,10 @@ fn bad_entries_are_removed_and_missed() {
         assert_eq!(c.get(&k, "bin"), Some(vec![7u8; 4096]), "{what}");
     }
     // The same entry under another compiler description is foreign too.
-    let other_cc = Key::builder("test-library", "cc 2.0").part("-O2").part("kernel a").finish();
+    let other_cc = Key::builder("test-library", "cc 2.0")
+        .part("-O2")
+        .part("kernel a")
+        .finish();
     std::fs::copy(&good_path, c.entry_path(&other_cc, "bin")).unwrap();
     assert_eq!(c.get(&other_cc, "bin"), None);
     // Not a regular file: a symbolic link (to a valid entry even) or a directory.
@@ -122,7 +142,11 @@ fn untrusted_directories_are_replaced_by_a_private_one() {
     let c = Cache::open(&file.join("cache")).unwrap();
     assert!(c.is_private());
     let private = c.dir().to_path_buf();
-    assert!(private.starts_with(std::env::temp_dir()), "{}", private.display());
+    assert!(
+        private.starts_with(std::env::temp_dir()),
+        "{}",
+        private.display()
+    );
     let m = std::fs::metadata(&private).unwrap();
     assert_eq!((m.mode() & 0o777, m.uid()), (0o700, euid()));
     // It works as a cache for this process, and is removed with it.

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tilec_onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 
 fn scratch(test: &str) -> PathBuf {
@@ -230,7 +229,13 @@ fn a_compile_killed_by_a_signal_leaves_nothing_that_breaks_the_next_run() {
     let started = std::time::Instant::now();
     let building = || {
         std::fs::read_dir(&cache).ok()?.flatten().find(|e| e.file_name().to_string_lossy().starts_with(&work)).and_then(
-            |e| std::fs::read_dir(e.path()).ok()?.flatten().find(|b| b.path().join("unit0.c").exists()).map(|_| e.path()),
+            |e| {
+                std::fs::read_dir(e.path())
+                    .ok()?
+                    .flatten()
+                    .find(|b| b.path().join("unit0.c").exists())
+                    .map(|_| e.path())
+            },
         )
     };
     let left = loop {

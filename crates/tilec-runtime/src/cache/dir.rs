@@ -176,7 +176,10 @@ pub fn sweep(dir: &Path, prefix: &str, own_only: bool) {
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
             continue;
         };
-        let pid = rest.split(['-', '.']).next().and_then(|p| p.parse::<u32>().ok());
+        let pid = rest
+            .split(['-', '.'])
+            .next()
+            .and_then(|p| p.parse::<u32>().ok());
         if pid == Some(me) {
             continue;
         }
@@ -217,7 +220,11 @@ fn open_dir(path: &Path) -> io::Result<File> {
 
 /// Takes an exclusive `flock` on `f`, waiting for it when `wait`.
 fn lock(f: &File, wait: bool) -> io::Result<()> {
-    let op = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
     // SAFETY: flock on a file descriptor we own.
     if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
         Ok(())

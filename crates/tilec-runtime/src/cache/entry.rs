@@ -135,11 +135,13 @@ pub fn encode(key: &Key, payload: &[u8]) -> Vec<u8> {
 /// Checks that `bytes` is an intact entry for `key` and returns its payload.
 pub fn decode<'a>(key: &Key, bytes: &'a [u8]) -> Result<&'a [u8], Rejection> {
     let mut r = Reader { b: bytes, at: 0 };
-    let magic = r.take(8).ok_or(if bytes.len() < 8 && MAGIC.starts_with(bytes) {
-        Rejection::Truncated
-    } else {
-        Rejection::NotAnEntry
-    })?;
+    let magic = r
+        .take(8)
+        .ok_or(if bytes.len() < 8 && MAGIC.starts_with(bytes) {
+            Rejection::Truncated
+        } else {
+            Rejection::NotAnEntry
+        })?;
     if magic != MAGIC {
         return Err(Rejection::NotAnEntry);
     }
@@ -197,7 +199,8 @@ impl<'a> Reader<'a> {
         self.take(2).map(|s| u16::from_le_bytes([s[0], s[1]]))
     }
     fn u32(&mut self) -> Option<u32> {
-        self.take(4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        self.take(4)
+            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     }
     fn u64(&mut self) -> Option<u64> {
         let s = self.take(8)?;

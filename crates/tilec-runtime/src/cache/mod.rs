@@ -37,6 +37,9 @@ use dir::Owned;
 /// Entries larger than this are not read (they cannot be ours).
 const MAX_ENTRY_BYTES: u64 = 4 << 30;
 
+/// A file's device and inode numbers.
+type FileId = (u64, u64);
+
 /// An open cache directory. Cheap to clone; the work folder (and a private fallback
 /// directory) is removed when the last clone is dropped.
 #[derive(Clone, Debug)]
@@ -76,7 +79,11 @@ impl Cache {
                 private.path().display()
             ),
         );
-        Ok(Cache::with(private.path().to_path_buf(), work, Some(private)))
+        Ok(Cache::with(
+            private.path().to_path_buf(),
+            work,
+            Some(private),
+        ))
     }
 
     fn with(dir: PathBuf, work: Owned, private: Option<Owned>) -> Cache {
@@ -132,8 +139,10 @@ impl Cache {
     }
 
     /// Removes a bad entry (unless another process has already replaced it) and warns.
-    fn reject(&self, path: &Path, ino: Option<(u64, u64)>, why: &str) {
-        let now = std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    fn reject(&self, path: &Path, ino: Option<FileId>, why: &str) {
+        let now = std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
         if ino.is_none() || now == ino {
             let _ = std::fs::remove_file(path);
         }
@@ -160,7 +169,10 @@ impl Cache {
                 let _ = std::fs::remove_file(&tmp);
                 warn_once(
                     "store",
-                    format_args!("cannot store the kernel cache entry {}: {e}", path.display()),
+                    format_args!(
+                        "cannot store the kernel cache entry {}: {e}",
+                        path.display()
+                    ),
                 );
                 None
             }
@@ -211,7 +223,7 @@ impl Drop for TempPath {
 
 /// Reads the entry at `path` through one descriptor: `Ok(None)` if there is none, an error
 /// saying what is wrong with it if it is not a readable regular file of plausible size.
-fn read_entry(path: &Path) -> Result<Option<(Vec<u8>, (u64, u64))>, String> {
+fn read_entry(path: &Path) -> Result<Option<(Vec<u8>, FileId)>, String> {
     let mut f = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
