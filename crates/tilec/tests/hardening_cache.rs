@@ -171,6 +171,23 @@ fn unusable_cache_directories_fall_back_to_a_private_one() {
 }
 
 #[test]
+fn the_cache_directory_follows_the_environment() {
+    let dir = scratch("env");
+    let model = save_model(&dir, "Sub");
+    let (home, xdg, own) = (dir.join("home"), dir.join("xdg"), dir.join("own"));
+    run(&model, &[("HOME", &home)]);
+    assert_eq!(entries(&home.join(".cache/tilec")).len(), 1);
+    run(&model, &[("HOME", &home), ("XDG_CACHE_HOME", &xdg)]);
+    assert_eq!(entries(&xdg.join("tilec")).len(), 1);
+    let r = run(&model, &[("HOME", &home), ("XDG_CACHE_HOME", &xdg), ("TILEC_CACHE_DIR", &own)]);
+    assert!(!r.from_cache());
+    assert_eq!(entries(&own).len(), 1);
+    for d in [home.join(".cache/tilec"), xdg.join("tilec"), own] {
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700, "{}", d.display());
+    }
+}
+
+#[test]
 fn without_home_the_cache_is_a_private_per_user_directory() {
     let dir = scratch("nohome");
     let model = save_model(&dir, "Sub");
