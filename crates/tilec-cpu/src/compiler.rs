@@ -1,5 +1,5 @@
-//! Compiling kernels to a shared library: rendering, deduplication, parallel `cc` runs, an
-//! on-disk cache and loading.
+//! Compiling kernels to a shared library: rendering, deduplication, parallel `cc` runs, the
+//! kernel cache (`tilec_runtime::cache`) and loading.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tilec_ir::{DType, Tensor};
+use tilec_runtime::cache::{hex, Cache, Key};
 use tilec_tile::ir::Kernel;
 
 use crate::cpuinfo::CpuInfo;
@@ -29,6 +30,8 @@ pub type PackFn = unsafe extern "C" fn(*const *mut c_void, i64, *mut c_void);
 
 /// Bumped whenever the generated code's conventions change, to invalidate cached libraries.
 const FORMAT_VERSION: &str = "tilec-cpu-2";
+/// Extension of cached libraries (a cache header, then the shared object).
+const ENTRY_EXT: &str = "so.tilec";
 
 /// How kernels are compiled.
 #[derive(Clone, Debug)]
@@ -37,7 +40,8 @@ pub struct CompileOptions {
     pub cc: String,
     /// Flags for every compile (see [`default_flags`]).
     pub flags: Vec<String>,
-    /// Where compiled libraries are cached; `None` picks [`default_cache_dir`].
+    /// Where compiled libraries are cached; `None` picks [`default_cache_dir`]. A directory
+    /// that cannot be trusted or written is replaced by a private temporary one (a warning).
     pub cache_dir: Option<PathBuf>,
     /// Parallel compiler processes (and translation units).
     pub jobs: usize,
@@ -72,24 +76,10 @@ pub fn default_flags() -> Vec<String> {
     f
 }
 
-/// `$TILEC_CACHE_DIR`, else `$XDG_CACHE_HOME/tilec`, else `$HOME/.cache/tilec`, else a
-/// directory under the system temp dir.
+/// `$TILEC_CACHE_DIR`, else `$XDG_CACHE_HOME/tilec`, else `$HOME/.cache/tilec`, else
+/// `tilec-<uid>` in the system's temporary directory (see `tilec_runtime::cache`).
 pub fn default_cache_dir() -> PathBuf {
-    let nonempty = |v: &str| {
-        std::env::var_os(v)
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = nonempty("TILEC_CACHE_DIR") {
-        return d;
-    }
-    if let Some(d) = nonempty("XDG_CACHE_HOME") {
-        return d.join("tilec");
-    }
-    if let Some(d) = nonempty("HOME") {
-        return d.join(".cache").join("tilec");
-    }
-    std::env::temp_dir().join("tilec-cache")
+    tilec_runtime::cache::default_dir()
 }
 
 impl Default for CompileOptions {
@@ -128,7 +118,7 @@ pub struct CompileStats {
     pub compile_time: Duration,
     /// Everything, including loading.
     pub total_time: Duration,
-    /// The shared library that was loaded.
+    /// The cache entry of the library (loaded from a verified private copy).
     pub library: PathBuf,
 }
 
@@ -167,6 +157,8 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CompileError {
 pub struct Compiler {
     opts: CompileOptions,
     cc_version: OnceLock<Result<String, String>>,
+    /// Opened on the first compile.
+    cache: OnceLock<Result<Cache, (std::io::ErrorKind, String)>>,
     hits: std::sync::atomic::AtomicUsize,
     misses: std::sync::atomic::AtomicUsize,
 }
@@ -202,6 +194,7 @@ impl Compiler {
         Compiler {
             opts,
             cc_version: OnceLock::new(),
+            cache: OnceLock::new(),
             hits: 0.into(),
             misses: 0.into(),
         }
@@ -232,6 +225,19 @@ impl Compiler {
             .map_err(|msg| CompileError::NoCompiler {
                 cc: self.opts.cc.clone(),
                 msg,
+            })
+    }
+
+    fn cache(&self) -> Result<&Cache, CompileError> {
+        self.cache
+            .get_or_init(|| {
+                let dir = self.opts.cache_dir.clone().unwrap_or_else(default_cache_dir);
+                Cache::open(&dir).map_err(|e| (e.kind(), e.to_string()))
+            })
+            .as_ref()
+            .map_err(|(kind, msg)| CompileError::Io {
+                what: "opening the kernel cache".into(),
+                source: std::io::Error::new(*kind, msg.clone()),
             })
     }
 
@@ -298,32 +304,24 @@ impl Compiler {
         // Units are deterministic given the set of unique kernels.
 
         let version = self.cc_version()?;
-        let mut h = Sha256::new();
-        h.update(FORMAT_VERSION.as_bytes());
-        h.update(self.opts.cc.as_bytes());
-        h.update(version.as_bytes());
+        let first_line = version.lines().next().unwrap_or("").trim();
+        let mut key = Key::builder("cpu-library", &format!("{} ({first_line})", self.opts.cc))
+            .part(FORMAT_VERSION)
+            .part(&version);
         for f in &self.opts.flags {
-            h.update(f.as_bytes());
-            h.update([0]);
+            key = key.part(f);
         }
-        h.update(format!("{:?}", self.opts.cpu).as_bytes());
-        h.update(host_cpu_id().as_bytes());
+        key = key
+            .part(format!("{:?}", self.opts.cpu))
+            .part(host_cpu_id())
+            .part(PRELUDE);
         // The set of kernel bodies decides the library, not how they are split into units.
-        h.update(PRELUDE.as_bytes());
         for (sym, (body, _)) in &by_hash {
-            h.update(sym.as_bytes());
-            h.update(body.as_bytes());
-            h.update([0]);
+            key = key.part(sym).part(body);
         }
-        let key = hex(&h.finalize())[..32].to_string();
-        let dir = self
-            .opts
-            .cache_dir
-            .clone()
-            .unwrap_or_else(default_cache_dir);
-        std::fs::create_dir_all(&dir)
-            .map_err(io(format!("creating cache directory {}", dir.display())))?;
-        let lib_path = dir.join(format!("tilec-{key}.so"));
+        let key = key.finish();
+        let cache = self.cache()?;
+        let lib_path = cache.entry_path(&key, ENTRY_EXT);
 
         let mut stats = CompileStats {
             kernels: kernels.len(),
@@ -333,41 +331,53 @@ impl Compiler {
             ..Default::default()
         };
         use std::sync::atomic::Ordering::Relaxed;
-        if lib_path.is_file() {
-            stats.cache_hit = true;
-            self.hits.fetch_add(1, Relaxed);
-        } else {
-            self.misses.fetch_add(1, Relaxed);
-            let tc = Instant::now();
-            self.build(&units, &dir, &key, &lib_path)?;
-            stats.compile_time = tc.elapsed();
-            stats.units = units.len();
-        }
-        let mut m = load(&lib_path, &symbol_of, params, packs)?;
+        let library = match cache.get(&key, ENTRY_EXT) {
+            Some(bytes) => {
+                stats.cache_hit = true;
+                self.hits.fetch_add(1, Relaxed);
+                bytes
+            }
+            None => {
+                self.misses.fetch_add(1, Relaxed);
+                let tc = Instant::now();
+                let bytes = self.build(&units, cache, &lib_path)?;
+                stats.compile_time = tc.elapsed();
+                stats.units = units.len();
+                cache.put(&key, ENTRY_EXT, &bytes);
+                bytes
+            }
+        };
+        // Load a private copy of the verified bytes: the entry may be replaced or truncated
+        // by another process at any time, and a mapped library must never change.
+        let copy = cache
+            .private_copy(&library, ".so")
+            .map_err(io("writing the library to load"))?;
+        let mut m = load(copy.path(), &symbol_of, params, packs)?;
+        drop(copy);
         stats.total_time = t0.elapsed();
         m.stats = stats;
         Ok(m)
     }
 
+    /// Compiles and links `units` in a scratch folder of the cache; returns the library.
     fn build(
         &self,
         units: &[Unit],
-        dir: &Path,
-        key: &str,
+        cache: &Cache,
         lib_path: &Path,
-    ) -> Result<(), CompileError> {
-        let work = dir.join(format!(
-            "tmp-{key}-{}-{}",
-            std::process::id(),
-            unique_suffix()
-        ));
-        std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
-        let result = self.build_in(units, &work, lib_path);
-        let _ = std::fs::remove_dir_all(&work);
-        result
+    ) -> Result<Vec<u8>, CompileError> {
+        let scratch = cache
+            .scratch()
+            .map_err(io(format!("creating a build folder in {}", cache.dir().display())))?;
+        self.build_in(units, scratch.path(), lib_path)
     }
 
-    fn build_in(&self, units: &[Unit], work: &Path, lib_path: &Path) -> Result<(), CompileError> {
+    fn build_in(
+        &self,
+        units: &[Unit],
+        work: &Path,
+        lib_path: &Path,
+    ) -> Result<Vec<u8>, CompileError> {
         let mut children = vec![];
         for (i, u) in units.iter().enumerate() {
             let c = work.join(format!("unit{i}.c"));
@@ -440,21 +450,8 @@ impl Compiler {
                 stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
-        // Publish atomically: concurrent compilers of the same key race harmlessly.
-        std::fs::rename(&tmp_lib, lib_path)
-            .map_err(io(format!("moving the library to {}", lib_path.display())))?;
-        Ok(())
+        std::fs::read(&tmp_lib).map_err(io(format!("reading {}", tmp_lib.display())))
     }
-}
-
-fn unique_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    t ^ (N.fetch_add(1, Ordering::Relaxed) << 48)
 }
 
 /// Identifies the host CPU model for the cache key (`-march=native` code is CPU specific).
@@ -467,10 +464,6 @@ fn host_cpu_id() -> String {
         .take(2)
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn load(

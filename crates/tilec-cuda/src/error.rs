@@ -34,9 +34,6 @@ pub enum CudaError {
     /// Wrong use of the runtime API (sizes, offsets, argument counts).
     #[error("{0}")]
     Usage(String),
-    /// The compilation cache could not be read or written.
-    #[error("CUDA compile cache {path}: {msg}")]
-    Cache { path: String, msg: String },
 }
 
 fn detail_suffix(d: &str) -> String {

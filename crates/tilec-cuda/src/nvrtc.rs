@@ -5,13 +5,15 @@
 //! `$CUDA_HOME`/`$CUDA_PATH`. NVRTC 12 and later have `cuda_fp16.h` and `cuda_bf16.h` built in,
 //! so no include path is needed.
 //!
-//! Compiled images are cached in `$TILEC_CACHE_DIR/cuda`, else `$XDG_CACHE_HOME/tilec/cuda`,
-//! else `~/.cache/tilec/cuda`, keyed by a hash of the source, the architecture, the NVRTC
-//! version and the options; the full key is stored beside each image and compared on a hit.
+//! Compiled images are cached (`tilec_runtime::cache`) in the `cuda` folder of the kernel
+//! cache directory, named by a digest of the source, the architecture, the NVRTC library
+//! (path and version) and the options, and verified before use.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+
+use tilec_runtime::cache::{Cache, Key};
 
 /// Stack of each NVRTC worker thread.
 const COMPILE_STACK_BYTES: usize = 64 << 20;
@@ -301,33 +303,11 @@ fn preload_builtins(cand: &str) -> Option<libloading::Library> {
         .find_map(|p| unsafe { libloading::Library::new(p) }.ok())
 }
 
-/// The cache directory: `$TILEC_CACHE_DIR/cuda`, `$XDG_CACHE_HOME/tilec/cuda` or
-/// `~/.cache/tilec/cuda`.
+/// The cache directory: the `cuda` folder of the kernel cache directory
+/// (`tilec_runtime::cache::default_dir`: `$TILEC_CACHE_DIR`, `$XDG_CACHE_HOME/tilec`,
+/// `~/.cache/tilec`, else a per-user folder in the temporary directory).
 pub fn default_cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = var("TILEC_CACHE_DIR") {
-        return Some(d.join("cuda"));
-    }
-    if let Some(d) = var("XDG_CACHE_HOME") {
-        return Some(d.join("tilec").join("cuda"));
-    }
-    var("HOME").map(|h| h.join(".cache").join("tilec").join("cuda"))
-}
-
-/// 128-bit FNV-1a (two 64-bit lanes with different offsets): stable across builds and
-/// platforms, which `std`'s hasher does not promise.
-fn hash128(data: &[u8]) -> String {
-    let mut a: u64 = 0xcbf29ce484222325;
-    let mut b: u64 = 0x6c62272e07bb0142;
-    for &x in data {
-        a = (a ^ x as u64).wrapping_mul(0x100000001b3);
-        b = (b ^ x as u64).wrapping_mul(0x100000001b3).rotate_left(5);
-    }
-    format!("{a:016x}{b:016x}")
+    Some(tilec_runtime::cache::default_dir().join("cuda"))
 }
 
 /// The outcome of one compilation.
@@ -355,6 +335,8 @@ pub struct Compiler {
     options: Vec<String>,
     output: Output,
     cache_dir: Option<PathBuf>,
+    /// `cache_dir`, opened on the first compile (`None` if it could not be).
+    cache: Arc<OnceLock<Option<Cache>>>,
 }
 
 impl Compiler {
@@ -374,6 +356,7 @@ impl Compiler {
             options,
             output: Output::Cubin,
             cache_dir: default_cache_dir(),
+            cache: Arc::default(),
         }
     }
 
@@ -386,6 +369,7 @@ impl Compiler {
     /// Uses `dir` as the cache (None: no cache).
     pub fn with_cache_dir(mut self, dir: Option<PathBuf>) -> Compiler {
         self.cache_dir = dir;
+        self.cache = Arc::default();
         self
     }
 
@@ -405,42 +389,57 @@ impl Compiler {
         self.cache_dir.as_deref()
     }
 
-    fn key(&self, source: &str) -> String {
+    fn cache(&self) -> Option<&Cache> {
+        self.cache
+            .get_or_init(|| {
+                let dir = self.cache_dir.as_ref()?;
+                Cache::open(dir)
+                    .map_err(|e| {
+                        tilec_runtime::cache::warn_once(
+                            "cache-open",
+                            format_args!("no kernel cache ({e}); compiling every kernel"),
+                        )
+                    })
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    fn key(&self, source: &str) -> Key {
         let (ma, mi) = self.nvrtc.version();
-        format!(
-            "arch={}\nnvrtc={ma}.{mi}\noutput={:?}\noptions={}\n--\n{source}",
-            self.arch,
-            self.output,
-            self.options.join(" ")
-        )
+        let kind = match self.output {
+            Output::Cubin => "cuda-cubin",
+            Output::Ptx => "cuda-ptx",
+        };
+        let compiler = format!("nvrtc {ma}.{mi} ({})", self.nvrtc.path());
+        let mut key = Key::builder(kind, &compiler).part(&self.arch);
+        for o in &self.options {
+            key = key.part(o);
+        }
+        key.part(source).finish()
     }
 
     /// Compiles one module (or takes it from the cache).
     pub fn compile(&self, name: &str, source: &str) -> Result<Compiled> {
-        let key = self.key(source);
-        let h = hash128(key.as_bytes());
         let ext = match self.output {
-            Output::Cubin => "cubin",
-            Output::Ptx => "ptx",
+            Output::Cubin => "cubin.tilec",
+            Output::Ptx => "ptx.tilec",
         };
-        if let Some(dir) = &self.cache_dir {
-            let img = dir.join(format!("{h}.{ext}"));
-            let keyf = dir.join(format!("{h}.key"));
-            if let (Ok(k), Ok(image)) = (std::fs::read(&keyf), std::fs::read(&img)) {
-                if k == key.as_bytes() && !image.is_empty() {
-                    return Ok(Compiled {
-                        name: name.to_string(),
-                        image,
-                        cache_hit: true,
-                    });
-                }
+        let cache = self.cache().map(|c| (c, self.key(source)));
+        if let Some((c, key)) = &cache {
+            if let Some(image) = c.get(key, ext) {
+                return Ok(Compiled {
+                    name: name.to_string(),
+                    image,
+                    cache_hit: true,
+                });
             }
         }
         let image =
             self.nvrtc
                 .compile_raw(name, source, &self.options, self.output == Output::Cubin)?;
-        if let Some(dir) = &self.cache_dir {
-            store(dir, &h, ext, key.as_bytes(), &image)?;
+        if let Some((c, key)) = &cache {
+            c.put(key, ext, &image);
         }
         Ok(Compiled {
             name: name.to_string(),
@@ -492,36 +491,5 @@ impl Compiler {
                 })
             })
             .collect()
-    }
-}
-
-fn store(dir: &Path, h: &str, ext: &str, key: &[u8], image: &[u8]) -> Result<()> {
-    let err = |p: &Path, e: std::io::Error| CudaError::Cache {
-        path: p.display().to_string(),
-        msg: e.to_string(),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
-    // Write under unique temporary names, then rename: concurrent writers of one key leave a
-    // complete entry.
-    let tag = format!("{}.{:?}", std::process::id(), std::thread::current().id())
-        .replace(|c: char| !c.is_ascii_alphanumeric(), "");
-    for (data, name) in [(key, format!("{h}.key")), (image, format!("{h}.{ext}"))] {
-        let tmp = dir.join(format!("{name}.tmp{tag}"));
-        let dst = dir.join(&name);
-        std::fs::write(&tmp, data).map_err(|e| err(&tmp, e))?;
-        std::fs::rename(&tmp, &dst).map_err(|e| err(&dst, e))?;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hash_is_stable_and_discriminates() {
-        assert_eq!(hash128(b"abc"), hash128(b"abc"));
-        assert_ne!(hash128(b"abc"), hash128(b"abd"));
-        assert_eq!(hash128(b"").len(), 32);
     }
 }

@@ -6,8 +6,10 @@
 //!   [`check`] verifies a plan independently.
 //! - [`Arena`] is the owned, 64-byte aligned, zeroed allocation a plan is laid out in.
 //! - [`Profile`] collects per-kernel timings and renders them as a table or JSON.
+//! - [`cache`] is the verified on-disk cache of compiled kernels both back ends use.
 
 mod arena;
+pub mod cache;
 mod plan;
 mod profile;
 
