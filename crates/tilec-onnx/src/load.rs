@@ -12,6 +12,7 @@ use std::path::{Component, Path, PathBuf};
 
 use prost::Message;
 
+use crate::tensor::{dtype_from_onnx, onnx_type_name};
 use crate::proto::{
     self, tensor_proto::DataLocation, GraphProto, NodeProto, SparseTensorProto, TensorProto,
 };
@@ -71,12 +72,15 @@ pub fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto, LoadError> {
 /// initializers, tensor-valued node attributes, recursively through subgraph
 /// attributes, model functions and training-info graphs) gets its bytes read
 /// from `location` (relative to the model file's directory) at `offset`
-/// (default 0) for `length` bytes (default: to the end of the file) into
-/// `raw_data`; `external_data` is cleared and `data_location` set to
-/// `DEFAULT`.
+/// (default 0) into `raw_data`; `external_data` is cleared and `data_location`
+/// set to `DEFAULT`. Exactly the tensor's own bytes are read (its shape times its
+/// element size): a `length` that says otherwise, or a range past the end of the
+/// file, is an error.
 ///
-/// `location` must be a relative path that stays inside the model's
-/// directory (checked lexically; absolute paths and `..` escapes are rejected).
+/// `location` must be a relative path without `..` escapes, and the file it
+/// names, with every symbolic link resolved, must be a regular file inside the
+/// model's directory (also resolved): links pointing elsewhere, directories,
+/// FIFOs, sockets and devices are refused.
 pub fn load_model(path: &Path) -> Result<proto::ModelProto, LoadError> {
     let bytes = read_file(path)?;
     let mut model: proto::ModelProto =
@@ -116,7 +120,10 @@ pub fn resolve_external_data(
     model: &mut proto::ModelProto,
     base_dir: &Path,
 ) -> Result<(), LoadError> {
-    let mut r = Resolver { base_dir };
+    let mut r = Resolver {
+        base_dir,
+        real_base: None,
+    };
     if let Some(g) = model.graph.as_mut() {
         r.graph(g, "graph")?;
     }
@@ -142,6 +149,8 @@ pub fn resolve_external_data(
 
 struct Resolver<'a> {
     base_dir: &'a Path,
+    /// `base_dir` canonicalized, once a tensor needs it.
+    real_base: Option<PathBuf>,
 }
 
 impl Resolver<'_> {
@@ -251,22 +260,24 @@ impl Resolver<'_> {
         }
         let location = location.ok_or_else(|| err("no 'location' key in external_data".into()))?;
         let rel = check_location(location).map_err(err)?;
-        let file_path = self.base_dir.join(&rel);
+        let base = self.real_base_dir().map_err(err)?;
+        let (mut file, file_path, file_len) = open_inside(&base, &rel, location).map_err(err)?;
 
-        let mut file = File::open(&file_path)
-            .map_err(|e| err(format!("cannot open '{}': {e}", file_path.display())))?;
-        let file_len = file
-            .metadata()
-            .map_err(|e| err(format!("cannot stat '{}': {e}", file_path.display())))?
-            .len();
-        let length = match length {
-            Some(l) => l,
-            None => file_len.checked_sub(offset).ok_or_else(|| {
-                err(format!(
-                    "offset {offset} is past the end of '{}' ({file_len} bytes)",
-                    file_path.display()
-                ))
-            })?,
+        // The tensor's own size decides how much is read: a `length` that disagrees is an
+        // error, a missing one means exactly the tensor's bytes. Only element types whose
+        // size tilec does not know fall back to `length`, or the rest of the file.
+        let need = stored_bytes(t).map_err(err)?;
+        let length = match (need, length) {
+            (Some(need), Some(l)) if l != need => {
+                return Err(err(format!(
+                    "length {l} in '{location}' does not match the tensor's {need} bytes (shape {:?} of {})",
+                    t.dims,
+                    onnx_type_name(t.data_type)
+                )))
+            }
+            (Some(need), _) => need,
+            (None, Some(l)) => l,
+            (None, None) => file_len.saturating_sub(offset),
         };
         let in_bounds = matches!(offset.checked_add(length), Some(end) if end <= file_len);
         if !in_bounds {
@@ -275,6 +286,7 @@ impl Resolver<'_> {
                 file_path.display()
             )));
         }
+        // In bounds of a file that exists: at most the file's size is allocated.
         let len = usize::try_from(length)
             .map_err(|_| err(format!("length {length} does not fit in memory")))?;
         let mut data = vec![0u8; len];
@@ -287,6 +299,121 @@ impl Resolver<'_> {
         t.data_location = DataLocation::Default as i32;
         Ok(())
     }
+
+    /// The model's directory with every link resolved, computed once.
+    fn real_base_dir(&mut self) -> Result<PathBuf, String> {
+        if self.real_base.is_none() {
+            let real = self.base_dir.canonicalize().map_err(|e| {
+                format!(
+                    "cannot resolve the model's directory '{}': {e}",
+                    self.base_dir.display()
+                )
+            })?;
+            self.real_base = Some(real);
+        }
+        Ok(self.real_base.clone().unwrap_or_default())
+    }
+}
+
+/// Opens the external data file `rel` (already checked lexically) of the model directory
+/// `base` (canonical). Links are followed, and where they end must still be inside `base`;
+/// only regular files are opened (a FIFO would block, a device would never end). Returns
+/// the file, its real path and its size.
+fn open_inside(base: &Path, rel: &Path, location: &str) -> Result<(File, PathBuf, u64), String> {
+    let joined = base.join(rel);
+    let real = joined
+        .canonicalize()
+        .map_err(|e| format!("cannot open '{}': {e}", joined.display()))?;
+    if !real.starts_with(base) {
+        return Err(format!(
+            "location '{location}' resolves to '{}', outside the model's directory '{}' (a symbolic link?)",
+            real.display(),
+            base.display()
+        ));
+    }
+    let meta = std::fs::metadata(&real)
+        .map_err(|e| format!("cannot stat '{}': {e}", real.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "location '{location}' is {}, not a regular file",
+            file_kind(&meta.file_type())
+        ));
+    }
+    let file =
+        File::open(&real).map_err(|e| format!("cannot open '{}': {e}", real.display()))?;
+    let opened = file
+        .metadata()
+        .map_err(|e| format!("cannot stat '{}': {e}", real.display()))?;
+    if !opened.is_file() || !same_file(&meta, &opened) {
+        return Err(format!(
+            "'{}' was replaced while it was being opened",
+            real.display()
+        ));
+    }
+    let len = opened.len();
+    Ok((file, real, len))
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
+    true
+}
+
+/// What a non-regular file is, for messages.
+fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return "a FIFO";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+        if ft.is_block_device() || ft.is_char_device() {
+            return "a device";
+        }
+    }
+    if ft.is_dir() {
+        "a directory"
+    } else {
+        "not a plain file"
+    }
+}
+
+/// The number of bytes a tensor's data occupies when stored raw, from its shape and
+/// element type; `None` for element types whose storage size tilec does not know.
+fn stored_bytes(t: &TensorProto) -> Result<Option<u64>, String> {
+    use proto::tensor_proto::DataType as T;
+    let mut n: u64 = 1;
+    for &d in &t.dims {
+        let d = u64::try_from(d).map_err(|_| format!("negative dimension {d} in shape {:?}", t.dims))?;
+        n = n
+            .checked_mul(d)
+            .ok_or_else(|| format!("shape {:?} has too many elements", t.dims))?;
+    }
+    let bits: u64 = match T::try_from(t.data_type) {
+        Ok(T::String) => return Err("string tensors cannot be stored as external data".into()),
+        Ok(T::Complex64) => 64,
+        Ok(T::Complex128) => 128,
+        Ok(T::Float8e4m3fnuz | T::Float8e5m2fnuz | T::Float8e8m0) => 8,
+        Ok(T::Uint4 | T::Int4 | T::Float4e2m1) => 4,
+        Ok(T::Uint2 | T::Int2) => 2,
+        _ => match dtype_from_onnx(t.data_type) {
+            Some(dt) => 8 * dt.size_bytes() as u64,
+            None => return Ok(None),
+        },
+    };
+    let total_bits = n
+        .checked_mul(bits)
+        .ok_or_else(|| format!("shape {:?} is too large", t.dims))?;
+    Ok(Some(total_bits.div_ceil(8)))
 }
 
 /// Validates an external-data `location`: it must be relative and must not
@@ -325,340 +452,4 @@ fn check_location(location: &str) -> Result<PathBuf, String> {
         return Err(format!("location '{location}' does not name a file"));
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::proto::attribute_proto::AttributeType;
-    use crate::proto::tensor_proto::DataType;
-    use crate::proto::tensor_shape_proto::{dimension, Dimension};
-    use crate::proto::type_proto;
-    use crate::proto::{
-        AttributeProto, ModelProto, OperatorSetIdProto, StringStringEntryProto, TensorShapeProto,
-        TypeProto, ValueInfoProto,
-    };
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    /// A unique scratch directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            static N: AtomicU32 = AtomicU32::new(0);
-            let n = N.fetch_add(1, Ordering::Relaxed);
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let p = std::env::temp_dir().join(format!(
-                "tilec-onnx-{tag}-{}-{n}-{nanos}",
-                std::process::id()
-            ));
-            std::fs::create_dir_all(&p).unwrap();
-            TempDir(p)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn f32_bytes(v: &[f32]) -> Vec<u8> {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
-    }
-
-    fn kv(k: &str, v: &str) -> StringStringEntryProto {
-        StringStringEntryProto {
-            key: k.into(),
-            value: v.into(),
-        }
-    }
-
-    fn tensor_vi(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
-        ValueInfoProto {
-            name: name.into(),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: DataType::Float as i32,
-                    shape: Some(TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|d| Dimension {
-                                value: Some(match d {
-                                    Some(v) => dimension::Value::DimValue(*v),
-                                    None => dimension::Value::DimParam("N".into()),
-                                }),
-                                denotation: String::new(),
-                            })
-                            .collect(),
-                    }),
-                })),
-                denotation: String::new(),
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn external(name: &str, dims: &[i64], kvs: &[(&str, &str)]) -> TensorProto {
-        TensorProto {
-            name: name.into(),
-            dims: dims.to_vec(),
-            data_type: DataType::Float as i32,
-            data_location: DataLocation::External as i32,
-            external_data: kvs.iter().map(|(k, v)| kv(k, v)).collect(),
-            ..Default::default()
-        }
-    }
-
-    /// `x [N,3] -> Add(x, w) -> If(cond){ then: Constant(value=c) }`.
-    fn sample_model(w: TensorProto, c: TensorProto) -> ModelProto {
-        let then_graph = GraphProto {
-            name: "then".into(),
-            node: vec![NodeProto {
-                op_type: "Constant".into(),
-                name: "const".into(),
-                output: vec!["c".into()],
-                attribute: vec![AttributeProto {
-                    name: "value".into(),
-                    r#type: AttributeType::Tensor as i32,
-                    t: Some(c),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            output: vec![tensor_vi("c", &[Some(3)])],
-            ..Default::default()
-        };
-        ModelProto {
-            ir_version: 11,
-            producer_name: "tilec-test".into(),
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: 21,
-            }],
-            graph: Some(GraphProto {
-                name: "g".into(),
-                node: vec![
-                    NodeProto {
-                        op_type: "Add".into(),
-                        name: "add".into(),
-                        input: vec!["x".into(), "w".into()],
-                        output: vec!["y".into()],
-                        ..Default::default()
-                    },
-                    NodeProto {
-                        op_type: "If".into(),
-                        name: "if".into(),
-                        input: vec!["cond".into()],
-                        output: vec!["z".into()],
-                        attribute: vec![AttributeProto {
-                            name: "then_branch".into(),
-                            r#type: AttributeType::Graph as i32,
-                            g: Some(then_graph),
-                            ..Default::default()
-                        }],
-                        ..Default::default()
-                    },
-                ],
-                initializer: vec![w],
-                input: vec![tensor_vi("x", &[None, Some(3)])],
-                output: vec![tensor_vi("y", &[None, Some(3)])],
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn round_trip_model() {
-        let w = TensorProto {
-            name: "w".into(),
-            dims: vec![3],
-            data_type: DataType::Float as i32,
-            float_data: vec![1.0, 2.0, 3.0],
-            ..Default::default()
-        };
-        let c = TensorProto {
-            name: "c".into(),
-            dims: vec![3],
-            data_type: DataType::Int64 as i32,
-            int64_data: vec![-1, 0, 1 << 40],
-            ..Default::default()
-        };
-        let m = sample_model(w, c);
-        let bytes = m.encode_to_vec();
-        let back = decode_model(&bytes).unwrap();
-        assert_eq!(back, m);
-        let g = back.graph.as_ref().unwrap();
-        assert_eq!(g.node[1].attribute[0].r#type(), AttributeType::Graph);
-        let dim0 = &g.input[0].r#type.as_ref().unwrap().value;
-        match dim0 {
-            Some(type_proto::Value::TensorType(t)) => {
-                let d = &t.shape.as_ref().unwrap().dim;
-                assert_eq!(d[0].value, Some(dimension::Value::DimParam("N".into())));
-                assert_eq!(d[1].value, Some(dimension::Value::DimValue(3)));
-            }
-            other => panic!("unexpected type {other:?}"),
-        }
-    }
-
-    #[test]
-    fn wire_format_matches_reference_encoding() {
-        // Bytes as written by the reference protobuf implementation for
-        // TensorProto{dims:[2,3], data_type:FLOAT, float_data:[1.0], name:"t"}:
-        // dims unpacked (proto2 default), float_data packed.
-        let t = TensorProto {
-            dims: vec![2, 3],
-            data_type: 1,
-            float_data: vec![1.0],
-            name: "t".into(),
-            ..Default::default()
-        };
-        let expected: &[u8] = &[
-            0x08, 0x02, 0x08, 0x03, // dims = 1 (varint, unpacked)
-            0x10, 0x01, // data_type = 2
-            0x22, 0x04, 0x00, 0x00, 0x80, 0x3f, // float_data = 4 (packed)
-            0x42, 0x01, b't', // name = 8
-        ];
-        assert_eq!(t.encode_to_vec(), expected);
-        assert_eq!(TensorProto::decode(expected).unwrap(), t);
-        // Packed dims must decode too.
-        let packed: &[u8] = &[0x0a, 0x02, 0x02, 0x03];
-        assert_eq!(TensorProto::decode(packed).unwrap().dims, vec![2, 3]);
-    }
-
-    #[test]
-    fn external_data_resolution() {
-        let dir = TempDir::new("ext");
-        std::fs::create_dir_all(dir.0.join("weights")).unwrap();
-        let mut blob = vec![0xAAu8; 16]; // padding before w
-        blob.extend(f32_bytes(&[1.0, 2.0, 3.0]));
-        blob.extend(f32_bytes(&[4.0, 5.0, 6.0]));
-        std::fs::write(dir.0.join("weights/data.bin"), &blob).unwrap();
-        std::fs::write(dir.0.join("c.bin"), f32_bytes(&[7.0, 8.0, 9.0])).unwrap();
-
-        let w = external(
-            "w",
-            &[3],
-            &[
-                ("location", "./weights/../weights/data.bin"),
-                ("offset", "16"),
-                ("length", "12"),
-            ],
-        );
-        // No offset/length: whole file.
-        let c = external("", &[3], &[("location", "c.bin")]);
-        let model_path = dir.0.join("model.onnx");
-        std::fs::write(&model_path, sample_model(w, c).encode_to_vec()).unwrap();
-
-        let m = load_model(&model_path).unwrap();
-        let g = m.graph.unwrap();
-        let w = &g.initializer[0];
-        assert_eq!(w.raw_data, f32_bytes(&[1.0, 2.0, 3.0]));
-        assert_eq!(w.data_location, DataLocation::Default as i32);
-        assert!(w.external_data.is_empty());
-        let c = g.node[1].attribute[0].g.as_ref().unwrap().node[0].attribute[0]
-            .t
-            .as_ref()
-            .unwrap();
-        assert_eq!(c.raw_data, f32_bytes(&[7.0, 8.0, 9.0]));
-        assert_eq!(c.data_location, DataLocation::Default as i32);
-    }
-
-    fn load_err(tag: &str, w: TensorProto) -> String {
-        let dir = TempDir::new(tag);
-        std::fs::write(dir.0.join("data.bin"), [0u8; 8]).unwrap();
-        let c = TensorProto {
-            name: "c".into(),
-            ..Default::default()
-        };
-        let model_path = dir.0.join("model.onnx");
-        std::fs::write(&model_path, sample_model(w, c).encode_to_vec()).unwrap();
-        let e = load_model(&model_path).unwrap_err();
-        assert!(matches!(e, LoadError::ExternalData { .. }), "{e:?}");
-        e.to_string()
-    }
-
-    #[test]
-    fn external_data_rejects_escaping_paths() {
-        let e = load_err(
-            "dotdot",
-            external("w", &[2], &[("location", "../data.bin")]),
-        );
-        assert!(e.contains("'w'") && e.contains(".."), "{e}");
-        let e = load_err(
-            "dotdot2",
-            external("w", &[2], &[("location", "a/../../data.bin")]),
-        );
-        assert!(e.contains("escapes"), "{e}");
-        let abs = std::env::temp_dir().join("data.bin");
-        let e = load_err(
-            "abs",
-            external("w", &[2], &[("location", abs.to_str().unwrap())]),
-        );
-        assert!(e.contains("absolute"), "{e}");
-    }
-
-    #[test]
-    fn external_data_errors_name_the_tensor() {
-        let e = load_err("missing", external("w", &[2], &[("location", "nope.bin")]));
-        assert!(e.contains("'w'") && e.contains("nope.bin"), "{e}");
-        let e = load_err(
-            "range",
-            external(
-                "w",
-                &[2],
-                &[("location", "data.bin"), ("offset", "4"), ("length", "8")],
-            ),
-        );
-        assert!(e.contains("'w'") && e.contains("out of bounds"), "{e}");
-        let e = load_err(
-            "badoff",
-            external("w", &[2], &[("location", "data.bin"), ("offset", "x")]),
-        );
-        assert!(e.contains("invalid offset"), "{e}");
-        let e = load_err("noloc", external("w", &[2], &[("offset", "0")]));
-        assert!(e.contains("location"), "{e}");
-    }
-
-    #[test]
-    fn garbage_is_an_error_not_a_panic() {
-        let inputs: [&[u8]; 5] = [
-            &[0xff; 64],
-            &[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f], // huge length prefix
-            &[0x3a, 0x05, 0x01],                   // truncated graph
-            &[0x07],                               // invalid wire type
-            b"this is definitely not a protobuf message",
-        ];
-        for b in inputs {
-            assert!(decode_model(b).is_err(), "{b:?}");
-        }
-        let e = decode_model(&[0xff; 8]).unwrap_err();
-        assert!(matches!(e, LoadError::Decode { .. }));
-        assert!(e.to_string().contains("ONNX model"), "{e}");
-
-        let dir = TempDir::new("garbage");
-        let p = dir.0.join("input_0.pb");
-        std::fs::write(&p, [0x0a, 0x80]).unwrap();
-        let e = load_tensor_pb(&p).unwrap_err();
-        assert!(e.to_string().contains("input_0.pb"), "{e}");
-        let e = load_model(&dir.0.join("missing.onnx")).unwrap_err();
-        assert!(matches!(e, LoadError::Io { .. }), "{e:?}");
-    }
-
-    #[test]
-    fn tensor_pb_round_trip() {
-        let dir = TempDir::new("pb");
-        let t = TensorProto {
-            name: "x".into(),
-            dims: vec![2],
-            data_type: DataType::Float as i32,
-            raw_data: f32_bytes(&[0.5, -0.5]),
-            ..Default::default()
-        };
-        let p = dir.0.join("input_0.pb");
-        std::fs::write(&p, t.encode_to_vec()).unwrap();
-        assert_eq!(load_tensor_pb(&p).unwrap(), t);
-    }
 }

@@ -1,6 +1,7 @@
 //! Comparing computed tensors with expected ones, numpy `allclose`-style:
 //! `|actual - expected| <= atol + rtol * |expected|`, NaN matches NaN, infinities must be
-//! equal; integer and bool tensors must match exactly.
+//! equal; integer and bool tensors must match exactly. A NaN or an infinity facing a
+//! different value is a mismatch that no error statistic measures: it is counted apart.
 
 use tilec_ir::Tensor;
 
@@ -11,6 +12,9 @@ pub struct Comparison {
     pub count: usize,
     /// Number of elements outside the tolerance.
     pub mismatches: usize,
+    /// Of those, the elements where a NaN or an infinity faces a different value (not
+    /// counted in `max_abs` and `max_rel`).
+    pub nonfinite_mismatches: usize,
     /// Largest `|actual - expected|` over finite pairs.
     pub max_abs: f64,
     /// Largest `|actual - expected| / |expected|` over finite pairs with `expected != 0`.
@@ -34,7 +38,7 @@ pub fn compare(expected: &Tensor, actual: &Tensor, rtol: f64, atol: f64) -> Resu
     if expected.shape() != actual.shape() {
         return Err(format!("shape differs: expected {:?}, got {:?}", expected.shape(), actual.shape()));
     }
-    let mut c = Comparison { count: expected.numel(), mismatches: 0, max_abs: 0.0, max_rel: 0.0, first_mismatch: None };
+    let mut c = Comparison { count: expected.numel(), mismatches: 0, nonfinite_mismatches: 0, max_abs: 0.0, max_rel: 0.0, first_mismatch: None };
     if !expected.dtype().is_float() {
         let (e, a) = (expected.to_i64_vec(), actual.to_i64_vec());
         for (i, (&x, &y)) in e.iter().zip(&a).enumerate() {
@@ -52,10 +56,13 @@ pub fn compare(expected: &Tensor, actual: &Tensor, rtol: f64, atol: f64) -> Resu
     }
     let (e, a) = (expected.to_f64_vec(), actual.to_f64_vec());
     for (i, (&x, &y)) in e.iter().zip(&a).enumerate() {
-        let ok = if x.is_nan() || y.is_nan() {
-            x.is_nan() && y.is_nan()
-        } else if x.is_infinite() || y.is_infinite() {
-            x == y
+        let ok = if !x.is_finite() || !y.is_finite() {
+            // NaN matches NaN only; an infinity only the same infinity.
+            let same = (x.is_nan() && y.is_nan()) || x == y;
+            if !same {
+                c.nonfinite_mismatches += 1;
+            }
+            same
         } else {
             let d = (x - y).abs();
             c.max_abs = c.max_abs.max(d);
@@ -87,7 +94,19 @@ mod tests {
         assert_eq!(c.mismatches, 1);
         assert_eq!(c.first_mismatch.map(|m| m.0), Some(1));
         let b = Tensor::from_vec(vec![4], vec![1.0f32, 100.0, 0.0, f32::NEG_INFINITY]).unwrap();
-        assert_eq!(compare(&e, &b, 1.0, 1.0).unwrap().mismatches, 2);
+        let c = compare(&e, &b, 1.0, 1.0).unwrap();
+        assert_eq!((c.mismatches, c.nonfinite_mismatches), (2, 2));
+    }
+
+    #[test]
+    fn nan_and_infinity_against_numbers_are_mismatches() {
+        let e = Tensor::from_vec(vec![4], vec![1.0f32, 2.0, f32::NAN, f32::INFINITY]).unwrap();
+        let a = Tensor::from_vec(vec![4], vec![f32::NAN, f32::INFINITY, 3.0, 4.0]).unwrap();
+        let c = compare(&e, &a, 1e3, 1e3).unwrap();
+        assert_eq!((c.mismatches, c.nonfinite_mismatches), (4, 4));
+        assert_eq!(c.first_mismatch.map(|m| m.0), Some(0));
+        let c = compare(&e, &e, 0.0, 0.0).unwrap();
+        assert!(c.ok() && c.nonfinite_mismatches == 0, "{c:?}");
     }
 
     #[test]

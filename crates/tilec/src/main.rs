@@ -59,7 +59,19 @@ impl From<BackendArg> for tilec::Backend {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // A script that asked for JSON gets its error as JSON too (help and version are
+            // not errors).
+            if e.use_stderr() && std::env::args_os().any(|a| a == "--json") {
+                let msg = e.to_string();
+                let first = msg.lines().next().unwrap_or_default().trim_start_matches("error: ");
+                println!("{}", serde_json::json!({ "ok": false, "error": first }));
+            }
+            e.exit()
+        }
+    };
     let result = match cli.cmd {
         Cmd::Inspect { model } => cli::inspect::inspect(&model),
         Cmd::Run(args) => cli::run::run(&args),
@@ -69,25 +81,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", render(&e));
+            eprintln!("error: {}", cli::render_error(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its causes, `outer: inner: ...`, skipping causes whose text an outer
-/// message already includes (many library errors embed their source's message).
-fn render(e: &anyhow::Error) -> String {
-    let mut s = String::new();
-    for cause in e.chain() {
-        let m = cause.to_string();
-        if m.is_empty() || s.contains(&m) {
-            continue;
-        }
-        if !s.is_empty() {
-            s.push_str(": ");
-        }
-        s.push_str(&m);
-    }
-    s
 }

@@ -29,8 +29,10 @@ use crate::tensor::{dtype_from_onnx, onnx_type_name, tensor_from_proto};
 use std::collections::HashMap;
 use tilec_ir::{Dim, Graph, IrError, Op, SymbolId, Tensor, TensorType, ValueId};
 
-/// The opset versions this importer was written against (the `onnx` package's current).
-pub const MAX_OPSET: i64 = 24;
+/// The newest opset of the default domain this importer was written against (the `onnx`
+/// package's current); models stamped with a newer one are refused, as their operators may
+/// mean something else.
+pub const MAX_OPSET: i64 = 28;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -122,15 +124,7 @@ pub fn supported_op_types() -> Vec<&'static str> {
 /// Imports a decoded model.
 pub fn import_model(model: &proto::ModelProto, opts: &ImportOptions) -> Result<Graph, ImportError> {
     let graph = model.graph.as_ref().ok_or_else(|| ImportError::Model("model has no graph".into()))?;
-    let mut opsets = HashMap::new();
-    for o in &model.opset_import {
-        let d = if o.domain == "ai.onnx" { String::new() } else { o.domain.clone() };
-        opsets.insert(d, o.version);
-    }
-    if !opsets.contains_key("") {
-        // IR version 1-2 models may omit it; they are opset 1.
-        opsets.insert(String::new(), 1);
-    }
+    let opsets = opset_imports(model)?;
     if !model.functions.is_empty() {
         // Only an error if a node calls one; handled at the node.
     }
@@ -145,9 +139,51 @@ pub fn import_model(model: &proto::ModelProto, opts: &ImportOptions) -> Result<G
     Ok(imp.graph)
 }
 
+/// The model's opset imports by domain (`""` for the default one), checked as the ONNX
+/// checker does: each domain once, and the default domain's version one this importer knows.
+/// A model of IR version 1 or 2 may import nothing and is then opset 1; a later one must
+/// import at least one opset.
+fn opset_imports(model: &proto::ModelProto) -> Result<HashMap<String, i64>, ImportError> {
+    let mut opsets = HashMap::new();
+    for o in &model.opset_import {
+        let d = if o.domain == "ai.onnx" { String::new() } else { o.domain.clone() };
+        let shown = if d.is_empty() { "the default domain (ai.onnx)".to_string() } else { format!("domain '{d}'") };
+        if let Some(v) = opsets.insert(d, o.version) {
+            if v != o.version {
+                return Err(ImportError::Model(format!("{shown} is imported twice, at opsets {v} and {}", o.version)));
+            }
+        }
+    }
+    match opsets.get("") {
+        Some(&v) if !(1..=MAX_OPSET).contains(&v) => {
+            return Err(ImportError::Model(format!(
+                "opset {v} of the default domain (ai.onnx) is not supported (tilec knows opsets 1 to {MAX_OPSET})"
+            )))
+        }
+        Some(_) => {}
+        None if model.opset_import.is_empty() && model.ir_version < 3 => {
+            opsets.insert(String::new(), 1);
+        }
+        None if model.opset_import.is_empty() => {
+            return Err(ImportError::Model(format!(
+                "the model imports no opset (IR version {} requires opset_import, with the default domain's version for ONNX operators)",
+                model.ir_version
+            )))
+        }
+        // Nodes of the default domain are refused where they appear.
+        None => {}
+    }
+    Ok(opsets)
+}
+
 impl Importer {
     fn import_graph(&mut self, g: &proto::GraphProto, opts: &ImportOptions, model: &proto::ModelProto) -> Result<(), ImportError> {
         for init in &g.initializer {
+            // onnxruntime keeps the last of two initializers of one name; the ONNX checker
+            // refuses the model, and so does tilec: which value was meant is unknown.
+            if self.names.contains_key(&init.name) {
+                return Err(ImportError::Model(format!("initializer '{}' is defined twice", init.name)));
+            }
             let t = tensor_from_proto(init).map_err(ImportError::Model)?;
             let v = self.graph.add_const(&init.name, t);
             self.names.insert(init.name.clone(), v);
@@ -155,7 +191,11 @@ impl Importer {
         if !g.sparse_initializer.is_empty() {
             return Err(ImportError::Model("sparse initializers are not supported".into()));
         }
+        let mut seen_inputs = std::collections::HashSet::new();
         for inp in &g.input {
+            if !seen_inputs.insert(inp.name.as_str()) {
+                return Err(ImportError::Model(format!("graph input '{}' is listed twice", inp.name)));
+            }
             if self.names.contains_key(&inp.name) {
                 continue; // an initializer also listed as an input (IR < 4): a constant
             }
@@ -223,7 +263,11 @@ impl Importer {
                     node: name,
                     op_type: node.op_type.clone(),
                     opset: 0,
-                    what: format!("domain '{}' is not imported by the model", node.domain),
+                    what: if domain.is_empty() {
+                        "the model does not import the default domain (ai.onnx)".to_string()
+                    } else {
+                        format!("domain '{}' is not imported by the model", node.domain)
+                    },
                 })
             }
         };

@@ -10,14 +10,66 @@ use std::path::{Path, PathBuf};
 use tilec::onnx::proto::{self, ModelProto};
 use tilec::{ImportError, ImportOptions, Tensor};
 
-/// Parses `NAME=VALUE` for `--dim`.
+/// The most threads `--threads` accepts: far more than any machine's cores, far fewer than
+/// what would exhaust the OpenMP runtime's memory.
+pub const MAX_THREADS: usize = 4096;
+
+/// The most timed runs `--bench` accepts.
+pub const MAX_BENCH_RUNS: usize = 1_000_000;
+
+/// Parses `NAME=VALUE` for `--dim`. A value must fit an ONNX dimension (a signed 64-bit
+/// integer).
 pub fn parse_dim(s: &str) -> Result<(String, usize), String> {
     let (name, v) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
     if name.is_empty() {
         return Err(format!("expected NAME=VALUE, got '{s}' (empty name)"));
     }
     let v: usize = v.trim().parse().map_err(|_| format!("'{v}' is not a non-negative integer (in '{s}')"))?;
+    if i64::try_from(v).is_err() {
+        return Err(format!("{v} is larger than an ONNX dimension can be (at most {}; in '{s}')", i64::MAX));
+    }
     Ok((name.to_string(), v))
+}
+
+/// Parses `--rtol` and `--atol`: a finite, non-negative number (a NaN tolerance would fail
+/// every comparison, a negative one even equal values).
+pub fn parse_tolerance(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{v} is not a tolerance: it must be finite and at least 0"));
+    }
+    Ok(v)
+}
+
+/// Makes sure `--out DIR` can take the outputs before anything is compiled or run: creates
+/// it if missing and checks that a file can be written in it.
+pub fn prepare_out_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        bail!("--out {}: exists and is not a directory", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("--out {}: cannot create the directory", dir.display()))?;
+    let probe = dir.join(format!(".tilec-write-check-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .with_context(|| format!("--out {}: cannot write in the directory", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// An error and its causes, `outer: inner: ...`, skipping causes whose text an outer
+/// message already includes (many library errors embed their source's message).
+pub fn render_error(e: &anyhow::Error) -> String {
+    let mut s = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if m.is_empty() || s.contains(&m) {
+            continue;
+        }
+        if !s.is_empty() {
+            s.push_str(": ");
+        }
+        s.push_str(&m);
+    }
+    s
 }
 
 /// Parses `NAME=FILE` for `--input` and `--expect`.
@@ -221,6 +273,11 @@ mod tests {
         assert!(parse_dim("batch").is_err());
         assert!(parse_dim("batch=-1").is_err());
         assert!(parse_dim("=3").is_err());
+        assert!(parse_dim(&format!("n={}", 1u64 << 63)).unwrap_err().contains("larger than an ONNX dimension"));
+        assert_eq!(parse_tolerance("0").unwrap(), 0.0);
+        for bad in ["-1e-3", "nan", "inf", "x"] {
+            assert!(parse_tolerance(bad).is_err(), "{bad}");
+        }
         assert_eq!(parse_named_file("x=a=b.npy").unwrap(), ("x".to_string(), PathBuf::from("a=b.npy")));
         assert!(parse_named_file("x=").is_err());
     }

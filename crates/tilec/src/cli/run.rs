@@ -1,7 +1,10 @@
 //! `tilec run MODEL`: run a model on given or random inputs, summarize, save and check
 //! the outputs.
 
-use super::{check_dims, dim_params, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file};
+use super::{
+    check_dims, dim_params, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file,
+    parse_tolerance, prepare_out_dir, render_error, MAX_BENCH_RUNS, MAX_THREADS,
+};
 use crate::BackendArg;
 use anyhow::{anyhow, bail, Context, Result};
 use rand::rngs::StdRng;
@@ -24,14 +27,17 @@ pub struct RunArgs {
     /// Give an input's value: a .npy file or a serialized ONNX TensorProto (.pb).
     #[arg(long = "input", short = 'i', value_name = "NAME=FILE", value_parser = parse_named_file)]
     pub inputs: Vec<(String, PathBuf)>,
-    /// Write each output to DIR/<output name>.npy (the directory is created).
+    /// Write each output to DIR/<output name>.npy (the directory is created; it is checked to
+    /// be a writable directory before the model is compiled).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Where to run the model.
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub backend: BackendArg,
-    /// Run the model N more times after the first run and print the median latency.
-    #[arg(long, value_name = "N")]
+    /// Time N more runs after the first and print their median, min and max latency
+    /// (0 to 1,000,000; 0 times none).
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_BENCH_RUNS as u64))]
     pub bench: Option<usize>,
     /// Print a per-kernel profile (time, share, bytes, FLOPs, achieved GB/s and GFLOP/s).
     #[arg(long)]
@@ -39,15 +45,16 @@ pub struct RunArgs {
     /// Print compilation and memory statistics (kernels, fallbacks, arena vs intermediates).
     #[arg(long)]
     pub stats: bool,
-    /// Print one JSON line with the timings and statistics (for scripts).
+    /// Print one JSON object on the last line of stdout: the timings, statistics and checks,
+    /// `"ok"`, and on failure `"error"` (for scripts).
     #[arg(long)]
     pub json: bool,
     /// Check every compiled kernel against the reference interpreter on the same inputs and
     /// report the steps that differ (for debugging the compiler).
     #[arg(long)]
     pub check_kernels: bool,
-    /// Threads of the compiled code (default: all cores).
-    #[arg(long)]
+    /// Threads of the compiled code, 1 to 4096 (default: all cores).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_THREADS as u64))]
     pub threads: Option<usize>,
     /// Optimization level of the compiled path.
     #[arg(short = 'O', default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
@@ -70,11 +77,12 @@ pub struct RunArgs {
     /// DIR/input_<i>.pb, and output i is compared with DIR/output_<i>.pb.
     #[arg(long, value_name = "DIR")]
     pub expect_dir: Option<PathBuf>,
-    /// Relative tolerance of --expect/--expect-dir comparisons (at least 1/64 for bfloat16).
-    #[arg(long, default_value_t = 1e-3)]
+    /// Relative tolerance of --expect/--expect-dir comparisons, finite and non-negative (at
+    /// least 1/64 for bfloat16).
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_tolerance, allow_hyphen_values = true)]
     pub rtol: f64,
-    /// Absolute tolerance of --expect/--expect-dir comparisons.
-    #[arg(long, default_value_t = 1e-5)]
+    /// Absolute tolerance of --expect/--expect-dir comparisons, finite and non-negative.
+    #[arg(long, default_value_t = 1e-5, value_parser = parse_tolerance, allow_hyphen_values = true)]
     pub atol: f64,
     /// Where compiled code runs: the host CPU or an NVIDIA GPU (CUDA driver and NVRTC are
     /// loaded at run time).
@@ -280,7 +288,33 @@ fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
     idx
 }
 
+/// What `--json` prints.
+type Report = serde_json::Map<String, serde_json::Value>;
+
+/// Adds the fields of a JSON object to the report.
+fn add(report: &mut Report, fields: serde_json::Value) {
+    if let serde_json::Value::Object(m) = fields {
+        report.extend(m);
+    }
+}
+
+/// Runs `tilec run`; with `--json`, the report (or the error) is printed as one JSON object
+/// whatever the outcome.
 pub fn run(a: &RunArgs) -> Result<()> {
+    let mut report = serde_json::Map::new();
+    let r = run_model(a, &mut report);
+    if a.json {
+        report.insert("ok".into(), r.is_ok().into());
+        if let Err(e) = &r {
+            report.insert("error".into(), render_error(e).into());
+        }
+        println!("{}", serde_json::Value::Object(report));
+    }
+    r
+}
+
+/// The work of [`run`]; statistics for `--json` go into `report`.
+fn run_model(a: &RunArgs, report: &mut Report) -> Result<()> {
     let model = load_model(&a.model)?;
     let g = graph_of(&model)?;
     let in_names = input_names(g);
@@ -428,8 +462,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if a.target == TargetArg::Cuda && backend == tilec::Backend::Ref {
         bail!("--target cuda runs compiled code; it cannot be combined with --backend ref");
     }
+    if let Some(dir) = &a.out {
+        prepare_out_dir(dir)?;
+    }
     let ref_feeds = if a.compare_ref { Some(feeds.clone()) } else { None };
-    let mut json: Option<serde_json::Value> = None;
     let outs = match backend {
         tilec::Backend::Ref => {
             let start = Instant::now();
@@ -460,11 +496,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
                 })
                 .collect::<Result<_>>()?;
             if a.target == TargetArg::Cuda {
-                let (outs, j) = run_cuda(a, &spec, &ordered)?;
-                json = Some(j);
-                outs
+                run_cuda(a, &spec, &ordered, report)?
             } else {
-                run_compiled(a, &spec, &ordered)?
+                run_compiled(a, &spec, &ordered, report)?
             }
         }
     };
@@ -477,7 +511,6 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
 
     if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
         let mut used = HashSet::new();
         for (i, (name, t)) in out_names.iter().zip(&outs).enumerate() {
             let mut stem = file_stem(name);
@@ -516,6 +549,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut bad = 0;
     let mut max_abs = 0.0f64;
     let mut max_rel = 0.0f64;
+    let mut nonfinite = 0;
     for ((name, t), exp) in out_names.iter().zip(&outs).zip(&expected) {
         let Some((e, src)) = exp else { continue };
         checked += 1;
@@ -530,7 +564,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
             Ok(c) => {
                 max_abs = max_abs.max(c.max_abs);
                 max_rel = max_rel.max(c.max_rel);
-                let errs = format!("max abs err {}, max rel err {}", num(c.max_abs), num(c.max_rel));
+                nonfinite += c.nonfinite_mismatches;
+                let mut errs = format!("max abs err {}, max rel err {}", num(c.max_abs), num(c.max_rel));
+                if c.nonfinite_mismatches > 0 {
+                    // The error statistics only measure finite pairs: say what they miss.
+                    errs = format!(
+                        "{} where a NaN or infinity faces another value; {errs} over the finite ones",
+                        c.nonfinite_mismatches
+                    );
+                }
                 if c.ok() {
                     println!("check '{name}' against {src}: ok ({errs}; rtol {rtol}, atol {})", a.atol);
                 } else {
@@ -549,14 +591,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
             }
         }
     }
-    if let (true, Some(mut j)) = (a.json, json) {
-        j["checked"] = serde_json::json!(checked);
-        j["mismatched"] = serde_json::json!(bad);
-        j["max_abs_err"] = serde_json::json!(max_abs);
-        j["max_rel_err"] = serde_json::json!(max_rel);
-        j["ok"] = serde_json::json!(bad == 0);
-        println!("{j}");
-    }
+    report.insert("checked".into(), checked.into());
+    report.insert("mismatched".into(), bad.into());
+    report.insert("max_abs_err".into(), max_abs.into());
+    report.insert("max_rel_err".into(), max_rel.into());
+    report.insert("nonfinite_mismatches".into(), nonfinite.into());
     if bad > 0 {
         bail!("{bad} of {checked} checked outputs differ from their expected values");
     }
@@ -566,13 +605,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// Compiles and runs on the CPU backend, with `--bench`, `--profile`, `--stats` and `--json`.
-fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+/// Compiles and runs on the CPU backend, with `--bench`, `--profile` and `--stats`; adds the
+/// timings and statistics to `report`.
+fn run_compiled(
+    a: &RunArgs,
+    graph: &Graph,
+    inputs: &[Tensor],
+    report: &mut Report,
+) -> Result<Vec<Tensor>> {
     let mut opts = tilec::compiled::CompileOptions { opt_level: a.opt_level, winograd: !a.no_winograd, ..Default::default() };
     if let Some(t) = a.threads {
-        if t == 0 {
-            bail!("--threads must be at least 1");
-        }
         opts.threads = t;
     }
     let mut c = tilec::compiled::compile(graph, &opts).context("compiling the model for the CPU")?;
@@ -606,9 +648,9 @@ fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Ten
     let first = start.elapsed();
     println!("ran on the cpu backend in {:.3} ms (first run)", first.as_secs_f64() * 1e3);
     let mut median_ms = first.as_secs_f64() * 1e3;
-    if let Some(n) = a.bench {
+    if let Some(n) = a.bench.filter(|&n| n > 0) {
         let mut times = Vec::with_capacity(n);
-        for _ in 0..n.max(1) {
+        for _ in 0..n {
             let s = Instant::now();
             c.run(inputs).context("running the compiled model")?;
             times.push(s.elapsed().as_secs_f64() * 1e3);
@@ -645,8 +687,9 @@ fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Ten
             println!("  fallback {op}: {why}");
         }
     }
-    if a.json {
-        let j = serde_json::json!({
+    add(
+        report,
+        serde_json::json!({
             "median_ms": median_ms,
             "first_run_ms": first.as_secs_f64() * 1e3,
             "compile_ms": ms(r.total),
@@ -656,15 +699,19 @@ fn run_compiled(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Ten
             "fallback_nodes": r.fallbacks.len(),
             "arena_bytes": r.arena_bytes,
             "intermediate_bytes": r.intermediate_bytes,
-        });
-        println!("{j}");
-    }
+        }),
+    );
     Ok(outs)
 }
 
-/// Compiles and runs on a CUDA GPU, with `--bench`, `--stats` and `--check-kernels`; returns
-/// the outputs and the JSON summary (printed by the caller once the outputs are checked).
-fn run_cuda(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, serde_json::Value)> {
+/// Compiles and runs on a CUDA GPU, with `--bench`, `--stats` and `--check-kernels`; adds the
+/// timings and statistics to `report`.
+fn run_cuda(
+    a: &RunArgs,
+    graph: &Graph,
+    inputs: &[Tensor],
+    report: &mut Report,
+) -> Result<Vec<Tensor>> {
     use tilec::compiled_cuda::{compile, CudaOptions};
     if a.profile {
         println!("note: --profile is not available with --target cuda (use --bench)");
@@ -712,8 +759,8 @@ fn run_cuda(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor
     let first = start.elapsed();
     println!("ran on the cuda target in {:.3} ms (first run: graph capture, transfers included)", ms(first));
     let mut median_ms = None;
-    if let Some(n) = a.bench {
-        let mut times = c.bench(inputs, n.max(1)).context("benchmarking the model on the GPU")?;
+    if let Some(n) = a.bench.filter(|&n| n > 0) {
+        let mut times = c.bench(inputs, n).context("benchmarking the model on the GPU")?;
         times.sort_by(|x, y| x.total_cmp(y));
         let med = times[times.len() / 2];
         median_ms = Some(med);
@@ -739,7 +786,8 @@ fn run_cuda(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor
         "arena_bytes": r.arena_bytes,
         "kernel_mismatches": kernel_mismatches,
     });
-    Ok((outs, j))
+    add(report, j);
+    Ok(outs)
 }
 
 #[cfg(test)]
