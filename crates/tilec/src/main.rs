@@ -59,6 +59,13 @@ impl From<BackendArg> for tilec::Backend {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools, end quietly when the reader of our output goes away
+    // (`tilec run ... | head`) instead of failing on the closed pipe.
+    // SAFETY: restoring a signal's default disposition before any thread exists.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
