@@ -112,6 +112,12 @@ impl Graph {
         let tys: Vec<TensorType> = inputs.iter().map(|v| self.values[v.index()].ty.clone()).collect();
         let refs: Vec<&TensorType> = tys.iter().collect();
         let outs = op.infer(&refs, &mut InferCtx { syms: &mut self.syms }).map_err(err)?;
+        for (i, ty) in outs.iter().enumerate() {
+            if let Some(&d) = ty.shape.iter().find(|&&d| self.syms.undefined(d)) {
+                return Err(err(format!("output {i}: dimension {} overflows or is undefined", self.syms.display(d))));
+            }
+            crate::size::check_type(ty).map_err(|e| err(format!("output {i}: {e}")))?;
+        }
         let node = NodeId(self.nodes.len() as u32);
         let mut out_ids = Vec::with_capacity(outs.len());
         for (i, ty) in outs.into_iter().enumerate() {

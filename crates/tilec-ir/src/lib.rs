@@ -11,6 +11,7 @@ pub mod graph;
 pub mod op;
 pub mod print;
 pub mod shape;
+pub mod size;
 pub mod tensor;
 pub mod verify;
 
@@ -20,6 +21,7 @@ pub use fp8::{F8E4M3, F8E5M2};
 pub use graph::{Graph, IrError, Node, NodeId, Value, ValueDef, ValueId};
 pub use op::Op;
 pub use print::print_graph;
+pub use size::SizeError;
 pub use shape::{Dim, ShapeFmt, SymExpr, Symbol, SymbolId, SymbolTable, TensorType};
 pub use tensor::{strides, with_dtype_fn, DTypeFn, Element, Tensor, TensorData, TensorSizeError};
 pub use verify::verify;

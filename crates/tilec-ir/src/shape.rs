@@ -157,6 +157,23 @@ impl SymbolTable {
         }
     }
 
+    /// Whether `d` is a derived dimension that can never have a value: arithmetic on fixed
+    /// sizes that overflowed or is undefined (derive folds every fixed operation that
+    /// succeeds), or an expression over such a dimension.
+    pub fn undefined(&self, d: Dim) -> bool {
+        let Dim::Sym(id) = d else { return false };
+        let Some(Symbol { expr: Some(e), .. }) = self.symbols.get(id.0 as usize) else { return false };
+        use SymExpr::*;
+        let (Add(a, b) | Sub(a, b) | Mul(a, b) | Div(a, b) | CeilDiv(a, b) | Max(a, b) | Min(a, b)) = e;
+        matches!((a, b), (Dim::Fixed(_), Dim::Fixed(_))) || self.undefined(*a) || self.undefined(*b)
+    }
+
+    /// Human-readable form of a shape (`[batch, 7]`).
+    pub fn display_shape(&self, shape: &[Dim]) -> String {
+        let dims: Vec<String> = shape.iter().map(|&d| self.display(d)).collect();
+        format!("[{}]", dims.join(", "))
+    }
+
     /// Human-readable form of a dimension (`7`, `batch`, `(batch*12)`).
     pub fn display(&self, d: Dim) -> String {
         match d {
@@ -207,9 +224,14 @@ impl TensorType {
         self.shape.iter().map(|d| d.fixed()).collect()
     }
 
-    /// Element count when the shape is fixed.
+    /// Element count when the shape is fixed and addressable (see [`crate::size`]).
     pub fn numel(&self) -> Option<usize> {
-        self.fixed_shape().map(|s| s.iter().product())
+        crate::size::numel(&self.fixed_shape()?).ok()
+    }
+
+    /// Bytes of the value when the shape is fixed and addressable.
+    pub fn byte_size(&self) -> Option<usize> {
+        crate::size::byte_size(self.dtype, &self.fixed_shape()?).ok()
     }
 }
 

@@ -202,6 +202,13 @@ impl DTypeFn<usize, TensorData> for Z {
     }
 }
 
+struct TryZ;
+impl DTypeFn<usize, Result<TensorData, String>> for TryZ {
+    fn call<T: Element>(&self, n: usize) -> Result<TensorData, String> {
+        crate::size::try_filled(n, T::default()).map(T::wrap)
+    }
+}
+
 /// Runs `f::<T>` for the element type `T` of `dtype`.
 pub fn with_dtype_fn<A, R, F: DTypeFn<A, R>>(dtype: DType, a: A, f: F) -> R {
     match dtype {
@@ -230,21 +237,38 @@ pub struct Tensor {
     data: TensorData,
 }
 
-/// Error building a tensor whose buffer length does not match its shape.
+/// Error building a tensor whose buffer length does not match its shape (`expected` is
+/// `usize::MAX` when the shape's element count overflows).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("tensor of shape {shape:?} needs {expected} elements, buffer has {actual}")]
+#[error("tensor of shape {shape:?} needs {} elements, buffer has {actual}", Self::needs(*.expected))]
 pub struct TensorSizeError {
     pub shape: Vec<usize>,
     pub expected: usize,
     pub actual: usize,
 }
 
+impl TensorSizeError {
+    fn needs(expected: usize) -> String {
+        if expected == usize::MAX {
+            "more than addressable".to_string()
+        } else {
+            expected.to_string()
+        }
+    }
+
+    /// Checks that `shape` holds exactly `actual` elements.
+    fn check(shape: Vec<usize>, actual: usize) -> Result<Vec<usize>, TensorSizeError> {
+        match crate::size::numel(&shape) {
+            Ok(n) if n == actual => Ok(shape),
+            Ok(expected) => Err(TensorSizeError { shape, expected, actual }),
+            Err(_) => Err(TensorSizeError { shape, expected: usize::MAX, actual }),
+        }
+    }
+}
+
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Tensor, TensorSizeError> {
-        let expected: usize = shape.iter().product();
-        if expected != data.len() {
-            return Err(TensorSizeError { shape, expected, actual: data.len() });
-        }
+        let shape = TensorSizeError::check(shape, data.len())?;
         Ok(Tensor { shape, data })
     }
 
@@ -256,9 +280,19 @@ impl Tensor {
         Tensor { shape: vec![], data: T::wrap(vec![x]) }
     }
 
+    /// Zeros of a small shape the caller controls (use [`Tensor::try_zeros`] for a shape
+    /// that comes from a model or its inputs).
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Tensor {
         let n = shape.iter().product();
         Tensor { shape, data: TensorData::zeros(dtype, n) }
+    }
+
+    /// Zeros of any shape: an error, not an abort, when the shape is not addressable or
+    /// the memory cannot be allocated.
+    pub fn try_zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, String> {
+        crate::size::byte_size(dtype, &shape).map_err(|e| e.to_string())?;
+        let n = crate::size::numel(&shape).map_err(|e| e.to_string())?;
+        Ok(Tensor { shape, data: with_dtype_fn(dtype, n, TryZ)? })
     }
 
     /// Converts `values` to `dtype` with [`Element::from_f64`] semantics.
@@ -330,11 +364,7 @@ impl Tensor {
 
     /// Same data, new shape with the same element count.
     pub fn reshaped(mut self, shape: Vec<usize>) -> Result<Tensor, TensorSizeError> {
-        let expected: usize = shape.iter().product();
-        if expected != self.data.len() {
-            return Err(TensorSizeError { shape, expected, actual: self.data.len() });
-        }
-        self.shape = shape;
+        self.shape = TensorSizeError::check(shape, self.data.len())?;
         Ok(self)
     }
 
@@ -403,11 +433,12 @@ impl Tensor {
     /// Builds a tensor from raw little-endian bytes. Errors when the byte count does not
     /// match the shape.
     pub fn from_le_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Result<Tensor, TensorSizeError> {
-        let n: usize = shape.iter().product();
         let sz = dtype.size_bytes();
-        if bytes.len() != n * sz {
-            return Err(TensorSizeError { shape, expected: n, actual: bytes.len() / sz.max(1) });
+        if bytes.len() % sz.max(1) != 0 {
+            let expected = crate::size::numel(&shape).unwrap_or(usize::MAX);
+            return Err(TensorSizeError { shape, expected, actual: bytes.len() / sz.max(1) });
         }
+        let shape = TensorSizeError::check(shape, bytes.len() / sz.max(1))?;
         macro_rules! le {
             ($t:ty, $w:expr) => {
                 bytes

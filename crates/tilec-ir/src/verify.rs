@@ -14,6 +14,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 if !g.inputs().iter().any(|x| x.index() == i) {
                     return Err(IrError::Graph(format!("value '{}' is an input not listed in the graph inputs", v.name)));
                 }
+                crate::size::check_type(&v.ty).map_err(|e| IrError::Graph(format!("input '{}': {e}", v.name)))?;
                 defined[i] = true;
             }
             ValueDef::Const(ref t) => {
@@ -60,6 +61,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             return Err(err(format!("has {} outputs, op defines {}", n.outputs.len(), inferred.len())));
         }
         for (t, &o) in inferred.iter().zip(&n.outputs) {
+            crate::size::check_type(t).map_err(|e| err(format!("output '{}': {e}", g.value(o).name)))?;
             if !same_type(t, &g.value(o).ty, known) {
                 return Err(err(format!("output '{}' has type {:?}, op infers {:?}", g.value(o).name, g.value(o).ty, t)));
             }

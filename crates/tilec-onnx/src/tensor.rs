@@ -74,9 +74,9 @@ pub fn tensor_from_proto(t: &TensorProto) -> Result<Tensor, String> {
         }
         shape.push(d as usize);
     }
-    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| format!("{what}: too many elements"))?;
+    let need = tilec_ir::size::byte_size(dt, &shape).map_err(|e| format!("{what}: {e}"))?;
+    let n = need / dt.size_bytes().max(1);
     if !t.raw_data.is_empty() || n == 0 && t.float_data.is_empty() && t.int32_data.is_empty() && t.int64_data.is_empty() && t.double_data.is_empty() && t.uint64_data.is_empty() {
-        let need = n.checked_mul(dt.size_bytes()).ok_or_else(|| format!("{what}: too large"))?;
         if t.raw_data.len() != need {
             return Err(format!("{what}: raw data has {} bytes, shape {:?} of {} needs {}", t.raw_data.len(), shape, dt, need));
         }

@@ -122,6 +122,15 @@ pub fn run(g: &Graph, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RefError> {
             args.push(t);
         }
         let cx = EvalCtx { graph: g, bound: &bound };
+        // Sizes known before the kernel runs (symbols bound from the inputs) are checked
+        // first, so that no kernel is asked for a buffer that cannot exist.
+        for &o in &n.outputs {
+            let ty = &g.value(o).ty;
+            if let Ok(shape) = cx.dims(&ty.shape) {
+                tilec_ir::size::byte_size(ty.dtype, &shape)
+                    .map_err(|e| err(format!("output '{}': {e}", g.value(o).name)))?;
+            }
+        }
         let outs = eval_op(&n.op, &args, &cx).map_err(err)?;
         if outs.len() != n.outputs.len() {
             return Err(err(format!("kernel produced {} outputs, node has {}", outs.len(), n.outputs.len())));

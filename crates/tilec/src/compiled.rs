@@ -151,10 +151,9 @@ pub(crate) fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
     g.value(v).ty.shape.iter().map(|d| if let Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
 }
 
+/// Bytes of a value with a fixed, addressable shape (the graph checks every shape it holds).
 pub(crate) fn value_bytes(g: &Graph, v: ValueId) -> Option<usize> {
-    let ty = &g.value(v).ty;
-    let n: usize = fixed_shape(g, v)?.iter().product();
-    Some(n * ty.dtype.size_bytes())
+    g.value(v).ty.byte_size()
 }
 
 /// Compiles a graph with concrete shapes for the host CPU.

@@ -28,6 +28,47 @@ pub enum SourceOp {
     Eye { rows: Dim, cols: Dim, k: i64, dtype: DType },
 }
 
+/// The number of elements of a float `range(start, limit, delta)`. Lengths beyond
+/// `usize` saturate; the size check of the result rejects them.
+pub fn range_len_f64(start: f64, limit: f64, delta: f64) -> Result<usize, String> {
+    if delta == 0.0 || !delta.is_finite() {
+        return Err(format!("range delta must be finite and non-zero, got {delta}"));
+    }
+    let n = ((limit - start) / delta).ceil();
+    if !n.is_finite() {
+        return Err(format!("range({start}, {limit}, {delta}) has no finite length"));
+    }
+    Ok(n.max(0.0) as usize)
+}
+
+/// The number of elements of an integer `range(start, limit, delta)`, exactly (it is below
+/// 2^64: the span of two i64s is).
+pub fn range_len_i64(start: i64, limit: i64, delta: i64) -> Result<usize, String> {
+    if delta == 0 {
+        return Err("range delta must be non-zero".into());
+    }
+    let span = limit as i128 - start as i128;
+    let d = delta as i128;
+    // div_euclid floors for a positive divisor and ceils for a negative one.
+    let n = if d > 0 { (span + d - 1).div_euclid(d) } else { span.div_euclid(d) };
+    Ok(n.max(0) as usize)
+}
+
+/// The length of a range over scalars of `dtype` whose element count is checked to be
+/// addressable (see [`crate::size`]), from its operands as integers or floats.
+pub fn range_len(dtype: DType, ints: [i64; 3], floats: [f64; 3]) -> Result<usize, String> {
+    let n = if dtype.is_int() {
+        range_len_i64(ints[0], ints[1], ints[2])?
+    } else {
+        range_len_f64(floats[0], floats[1], floats[2])?
+    };
+    crate::size::byte_size(dtype, &[n]).map_err(|_| {
+        let [s, l, d] = if dtype.is_int() { ints.map(|x| x.to_string()) } else { floats.map(|x| x.to_string()) };
+        format!("range({s}, {l}, {d}) of {dtype} has {n} elements: too many to address")
+    })?;
+    Ok(n)
+}
+
 impl OpInfo for SourceOp {
     fn name(&self) -> &'static str {
         match self {
@@ -51,7 +92,7 @@ impl OpInfo for SourceOp {
             }
             SourceOp::DimValues { elems, shape, dtype } => {
                 expect_arity(inputs, 0)?;
-                if shape.iter().product::<usize>() != elems.len() {
+                if crate::size::numel(shape).ok() != Some(elems.len()) {
                     return Err(format!("{} elements for shape {shape:?}", elems.len()));
                 }
                 if !dtype.is_int() {

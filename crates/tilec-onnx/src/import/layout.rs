@@ -134,20 +134,39 @@ pub(super) fn resolve_reshape(
         });
     }
     if let Some(k) = infer_at {
-        // numel(input) / prod(known), cancelling equal symbolic factors first.
+        // With `allowzero` and a literal 0 in the target, the input must be empty and -1
+        // stands for the product of the input's non-zero dims over that of the target's (as
+        // onnxruntime infers it: `[b, 0]` to `[-1, 0]` is `[b, 0]`). Otherwise -1 is
+        // numel(input) / prod(target), which needs a non-zero divisor.
+        let zero_rule = allowzero && spec.contains(&ShapeElem::Int(0));
+        // Non-zero size of a symbolic dim: max(d, 1).
+        let nonzero = |cx: &mut NodeCx, d: Dim| if zero_rule { derive(cx, SymExpr::Max(d, Dim::Fixed(1))) } else { d };
         let mut num: Vec<Dim> = Vec::new();
-        let mut fixed_num: u128 = 1;
+        let mut fixed_num: usize = 1;
         for &d in input {
             match d {
-                Dim::Fixed(n) => fixed_num *= n as u128,
+                Dim::Fixed(0) if zero_rule => {}
+                // The input is a graph value: its non-zero dims multiply without overflow.
+                Dim::Fixed(n) => fixed_num = fixed_num.saturating_mul(n),
                 s => num.push(s),
             }
         }
+        if zero_rule && num.is_empty() && !input.contains(&Dim::Fixed(0)) {
+            return Err(cx.invalid(format!(
+                "cannot infer -1: the target shape has a zero dim but the input of shape {} is not empty",
+                cx.graph().syms.display_shape(input)
+            )));
+        }
         let mut den: Vec<Dim> = Vec::new();
-        let mut fixed_den: u128 = 1;
+        let mut fixed_den: usize = 1;
         for d in out.iter().flatten() {
             match *d {
-                Dim::Fixed(n) => fixed_den *= n as u128,
+                Dim::Fixed(0) if zero_rule => {}
+                Dim::Fixed(n) => {
+                    fixed_den = fixed_den
+                        .checked_mul(n)
+                        .ok_or_else(|| cx.invalid("the target shape's dims overflow when multiplied"))?
+                }
                 s => {
                     if let Some(p) = num.iter().position(|&x| x == s) {
                         num.remove(p);
@@ -157,26 +176,28 @@ pub(super) fn resolve_reshape(
                 }
             }
         }
+        let num: Vec<Dim> = num.into_iter().map(|d| nonzero(cx, d)).collect();
+        let den: Vec<Dim> = den.into_iter().map(|d| nonzero(cx, d)).collect();
         let d = if fixed_den == 0 {
-            if fixed_num != 0 && num.is_empty() {
-                return Err(cx.invalid("cannot infer -1 with a zero-sized target dim"));
-            }
-            Dim::Fixed(0)
+            return Err(cx.invalid(format!(
+                "cannot infer -1 for input shape {}: the other target dims multiply to 0",
+                cx.graph().syms.display_shape(input)
+            )));
         } else if num.is_empty() && den.is_empty() {
             if fixed_num % fixed_den != 0 {
                 return Err(cx.invalid(format!(
                     "cannot reshape {fixed_num} elements into a shape with {fixed_den} elements per -1 unit"
                 )));
             }
-            Dim::Fixed((fixed_num / fixed_den) as usize)
+            Dim::Fixed(fixed_num / fixed_den)
         } else if den.is_empty() && fixed_num % fixed_den == 0 {
             let p = dims_product(&num, &mut cx.graph_mut().syms);
-            derive(cx, SymExpr::Mul(p, Dim::Fixed((fixed_num / fixed_den) as usize)))
+            derive(cx, SymExpr::Mul(p, Dim::Fixed(fixed_num / fixed_den)))
         } else {
             let mut n = dims_product(&num, &mut cx.graph_mut().syms);
-            n = derive(cx, SymExpr::Mul(n, Dim::Fixed(fixed_num as usize)));
+            n = derive(cx, SymExpr::Mul(n, Dim::Fixed(fixed_num)));
             let mut dd = dims_product(&den, &mut cx.graph_mut().syms);
-            dd = derive(cx, SymExpr::Mul(dd, Dim::Fixed(fixed_den as usize)));
+            dd = derive(cx, SymExpr::Mul(dd, Dim::Fixed(fixed_den)));
             derive(cx, SymExpr::Div(n, dd))
         };
         out[k] = Some(d);
@@ -993,7 +1014,7 @@ fn broadcast_known(shapes: &[&[usize]]) -> Option<(Vec<usize>, Vec<Vec<usize>>)>
             }
         }
     }
-    let n: usize = out.iter().product();
+    let n = tilec_ir::size::numel(&out).ok().filter(|&n| n <= FOLD_LIMIT)?;
     let mut maps = vec![Vec::with_capacity(n); shapes.len()];
     for flat in 0..n {
         // Multi-index of `flat` in `out`.
@@ -1332,12 +1353,7 @@ pub(super) fn fold_shape_op(cx: &mut NodeCx) -> Result<Option<Vec<ValueId>>, Imp
             }
             let (s0, l0, d0) =
                 (s.elems[0].as_int().unwrap_or(0), l.elems[0].as_int().unwrap_or(0), d.elems[0].as_int().unwrap_or(0));
-            if d0 == 0 {
-                return Err(cx.invalid("range delta is 0"));
-            }
-            let span = l0 as i128 - s0 as i128;
-            let n = if d0 > 0 { (span + d0 as i128 - 1).div_euclid(d0 as i128) } else { span.div_euclid(d0 as i128) }
-                .max(0) as usize;
+            let n = tilec_ir::op::range_len_i64(s0, l0, d0).map_err(|e| cx.invalid(e))?;
             if n > FOLD_LIMIT {
                 return Ok(None);
             }

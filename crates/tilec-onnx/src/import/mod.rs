@@ -205,6 +205,8 @@ impl Importer {
                 continue;
             }
             let ty = self.value_info_type(inp, opts)?;
+            tilec_ir::size::check_type(&ty)
+                .map_err(|e| ImportError::Model(format!("graph input '{}': {e}", inp.name)))?;
             let v = self.graph.add_input(&inp.name, ty);
             self.names.insert(inp.name.clone(), v);
         }

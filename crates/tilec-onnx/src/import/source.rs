@@ -1,8 +1,11 @@
 //! ONNX mappings for the source family: ConstantOfShape, Range, EyeLike.
 
 use super::{ImportError, MapFn, NodeCx, ShapeElem};
-use tilec_ir::op::SourceOp;
+use tilec_ir::op::{range_len, SourceOp};
 use tilec_ir::{Dim, Op, SymExpr, Tensor, ValueId};
+
+/// Ranges up to this length with constant operands become constants at import.
+const MAX_FOLDED_RANGE: usize = 1 << 20;
 
 pub(super) fn lookup(op_type: &str) -> Option<MapFn> {
     Some(match op_type {
@@ -58,8 +61,7 @@ fn map_range(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     // folded in layout::fold_shape_op).
     if let (Some(a), Some(b), Some(c)) = (cx.const_input(0), cx.const_input(1), cx.const_input(2)) {
         let (a, b, c) = (a.clone(), b.clone(), c.clone());
-        let t = range_const(&a, &b, &c).map_err(|e| cx.invalid(e))?;
-        return Ok(vec![cx.constant(t)]);
+        return Ok(vec![range_const(cx, [&a, &b, &c], [s, l, d])?]);
     }
     // `range(k, n, 1)` over a known (symbolic) size n has n - k elements (k <= n): the
     // position ids of transformer exports. Otherwise the length is data-dependent.
@@ -76,38 +78,32 @@ fn map_range(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
     Ok(vec![cx.emit1(Op::Source(SourceOp::Range { len }), &[s, l, d])?])
 }
 
-/// Range on constant scalars (same semantics as the reference kernel).
-fn range_const(start: &Tensor, limit: &Tensor, delta: &Tensor) -> Result<Tensor, String> {
-    let dt = start.dtype();
-    if limit.dtype() != dt || delta.dtype() != dt {
-        return Err("range operands differ in dtype".into());
+/// Range on constant scalars: a constant when short, else a `range` op of fixed length
+/// (evaluated when the model runs; the graph's size check rejects what cannot exist).
+fn range_const(cx: &mut NodeCx, args: [&Tensor; 3], inputs: [ValueId; 3]) -> Result<ValueId, ImportError> {
+    let dt = args[0].dtype();
+    if args.iter().any(|t| t.dtype() != dt) {
+        return Err(cx.invalid("range operands differ in dtype"));
     }
-    if start.numel() != 1 || limit.numel() != 1 || delta.numel() != 1 {
-        return Err("range operands must be scalars".into());
+    if args.iter().any(|t| t.numel() != 1) {
+        return Err(cx.invalid("range operands must be scalars"));
     }
-    if dt.is_int() {
-        let (s, l, d) = (start.to_i64_vec()[0], limit.to_i64_vec()[0], delta.to_i64_vec()[0]);
-        if d == 0 {
-            return Err("range delta is 0".into());
-        }
-        let span = l as i128 - s as i128;
-        let n = if d > 0 { (span + d as i128 - 1).div_euclid(d as i128) } else { span.div_euclid(d as i128) };
-        let n = n.max(0) as usize;
+    let ints = args.map(|t| t.to_i64_vec()[0]);
+    let floats = args.map(|t| t.to_f64_vec()[0]);
+    let n = range_len(dt, ints, floats).map_err(|e| cx.invalid(e))?;
+    if n > MAX_FOLDED_RANGE {
+        return cx.emit1(Op::Source(SourceOp::Range { len: Dim::Fixed(n) }), &inputs);
+    }
+    let t = if dt.is_int() {
+        let [s, _, d] = ints;
         let v: Vec<i64> = (0..n as i64).map(|i| s.wrapping_add(i.wrapping_mul(d))).collect();
-        Tensor::from_i64s(dt, vec![n], &v).map_err(|e| e.to_string())
+        Tensor::from_i64s(dt, vec![n], &v)
     } else {
-        let (s, l, d) = (start.to_f64_vec()[0], limit.to_f64_vec()[0], delta.to_f64_vec()[0]);
-        if d == 0.0 || !d.is_finite() {
-            return Err(format!("range delta {d} must be finite and non-zero"));
-        }
-        let n = ((l - s) / d).ceil();
-        if !n.is_finite() || n > 1e9 {
-            return Err("range is too long".into());
-        }
-        let n = n.max(0.0) as usize;
+        let [s, _, d] = floats;
         let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
-        Tensor::from_f64s(dt, vec![n], &v).map_err(|e| e.to_string())
-    }
+        Tensor::from_f64s(dt, vec![n], &v)
+    };
+    Ok(cx.constant(t.map_err(|e| cx.invalid(e.to_string()))?))
 }
 
 fn map_eye_like(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {

@@ -478,8 +478,8 @@ impl Bcast {
         }
         let maps = shapes
             .iter()
-            .map(|s| if *s == shape.as_slice() { None } else { Some(broadcast_index_map(s, &shape)) })
-            .collect();
+            .map(|s| if *s == shape.as_slice() { Ok(None) } else { broadcast_index_map(s, &shape).map(Some) })
+            .collect::<Result<_, String>>()?;
         let n = shape.iter().product();
         Ok(Bcast { shape, n, maps })
     }

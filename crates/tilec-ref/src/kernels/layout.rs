@@ -31,12 +31,12 @@ pub fn take(x: &Tensor, idx: &[usize], shape: Vec<usize>, fill: Option<&Tensor>)
 
 /// Index map of a separable re-indexing: output coordinate `c` along axis `a` reads
 /// input coordinate `per_axis[a][c]` (or FILL), at `in_strides[a]`.
-pub fn separable_map(out_shape: &[usize], per_axis: &[Vec<usize>], in_strides: &[usize]) -> Vec<usize> {
-    let n: usize = out_shape.iter().product();
+pub fn separable_map(out_shape: &[usize], per_axis: &[Vec<usize>], in_strides: &[usize]) -> Result<Vec<usize>, String> {
+    let n = tilec_ir::size::numel(out_shape).map_err(|e| e.to_string())?;
     let r = out_shape.len();
-    let mut map = Vec::with_capacity(n);
+    let mut map = tilec_ir::size::try_with_capacity(n)?;
     if n == 0 {
-        return map;
+        return Ok(map);
     }
     let mut idx = vec![0usize; r];
     for _ in 0..n {
@@ -59,7 +59,7 @@ pub fn separable_map(out_shape: &[usize], per_axis: &[Vec<usize>], in_strides: &
             idx[d] = 0;
         }
     }
-    map
+    Ok(map)
 }
 
 struct ConcatF<'a> {
@@ -101,7 +101,7 @@ fn slice(x: &Tensor, axes: &[usize], starts: &[i64], ends: &[i64], steps: &[i64]
         per_axis[a] = (0..n).map(|k| (s + k * steps[i]) as usize).collect();
         out_shape[a] = n as usize;
     }
-    let map = separable_map(&out_shape, &per_axis, &strides(&shape));
+    let map = separable_map(&out_shape, &per_axis, &strides(&shape))?;
     take(x, &map, out_shape, None)
 }
 
@@ -141,7 +141,7 @@ pub fn eval(op: &LayoutOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             let st = strides(sh);
             let out_shape: Vec<usize> = perm.iter().map(|&p| sh[p]).collect();
             let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
-            let map = separable_map(&out_shape, &identity_axes(&out_shape), &pst);
+            let map = separable_map(&out_shape, &identity_axes(&out_shape), &pst)?;
             Ok(vec![take(x, &map, out_shape, None)?])
         }
         LayoutOp::Concat { axis } => {
@@ -191,7 +191,7 @@ pub fn eval(op: &LayoutOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
         LayoutOp::Expand { shape } => {
             let target = cx.dims(shape)?;
             let out_shape = broadcast(x.shape(), &target)?;
-            let map = broadcast_index_map(x.shape(), &out_shape);
+            let map = broadcast_index_map(x.shape(), &out_shape)?;
             Ok(vec![take(x, &map, out_shape, None)?])
         }
         LayoutOp::Tile { repeats } => {
@@ -202,7 +202,7 @@ pub fn eval(op: &LayoutOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
             let out_shape: Vec<usize> = sh.iter().zip(repeats).map(|(&d, &r)| d * r).collect();
             let per_axis: Vec<Vec<usize>> =
                 out_shape.iter().zip(sh).map(|(&o, &d)| (0..o).map(|c| c % d.max(1)).collect()).collect();
-            let map = separable_map(&out_shape, &per_axis, &strides(sh));
+            let map = separable_map(&out_shape, &per_axis, &strides(sh))?;
             Ok(vec![take(x, &map, out_shape, None)?])
         }
         LayoutOp::Pad { pads, mode } => {
@@ -224,7 +224,7 @@ pub fn eval(op: &LayoutOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
                 out_shape.push(m as usize);
                 per_axis.push((0..m).map(|o| pad_coord(o, b, n, *mode)).collect());
             }
-            let map = separable_map(&out_shape, &per_axis, &strides(sh));
+            let map = separable_map(&out_shape, &per_axis, &strides(sh))?;
             Ok(vec![take(x, &map, out_shape, Some(fill))?])
         }
         LayoutOp::Trilu { upper, k } => {
@@ -467,7 +467,7 @@ mod tests {
         let perm = [2usize, 0, 1];
         let out: Vec<usize> = perm.iter().map(|&p| sh[p]).collect();
         let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
-        let m = separable_map(&out, &identity_axes(&out), &pst);
+        let m = separable_map(&out, &identity_axes(&out), &pst).unwrap();
         let mut k = 0;
         for c in 0..4 {
             for a in 0..2 {

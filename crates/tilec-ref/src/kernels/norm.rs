@@ -161,7 +161,7 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
                 .enumerate()
                 .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
                 .collect();
-            let map = broadcast_index_map(&kept, shape);
+            let map = broadcast_index_map(&kept, shape)?;
             let nout: usize = kept.iter().product();
             let count = axes.iter().map(|&a| shape[a]).product::<usize>() as f64;
             let v = x.to_f64_vec();
@@ -260,7 +260,7 @@ fn layer_norm(
                 .zip(&shape[shape.len() - p.rank()..])
                 .all(|(&a, &b)| a == 1 || a == b);
         if ok {
-            Ok(broadcast_index_map(p.shape(), shape))
+            broadcast_index_map(p.shape(), shape)
         } else {
             Err(format!(
                 "{what} of shape {:?} does not broadcast to {shape:?}",

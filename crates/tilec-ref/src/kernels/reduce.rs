@@ -107,7 +107,7 @@ fn reduce(kind: ReduceKind, axes: &[usize], keepdims: bool, x: &Tensor) -> Resul
     };
     let nout: usize = kept.iter().product();
     let count: usize = axes.iter().map(|&a| shape[a]).product();
-    let map = broadcast_index_map(&kept, shape);
+    let map = broadcast_index_map(&kept, shape)?;
     if let Some(v) = ints_i128(x) {
         let out = reduce_int(kind, x.dtype(), &v, &map, nout, count);
         return from_i128s(x.dtype(), out_shape, &out);

@@ -1,36 +1,20 @@
 //! Source kernels: tensors built from attributes and (run-time) dimension values.
 
 use crate::EvalCtx;
+use tilec_ir::op::range_len;
+#[cfg(test)]
+use tilec_ir::op::range_len_i64;
 use tilec_ir::op::{DimValue, SourceOp};
+use tilec_ir::size::try_filled;
 use tilec_ir::{dispatch, Element, Tensor, TensorData};
 
 fn splat_t<T: Element>(v: &[T], n: usize) -> Result<TensorData, String> {
     let x = *v.first().ok_or("fill value is empty")?;
-    Ok(T::wrap(vec![x; n]))
+    Ok(T::wrap(try_filled(n, x)?))
 }
 
-/// Number of elements of `range(start, limit, delta)`.
-pub fn range_len_f64(start: f64, limit: f64, delta: f64) -> Result<usize, String> {
-    if delta == 0.0 || !delta.is_finite() {
-        return Err(format!("range delta must be finite and non-zero, got {delta}"));
-    }
-    let n = ((limit - start) / delta).ceil();
-    if !n.is_finite() {
-        return Err("range length is not finite".into());
-    }
-    Ok(n.max(0.0) as usize)
-}
-
-/// Number of elements of an integer `range(start, limit, delta)`, exactly.
-pub fn range_len_i64(start: i64, limit: i64, delta: i64) -> Result<usize, String> {
-    if delta == 0 {
-        return Err("range delta must be non-zero".into());
-    }
-    let span = limit as i128 - start as i128;
-    let d = delta as i128;
-    // div_euclid floors for a positive divisor and ceils for a negative one.
-    let n = if d > 0 { (span + d - 1).div_euclid(d) } else { span.div_euclid(d) };
-    Ok(n.max(0) as usize)
+fn scalars<T: Copy + Default>(a: &Tensor, b: &Tensor, c: &Tensor, f: fn(&Tensor) -> Vec<T>) -> [T; 3] {
+    [a, b, c].map(|t| f(t).first().copied().unwrap_or_default())
 }
 
 /// Evaluates Range on scalar tensors of one dtype.
@@ -43,15 +27,22 @@ pub fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> Result<Tensor, S
     if !(one(start) && one(limit) && one(delta)) {
         return Err("range operands must be scalars".into());
     }
+    let (ints, floats) = (scalars(start, limit, delta, Tensor::to_i64_vec), scalars(start, limit, delta, Tensor::to_f64_vec));
+    let n = range_len(dt, ints, floats)?;
+    // Built in the output dtype directly: the length is checked, the memory may still fail.
     if dt.is_int() {
-        let (s, l, d) = (start.to_i64_vec()[0], limit.to_i64_vec()[0], delta.to_i64_vec()[0]);
-        let n = range_len_i64(s, l, d)?;
-        let v: Vec<i64> = (0..n as i64).map(|i| s.wrapping_add(i.wrapping_mul(d))).collect();
+        let [s, _, d] = ints;
+        let mut v = try_filled(n, 0i64)?;
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = s.wrapping_add((i as i64).wrapping_mul(d));
+        }
         Tensor::from_i64s(dt, vec![n], &v).map_err(|e| e.to_string())
     } else {
-        let (s, l, d) = (start.to_f64_vec()[0], limit.to_f64_vec()[0], delta.to_f64_vec()[0]);
-        let n = range_len_f64(s, l, d)?;
-        let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
+        let [s, _, d] = floats;
+        let mut v = try_filled(n, 0f64)?;
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = s + i as f64 * d;
+        }
         Tensor::from_f64s(dt, vec![n], &v).map_err(|e| e.to_string())
     }
 }
@@ -60,7 +51,7 @@ pub fn eval(op: &SourceOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
     match op {
         SourceOp::Fill { shape, value } => {
             let s = cx.dims(shape)?;
-            let n = s.iter().product();
+            let n = tilec_ir::size::byte_size(value.dtype(), &s).map_err(|e| e.to_string())? / value.dtype().size_bytes();
             let data = dispatch!(value.data(), v => splat_t(&v[..], n))?;
             Ok(vec![Tensor::new(s, data).map_err(|e| e.to_string())?])
         }
@@ -82,7 +73,8 @@ pub fn eval(op: &SourceOp, args: &[&Tensor], cx: &EvalCtx) -> Result<Vec<Tensor>
         }
         SourceOp::Eye { rows, cols, k, dtype } => {
             let (r, c) = (cx.dim(*rows)?, cx.dim(*cols)?);
-            let mut v = vec![0i64; r * c];
+            tilec_ir::size::byte_size(*dtype, &[r, c]).map_err(|e| e.to_string())?;
+            let mut v = try_filled(r * c, 0i64)?;
             for i in 0..r {
                 let j = i as i64 + k;
                 if j >= 0 && (j as usize) < c {

@@ -3,9 +3,10 @@
 use tilec_ir::strides;
 
 /// For an output of shape `out` broadcast from an input of shape `inp` (numpy rules),
-/// the input's flat index for every output flat index.
-pub fn broadcast_index_map(inp: &[usize], out: &[usize]) -> Vec<usize> {
-    let n: usize = out.iter().product();
+/// the input's flat index for every output flat index. Errors when the map cannot be
+/// allocated (an output expanded far beyond its input).
+pub fn broadcast_index_map(inp: &[usize], out: &[usize]) -> Result<Vec<usize>, String> {
+    let n = tilec_ir::size::numel(out).map_err(|e| e.to_string())?;
     let r = out.len();
     let off = r - inp.len();
     let in_strides = strides(inp);
@@ -15,7 +16,7 @@ pub fn broadcast_index_map(inp: &[usize], out: &[usize]) -> Vec<usize> {
         eff[off + i] = if inp[i] == 1 { 0 } else { in_strides[i] };
     }
     let mut idx = vec![0usize; r];
-    let mut map = Vec::with_capacity(n);
+    let mut map = tilec_ir::size::try_with_capacity(n)?;
     let mut cur = 0usize;
     for _ in 0..n {
         map.push(cur);
@@ -30,7 +31,7 @@ pub fn broadcast_index_map(inp: &[usize], out: &[usize]) -> Vec<usize> {
             idx[d] = 0;
         }
     }
-    map
+    Ok(map)
 }
 
 /// Numpy broadcast of concrete shapes.
@@ -67,7 +68,7 @@ mod tests {
     fn broadcast_map_matches_naive() {
         let inp = [3, 1];
         let out = [2, 3, 4];
-        let m = broadcast_index_map(&inp, &out);
+        let m = broadcast_index_map(&inp, &out).unwrap();
         let mut k = 0;
         for _a in 0..2 {
             for b in 0..3 {

@@ -133,6 +133,26 @@ pub fn dim_params(g: &proto::GraphProto) -> Vec<String> {
     params
 }
 
+/// The shape a graph output declares, where it is known: fixed sizes and symbolic ones whose
+/// names are in `dims` (None for the others; None overall without a declared shape).
+pub fn declared_shape(vi: &proto::ValueInfoProto, dims: &HashMap<String, usize>) -> Option<Vec<Option<usize>>> {
+    use proto::tensor_shape_proto::dimension::Value as D;
+    use proto::type_proto::Value;
+    let Some(Value::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else { return None };
+    let shape = t.shape.as_ref()?;
+    Some(
+        shape
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(D::DimValue(n)) if *n >= 0 => Some(*n as usize),
+                Some(D::DimParam(p)) => dims.get(p).copied(),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
 /// Checks `--dim` names against the symbolic dimensions of the model's inputs.
 pub fn check_dims(g: &proto::GraphProto, dims: &[(String, usize)]) -> Result<HashMap<String, usize>> {
     let params = dim_params(g);

@@ -547,6 +547,27 @@ fn run_model(a: &RunArgs, report: &mut Report) -> Result<()> {
     }
     let mut checked = 0;
     let mut bad = 0;
+    // Outputs against the shapes the model declares (a warning, as onnxruntime gives), and a
+    // mismatch of a checked output, so that a shape wrong in the same way on both sides of a
+    // comparison is still caught.
+    let mut known_dims = dim_values.clone();
+    for (s, n) in &syms {
+        known_dims.insert(graph.syms.name(*s).to_string(), *n);
+    }
+    for (i, (name, t)) in out_names.iter().zip(&outs).enumerate() {
+        let Some(want) = output_info(i).and_then(|vi| super::declared_shape(vi, &known_dims)) else { continue };
+        let fits = want.len() == t.rank() && want.iter().zip(t.shape()).all(|(w, &d)| w.map_or(true, |w| w == d));
+        if !fits {
+            let w: Vec<String> = want.iter().map(|d| d.map_or("?".to_string(), |n| n.to_string())).collect();
+            let msg = format!("the model declares shape [{}], got {:?}", w.join(", "), t.shape());
+            if expected[i].is_some() {
+                bad += 1;
+                println!("check '{name}': MISMATCH: {msg}");
+            } else {
+                println!("warning: output '{name}': {msg}");
+            }
+        }
+    }
     let mut max_abs = 0.0f64;
     let mut max_rel = 0.0f64;
     let mut nonfinite = 0;

@@ -63,14 +63,14 @@ fn matmul_core<T: Copy + Sync, A: Num>(
     b: &[T],
     s: &MatShape,
     cv: impl Fn(T) -> A + Copy + Sync,
-) -> Vec<A> {
+) -> Result<Vec<A>, String> {
     let (m, k, n) = (s.m, s.k, s.n);
-    let ma = broadcast_index_map(&s.a_batch, &s.batch);
-    let mb = broadcast_index_map(&s.b_batch, &s.batch);
+    let ma = broadcast_index_map(&s.a_batch, &s.batch)?;
+    let mb = broadcast_index_map(&s.b_batch, &s.batch)?;
     let nb: usize = s.batch.iter().product();
     let mut out = vec![A::default(); nb * m * n];
     if n == 0 {
-        return out;
+        return Ok(out);
     }
     let threads = threads_for(nb * m * n * k);
     par_chunks(&mut out, n, threads, |row, acc| {
@@ -85,7 +85,7 @@ fn matmul_core<T: Copy + Sync, A: Num>(
             }
         }
     });
-    out
+    Ok(out)
 }
 
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
@@ -101,13 +101,13 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
             a.as_slice::<f32>(),
             b.as_slice::<f32>(),
         ) {
-            (Some(x), Some(y), _, _) => matmul_core(x, y, &s, |v| v),
-            (_, _, Some(x), Some(y)) => matmul_core(x, y, &s, |v| v as f64),
-            _ => matmul_core(&a.to_f64_vec(), &b.to_f64_vec(), &s, |v| v),
+            (Some(x), Some(y), _, _) => matmul_core(x, y, &s, |v| v)?,
+            (_, _, Some(x), Some(y)) => matmul_core(x, y, &s, |v| v as f64)?,
+            _ => matmul_core(&a.to_f64_vec(), &b.to_f64_vec(), &s, |v| v)?,
         };
         from_f64(dt, s.out, &out)
     } else if dt.is_int() {
-        let out = matmul_core(&a.to_i64_vec(), &b.to_i64_vec(), &s, |v| v);
+        let out = matmul_core(&a.to_i64_vec(), &b.to_i64_vec(), &s, |v| v)?;
         Tensor::from_i64s(dt, s.out, &out).map_err(|e| e.to_string())
     } else {
         Err(format!("matmul does not support {dt}"))
@@ -158,7 +158,7 @@ pub fn matmul_integer(args: &[&Tensor]) -> Result<Tensor, String> {
     let mut bv = b.to_i64_vec();
     sub_zero_point(&mut av, a.shape(), args[2], true)?;
     sub_zero_point(&mut bv, b.shape(), args[3], false)?;
-    let out = matmul_core(&av, &bv, &s, |v| v);
+    let out = matmul_core(&av, &bv, &s, |v| v)?;
     Tensor::from_i64s(DType::I32, s.out, &out).map_err(|e| e.to_string())
 }
 
@@ -201,7 +201,7 @@ pub fn qlinear_matmul(args: &[&Tensor]) -> Result<Tensor, String> {
     let mut bv = b.to_i64_vec();
     sub_zero_point(&mut av, a.shape(), a_zp, true)?;
     sub_zero_point(&mut bv, b.shape(), b_zp, false)?;
-    let acc = matmul_core(&av, &bv, &s, |v| v);
+    let acc = matmul_core(&av, &bv, &s, |v| v)?;
     let (sa, sb, sy) = (
         a_scale.to_f64_vec(),
         b_scale.to_f64_vec(),
