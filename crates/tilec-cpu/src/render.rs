@@ -7,6 +7,9 @@
 //! conversions saturate instead of invoking undefined behaviour.
 //!
 //! Global arguments are declared `restrict`: distinct arguments must not overlap.
+//!
+//! A kernel with index checks (`Kernel::checks`) takes the run's status as one more argument,
+//! `args[params.len()]` (`STATUS_WORDS` 64-bit words), which `tc_index` updates.
 
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -121,6 +124,13 @@ pub fn render_function_packs(
             storage_type(b.dtype),
             p.0,
             storage_type(b.dtype)
+        );
+    }
+    if !k.checks.is_empty() {
+        let _ = writeln!(
+            head,
+            "    int64_t *const tc_st = (int64_t *)args[{}]; (void)tc_st;",
+            k.params.len()
         );
     }
     r.block_stmts(&k.body, Ctx::default())?;
@@ -685,6 +695,25 @@ impl<'a> Renderer<'a> {
             Expr::ToIndex(a) => {
                 let (c, t) = self.expr(a)?;
                 (convert(&c, t, Ty::Index), Ty::Index)
+            }
+            Expr::CheckIndex(a, ck) => {
+                if ck.len < 1 || ck.site as usize >= self.k.checks.len() {
+                    return Err(self.err(format!(
+                        "index check of length {} at unknown site {}",
+                        ck.len, ck.site
+                    )));
+                }
+                let (c, t) = self.expr(a)?;
+                (
+                    format!(
+                        "tc_index(tc_st, {}, {}, {}, {})",
+                        ck.site,
+                        convert(&c, t, Ty::Index),
+                        int_lit(ck.len),
+                        ck.wrap as i32
+                    ),
+                    Ty::Index,
+                )
             }
             Expr::Select(c, a, b) => {
                 let (cc, _) = self.expr(c)?;

@@ -42,7 +42,10 @@ use std::sync::Arc;
 pub struct GpuKernel {
     pub name: String,
     pub launch: LaunchConfig,
+    /// Every argument: the kernel's parameters, then its status words when it has checks.
     pub params: Vec<(tilec_ir::DType, usize)>,
+    /// The kernel's index check sites: a violation recorded in its status names one of them.
+    pub checks: Vec<tilec_tile::CheckSite>,
     pub cache_hit: bool,
     func: Function,
 }
@@ -88,11 +91,13 @@ impl GpuKernel {
             .params
             .iter()
             .map(|&b| (k.buf(b).dtype, k.buf(b).numel() as usize))
+            .chain((!k.checks.is_empty()).then_some((tilec_ir::DType::I64, tilec_tile::STATUS_WORDS)))
             .collect();
         Ok(GpuKernel {
             name: k.name.clone(),
             launch,
             params,
+            checks: k.checks.clone(),
             cache_hit,
             func,
         })

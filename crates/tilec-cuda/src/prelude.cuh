@@ -281,3 +281,22 @@ __device__ __forceinline__ T tl_block_allreduce(T v, Op op, T* scratch) {
   }
   return v;
 }
+
+// An index read from data for a dimension of n >= 1 (tilec_tile::IndexCheck): negative values
+// count from the end once when `wrap`; anything else outside 0..n is recorded in the kernel's
+// status words (site + 1, the index as read, n; the first violation wins) and clamped, so that
+// memory stays in bounds.
+__device__ __noinline__ void tl_index_fault(long long* st, long long site, long long i, long long n) {
+  if (atomicCAS((unsigned long long*)st, 0ull, (unsigned long long)(site + 1)) == 0ull) {
+    st[1] = i;
+    st[2] = n;
+  }
+}
+__device__ __forceinline__ long long tl_index(long long* st, long long site, long long i, long long n, bool wrap) {
+  long long j = (wrap && i < 0) ? i + n : i;
+  if ((unsigned long long)j >= (unsigned long long)n) {
+    tl_index_fault(st, site, i, n);
+    j = j < 0 ? 0 : n - 1;
+  }
+  return j;
+}

@@ -3,7 +3,9 @@
 //! Kernel ABI: `extern "C" __global__ void NAME(T0* p0, T1* p1, ...)`, one typed pointer per
 //! kernel parameter in `Kernel::params` order, each pointing at the first element of a dense,
 //! row-major buffer and aligned to 16 bytes (the vectorized accesses rely on it; device
-//! allocations and planned arena offsets with 16-byte alignment satisfy it).
+//! allocations and planned arena offsets with 16-byte alignment satisfy it). A kernel with index
+//! checks (`Kernel::checks`) takes one more pointer, `long long* tl_st`: its status words
+//! (`STATUS_WORDS`, zero before the run), which `tl_index` updates.
 //!
 //! Mapping of the IR:
 //! - a loop bound to `BlockX/Y/Z` or `ThreadX/Y/Z` becomes `blockIdx`/`threadIdx`; the launch
@@ -113,6 +115,7 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
                 buf_name(k, b)
             )
         })
+        .chain((!k.checks.is_empty()).then(|| "long long* __restrict__ tl_st".to_string()))
         .collect();
     let _ = writeln!(
         out,
@@ -1290,6 +1293,26 @@ impl R<'_> {
                     Ty::Elem(d) if d.is_float() => format!("(idx_t)(long long)({s})"),
                     _ => format!("(idx_t)({s})"),
                 }
+            }
+            Expr::CheckIndex(a, c) => {
+                if c.len < 1 || c.site as usize >= self.k.checks.len() {
+                    return Err(err(
+                        self.k,
+                        format!("index check of length {} at unknown site {}", c.len, c.site),
+                    ));
+                }
+                // The index is checked at 64 bits: narrowing it to `idx_t` first could wrap
+                // an out-of-range value into range.
+                let s = match a.as_ref() {
+                    Expr::ToIndex(x) => self.expr(x)?,
+                    a => self.expr(a)?,
+                };
+                format!(
+                    "(idx_t)tl_index(tl_st, {}, (long long)({s}), {}LL, {})",
+                    c.site,
+                    c.len,
+                    c.wrap
+                )
             }
             Expr::Select(c, a, b) => {
                 let ty = self.k.type_of(e);

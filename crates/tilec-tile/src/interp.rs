@@ -98,9 +98,15 @@ fn round_to(x: f64, d: DType) -> f64 {
 pub enum InterpError {
     #[error("kernel {kernel}: {msg}")]
     Bad { kernel: String, msg: String },
+    /// A checked index ([`Expr::CheckIndex`]) was out of range. As on every back end, the
+    /// kernel ran to its end with the index clamped; `message` is [`Kernel::index_error`].
+    #[error("{message}")]
+    Index { violation: IndexViolation, message: String },
 }
 
 /// Runs `k` on `args` (one tensor per parameter, in order; outputs are overwritten in place).
+/// A violated index check is reported after the run, with the outputs written as a compiled
+/// kernel would leave them.
 pub fn run(k: &Kernel, args: &mut [Tensor]) -> Result<(), InterpError> {
     let bad = |msg: String| InterpError::Bad { kernel: k.name.clone(), msg };
     if args.len() != k.params.len() {
@@ -121,14 +127,17 @@ pub fn run(k: &Kernel, args: &mut [Tensor]) -> Result<(), InterpError> {
         }
         bufs.insert(p, tensor_vals(&args[i]));
     }
-    let mut st = State { k, bufs, vars: HashMap::new() };
+    let mut st = State { k, bufs, vars: HashMap::new(), violation: None };
     st.block(&k.body).map_err(bad)?;
     for (i, &p) in k.params.iter().enumerate() {
         let b = k.buf(p);
         let vals = &st.bufs[&p];
         args[i] = vals_tensor(b.dtype, &args[i].shape().to_vec(), vals).map_err(|e| bad(e.to_string()))?;
     }
-    Ok(())
+    match st.violation {
+        Some(v) => Err(InterpError::Index { violation: v, message: k.index_error(&v) }),
+        None => Ok(()),
+    }
 }
 
 fn tensor_vals(t: &Tensor) -> Vec<Val> {
@@ -169,6 +178,8 @@ struct State<'a> {
     k: &'a Kernel,
     bufs: HashMap<BufId, Vec<Val>>,
     vars: HashMap<VarId, Val>,
+    /// The first index check that failed.
+    violation: Option<IndexViolation>,
 }
 
 impl State<'_> {
@@ -281,6 +292,17 @@ impl State<'_> {
             }
             Expr::Cast(d, a) => self.expr(a)?.convert(*d),
             Expr::ToIndex(a) => Val::I(self.expr(a)?.as_i64()),
+            Expr::CheckIndex(a, c) => {
+                if c.len < 1 || c.site as usize >= self.k.checks.len() {
+                    return Err(format!("index check of length {} at unknown site {}", c.len, c.site));
+                }
+                let i = self.expr(a)?.as_i64();
+                let (j, ok) = IndexViolation::check(i, *c);
+                if !ok && self.violation.is_none() {
+                    self.violation = Some(IndexViolation { site: c.site, index: i, len: c.len });
+                }
+                Val::I(j)
+            }
             Expr::Select(c, a, b) => {
                 if self.expr(c)?.as_bool() {
                     self.expr(a)?

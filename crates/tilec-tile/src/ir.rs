@@ -184,6 +184,93 @@ pub enum Expr {
     Cast(DType, Box<Expr>),
     /// Conversion of an element value to an index.
     ToIndex(Box<Expr>),
+    /// An index read from data, checked against the dimension it addresses (see [`IndexCheck`]):
+    /// the result is always inside `0..len`, and a value outside the allowed range is recorded
+    /// as a violation of the check's site.
+    CheckIndex(Box<Expr>, IndexCheck),
+}
+
+/// How [`Expr::CheckIndex`] treats its index `i` (a [`Ty::Index`] value): with `wrap`, a
+/// negative `i` counts from the end once (`i + len`); whatever is then still outside `0..len`
+/// is a violation, recorded in the run's status (the first one of a run wins) and clamped into
+/// `0..len` so that memory is never addressed outside the buffer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IndexCheck {
+    /// The size of the indexed dimension (at least 1).
+    pub len: i64,
+    pub wrap: bool,
+    /// The entry of [`Kernel::checks`] that says where the index comes from.
+    pub site: u32,
+}
+
+/// Where a checked index comes from, for the error a violation becomes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckSite {
+    /// The graph node's name.
+    pub node: String,
+    /// The op's name.
+    pub op: String,
+    /// The input that holds the indices.
+    pub input: String,
+    /// Negative indices count from the end.
+    pub wrap: bool,
+}
+
+/// Kernels with checks take one more argument after their parameters: the run's status, this
+/// many 64-bit words, zero before the run. A violation writes `site + 1`, the index as read and
+/// the dimension's size into words 0, 1 and 2 (only the first violation of a run is kept).
+pub const STATUS_WORDS: usize = 3;
+
+/// An out-of-range index caught while a kernel ran.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct IndexViolation {
+    pub site: u32,
+    /// The index as read (before negative indices were wrapped).
+    pub index: i64,
+    pub len: i64,
+}
+
+impl IndexViolation {
+    /// The violation recorded in a status (none when word 0 is zero).
+    pub fn from_status(words: &[i64]) -> Option<IndexViolation> {
+        match words {
+            [s, i, n, ..] if *s > 0 && *s <= u32::MAX as i64 => {
+                Some(IndexViolation { site: (*s - 1) as u32, index: *i, len: *n })
+            }
+            _ => None,
+        }
+    }
+
+    /// The error this violation of a kernel named `kernel` with check sites `sites` becomes:
+    /// the node, op and input the index came from, its value and the range allowed.
+    pub fn message(&self, sites: &[CheckSite], kernel: &str) -> String {
+        match sites.get(self.site as usize) {
+            Some(s) => format!(
+                "node '{}' ({}): {} value {} is out of range for a dimension of size {} (allowed {}..={})",
+                s.node,
+                s.op,
+                s.input,
+                self.index,
+                self.len,
+                if s.wrap { -self.len } else { 0 },
+                self.len - 1
+            ),
+            None => format!(
+                "kernel {kernel}: index {} is out of range for a dimension of size {} (check {})",
+                self.index, self.len, self.site
+            ),
+        }
+    }
+
+    /// The index normalized as the check does, and whether it was in range.
+    pub fn check(index: i64, c: IndexCheck) -> (i64, bool) {
+        let j = if c.wrap && index < 0 { index + c.len } else { index };
+        if (0..c.len).contains(&j) {
+            (j, true)
+        } else {
+            (j.clamp(0, (c.len - 1).max(0)), false)
+        }
+    }
 }
 
 impl Expr {
@@ -251,7 +338,7 @@ impl Expr {
         match self {
             Expr::Int(_) | Expr::Lit(_) | Expr::Var(_) => {}
             Expr::Load(_, idx) => idx.iter().for_each(|e| e.visit(f)),
-            Expr::Unary(_, a) | Expr::Cast(_, a) | Expr::ToIndex(a) => a.visit(f),
+            Expr::Unary(_, a) | Expr::Cast(_, a) | Expr::ToIndex(a) | Expr::CheckIndex(a, _) => a.visit(f),
             Expr::Binary(_, a, b) => {
                 a.visit(f);
                 b.visit(f);
@@ -274,6 +361,7 @@ impl Expr {
             Expr::Unary(op, a) => Expr::Unary(op, Box::new(a.rewrite(f))),
             Expr::Cast(d, a) => Expr::Cast(d, Box::new(a.rewrite(f))),
             Expr::ToIndex(a) => Expr::ToIndex(Box::new(a.rewrite(f))),
+            Expr::CheckIndex(a, c) => Expr::CheckIndex(Box::new(a.rewrite(f)), c),
             Expr::Binary(op, a, b) => Expr::Binary(op, Box::new(a.rewrite(f)), Box::new(b.rewrite(f))),
             Expr::Select(c, a, b) => Expr::Select(
                 Box::new(c.rewrite(f)),
@@ -495,11 +583,14 @@ pub struct Kernel {
     /// Global buffers passed as arguments, in ABI order.
     pub params: Vec<BufId>,
     pub body: Vec<Stmt>,
+    /// The sites of the kernel's index checks; when there are any, the kernel takes the run's
+    /// status (see [`STATUS_WORDS`]) as one more argument after `params`.
+    pub checks: Vec<CheckSite>,
 }
 
 impl Kernel {
     pub fn new(name: impl Into<String>) -> Kernel {
-        Kernel { name: name.into(), buffers: vec![], vars: vec![], params: vec![], body: vec![] }
+        Kernel { name: name.into(), buffers: vec![], vars: vec![], params: vec![], body: vec![], checks: vec![] }
     }
 
     /// Adds a global buffer and appends it to the argument list.
@@ -537,7 +628,7 @@ impl Kernel {
     /// operands have the same type, comparisons are bool).
     pub fn type_of(&self, e: &Expr) -> Ty {
         match e {
-            Expr::Int(_) | Expr::ToIndex(_) => Ty::Index,
+            Expr::Int(_) | Expr::ToIndex(_) | Expr::CheckIndex(..) => Ty::Index,
             Expr::Lit(l) => Ty::Elem(l.dtype()),
             Expr::Var(v) => self.var_info(*v).ty,
             Expr::Load(b, _) => Ty::Elem(self.buf(*b).dtype),
@@ -610,6 +701,11 @@ impl Kernel {
             None
         }
         go(&mut self.body, v)
+    }
+
+    /// The error an index violation of this kernel becomes ([`IndexViolation::message`]).
+    pub fn index_error(&self, v: &IndexViolation) -> String {
+        v.message(&self.checks, &self.name)
     }
 
     /// Looks a variable up by name.

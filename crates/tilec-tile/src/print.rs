@@ -15,6 +15,9 @@ pub fn print_kernel(k: &Kernel) -> String {
     let mut out = String::new();
     let params: Vec<String> = k.params.iter().map(|&b| buf_decl(k, b)).collect();
     let _ = writeln!(out, "kernel {}({}) {{", k.name, params.join(", "));
+    for (i, c) in k.checks.iter().enumerate() {
+        let _ = writeln!(out, "  // site {i}: {} of node {} ({})", c.input, c.node, c.op);
+    }
     let mut p = Printer { k, out, indent: 1 };
     p.block(&k.body);
     p.out.push_str("}\n");
@@ -193,6 +196,13 @@ impl Printer<'_> {
             Expr::Select(c, a, b) => format!("select({}, {}, {})", self.expr(c), self.expr(a), self.expr(b)),
             Expr::Cast(d, a) => format!("{d}({})", self.expr(a)),
             Expr::ToIndex(a) => format!("idx({})", self.expr(a)),
+            Expr::CheckIndex(a, c) => format!(
+                "check{}({}, {}, site {})",
+                if c.wrap { "_wrap" } else { "" },
+                self.expr(a),
+                c.len,
+                c.site
+            ),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! (a *fallback step*), so every graph the interpreter runs also runs here.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use tilec_ir::{Dim, Graph, NodeId, Tensor, ValueDef, ValueId};
@@ -15,7 +16,7 @@ use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_runtime::{Arena, BufferReq, MemoryPlan, Profile};
 use tilec_tile::lower::{lower_group_with, lower_nodes_with, LowerOptions, Lowered};
 use tilec_tile::schedule::{self, CpuTarget};
-use tilec_tile::Kernel;
+use tilec_tile::{CheckSite, IndexViolation, Kernel, STATUS_WORDS};
 
 use crate::Error;
 
@@ -77,6 +78,8 @@ struct Step {
     outputs: Vec<ValueId>,
     /// The graph nodes the step computes, in order.
     nodes: Vec<NodeId>,
+    /// The kernel's index check sites (when any, its last argument is the status).
+    checks: Vec<CheckSite>,
     bytes: f64,
     flops: f64,
 }
@@ -115,6 +118,9 @@ pub struct Compiled {
     plan: MemoryPlan,
     reqs: Vec<BufferReq>,
     arena: Arena,
+    /// The status the kernels that check indices record a violation in (boxed: the kernels'
+    /// argument lists hold its address).
+    status: Box<[AtomicI64; STATUS_WORDS]>,
     pub report: CompileReport,
 }
 
@@ -184,6 +190,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
             plan: MemoryPlan::default(),
             reqs: vec![],
             arena: Arena::new(64).map_err(|e| Error::Compile(e.to_string()))?,
+            status: Box::default(),
             interpreted: true,
             report,
         });
@@ -244,6 +251,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                         args,
                         outputs: l.outputs.clone(),
                         nodes: nodes.clone(),
+                        checks: l.kernel.checks.clone(),
                         bytes: grp.bytes * share,
                         flops: grp.flops * share,
                     });
@@ -258,6 +266,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                             args: node.inputs.clone(),
                             outputs: node.outputs.clone(),
                             nodes: vec![n],
+                            checks: vec![],
                             bytes: 0.0,
                             flops: 0.0,
                         });
@@ -277,6 +286,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
             args: node.inputs.clone(),
             outputs: node.outputs.clone(),
             nodes: vec![n],
+            checks: vec![],
             bytes: 0.0,
             flops: 0.0,
         });
@@ -346,12 +356,16 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
         plan,
         reqs,
         arena,
+        status: Box::default(),
         interpreted: false,
         report,
     };
     for si in 0..c.steps.len() {
-        let resolved: Vec<*mut std::ffi::c_void> =
+        let mut resolved: Vec<*mut std::ffi::c_void> =
             c.steps[si].args.iter().map(|&a| c.ptr(a).map(|p| p as *mut std::ffi::c_void)).collect::<Result<_, _>>()?;
+        if !c.steps[si].checks.is_empty() {
+            resolved.push(c.status.as_ptr() as *mut std::ffi::c_void);
+        }
         if let StepKind::Kernel { ptrs, .. } = &mut c.steps[si].kind {
             *ptrs = resolved;
         }
@@ -666,6 +680,20 @@ impl Compiled {
         Ok(bad)
     }
 
+    /// The index violation step `si` recorded, as an error naming the node (the status is
+    /// cleared for the next run).
+    fn check_status(&self, si: usize) -> Result<(), Error> {
+        let st = &self.steps[si];
+        if st.checks.is_empty() || self.status[0].load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let words: Vec<i64> = self.status.iter().map(|w| w.swap(0, Ordering::Relaxed)).collect();
+        match IndexViolation::from_status(&words) {
+            Some(v) => Err(Error::Compile(v.message(&st.checks, &st.name))),
+            None => Ok(()),
+        }
+    }
+
     fn run_step(&self, si: usize, bound: &HashMap<tilec_ir::SymbolId, usize>) -> Result<(), Error> {
         let st = &self.steps[si];
         match &st.kind {
@@ -691,7 +719,7 @@ impl Compiled {
                 }
             }
         }
-        Ok(())
+        self.check_status(si)
     }
 
     /// Names of fallback nodes (op names), for reports.

@@ -314,6 +314,9 @@ pub struct CompiledCuda {
     consts: Vec<DeviceBuffer>,
     reqs: Vec<BufferReq>,
     plan: MemoryPlan,
+    /// The status words of the steps whose kernels check indices live after the planned
+    /// arena, `STATUS_WORDS` per step in step order: (offset of the first, those steps).
+    status: (usize, Vec<usize>),
     interpreted: bool,
     /// Use CUDA graphs (off: launch step by step, for debugging).
     pub use_graphs: bool,
@@ -357,6 +360,7 @@ fn compile_prepared(
             consts: vec![],
             reqs: vec![],
             plan: MemoryPlan::default(),
+            status: (0, vec![]),
             interpreted: true,
             use_graphs: true,
             stream,
@@ -433,7 +437,13 @@ fn compile_prepared(
         slots.insert(v, Slot::Arena(plan.offsets[i]));
     }
     report.arena_bytes = plan.arena_bytes;
-    let arena = device.alloc(plan.arena_bytes.max(256)).map_err(cuda_err("allocating the device arena"))?;
+    let status_words = tilec_tile::STATUS_WORDS * 8;
+    let checked: Vec<usize> = (0..steps.len())
+        .filter(|&i| matches!(steps[i].kind, PKind::Kernel(k) if !kernels[k].checks.is_empty()))
+        .collect();
+    let status_off = plan.arena_bytes.div_ceil(256) * 256;
+    let arena_len = status_off + checked.len() * status_words;
+    let arena = device.alloc(arena_len.max(256)).map_err(cuda_err("allocating the device arena"))?;
 
     // Resolve argument addresses and cut the steps into segments.
     let addr = |v: ValueId| -> Result<u64, Error> {
@@ -444,10 +454,13 @@ fn compile_prepared(
         }
     };
     let mut xsteps = vec![];
-    for st in &steps {
+    for (si, st) in steps.iter().enumerate() {
         let kind = match st.kind {
             PKind::Kernel(k) => {
-                let ptrs = st.args.iter().map(|&v| addr(v)).collect::<Result<Vec<_>, _>>()?;
+                let mut ptrs = st.args.iter().map(|&v| addr(v)).collect::<Result<Vec<_>, _>>()?;
+                if let Some(j) = checked.iter().position(|&c| c == si) {
+                    ptrs.push(arena.ptr() + (status_off + j * status_words) as u64);
+                }
                 if ptrs.len() != kernels[k].params.len() {
                     return Err(Error::Compile(format!(
                         "kernel {}: {} arguments planned, {} parameters",
@@ -487,6 +500,7 @@ fn compile_prepared(
         consts,
         reqs,
         plan,
+        status: (status_off, checked),
         interpreted: false,
         use_graphs: true,
         stream,
@@ -582,6 +596,38 @@ impl CompiledCuda {
         Ok(())
     }
 
+    /// Clears the status words of the steps that check indices (queued on the stream).
+    fn reset_status(&self) -> Result<(), Error> {
+        let (off, steps) = &self.status;
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let len = steps.len() * tilec_tile::STATUS_WORDS * 8;
+        self.arena.fill(&self.stream, *off, len, 0).map_err(cuda_err("clearing the index-check status"))
+    }
+
+    /// After a synchronization: the first step (in step order) whose kernel recorded an
+    /// out-of-range index, as an error naming the node.
+    fn check_status(&self) -> Result<(), Error> {
+        let (off, steps) = &self.status;
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let w = tilec_tile::STATUS_WORDS;
+        let words = self
+            .arena
+            .download(*off, tilec_ir::DType::I64, &[steps.len() * w])
+            .map_err(cuda_err("reading the index-check status"))?
+            .to_i64_vec();
+        for (j, &si) in steps.iter().enumerate() {
+            let Some(v) = tilec_tile::IndexViolation::from_status(&words[j * w..(j + 1) * w]) else { continue };
+            let XKind::Kernel { kernel, .. } = &self.steps[si].kind else { continue };
+            let k = &self.kernels[*kernel];
+            return Err(Error::Compile(v.message(&k.checks, &k.name)));
+        }
+        Ok(())
+    }
+
     fn launch(&self, si: usize) -> Result<(), Error> {
         if let XKind::Kernel { kernel, ptrs } = &self.steps[si].kind {
             self.kernels[*kernel].launch(&self.stream, ptrs).map_err(cuda_err(&format!("kernel {}", self.steps[si].name)))?;
@@ -604,13 +650,16 @@ impl CompiledCuda {
         Ok(())
     }
 
-    /// Runs every step on the inputs already in the arena (device work is left queued).
+    /// Runs every step on the inputs already in the arena (device work is left queued; the
+    /// caller checks the status after synchronizing).
     fn exec(&mut self) -> Result<(), Error> {
+        self.reset_status()?;
         for si in 0..self.segments.len() {
             match &self.segments[si] {
                 Segment::Host(i) => {
                     let i = *i;
                     self.sync()?;
+                    self.check_status()?;
                     self.host_step(i)?;
                 }
                 Segment::Device { steps, graph } => {
@@ -659,6 +708,7 @@ impl CompiledCuda {
         self.write_inputs(inputs)?;
         self.exec()?;
         self.sync()?;
+        self.check_status()?;
         self.graph.outputs().iter().map(|&v| self.read(v)).collect()
     }
 
@@ -683,6 +733,7 @@ impl CompiledCuda {
             self.exec()?;
             end.record(&self.stream).map_err(cuda_err("recording an event"))?;
             self.sync()?;
+            self.check_status()?;
             out.push(end.elapsed_ms_since(&start).map_err(cuda_err("reading an event"))? as f64);
         }
         Ok(out)
@@ -704,6 +755,7 @@ impl CompiledCuda {
         }
         self.poison()?;
         self.write_inputs(inputs)?;
+        self.reset_status()?;
         let bound = HashMap::new();
         let mut bad = vec![];
         for si in 0..self.steps.len() {
@@ -728,6 +780,7 @@ impl CompiledCuda {
             self.launch(si)?;
             self.host_step(si)?;
             self.sync()?;
+            self.check_status()?;
             let st = &self.steps[si];
             for &v in &st.outputs {
                 let got = self.read(v)?;

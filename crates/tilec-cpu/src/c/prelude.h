@@ -64,6 +64,29 @@ __attribute__((weak, visibility("hidden"))) void *tc_scratch(int slot, size_t by
     return buf[slot];
 }
 
+/* ---- checked indices ---- */
+/* Records an out-of-range index in the run's status (tilec_tile::ir::STATUS_WORDS): the first
+   violation of a run wins. Out of line and cold: it never runs on valid input. */
+__attribute__((weak, visibility("hidden"), noinline, cold))
+void tc_index_fault(int64_t *st, int64_t site, int64_t i, int64_t n) {
+    int64_t none = 0;
+    if (__atomic_compare_exchange_n(&st[0], &none, site + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&st[1], i, __ATOMIC_RELAXED);
+        __atomic_store_n(&st[2], n, __ATOMIC_RELAXED);
+    }
+}
+
+/* An index read from data for a dimension of n >= 1: negative values count from the end once
+   when `wrap`; anything else outside 0..n is recorded and clamped, so memory stays in bounds. */
+TC_INLINE int64_t tc_index(int64_t *st, int64_t site, int64_t i, int64_t n, int wrap) {
+    int64_t j = (wrap && i < 0) ? i + n : i;
+    if (__builtin_expect((uint64_t)j >= (uint64_t)n, 0)) {
+        tc_index_fault(st, site, i, n);
+        j = j < 0 ? 0 : n - 1;
+    }
+    return j;
+}
+
 /* ---- bit casts ---- */
 TC_INLINE uint32_t tc_fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 TC_INLINE float tc_bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

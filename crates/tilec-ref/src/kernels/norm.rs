@@ -384,7 +384,7 @@ fn nll_loss(
                 continue;
             }
             if cls < 0 || cls as usize >= c {
-                return Err(format!("target {cls} at element {k} is outside 0..{c}"));
+                return Err(format!("target {cls} at element {k} is out of range for {c} classes"));
             }
             let cls = cls as usize;
             let wt = w.as_ref().map(|w| w[cls]).unwrap_or(1.0);

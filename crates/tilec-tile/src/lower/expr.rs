@@ -101,26 +101,48 @@ impl Lowerer<'_> {
         Ok(self.up(e, self.dtype(v)))
     }
 
-    /// An index value read from an integer tensor, normalized (negative counts from the
-    /// end) and clamped into `0..len` so that a bad index can never address outside the
-    /// buffer.
-    pub(crate) fn index_value(&self, e: Expr, len: i64) -> Expr {
-        let i = Expr::ToIndex(Box::new(e));
-        let i = self.reuse_index(i);
-        let norm = Expr::select(
-            bin(BinOp::Lt, i.clone(), Expr::Int(0)),
-            bin(BinOp::Add, i.clone(), Expr::Int(len)),
-            i,
-        );
-        bin(
-            BinOp::Min,
-            bin(BinOp::Max, norm, Expr::Int(0)),
-            Expr::Int(len - 1),
-        )
-    }
-
-    fn reuse_index(&self, e: Expr) -> Expr {
-        e
+    /// An index read from input `input` of node `n` for a dimension of `len`, checked as ONNX
+    /// defines it: with `wrap`, negative values count from the end once; anything else outside
+    /// `0..len` is an error of the run (recorded by the kernel, which clamps the index so that
+    /// memory stays in bounds). `e` is an index or an integer element.
+    pub(crate) fn checked_index(
+        &mut self,
+        n: NodeId,
+        input: &str,
+        e: Expr,
+        len: i64,
+        wrap: bool,
+    ) -> R<Expr> {
+        if len < 1 {
+            return self.unsupported(n, format!("{input} index an empty dimension"));
+        }
+        let node = self.g.node(n);
+        let site = CheckSite {
+            node: node.name.clone(),
+            op: node.op.name().to_string(),
+            input: input.to_string(),
+            wrap,
+        };
+        let at = match self.k.checks.iter().position(|s| *s == site) {
+            Some(i) => i,
+            None => {
+                self.k.checks.push(site);
+                self.k.checks.len() - 1
+            }
+        };
+        let i = match e {
+            Expr::Int(_) | Expr::Var(_) => e,
+            e if self.k.type_of(&e) == Ty::Index => e,
+            e => Expr::ToIndex(Box::new(e)),
+        };
+        Ok(Expr::CheckIndex(
+            Box::new(i),
+            IndexCheck {
+                len,
+                wrap,
+                site: at as u32,
+            },
+        ))
     }
 
     pub(crate) fn inline(&mut self, n: NodeId, out: usize, idx: &[Expr]) -> R<Expr> {
@@ -233,7 +255,7 @@ impl Lowerer<'_> {
     }
 
     /// The loss and the weight of one target element of an NLL loss (both 0 when ignored).
-    /// Out-of-range targets are clamped into the class range.
+    /// A target outside the class range (and not ignored) is an error of the run.
     pub(crate) fn nll_element(&mut self, n: NodeId, tidx: &[Expr]) -> R<(Expr, Expr)> {
         let node = self.g.node(n);
         let Op::Norm(NormOp::NllLoss {
@@ -255,11 +277,13 @@ impl Lowerer<'_> {
         let c = self.shape(x)[1];
         let t = self.value_at(target, tidx)?;
         let ti = Expr::ToIndex(Box::new(t));
-        let cls = bin(
-            BinOp::Min,
-            bin(BinOp::Max, ti.clone(), Expr::Int(0)),
-            Expr::Int(c - 1),
-        );
+        let skip = ignore_index.map(|ig| bin(BinOp::Eq, ti.clone(), Expr::Int(ig)));
+        // An ignored target reads class 0 (and is not checked).
+        let cls = match &skip {
+            Some(s) => Expr::select(s.clone(), Expr::Int(0), ti.clone()),
+            None => ti.clone(),
+        };
+        let cls = self.checked_index(n, "target", cls, c, false)?;
         let mut xi = vec![tidx[0].clone(), cls.clone()];
         xi.extend_from_slice(&tidx[1..]);
         let xe = self.value_at(x, &xi)?;
@@ -273,9 +297,8 @@ impl Lowerer<'_> {
         };
         let w = self.reuse(w, ct);
         let loss = Expr::un(UnOp::Neg, bin(BinOp::Mul, xe, w.clone()));
-        Ok(match ignore_index {
-            Some(ig) => {
-                let skip = bin(BinOp::Eq, ti, Expr::Int(*ig));
+        Ok(match skip {
+            Some(skip) => {
                 let skip = self.reuse(skip, DType::Bool);
                 (
                     Expr::select(skip.clone(), lit(0.0, ct), loss),
@@ -375,12 +398,7 @@ impl Lowerer<'_> {
         let row = if has_pos {
             let p = self.value_at(node.inputs[3], &[b.clone(), s.clone()])?;
             let rows: i64 = cs[..cs.len() - 1].iter().product();
-            let r = Expr::ToIndex(Box::new(p));
-            bin(
-                BinOp::Min,
-                bin(BinOp::Max, r, Expr::Int(0)),
-                Expr::Int(rows - 1),
-            )
+            self.checked_index(n, "position_ids", p, rows, false)?
         } else {
             bin(
                 BinOp::Add,
@@ -1025,7 +1043,7 @@ impl Lowerer<'_> {
                 let (ds, q) = (self.shape(data), self.shape(ind).len());
                 let ii: Vec<Expr> = idx[*axis..*axis + q].to_vec();
                 let iv = self.value_at(ind, &ii)?;
-                let pos = self.index_value(iv, ds[*axis]);
+                let pos = self.checked_index(n, "indices", iv, ds[*axis], true)?;
                 let mut di = idx[..*axis].to_vec();
                 di.push(pos);
                 di.extend_from_slice(&idx[*axis + q..]);
@@ -1036,7 +1054,7 @@ impl Lowerer<'_> {
                 let ds = self.shape(data);
                 let iv = self.value_at(ind, idx)?;
                 let mut di = idx.to_vec();
-                di[*axis] = self.index_value(iv, ds[*axis]);
+                di[*axis] = self.checked_index(n, "indices", iv, ds[*axis], true)?;
                 self.value_at(data, &di)
             }
             IndexOp::GatherND { batch_dims } => {
@@ -1050,7 +1068,7 @@ impl Lowerer<'_> {
                     let mut ii: Vec<Expr> = idx[..q - 1].to_vec();
                     ii.push(Expr::Int(j as i64));
                     let iv = self.value_at(ind, &ii)?;
-                    di.push(self.index_value(iv, ds[b + j]));
+                    di.push(self.checked_index(n, "indices", iv, ds[b + j], true)?);
                 }
                 di.extend_from_slice(&idx[q - 1..]);
                 self.value_at(data, &di)

@@ -339,6 +339,7 @@ fn simplify_children(e: Expr, r: &Ranges) -> Expr {
         Expr::Unary(op, a) => Expr::Unary(op, Box::new(simplify_any(*a, r))),
         Expr::Cast(d, a) => Expr::Cast(d, Box::new(simplify_any(*a, r))),
         Expr::ToIndex(a) => Expr::ToIndex(Box::new(simplify_any(*a, r))),
+        Expr::CheckIndex(a, c) => Expr::CheckIndex(Box::new(simplify_any(*a, r)), c),
         Expr::Binary(op, a, b) => Expr::Binary(
             op,
             Box::new(simplify_any(*a, r)),
