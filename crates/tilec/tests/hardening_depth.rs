@@ -170,3 +170,30 @@ fn long_elementwise_chain() {
 fn long_chain_reading_every_value_twice() {
     check_deep_model("two-use", |d| two_use_chain(d, TWO_USE_LEVELS), TWO_USE_LEVELS * 3 / 64);
 }
+
+/// `If` nested `levels` deep (each then-branch holds the next `If`): the protobuf decoder's
+/// nesting limit refuses it with an error before anything recurses over it.
+#[test]
+fn deeply_nested_control_flow_is_refused() {
+    use tilec_onnx::proto::AttributeProto;
+    let graph_attr = |name: &str, g: GraphProto| AttributeProto { name: name.into(), r#type: 5, g: Some(g), ..Default::default() };
+    let branch = |nodes: Vec<NodeProto>, out: &str| GraphProto {
+        name: format!("b_{out}"),
+        node: nodes,
+        output: vec![f32_info(out)],
+        ..Default::default()
+    };
+    let mut body = branch(vec![node("neg".into(), "Neg", &["x"], "y0")], "y0");
+    let mut top = Vec::new();
+    for d in 1..200 {
+        let other = branch(vec![node(format!("id{d}"), "Identity", &["x"], &format!("e{d}"))], &format!("e{d}"));
+        let mut n = node(format!("if{d}"), "If", &["c"], &format!("y{d}"));
+        n.attribute = vec![graph_attr("then_branch", body), graph_attr("else_branch", other)];
+        top = vec![n.clone()];
+        body = branch(vec![n], &format!("y{d}"));
+    }
+    let dir = scratch("nested-if");
+    let model = save(&dir, top, "y199");
+    let err = tilec::load(&model, &ImportOptions::default()).expect_err("a 200-level nesting must be refused");
+    assert!(err.to_string().contains("decode"), "{err}");
+}
