@@ -468,3 +468,58 @@ fn reduction_row_over_scratch_budget_rejects_prologue() {
     let p = partition(&g, &Target::cpu());
     assert_eq!(p.groups.len(), 1, "{}", explain(&g, &p, &Target::cpu()));
 }
+
+/// The longest chain of nodes inside each group.
+fn group_depths(g: &Graph, p: &Partition) -> Vec<u32> {
+    let mut depth = vec![0u32; g.nodes().len()];
+    for (i, n) in g.nodes().iter().enumerate() {
+        let mine = p.group_of[i];
+        let d = n
+            .inputs
+            .iter()
+            .filter_map(|&v| match g.value(v).def {
+                ValueDef::Node { node, .. } if p.group_of[node.index()] == mine => Some(depth[node.index()]),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        depth[i] = d + 1;
+    }
+    let mut out = vec![0u32; p.groups.len()];
+    for (i, gi) in p.group_of.iter().enumerate() {
+        if let Some(gi) = gi {
+            out[*gi] = out[*gi].max(depth[i]);
+        }
+    }
+    out
+}
+
+#[test]
+fn deep_chains_are_cut_at_the_expression_budget() {
+    use tilec_opt::partition::{MAX_INLINE_DEPTH, MAX_INLINE_TREE};
+    // A chain of unary ops, then a chain whose every value is read twice (x*x + x).
+    let mut g = Graph::new("deep");
+    let mut x = g.add_input("x", f32t(&[8, 8]));
+    for i in 0..300 {
+        let op = if i % 2 == 0 { UnaryOp::Neg } else { UnaryOp::Tanh };
+        x = g.add(Op::Unary(op), &[x]).unwrap();
+    }
+    let chain_end = g.nodes().len();
+    for _ in 0..40 {
+        let m = g.add(Op::Binary(BinaryOp::Mul), &[x, x]).unwrap();
+        x = g.add(Op::Binary(BinaryOp::Add), &[m, x]).unwrap();
+    }
+    g.set_outputs(vec![x]);
+    let t = Target::cpu();
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "deep");
+    let out = explain(&g, &p, &t);
+    let depths = group_depths(&g, &p);
+    assert!(depths.iter().all(|&d| d <= MAX_INLINE_DEPTH), "{depths:?}");
+    // The unary chain fills groups to the depth budget.
+    assert_eq!(p.group_of[chain_end - 1].unwrap() - p.group_of[0].unwrap() + 1, 300usize.div_ceil(MAX_INLINE_DEPTH as usize), "{out}");
+    // Each read of x expands once more per level: a group holds about log2(budget) levels.
+    let levels = (MAX_INLINE_TREE as f64).log2() as usize;
+    assert!(p.groups.len() >= 300 / MAX_INLINE_DEPTH as usize + 40 / levels, "{out}");
+    assert!(p.rejected.iter().any(|r| r.reason == RejectReason::ExpressionBudget), "{out}");
+}

@@ -24,6 +24,13 @@
 //! is never copied: a node belongs to one group, so a fused producer whose value is also
 //! read elsewhere is written by the fused kernel (multi-output), which is only allowed
 //! where the kernel visits each of its elements once.
+//!
+//! Nor may a merge exceed the expression budget (`MAX_INLINE_DEPTH` nested ops,
+//! `MAX_INLINE_TREE` op instances once every value read twice is expanded twice): lowering
+//! builds one expression per output element by walking producers back to the group's
+//! inputs, so a long chain would be lowered, simplified and compiled as one huge
+//! expression. Past the budget the chain is cut into kernels that materialize the value
+//! between them, which keeps every later walk shallow and the C compiler's time linear.
 
 pub mod cost;
 mod explain;
@@ -117,6 +124,8 @@ pub enum RejectReason {
     ScratchBudget,
     /// The consumer iterates over more elements than the anchor produces.
     IterationSpace,
+    /// The fused group's inlined expressions would be too deep or too large.
+    ExpressionBudget,
 }
 
 #[derive(Clone, Debug)]
@@ -160,6 +169,13 @@ pub fn partition_with(g: &Graph, t: &Target, hints: &SizeHints) -> Partition {
 
 const NONE: usize = usize::MAX;
 
+/// Longest chain of nodes in one group: bounds the nesting of the expressions lowering
+/// builds (and the recursion depth of every walk over them).
+pub const MAX_INLINE_DEPTH: u32 = 64;
+/// Most node instances in one group's expressions when every value read more than once is
+/// expanded at each read (as it is inside a bounds-checked branch).
+pub const MAX_INLINE_TREE: u64 = 1 << 14;
+
 struct Grp {
     nodes: Vec<NodeId>,
     anchors: Vec<NodeId>,
@@ -176,6 +192,9 @@ struct St<'a> {
     flops: Vec<f64>,
     gid: Vec<usize>,
     groups: Vec<Grp>,
+    /// Consumer groups of every group, kept up to date by `merge` (the cycle check walks
+    /// them for every candidate fusion).
+    cons: Vec<BTreeSet<usize>>,
     /// (producer node, consumer node, reason, detail), mapped to final groups at the end.
     rejected: Vec<(NodeId, NodeId, RejectReason, String)>,
 }
@@ -216,7 +235,7 @@ impl<'a> St<'a> {
                 note: None,
             });
         }
-        St {
+        let mut st = St {
             g,
             t,
             s,
@@ -225,8 +244,11 @@ impl<'a> St<'a> {
             flops,
             gid,
             groups,
+            cons: Vec::new(),
             rejected: Vec::new(),
-        }
+        };
+        st.cons = (0..st.groups.len()).map(|gi| st.find_consumer_groups(gi)).collect();
+        st
     }
 
     // ---- group queries ----
@@ -291,6 +313,10 @@ impl<'a> St<'a> {
     }
 
     fn consumer_groups(&self, gi: usize) -> BTreeSet<usize> {
+        self.cons[gi].clone()
+    }
+
+    fn find_consumer_groups(&self, gi: usize) -> BTreeSet<usize> {
         let mut out = BTreeSet::new();
         for n in &self.groups[gi].nodes {
             for &v in &self.g.node(*n).outputs {
@@ -463,20 +489,31 @@ impl<'a> St<'a> {
     /// Whether merging `a` and `b` would create a cycle: a path between them through a
     /// third group. Returns that group.
     fn cycle_via(&self, a: usize, b: usize) -> Option<usize> {
-        for (from, to) in [(a, b), (b, a)] {
-            let mut seen = BTreeSet::new();
+        let cons = [&self.cons[a], &self.cons[b]];
+        let mut seen = vec![false; self.groups.len()];
+        for (f, t) in [(0, 1), (1, 0)] {
+            let (from, to) = ([a, b][f], [a, b][t]);
+            // Where `to` feeds `from` directly, a path back from `from` to `to` would already
+            // be a cycle: the group graph is acyclic, so only the other direction needs a
+            // search (which keeps fusing along a long chain from searching all of it).
+            if cons[t].contains(&from) {
+                continue;
+            }
+            seen.iter_mut().for_each(|x| *x = false);
             let mut q: VecDeque<(usize, usize)> = VecDeque::new();
-            for s in self.consumer_groups(from) {
-                if s != to && seen.insert(s) {
+            for &s in cons[f] {
+                if s != to && !seen[s] {
+                    seen[s] = true;
                     q.push_back((s, s));
                 }
             }
             while let Some((x, first)) = q.pop_front() {
-                for s in self.consumer_groups(x) {
+                for &s in &self.cons[x] {
                     if s == to {
                         return Some(first);
                     }
-                    if s != from && seen.insert(s) {
+                    if s != from && !seen[s] {
+                        seen[s] = true;
                         q.push_back((s, first));
                     }
                 }
@@ -512,7 +549,50 @@ impl<'a> St<'a> {
         true
     }
 
+    /// The longest chain of nodes and the number of expanded node instances in the union of
+    /// groups `a` and `b` (a value read twice counts twice: nothing is shared).
+    fn inline_extent(&self, a: usize, b: usize) -> (u32, u64) {
+        let mut nodes: Vec<NodeId> = self.groups[a].nodes.iter().chain(&self.groups[b].nodes).copied().collect();
+        nodes.sort();
+        // Nodes are in topological order, so every producer is seen before its readers.
+        let mut at: std::collections::HashMap<NodeId, (u32, u64)> = std::collections::HashMap::with_capacity(nodes.len());
+        let (mut depth, mut tree) = (0u32, 0u64);
+        for n in nodes {
+            let (mut d, mut t) = (0u32, 0u64);
+            if !self.class[n.index()].is_anchor() {
+                for &v in &self.g.node(n).inputs {
+                    if let ValueDef::Node { node, .. } = self.g.value(v).def {
+                        if let Some(&(pd, pt)) = at.get(&node) {
+                            d = d.max(pd);
+                            t = t.saturating_add(pt);
+                        }
+                    }
+                }
+            }
+            // An anchor's value reaches its readers as one scalar: the chain restarts there.
+            let e = (d + 1, t.saturating_add(1));
+            depth = depth.max(e.0);
+            tree = tree.max(e.1);
+            at.insert(n, e);
+        }
+        (depth, tree)
+    }
+
+    /// Whether `p` and `c` may fuse within the expression budget; records a refusal if not.
+    fn check_expression_budget(&mut self, p: usize, c: usize) -> bool {
+        let (depth, tree) = self.inline_extent(p, c);
+        if depth <= MAX_INLINE_DEPTH && tree <= MAX_INLINE_TREE {
+            return true;
+        }
+        let d = format!(
+            "fused expressions would nest {depth} ops (budget {MAX_INLINE_DEPTH}) and expand to {tree} op instances (budget {MAX_INLINE_TREE}): materialized"
+        );
+        self.reject(p, c, RejectReason::ExpressionBudget, d);
+        false
+    }
+
     fn merge(&mut self, keep: usize, gone: usize) {
+        let feeds_gone = self.producer_groups(gone);
         let nodes = std::mem::take(&mut self.groups[gone].nodes);
         let anchors = std::mem::take(&mut self.groups[gone].anchors);
         self.groups[gone].alive = false;
@@ -524,6 +604,17 @@ impl<'a> St<'a> {
         gr.nodes.sort();
         gr.anchors.extend(anchors);
         gr.anchors.sort();
+        let gone_cons = std::mem::take(&mut self.cons[gone]);
+        self.cons[keep].extend(gone_cons);
+        self.cons[keep].remove(&keep);
+        self.cons[keep].remove(&gone);
+        for x in feeds_gone {
+            if x != keep {
+                self.cons[x].remove(&gone);
+                self.cons[x].insert(keep);
+            }
+        }
+        debug_assert!(self.cons[keep] == self.find_consumer_groups(keep));
     }
 
     fn alive(&self) -> Vec<usize> {
@@ -550,7 +641,7 @@ impl<'a> St<'a> {
                 continue;
             }
             let c = *cons.iter().next().unwrap_or(&gi);
-            if self.kind(c) == GroupKind::Opaque || self.cycle_via(gi, c).is_some() {
+            if self.kind(c) == GroupKind::Opaque || self.cycle_via(gi, c).is_some() || !self.check_expression_budget(gi, c) {
                 continue;
             }
             // A windowed consumer reads each input element many times (k×k taps): the
@@ -584,7 +675,10 @@ impl<'a> St<'a> {
             let ncons = self.consumer_groups(gi).len();
             if prods.len() == 1 {
                 let p = *prods.iter().next().unwrap_or(&gi);
-                if self.kind(p) != GroupKind::Opaque && self.cycle_via(p, gi).is_none() {
+                if self.kind(p) != GroupKind::Opaque
+                    && self.cycle_via(p, gi).is_none()
+                    && self.check_expression_budget(p, gi)
+                {
                     self.merge(p, gi);
                     changed = true;
                     continue;
@@ -598,8 +692,10 @@ impl<'a> St<'a> {
                     prods.len(),
                     ncons
                 )
-            } else {
+            } else if self.kind(*prods.iter().next().unwrap_or(&gi)) == GroupKind::Opaque {
                 format!("producer is opaque and it has {ncons} consumer groups: materialized")
+            } else {
+                "folding it into its producer would close a cycle or exceed the expression budget: materialized".to_string()
             };
             self.groups[gi].note = Some(why);
         }
@@ -649,7 +745,7 @@ impl<'a> St<'a> {
             self.reject(p, c, RejectReason::RegisterBudget, d);
             return false;
         }
-        if !self.check_cycle(p, c) {
+        if !self.check_expression_budget(p, c) || !self.check_cycle(p, c) {
             return false;
         }
         self.merge(p, c);
@@ -841,7 +937,7 @@ impl<'a> St<'a> {
         if recompute > 0.0 && !self.recompute_pays(p, c, format!("prologue recomputed {factor:.0}x"), recompute, saved) {
             return false;
         }
-        if !self.check_cycle(p, c) {
+        if !self.check_expression_budget(p, c) || !self.check_cycle(p, c) {
             return false;
         }
         self.merge(c, p);
@@ -904,7 +1000,7 @@ impl<'a> St<'a> {
                 return false;
             }
         }
-        if !self.check_cycle(p, c) {
+        if !self.check_expression_budget(p, c) || !self.check_cycle(p, c) {
             return false;
         }
         self.merge(c, p);
