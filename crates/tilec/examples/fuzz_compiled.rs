@@ -33,7 +33,6 @@ fn main() {
             "--cases" => cases = num(val("--cases")),
             "--seed" => seed = num(val("--seed")),
             "--runs" => opts.runs = num(val("--runs")) as usize,
-            "--threads" => opts.threads = num(val("--threads")).max(1) as usize,
             "--out" => out = PathBuf::from(val("--out")),
             "--strict-indices" => opts.allow_clamped_indices = false,
             _ => usage(&format!("unknown argument {a}")),
@@ -71,6 +70,6 @@ fn main() {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("{msg}\nusage: fuzz_compiled [--cases N] [--seed S] [--runs R] [--threads T] [--out DIR] [--strict-indices]");
+    eprintln!("{msg}\nusage: fuzz_compiled [--cases N] [--seed S] [--runs R] [--out DIR] [--strict-indices]");
     std::process::exit(2)
 }

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions, Compiled};
 use tilec_ir::{DType, Graph, Tensor};
 
-use super::gen::{inputs, Case};
+use super::gen::{inputs, Build, Case};
 
 /// How cases are run.
 #[derive(Clone, Debug)]
@@ -22,13 +22,11 @@ pub struct Options {
     /// Accept a compiled result where the interpreter rejects an out-of-range index (the
     /// compiled kernels clamp such indices today instead of reporting them).
     pub allow_clamped_indices: bool,
-    /// Threads of the compiled code's parallel loops.
-    pub threads: usize,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { runs: 20, oob_rate: 0.1, allow_clamped_indices: true, threads: 1 }
+        Options { runs: 20, oob_rate: 0.1, allow_clamped_indices: true }
     }
 }
 
@@ -36,6 +34,8 @@ impl Default for Options {
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
     pub cases: usize,
+    /// Cases whose graph compiled (the others were rejected by both sides).
+    pub compiled: usize,
     pub nodes: usize,
     /// Runs of a compiled graph (each on fresh inputs).
     pub executions: usize,
@@ -51,6 +51,7 @@ pub struct Stats {
 #[derive(Clone, Debug)]
 pub struct Finding {
     pub seed: u64,
+    pub build: Build,
     pub what: String,
     pub graph: Graph,
     pub inputs: Vec<Tensor>,
@@ -99,8 +100,8 @@ pub fn compare_outputs(want: &[Tensor], got: &[Tensor]) -> Option<String> {
     None
 }
 
-fn compile_caught(g: &Graph, opts: &Options) -> Result<Compiled, String> {
-    let co = CompileOptions { threads: opts.threads, ..CompileOptions::default() };
+fn compile_caught(g: &Graph, b: Build) -> Result<Compiled, String> {
+    let co = CompileOptions { opt_level: b.opt_level, threads: b.threads, ..CompileOptions::default() };
     match catch_unwind(AssertUnwindSafe(|| compile(g, &co))) {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(format!("compile failed: {e}")),
@@ -131,11 +132,16 @@ fn run_once(c: &mut Compiled, g: &Graph, ins: &[Tensor], oob: bool, clamped_ok: 
     }
 }
 
-/// Whether `g` compiled and run once on `ins` disagrees with the interpreter (`None`: agrees).
-/// Out-of-range indices are never excused here: regression graphs state what they expect.
+/// Whether `g` compiled (`-O3`, one thread) and run once on `ins` disagrees with the
+/// interpreter (`None`: agrees). Out-of-range indices are never excused here: regression graphs
+/// state what they expect.
 pub fn differ(g: &Graph, ins: &[Tensor]) -> Option<String> {
-    let opts = Options { allow_clamped_indices: false, ..Options::default() };
-    let mut c = match compile_caught(g, &opts) {
+    differ_with(g, ins, Build::default())
+}
+
+/// [`differ`] compiled as `b` says.
+pub fn differ_with(g: &Graph, ins: &[Tensor], b: Build) -> Option<String> {
+    let mut c = match compile_caught(g, b) {
         Ok(c) => c,
         Err(e) => {
             return match tilec_ref::run(g, ins.to_vec()) {
@@ -153,8 +159,9 @@ pub fn check_case(case: &Case, opts: &Options, st: &mut Stats) -> Result<(), Fin
     st.cases += 1;
     st.nodes += g.nodes().len();
     let mut rng = StdRng::seed_from_u64(case.seed ^ 0x9e37_79b9_7f4a_7c15);
-    let finding = |what: String, ins: Vec<Tensor>| Finding { seed: case.seed, what, graph: g.clone(), inputs: ins };
-    let mut c = match compile_caught(g, opts) {
+    let finding =
+        |what: String, ins: Vec<Tensor>| Finding { seed: case.seed, build: case.build, what, graph: g.clone(), inputs: ins };
+    let mut c = match compile_caught(g, case.build) {
         Ok(c) => c,
         Err(e) => {
             // Fine only when the interpreter rejects the graph too.
@@ -165,6 +172,7 @@ pub fn check_case(case: &Case, opts: &Options, st: &mut Stats) -> Result<(), Fin
             };
         }
     };
+    st.compiled += 1;
     st.fallbacks += c.report.fallbacks.len();
     for _ in 0..opts.runs {
         let oob = rng.gen_bool(opts.oob_rate);
@@ -186,8 +194,8 @@ pub fn minimize(f: &Finding) -> Finding {
             if g.cleanup().is_err() {
                 continue;
             }
-            if let Some(what) = differ(&g, &f.inputs) {
-                return Finding { seed: f.seed, what, graph: g, inputs: f.inputs.clone() };
+            if let Some(what) = differ_with(&g, &f.inputs, f.build) {
+                return Finding { what, graph: g, ..f.clone() };
             }
         }
     }
@@ -196,7 +204,14 @@ pub fn minimize(f: &Finding) -> Finding {
 
 /// Describes a finding: seed, difference, graph text and inputs.
 pub fn describe(f: &Finding) -> String {
-    let mut s = format!("seed {}: {}\n{}", f.seed, f.what, tilec_ir::print_graph(&f.graph));
+    let mut s = format!(
+        "seed {} (-O{}, {} threads): {}\n{}",
+        f.seed,
+        f.build.opt_level,
+        f.build.threads,
+        f.what,
+        tilec_ir::print_graph(&f.graph)
+    );
     for (k, (&v, t)) in f.graph.inputs().iter().zip(&f.inputs).enumerate() {
         s += &format!("input {k} '{}' {}{:?} = {:?}\n", f.graph.value(v).name, t.dtype(), t.shape(), t.to_f64_vec());
     }
