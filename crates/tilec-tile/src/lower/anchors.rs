@@ -195,7 +195,9 @@ fn accumulate(
     accs: Vec<(DType, Expr)>,
     update: &mut dyn FnMut(&mut Lowerer, &[Expr], &[Expr]) -> R<Vec<Expr>>,
 ) -> R<(Vec<Stmt>, Vec<Expr>)> {
-    let mut stmts = Vec::new();
+    // The initial values may read temporaries defined just before (the row's first element,
+    // shared with other uses): those come first.
+    let mut stmts = l.take_lets();
     let mut vars = Vec::new();
     for (d, init) in accs {
         let a = l.elem_var("acc", d, true);

@@ -851,13 +851,16 @@ fn drop_buffers(mut k: Kernel, drop: &[BufId]) -> Kernel {
     let re = |b: BufId| map[b.0 as usize].unwrap_or(b);
     k.buffers = kept;
     k.params = k.params.iter().map(|&b| re(b)).collect();
-    fn fix(s: &mut Stmt, re: &dyn Fn(BufId) -> BufId) {
+    // `map_exprs` reaches every nested statement itself: each load is renumbered once.
+    for s in &mut k.body {
         s.map_exprs(&mut |e| {
             e.rewrite(&mut |x| match x {
                 Expr::Load(b, i) => Expr::Load(re(b), i),
                 x => x,
             })
         });
+    }
+    fn fix(s: &mut Stmt, re: &dyn Fn(BufId) -> BufId) {
         match s {
             Stmt::Store { buf, .. } => *buf = re(*buf),
             Stmt::Alloc(b) => *b = re(*b),
