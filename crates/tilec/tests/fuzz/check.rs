@@ -17,16 +17,14 @@ use super::gen::{inputs, Build, Case};
 pub struct Options {
     /// Input sets per compiled graph.
     pub runs: usize,
-    /// Share of runs with an out-of-range index in every index input.
+    /// Share of runs with an out-of-range index in every index input (both sides must then
+    /// fail).
     pub oob_rate: f64,
-    /// Accept a compiled result where the interpreter rejects an out-of-range index (the
-    /// compiled kernels clamp such indices today instead of reporting them).
-    pub allow_clamped_indices: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { runs: 20, oob_rate: 0.1, allow_clamped_indices: true }
+        Options { runs: 20, oob_rate: 0.1 }
     }
 }
 
@@ -41,8 +39,6 @@ pub struct Stats {
     pub executions: usize,
     /// Runs where both sides failed (out-of-range indices, mostly).
     pub both_failed: usize,
-    /// Runs where the interpreter rejected an out-of-range index and the compiled code did not.
-    pub clamped: usize,
     /// Nodes the compiled path ran on the interpreter.
     pub fallbacks: usize,
 }
@@ -109,9 +105,8 @@ fn compile_caught(g: &Graph, b: Build) -> Result<Compiled, String> {
     }
 }
 
-/// One run on both sides. `Ok(true)` when they agree, `Ok(false)` when the interpreter
-/// rejected an out-of-range index that the compiled code accepted and `clamped_ok` allows it.
-fn run_once(c: &mut Compiled, g: &Graph, ins: &[Tensor], oob: bool, clamped_ok: bool, st: &mut Stats) -> Result<(), String> {
+/// One run on both sides: both return the same outputs, or both fail.
+fn run_once(c: &mut Compiled, g: &Graph, ins: &[Tensor], st: &mut Stats) -> Result<(), String> {
     let want = catch_unwind(AssertUnwindSafe(|| tilec_ref::run(g, ins.to_vec())))
         .map_err(|p| format!("the interpreter panicked: {}", panic_text(p)))?;
     c.poison();
@@ -121,10 +116,6 @@ fn run_once(c: &mut Compiled, g: &Graph, ins: &[Tensor], oob: bool, clamped_ok: 
         (Ok(w), Ok(o)) => compare_outputs(&w, &o).map_or(Ok(()), Err),
         (Err(_), Err(_)) => {
             st.both_failed += 1;
-            Ok(())
-        }
-        (Err(e), Ok(_)) if oob && clamped_ok && e.to_string().contains("out of range") => {
-            st.clamped += 1;
             Ok(())
         }
         (Err(e), Ok(_)) => Err(format!("the interpreter failed ({e}), the compiled run returned outputs")),
@@ -150,7 +141,7 @@ pub fn differ_with(g: &Graph, ins: &[Tensor], b: Build) -> Option<String> {
             }
         }
     };
-    run_once(&mut c, g, ins, false, false, &mut Stats::default()).err()
+    run_once(&mut c, g, ins, &mut Stats::default()).err()
 }
 
 /// Compiles `case` once and runs it on `opts.runs` fresh input sets.
@@ -176,8 +167,8 @@ pub fn check_case(case: &Case, opts: &Options, st: &mut Stats) -> Result<(), Fin
     st.fallbacks += c.report.fallbacks.len();
     for _ in 0..opts.runs {
         let oob = rng.gen_bool(opts.oob_rate);
-        let (ins, any_oob) = inputs(case, &mut rng, oob);
-        if let Err(e) = run_once(&mut c, g, &ins, any_oob, opts.allow_clamped_indices, st) {
+        let (ins, _) = inputs(case, &mut rng, oob);
+        if let Err(e) = run_once(&mut c, g, &ins, st) {
             return Err(finding(e, ins));
         }
     }
