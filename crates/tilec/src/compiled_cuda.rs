@@ -27,6 +27,10 @@ use tilec_tile::Kernel;
 use crate::compiled::{fixed_shape, value_bytes};
 use crate::Error;
 
+/// Bytes of one checking step's status words in the arena: every kernel argument must be
+/// 16-byte aligned.
+const STATUS_STRIDE: usize = (tilec_tile::STATUS_WORDS * 8).next_multiple_of(16);
+
 /// Options of [`prepare`] and [`compile`].
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
@@ -437,7 +441,7 @@ fn compile_prepared(
         slots.insert(v, Slot::Arena(plan.offsets[i]));
     }
     report.arena_bytes = plan.arena_bytes;
-    let status_words = tilec_tile::STATUS_WORDS * 8;
+    let status_words = STATUS_STRIDE;
     let checked: Vec<usize> = (0..steps.len())
         .filter(|&i| matches!(steps[i].kind, PKind::Kernel(k) if !kernels[k].checks.is_empty()))
         .collect();
@@ -602,7 +606,7 @@ impl CompiledCuda {
         if steps.is_empty() {
             return Ok(());
         }
-        let len = steps.len() * tilec_tile::STATUS_WORDS * 8;
+        let len = steps.len() * STATUS_STRIDE;
         self.arena.fill(&self.stream, *off, len, 0).map_err(cuda_err("clearing the index-check status"))
     }
 
@@ -613,14 +617,14 @@ impl CompiledCuda {
         if steps.is_empty() {
             return Ok(());
         }
-        let w = tilec_tile::STATUS_WORDS;
+        let (w, stride) = (tilec_tile::STATUS_WORDS, STATUS_STRIDE / 8);
         let words = self
             .arena
-            .download(*off, tilec_ir::DType::I64, &[steps.len() * w])
+            .download(*off, tilec_ir::DType::I64, &[steps.len() * stride])
             .map_err(cuda_err("reading the index-check status"))?
             .to_i64_vec();
         for (j, &si) in steps.iter().enumerate() {
-            let Some(v) = tilec_tile::IndexViolation::from_status(&words[j * w..(j + 1) * w]) else { continue };
+            let Some(v) = tilec_tile::IndexViolation::from_status(&words[j * stride..j * stride + w]) else { continue };
             let XKind::Kernel { kernel, .. } = &self.steps[si].kind else { continue };
             let k = &self.kernels[*kernel];
             return Err(Error::Compile(v.message(&k.checks, &k.name)));
@@ -712,8 +716,9 @@ impl CompiledCuda {
         self.graph.outputs().iter().map(|&v| self.read(v)).collect()
     }
 
-    /// Runs the model `n` times on inputs already uploaded by a [`run`](Self::run) and returns
-    /// each run's device time in milliseconds, measured with events (host steps included).
+    /// Runs the model `n` times and returns each run's device time in milliseconds, measured
+    /// with events around the device work (host steps included, the input upload before each
+    /// run not).
     pub fn bench(&mut self, inputs: &[Tensor], n: usize) -> Result<Vec<f64>, Error> {
         if self.interpreted {
             let mut out = vec![];
@@ -724,11 +729,13 @@ impl CompiledCuda {
             }
             return Ok(out);
         }
-        self.write_inputs(inputs)?;
         let start = self.device.event().map_err(cuda_err("creating an event"))?;
         let end = self.device.event().map_err(cuda_err("creating an event"))?;
         let mut out = vec![];
         for _ in 0..n {
+            // The memory plan may reuse an input's storage once it is read, so every run gets
+            // its inputs again (uploaded before the first event, outside the timed region).
+            self.write_inputs(inputs)?;
             start.record(&self.stream).map_err(cuda_err("recording an event"))?;
             self.exec()?;
             end.record(&self.stream).map_err(cuda_err("recording an event"))?;

@@ -786,7 +786,7 @@ fn run_cuda(
         let med = times[times.len() / 2];
         median_ms = Some(med);
         println!(
-            "bench: {} runs, median {:.3} ms, min {:.3} ms, max {:.3} ms (CUDA events, inputs resident)",
+            "bench: {} runs, median {:.3} ms, min {:.3} ms, max {:.3} ms (CUDA events, input upload not timed)",
             times.len(),
             med,
             times[0],
