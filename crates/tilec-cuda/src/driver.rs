@@ -773,8 +773,44 @@ impl Function {
         Ok(v.max(0) as u32)
     }
 
+    /// Bytes of local memory (stack frame and register spills) per thread.
+    pub fn local_bytes(&self) -> Result<u32> {
+        self.module.ctx.bind()?;
+        let mut v = 0i32;
+        // SAFETY: valid function, out-pointer to a live i32.
+        unsafe {
+            cu!(cuFuncGetAttribute(
+                &mut v,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                self.raw
+            ))?
+        };
+        Ok(v.max(0) as u32)
+    }
+
     /// Launches the kernel on `stream` with one device pointer per parameter.
     pub fn launch(&self, stream: &Stream, cfg: &LaunchConfig, args: &[u64]) -> Result<()> {
+        let mut vals: Vec<u64> = args.to_vec();
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: one pointer-sized value per kernel parameter, alive for the call.
+        unsafe { self.launch_raw(stream, cfg, &mut params) }
+    }
+
+    /// Launches the kernel with parameters of any type: `params[i]` points to the value of
+    /// parameter `i`.
+    ///
+    /// # Safety
+    /// There must be one pointer per kernel parameter, each to a live value of the size and
+    /// alignment the kernel declares for that parameter.
+    pub unsafe fn launch_raw(
+        &self,
+        stream: &Stream,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         self.module.ctx.bind()?;
         let smem = cfg.shared_mem_bytes;
         {
@@ -791,12 +827,7 @@ impl Function {
                 *cur = smem;
             }
         }
-        let mut vals: Vec<u64> = args.to_vec();
-        let mut params: Vec<*mut c_void> = vals
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
-        // SAFETY: one pointer-sized value per kernel parameter, alive for the call.
+        // SAFETY: the caller passes one live value per kernel parameter.
         unsafe {
             cu!(cuLaunchKernel(
                 self.raw,

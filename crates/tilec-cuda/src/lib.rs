@@ -13,14 +13,18 @@
 //! - [`schedule`]: GPU schedules for row-wise (softmax/norm) and elementwise kernels, and
 //!   [`schedule_gpu`], which picks one for any lowered kernel.
 //! - [`schedule_nest`]: the block-tiled GEMM and the direct-nest schedule.
+//! - [`gemm`]: the Hopper tensor-core GEMM family (wgmma fed by TMA), rendered per parameters.
+//! - [`tma`]: tensor maps for the bulk tensor copy engine.
 
 pub mod driver;
 pub mod error;
+pub mod gemm;
 pub mod handbuilt;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
 pub mod schedule_nest;
+pub mod tma;
 
 pub use driver::{
     device_count, driver_version, is_available, Device, DeviceArena, DeviceBuffer, DeviceProps,

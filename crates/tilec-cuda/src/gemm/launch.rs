@@ -1,0 +1,234 @@
+//! Compiling, loading and launching the Hopper GEMM kernel.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use tilec_ir::DType;
+
+use super::{applies, kernel_name, render, Layout, Params, Problem};
+use crate::driver::{Device, Function, LaunchConfig, Stream};
+use crate::error::{CudaError, Result};
+use crate::nvrtc::Compiler;
+use crate::tma::{TensorMap, TiledMap, TmaDType, TmaSwizzle};
+
+/// A compiled GEMM kernel for one problem class (dtypes, layouts, epilogue, broadcasts) and
+/// one parameter set; it runs any shape of that class.
+pub struct GemmKernel {
+    pub name: String,
+    pub problem: Problem,
+    pub params: Params,
+    pub cache_hit: bool,
+    sm_count: u32,
+    func: Function,
+}
+
+/// Everything one launch needs: the tensor maps of A and B (which hold their addresses), the
+/// other arguments and the grid.
+pub struct GemmArgs {
+    map_a: TensorMap,
+    map_b: TensorMap,
+    c: u64,
+    bias: u64,
+    dims: [i32; 4],
+    ldc: i64,
+    batch_stride_c: i64,
+    pub launch: LaunchConfig,
+}
+
+fn tma_dtype(d: DType) -> Result<TmaDType> {
+    match d {
+        DType::BF16 => Ok(TmaDType::BF16),
+        DType::F16 => Ok(TmaDType::F16),
+        DType::F32 => Ok(TmaDType::F32),
+        d => Err(CudaError::Usage(format!("no tensor map for {}", d.name()))),
+    }
+}
+
+/// The tensor map of one operand: `inner` x `outer` elements per batch, leading dimension
+/// `ld`, `batches` matrices `batch_stride` apart, read in boxes of `box_inner` x `box_outer`.
+#[allow(clippy::too_many_arguments)]
+fn operand_map(
+    dtype: DType,
+    address: u64,
+    inner: usize,
+    outer: usize,
+    ld: usize,
+    batches: usize,
+    batch_stride: usize,
+    box_inner: usize,
+    box_outer: usize,
+) -> Result<TensorMap> {
+    let es = dtype.size_bytes() as u64;
+    // A single matrix still gets a valid batch stride (the driver checks it).
+    let bs = if batches > 1 {
+        batch_stride as u64
+    } else {
+        (outer as u64 * ld as u64).max(8)
+    };
+    TiledMap {
+        dtype: tma_dtype(dtype)?,
+        address,
+        dims: vec![inner as u64, outer as u64, batches as u64],
+        strides: vec![ld as u64 * es, (bs * es).next_multiple_of(16)],
+        box_dims: vec![box_inner as u32, box_outer as u32, 1],
+        swizzle: TmaSwizzle::B128,
+    }
+    .encode()
+}
+
+impl GemmKernel {
+    /// Checks, renders, compiles (through the compiler's cache) and loads the kernel.
+    pub fn load(
+        device: &Device,
+        compiler: &Compiler,
+        problem: &Problem,
+        params: &Params,
+    ) -> Result<GemmKernel> {
+        let props = device.props();
+        let name = kernel_name(problem, params);
+        applies(problem, params, props.compute_capability).map_err(|msg| {
+            CudaError::Schedule {
+                kernel: name.clone(),
+                msg,
+            }
+        })?;
+        let source = render(problem, params);
+        let compiled = compiler.compile(&name, &source)?;
+        let module = Arc::new(device.load_module(&compiled.image)?);
+        let func = module.function(&name)?;
+        Ok(GemmKernel {
+            name,
+            problem: problem.clone(),
+            params: *params,
+            cache_hit: compiled.cache_hit,
+            sm_count: props.sm_count,
+            func,
+        })
+    }
+
+    pub fn function(&self) -> &Function {
+        &self.func
+    }
+
+    /// Arguments for a launch over `problem` (a shape of this kernel's class) with operands at
+    /// device addresses `a`, `b`, `c` and the bias at `bias`.
+    pub fn args(
+        &self,
+        problem: &Problem,
+        a: u64,
+        b: u64,
+        c: u64,
+        bias: Option<u64>,
+    ) -> Result<GemmArgs> {
+        let q = &self.params;
+        let p = problem;
+        if kernel_name(p, q) != self.name {
+            return Err(CudaError::Usage(format!(
+                "kernel {} cannot run a problem of class {}",
+                self.name,
+                kernel_name(p, q)
+            )));
+        }
+        applies(p, q, (9, 0)).map_err(CudaError::Usage)?;
+        if c % 16 != 0 {
+            return Err(CudaError::Usage(format!("C at {c:#x} is not 16-byte aligned")));
+        }
+        if p.epilogue.bias.is_some() != bias.is_some() {
+            return Err(CudaError::Usage(
+                "a bias pointer is needed exactly when the epilogue has a bias".into(),
+            ));
+        }
+        let batches = |s: usize| if s == 0 { 1 } else { p.batch };
+        let map_a = match p.a_layout {
+            Layout::RowMajor => operand_map(
+                p.in_dtype,
+                a,
+                p.k,
+                p.m,
+                p.lda(),
+                batches(p.batch_stride_a),
+                p.batch_stride_a,
+                q.tile_k,
+                q.tile_m,
+            )?,
+            Layout::ColMajor => operand_map(
+                p.in_dtype,
+                a,
+                p.m,
+                p.k,
+                p.lda(),
+                batches(p.batch_stride_a),
+                p.batch_stride_a,
+                64,
+                q.tile_k,
+            )?,
+        };
+        let map_b = match p.b_layout {
+            Layout::ColMajor => operand_map(
+                p.in_dtype,
+                b,
+                p.k,
+                p.n,
+                p.ldb(),
+                batches(p.batch_stride_b),
+                p.batch_stride_b,
+                q.tile_k,
+                q.tile_n,
+            )?,
+            Layout::RowMajor => operand_map(
+                p.in_dtype,
+                b,
+                p.n,
+                p.k,
+                p.ldb(),
+                batches(p.batch_stride_b),
+                p.batch_stride_b,
+                64,
+                q.tile_k,
+            )?,
+        };
+        let tiles = p.m.div_ceil(q.tile_m) * p.n.div_ceil(q.tile_n) * p.batch;
+        let grid = tiles.min(self.sm_count as usize).max(1) as u32;
+        Ok(GemmArgs {
+            map_a,
+            map_b,
+            c,
+            bias: bias.unwrap_or(0),
+            dims: [p.m as i32, p.n as i32, p.k as i32, p.batch as i32],
+            ldc: p.ldc() as i64,
+            // One matrix: no stride (an odd one would only cost the paired stores).
+            batch_stride_c: if p.batch > 1 { p.batch_stride_c as i64 } else { 0 },
+            launch: LaunchConfig {
+                grid: (grid, 1, 1),
+                block: (q.threads() as u32, 1, 1),
+                shared_mem_bytes: q.smem_bytes() as u32,
+            },
+        })
+    }
+
+    /// Launches on `stream`.
+    pub fn launch(&self, stream: &Stream, args: &GemmArgs) -> Result<()> {
+        let a = args.map_a;
+        let b = args.map_b;
+        let mut c = args.c;
+        let mut bias = args.bias;
+        let [mut m, mut n, mut k, mut batch] = args.dims;
+        let mut ldc = args.ldc;
+        let mut bsc = args.batch_stride_c;
+        let mut params: [*mut c_void; 10] = [
+            a.as_param(),
+            b.as_param(),
+            &mut c as *mut u64 as *mut c_void,
+            &mut bias as *mut u64 as *mut c_void,
+            &mut m as *mut i32 as *mut c_void,
+            &mut n as *mut i32 as *mut c_void,
+            &mut k as *mut i32 as *mut c_void,
+            &mut batch as *mut i32 as *mut c_void,
+            &mut ldc as *mut i64 as *mut c_void,
+            &mut bsc as *mut i64 as *mut c_void,
+        ];
+        // SAFETY: the ten values match the kernel's parameters in order, size and alignment
+        // (two 128-byte tensor maps, two pointers, four ints, two 64-bit integers).
+        unsafe { self.func.launch_raw(stream, &args.launch, &mut params) }
+    }
+}
