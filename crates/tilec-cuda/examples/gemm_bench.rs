@@ -111,16 +111,33 @@ fn check_cases() -> Vec<Case> {
     add("m16", pr(16, 4096, 4096, DType::BF16, R, C), None);
     add("m1", pr(1, 1000, 512, DType::BF16, R, C), None);
     // Parameter variants on a ragged shape.
-    for (tm, tn, st, c) in [(128, 128, 6, 2), (256, 128, 4, 2), (64, 256, 4, 1), (128, 64, 8, 1), (128, 192, 4, 2)] {
+    for (tm, tn, st, c, k) in [(128, 128, 6, 2, 1), (256, 128, 4, 2, 1), (64, 256, 4, 1, 1), (128, 64, 8, 1, 1), (128, 192, 4, 2, 1), (128, 256, 4, 2, 2), (256, 128, 4, 2, 2)] {
         let q = Params {
             tile_m: tm,
             tile_n: tn,
             stages: st,
             consumers: c,
+            cluster_m: k,
             ..Params::default()
         };
-        add(&format!("params_{tm}x{tn}_s{st}_c{c}"), pr(1000, 1000, 520, DType::BF16, R, C), Some(q));
+        add(&format!("params_{tm}x{tn}_s{st}_c{c}_k{k}"), pr(1000, 1000, 520, DType::BF16, R, C), Some(q));
     }
+    // Clusters over both B layouts, a ragged M (odd tile count: a cluster's second tile past
+    // M), batches and the epilogue.
+    let cl = Params { cluster_m: 2, ..Params::default() };
+    for b in [R, C] {
+        add("cluster_ragged", pr(264, 776, 328, DType::BF16, R, b), Some(cl));
+    }
+    let mut ep = pr(200, 136, 96, DType::F16, C, R);
+    ep.batch = 3;
+    ep.batch_stride_a = 200 * 96 + 64;
+    ep.batch_stride_b = 96 * 136 + 8;
+    ep.batch_stride_c = 200 * 136 + 5;
+    ep.epilogue = Epilogue {
+        bias: Some(DType::F16),
+        activation: Activation::Gelu,
+    };
+    add("cluster_batched_bias_gelu", ep, Some(Params { tile_n: 128, ..cl }));
     v
 }
 
@@ -145,17 +162,29 @@ fn bench_cases() -> Vec<Case> {
     };
     add("gemm_bias_gelu_bf16_8192x4096x16384", ep, None);
     add("gemv_bf16_16x8192x8192", pr(16, 8192, 8192, DType::BF16, R, C), None);
-    for (tm, tn, st, c, g) in [(128, 128, 6, 2, 8), (256, 128, 4, 2, 8), (128, 256, 4, 2, 16), (128, 256, 3, 2, 8)] {
+    for (tm, tn, st, c, g, k) in [
+        (128, 256, 4, 2, 8, 1),
+        (128, 256, 4, 2, 8, 2),
+        (128, 256, 4, 2, 16, 2),
+        (256, 128, 4, 2, 8, 2),
+        (128, 256, 4, 2, 16, 1),
+        (128, 256, 4, 2, 8, 1),
+    ] {
         let q = Params {
             tile_m: tm,
             tile_n: tn,
             stages: st,
             consumers: c,
             group_m: g,
+            cluster_m: k,
             ..Params::default()
         };
-        add(&format!("gemm_bf16_8192_{tm}x{tn}_s{st}_c{c}_g{g}"), pr(8192, 8192, 8192, DType::BF16, R, R), Some(q));
+        add(&format!("gemm_bf16_8192_{tm}x{tn}_s{st}_c{c}_g{g}_k{k}"), pr(8192, 8192, 8192, DType::BF16, R, R), Some(q));
     }
+    let q = Params { cluster_m: 2, ..Params::default() };
+    add("gemm_f16_8192_k2", pr(8192, 8192, 8192, DType::F16, R, R), Some(q));
+    add("gemm_bf16_8192_rc_k2", pr(8192, 8192, 8192, DType::BF16, R, C), Some(q));
+    add("gemm_bf16_4096_k2", pr(4096, 4096, 4096, DType::BF16, R, R), Some(q));
     v
 }
 

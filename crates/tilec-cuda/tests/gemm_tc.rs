@@ -24,6 +24,10 @@ fn classes() -> Vec<(Problem, Params)> {
     p.batch_stride_b = 0;
     p.epilogue = Epilogue { bias: Some(DType::BF16), activation: Activation::Gelu };
     v.push((p, Params { tile_m: 256, tile_n: 128, ..Params::default() }));
+    for b in [R, C] {
+        let p = Problem::new(1000, 1000, 1000, DType::BF16).with_layouts(R, b);
+        v.push((p, Params { cluster_m: 2, ..Params::default() }));
+    }
     let p = Problem::new(16, 8192, 8192, DType::BF16).with_layouts(R, C);
     let q = gemm::heuristic(&p, 132);
     v.push((p, q));
@@ -43,15 +47,24 @@ fn kernels_render_with_wgmma_tma_and_register_reallocation() {
         assert!(src.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
         assert!(src.contains("const __grid_constant__ tl_tmap map_a"));
         // One copy per 64-wide box of an MN-major operand, one per tile otherwise.
-        let copies = src.matches("tl_tma_load3(s").count();
+        // One copy per 64-wide box of an MN-major operand, one per tile otherwise; in a
+        // cluster each block copies its share of B to all.
+        let copies = src.matches("tl_tma_load3(s").count() + src.matches("tl_tma_load3_mc(s").count();
+        let cl = q.cluster_m;
         let want = match p.a_layout {
             Layout::RowMajor => 1,
             Layout::ColMajor => q.tile_m / 64,
         } + match p.b_layout {
             Layout::ColMajor => 1,
-            Layout::RowMajor => q.tile_n / 64,
+            Layout::RowMajor => q.tile_n / 64 / cl,
         };
         assert_eq!(copies, want, "{name}");
+        assert_eq!(src.contains("__cluster_dims__(2, 1, 1)"), cl == 2, "{name}");
+        assert_eq!(src.matches("tl_cluster_sync();").count(), if cl == 2 { 2 } else { 0 }, "{name}");
+        // The lane that frees a slot frees it in every block of the cluster.
+        if cl == 2 {
+            assert!(src.contains("if (lane == 0) { tl_mbar_arrive_cta("), "{name}");
+        }
         // Braces balance (the source is assembled from format strings).
         assert_eq!(src.matches('{').count(), src.matches('}').count(), "{name}");
     }
@@ -73,10 +86,3 @@ fn kernels_compile_with_nvrtc_for_sm_90a() {
     }
 }
 
-#[test]
-#[ignore]
-fn print_one() {
-    let (p, q) = classes().remove(1);
-    let s = gemm::render(&p, &q);
-    println!("{}", &s[s.find("struct __align__(128)").unwrap()..]);
-}

@@ -173,7 +173,7 @@ impl GemmKernel {
                 batches(p.batch_stride_b),
                 p.batch_stride_b,
                 q.tile_k,
-                q.tile_n,
+                q.tile_n / q.cluster_m,
             )?,
             Layout::RowMajor => operand_map(
                 p.in_dtype,
@@ -187,8 +187,10 @@ impl GemmKernel {
                 q.tile_k,
             )?,
         };
-        let tiles = p.m.div_ceil(q.tile_m) * p.n.div_ceil(q.tile_n) * p.batch;
-        let grid = tiles.min(self.sm_count as usize).max(1) as u32;
+        // Persistent: one block per SM at most (whole clusters), fewer for small problems.
+        let cl = q.cluster_m;
+        let tiles = p.m.div_ceil(q.tile_m * cl) * p.n.div_ceil(q.tile_n) * p.batch;
+        let grid = (tiles.min(self.sm_count as usize / cl).max(1) * cl) as u32;
         Ok(GemmArgs {
             map_a,
             map_b,

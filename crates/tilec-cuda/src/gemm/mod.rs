@@ -170,7 +170,8 @@ pub struct Params {
     pub stages: usize,
     /// Consumer warpgroups (1 or 2); the producer is one more.
     pub consumers: usize,
-    /// Blocks per cluster along M (1: no clusters; others are not implemented yet).
+    /// Blocks per cluster along M (1 or 2). The blocks of a cluster compute vertically adjacent
+    /// tiles and share B: each block copies its part of B to all of them (TMA multicast).
     pub cluster_m: usize,
     /// Tile rows per group of the L2-friendly order (tiles run down a group's rows first).
     pub group_m: usize,
@@ -241,10 +242,13 @@ impl Params {
         if self.swizzle != 128 {
             return Err(format!("swizzle {} (only 128 is implemented)", self.swizzle));
         }
-        if self.cluster_m != 1 {
+        if !(1..=2).contains(&self.cluster_m) {
+            return Err(format!("cluster_m {} (1 or 2)", self.cluster_m));
+        }
+        if self.cluster_m > 1 && self.tile_n % (64 * self.cluster_m) != 0 {
             return Err(format!(
-                "cluster_m {} (clusters with TMA multicast are not implemented yet)",
-                self.cluster_m
+                "tile_n {} does not split into {} multicast parts of 64-column boxes",
+                self.tile_n, self.cluster_m
             ));
         }
         if self.stages < 2 {

@@ -61,8 +61,13 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         (false, true) => "_bcb",
         (true, true) => "_bcab",
     };
+    let cluster = if q.cluster_m > 1 {
+        format!("_k{}", q.cluster_m)
+    } else {
+        String::new()
+    };
     format!(
-        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{bias}{act}{bcast}",
+        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{bias}{act}{bcast}",
         short(p.in_dtype),
         l(p.a_layout),
         l(p.b_layout),
@@ -96,17 +101,41 @@ __device__ __forceinline__ void tl_mbar_expect_tx(unsigned bar, unsigned bytes) 
 __device__ __forceinline__ void tl_mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
+// Waits for the phase of parity `parity` to complete. A wait that polls 2^26 times (seconds:
+// every poll may suspend the thread) means a broken protocol: trap rather than hang.
 __device__ __forceinline__ void tl_mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
+  unsigned done, polls = 0;
   do {
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (++polls == (1u << 26)) asm volatile("trap;");
   } while (!done);
 }
 __device__ __forceinline__ void tl_tma_load3(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, unsigned bar) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
                :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                : "memory");
+}
+// The same copy delivered to the same offset (and barrier offset) of every block in `mask`.
+__device__ __forceinline__ void tl_tma_load3_mc(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, unsigned bar,
+                                                unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+               : "memory");
+}
+__device__ __forceinline__ unsigned tl_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Arrives on the barrier at the same offset in block `cta` of the cluster.
+__device__ __forceinline__ void tl_mbar_arrive_cta(unsigned bar, unsigned cta) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+}
+__device__ __forceinline__ void tl_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 __device__ __forceinline__ void tl_tma_prefetch_map(const tl_tmap* map) {
   asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
@@ -195,11 +224,11 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     let _ = write!(
         s,
         r#"
-extern "C" __global__ void __launch_bounds__({threads}, 1)
+extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {name}(const __grid_constant__ tl_tmap map_a, const __grid_constant__ tl_tmap map_b,
        {out_t}* __restrict__ c, {bias_param},
        int M, int N, int K, int batch, long long ldc, long long batch_stride_c) {{
-  constexpr int BM = {bm}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {group};
+  constexpr int BM = {bm}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {group}, CL = {cl};
   constexpr unsigned A_BYTES = {a_bytes}u, STAGE_BYTES = {stage}u;
   extern __shared__ unsigned char tl_dyn_smem[];
   const unsigned base = (tl_smem_addr(tl_dyn_smem) + 1023u) & ~1023u;
@@ -216,7 +245,11 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }}
   __syncthreads();
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+{cluster_sync}
+  // With clusters of CL blocks along M, a cluster owns CL vertically adjacent tiles; block
+  // `rank` takes the rank-th. Tiles past M compute on zeros and store nothing.
+  const int rank = {rank};
+  const int tiles_m = (M + BM * CL - 1) / (BM * CL), tiles_n = (N + BN - 1) / BN;
   const int tiles_per_batch = tiles_m * tiles_n;
   const int tiles = tiles_per_batch * batch;
   const int kblocks = (K + BK - 1) / BK;
@@ -226,10 +259,10 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
       tl_tma_prefetch_map(&map_a);
       tl_tma_prefetch_map(&map_b);
       unsigned it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {{
+      for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {{
         int b, tm, tn;
         tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
-        const int m0 = tm * BM, n0 = tn * BN;
+        const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {{
           const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
           tl_mbar_wait(bars + 8 * (STAGES + s), ph ^ 1u);
@@ -251,10 +284,10 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
 #pragma unroll
       for (int i = 0; i < {accn}; ++i) acc[j][i] = 0.0f;
     unsigned it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {{
+    for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {{
       int b, tm, tn;
       tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
-      const int m0 = tm * BM, n0 = tn * BN;
+      const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {{
         const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
         tl_mbar_wait(bars + 8 * s, ph);
@@ -269,11 +302,11 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
         if (kb > 0) {{
           tl_wgmma_wait<1>();
           // The previous slot's products are done: hand it back to the producer.
-          if (lane == 0) tl_mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
+          if (lane == 0) {release}
         }}
       }}
       tl_wgmma_wait<0>();
-      if (lane == 0) tl_mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
+      if (lane == 0) {release}
 #pragma unroll
       for (int j = 0; j < {mblocks}; ++j)
 #pragma unroll
@@ -281,11 +314,26 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
 {epilogue}
     }}
   }}
-}}
+{cluster_exit}}}
 "#,
         stages = q.stages,
         group = q.group_m,
-        empty_count = 4 * q.consumers,
+        empty_count = 4 * q.consumers * q.cluster_m,
+        cl = q.cluster_m,
+        cluster_attr = if q.cluster_m > 1 { format!("__cluster_dims__({}, 1, 1) ", q.cluster_m) } else { String::new() },
+        cluster_sync = if q.cluster_m > 1 { "  // Every block's barriers are initialized before any peer copies or arrives.\n  tl_cluster_sync();" } else { "" },
+        rank = if q.cluster_m > 1 { "(int)tl_cluster_rank()" } else { "0" },
+        release = if q.cluster_m > 1 {
+            // A slot is refilled by copies from every block of the cluster: free it in each.
+            let arrivals = (0..q.cluster_m)
+                .map(|r| format!("tl_mbar_arrive_cta(bars + 8 * (STAGES + (it - 1) % STAGES), {r}u);"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!("{{ {arrivals} }}")
+        } else {
+            "tl_mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));".to_string()
+        },
+        cluster_exit = if q.cluster_m > 1 { "  // No block leaves while a peer may still arrive on its barriers.\n  tl_cluster_sync();\n" } else { "" },
         preg = q.regs.0,
         creg = q.regs.1,
         accn = bn / 2,
@@ -339,6 +387,31 @@ fn render_loads(p: &Problem, q: &Params) -> String {
                 );
             }
         }
+    }
+    let cl = q.cluster_m;
+    if cl > 1 {
+        // The blocks of a cluster share B: each copies 1/CL of it to all of them.
+        let mask = (1u32 << cl) - 1;
+        match p.b_layout {
+            Layout::ColMajor => {
+                let rows = q.tile_n / cl;
+                let _ = writeln!(
+                    s,
+                    "{ind}tl_tma_load3_mc(sb + rank * {}u, &map_b, k0, n0 + rank * {rows}, {bb}, full, {mask});",
+                    rows * 128
+                );
+            }
+            Layout::RowMajor => {
+                for i in 0..q.tile_n / 64 / cl {
+                    let _ = writeln!(
+                        s,
+                        "{ind}tl_tma_load3_mc(sb + (rank * {per} + {i}) * 8192u, &map_b, n0 + (rank * {per} + {i}) * 64, k0, {bb}, full, {mask});",
+                        per = q.tile_n / 64 / cl
+                    );
+                }
+            }
+        }
+        return s;
     }
     match p.b_layout {
         // Column-major B (K x N) is K-major: one box of 64 K by BN rows (columns of B).
