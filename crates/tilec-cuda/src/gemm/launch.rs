@@ -18,7 +18,8 @@ pub struct GemmKernel {
     pub problem: Problem,
     pub params: Params,
     pub cache_hit: bool,
-    sm_count: u32,
+    /// Blocks that run at once: one per SM, or for clusters, whole clusters that fit.
+    resident_blocks: u32,
     func: Function,
 }
 
@@ -96,18 +97,35 @@ impl GemmKernel {
         let compiled = compiler.compile(&name, &source)?;
         let module = Arc::new(device.load_module(&compiled.image)?);
         let func = module.function(&name)?;
+        let mut resident_blocks = props.sm_count;
+        if params.cluster_m > 1 {
+            // Not every SM can hold a block of a cluster (clusters live inside one GPC): a
+            // persistent grid larger than the resident clusters would run in two waves.
+            let cl = params.cluster_m as u32;
+            let clusters = func.max_active_clusters(
+                props.sm_count / cl * cl,
+                params.threads() as u32,
+                params.smem_bytes() as u32,
+            )?;
+            resident_blocks = (clusters * cl).clamp(cl, props.sm_count / cl * cl);
+        }
         Ok(GemmKernel {
             name,
             problem: problem.clone(),
             params: *params,
             cache_hit: compiled.cache_hit,
-            sm_count: props.sm_count,
+            resident_blocks,
             func,
         })
     }
 
     pub fn function(&self) -> &Function {
         &self.func
+    }
+
+    /// Blocks of the persistent grid (at most; small problems get fewer).
+    pub fn resident_blocks(&self) -> u32 {
+        self.resident_blocks
     }
 
     /// Arguments for a launch over `problem` (a shape of this kernel's class) with operands at
@@ -190,7 +208,7 @@ impl GemmKernel {
         // Persistent: one block per SM at most (whole clusters), fewer for small problems.
         let cl = q.cluster_m;
         let tiles = p.m.div_ceil(q.tile_m * cl) * p.n.div_ceil(q.tile_n) * p.batch;
-        let grid = (tiles.min(self.sm_count as usize / cl).max(1) * cl) as u32;
+        let grid = (tiles.min(self.resident_blocks as usize / cl).max(1) * cl) as u32;
         Ok(GemmArgs {
             map_a,
             map_b,
