@@ -429,7 +429,7 @@ fn run_case(
         "m": p.m, "n": p.n, "k": p.k, "batch": p.batch,
         "dtype": p.in_dtype.name(), "out": p.out_dtype.name(),
         "layouts": format!("{:?}{:?}", p.a_layout, p.b_layout),
-        "params": format!("{}x{}x{} s{} c{} g{}", q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.group_m),
+        "params": format!("{}x{}x{} s{} c{} g{} k{}", q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.group_m, q.cluster_m),
         "ok": ok, "max_err": o.max_err, "rel_l2": o.rel_l2, "nan": o.nan, "checked": o.checked,
         "poison_kept": o.poison_kept,
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
