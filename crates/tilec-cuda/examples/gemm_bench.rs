@@ -72,8 +72,16 @@ fn check_cases() -> Vec<Case> {
     };
     // K-major A and B first (the plainest copies), then the other layouts.
     for (a, b) in [(R, C), (R, R), (C, C), (C, R)] {
-        add("layouts", pr(256, 512, 128, DType::BF16, a, b), Some(Params::default()));
-        add("ragged", pr(336, 520, 264, DType::BF16, a, b), Some(Params::default()));
+        add(
+            "layouts",
+            pr(256, 512, 128, DType::BF16, a, b),
+            Some(Params::default()),
+        );
+        add(
+            "ragged",
+            pr(336, 520, 264, DType::BF16, a, b),
+            Some(Params::default()),
+        );
     }
     // Odd N: row-major A, column-major B (the weight layout), odd ldc takes scalar stores.
     add("odd_n", pr(200, 517, 136, DType::BF16, R, C), None);
@@ -111,7 +119,15 @@ fn check_cases() -> Vec<Case> {
     add("m16", pr(16, 4096, 4096, DType::BF16, R, C), None);
     add("m1", pr(1, 1000, 512, DType::BF16, R, C), None);
     // Parameter variants on a ragged shape.
-    for (tm, tn, st, c, k) in [(128, 128, 6, 2, 1), (256, 128, 4, 2, 1), (64, 256, 4, 1, 1), (128, 64, 8, 1, 1), (128, 192, 4, 2, 1), (128, 256, 4, 2, 2), (256, 128, 4, 2, 2)] {
+    for (tm, tn, st, c, k) in [
+        (128, 128, 6, 2, 1),
+        (256, 128, 4, 2, 1),
+        (64, 256, 4, 1, 1),
+        (128, 64, 8, 1, 1),
+        (128, 192, 4, 2, 1),
+        (128, 256, 4, 2, 2),
+        (256, 128, 4, 2, 2),
+    ] {
         let q = Params {
             tile_m: tm,
             tile_n: tn,
@@ -120,13 +136,24 @@ fn check_cases() -> Vec<Case> {
             cluster_m: k,
             ..Params::default()
         };
-        add(&format!("params_{tm}x{tn}_s{st}_c{c}_k{k}"), pr(1000, 1000, 520, DType::BF16, R, C), Some(q));
+        add(
+            &format!("params_{tm}x{tn}_s{st}_c{c}_k{k}"),
+            pr(1000, 1000, 520, DType::BF16, R, C),
+            Some(q),
+        );
     }
     // Clusters over both B layouts, a ragged M (odd tile count: a cluster's second tile past
     // M), batches and the epilogue.
-    let cl = Params { cluster_m: 2, ..Params::default() };
+    let cl = Params {
+        cluster_m: 2,
+        ..Params::default()
+    };
     for b in [R, C] {
-        add("cluster_ragged", pr(264, 776, 328, DType::BF16, R, b), Some(cl));
+        add(
+            "cluster_ragged",
+            pr(264, 776, 328, DType::BF16, R, b),
+            Some(cl),
+        );
     }
     let mut ep = pr(200, 136, 96, DType::F16, C, R);
     ep.batch = 3;
@@ -137,7 +164,11 @@ fn check_cases() -> Vec<Case> {
         bias: Some(DType::F16),
         activation: Activation::Gelu,
     };
-    add("cluster_batched_bias_gelu", ep, Some(Params { tile_n: 128, ..cl }));
+    add(
+        "cluster_batched_bias_gelu",
+        ep,
+        Some(Params { tile_n: 128, ..cl }),
+    );
     v
 }
 
@@ -151,17 +182,37 @@ fn bench_cases() -> Vec<Case> {
             time: true,
         })
     };
-    add("gemm_bf16_8192", pr(8192, 8192, 8192, DType::BF16, R, R), None);
-    add("gemm_bf16_8192_rc", pr(8192, 8192, 8192, DType::BF16, R, C), None);
-    add("gemm_f16_8192", pr(8192, 8192, 8192, DType::F16, R, R), None);
-    add("gemm_bf16_4096", pr(4096, 4096, 4096, DType::BF16, R, R), None);
+    add(
+        "gemm_bf16_8192",
+        pr(8192, 8192, 8192, DType::BF16, R, R),
+        None,
+    );
+    add(
+        "gemm_bf16_8192_rc",
+        pr(8192, 8192, 8192, DType::BF16, R, C),
+        None,
+    );
+    add(
+        "gemm_f16_8192",
+        pr(8192, 8192, 8192, DType::F16, R, R),
+        None,
+    );
+    add(
+        "gemm_bf16_4096",
+        pr(4096, 4096, 4096, DType::BF16, R, R),
+        None,
+    );
     let mut ep = pr(8192, 4096, 16384, DType::BF16, R, C);
     ep.epilogue = Epilogue {
         bias: Some(DType::BF16),
         activation: Activation::Gelu,
     };
     add("gemm_bias_gelu_bf16_8192x4096x16384", ep, None);
-    add("gemv_bf16_16x8192x8192", pr(16, 8192, 8192, DType::BF16, R, C), None);
+    add(
+        "gemv_bf16_16x8192x8192",
+        pr(16, 8192, 8192, DType::BF16, R, C),
+        None,
+    );
     for (tm, tn, st, c, g, k) in [
         (128, 256, 4, 2, 8, 1),
         (128, 256, 4, 2, 8, 2),
@@ -179,12 +230,31 @@ fn bench_cases() -> Vec<Case> {
             cluster_m: k,
             ..Params::default()
         };
-        add(&format!("gemm_bf16_8192_{tm}x{tn}_s{st}_c{c}_g{g}_k{k}"), pr(8192, 8192, 8192, DType::BF16, R, R), Some(q));
+        add(
+            &format!("gemm_bf16_8192_{tm}x{tn}_s{st}_c{c}_g{g}_k{k}"),
+            pr(8192, 8192, 8192, DType::BF16, R, R),
+            Some(q),
+        );
     }
-    let q = Params { cluster_m: 2, ..Params::default() };
-    add("gemm_f16_8192_k2", pr(8192, 8192, 8192, DType::F16, R, R), Some(q));
-    add("gemm_bf16_8192_rc_k2", pr(8192, 8192, 8192, DType::BF16, R, C), Some(q));
-    add("gemm_bf16_4096_k2", pr(4096, 4096, 4096, DType::BF16, R, R), Some(q));
+    let q = Params {
+        cluster_m: 2,
+        ..Params::default()
+    };
+    add(
+        "gemm_f16_8192_k2",
+        pr(8192, 8192, 8192, DType::F16, R, R),
+        Some(q),
+    );
+    add(
+        "gemm_bf16_8192_rc_k2",
+        pr(8192, 8192, 8192, DType::BF16, R, C),
+        Some(q),
+    );
+    add(
+        "gemm_bf16_4096_k2",
+        pr(4096, 4096, 4096, DType::BF16, R, R),
+        Some(q),
+    );
     v
 }
 
@@ -228,7 +298,10 @@ fn verify(
         for bb in 0..p.batch {
             for i in 0..p.m {
                 let row = bb * p.batch_stride_c + i * ldc;
-                nan += out[row..row + p.n].iter().filter(|v| !v.is_finite()).count();
+                nan += out[row..row + p.n]
+                    .iter()
+                    .filter(|v| !v.is_finite())
+                    .count();
                 if ldc > p.n && i + 1 < p.m {
                     poison_kept &= out[row + p.n..row + ldc].iter().all(|v| v.is_nan());
                 }
@@ -259,8 +332,14 @@ fn verify(
     let one = |&(bb, i, j): &(usize, usize, usize)| -> (f64, f64, bool) {
         let mut s = 0f64;
         for kk in 0..p.k {
-            let x = from_bits(p.in_dtype, a[at(p.a_layout, lda, p.batch_stride_a, bb, i, kk)]);
-            let y = from_bits(p.in_dtype, b[at(p.b_layout, ldb, p.batch_stride_b, bb, kk, j)]);
+            let x = from_bits(
+                p.in_dtype,
+                a[at(p.a_layout, lda, p.batch_stride_a, bb, i, kk)],
+            );
+            let y = from_bits(
+                p.in_dtype,
+                b[at(p.b_layout, ldb, p.batch_stride_b, bb, kk, j)],
+            );
             s += x * y;
         }
         if !bias.is_empty() {
@@ -273,14 +352,17 @@ fn verify(
         };
         (out[bb * p.batch_stride_c + i * ldc + j], s, true)
     };
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let chunk = points.len().div_ceil(threads).max(1);
     let parts: Vec<(f64, f64, f64, f64, usize)> = std::thread::scope(|sc| {
         let hs: Vec<_> = points
             .chunks(chunk)
             .map(|c| {
                 sc.spawn(move || {
-                    let (mut me, mut mr, mut se, mut sr, mut bad) = (0f64, 0f64, 0f64, 0f64, 0usize);
+                    let (mut me, mut mr, mut se, mut sr, mut bad) =
+                        (0f64, 0f64, 0f64, 0f64, 0usize);
                     for pt in c {
                         let (o, r, _) = one(pt);
                         if !o.is_finite() {
@@ -296,7 +378,9 @@ fn verify(
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("reference thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("reference thread"))
+            .collect()
     });
     let (mut max_err, mut max_ref, mut se, mut sr) = (0f64, 0f64, 0f64, 0f64);
     for (me, mr, e, r, bad) in parts {
@@ -398,7 +482,13 @@ fn run_case(
         None => (vec![], None),
     };
     let args = kern
-        .args(p, da.ptr(), db.ptr(), dc.ptr(), dbias.as_ref().map(|x| x.ptr()))
+        .args(
+            p,
+            da.ptr(),
+            db.ptr(),
+            dc.ptr(),
+            dbias.as_ref().map(|x| x.ptr()),
+        )
         .map_err(s)?;
     dc.fill_u32(stream, 0xffff_ffff).map_err(s)?;
     kern.launch(stream, &args).map_err(s)?;
@@ -510,7 +600,10 @@ fn main() {
         .filter_map(|c| {
             let q = c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, sms));
             gemm::applies(&c.problem, &q, props.compute_capability).ok()?;
-            Some((gemm::kernel_name(&c.problem, &q), gemm::render(&c.problem, &q)))
+            Some((
+                gemm::kernel_name(&c.problem, &q),
+                gemm::render(&c.problem, &q),
+            ))
         })
         .collect();
     let t0 = std::time::Instant::now();
@@ -520,7 +613,10 @@ fn main() {
             println!("{}", json!({"compile_error": name, "error": e.to_string()}));
         }
     }
-    println!("{}", json!({"compiled": modules.len(), "seconds": t0.elapsed().as_secs_f64()}));
+    println!(
+        "{}",
+        json!({"compiled": modules.len(), "seconds": t0.elapsed().as_secs_f64()})
+    );
     let (mut pass, mut total) = (0, 0);
     let mut cache = None;
     for c in cases {
@@ -530,7 +626,16 @@ fn main() {
             }
         }
         total += 1;
-        match run_case(&dev, &comp, &stream, &c, iters, dump.as_deref(), &mut rng, &mut cache) {
+        match run_case(
+            &dev,
+            &comp,
+            &stream,
+            &c,
+            iters,
+            dump.as_deref(),
+            &mut rng,
+            &mut cache,
+        ) {
             Ok(j) => {
                 pass += usize::from(j["ok"] == json!(true));
                 println!("{j}");
@@ -543,5 +648,8 @@ fn main() {
             ),
         }
     }
-    println!("{}", json!({"summary": phase, "passed": pass, "total": total}));
+    println!(
+        "{}",
+        json!({"summary": phase, "passed": pass, "total": total})
+    );
 }

@@ -87,11 +87,9 @@ impl GemmKernel {
     ) -> Result<GemmKernel> {
         let props = device.props();
         let name = kernel_name(problem, params);
-        applies(problem, params, props.compute_capability).map_err(|msg| {
-            CudaError::Schedule {
-                kernel: name.clone(),
-                msg,
-            }
+        applies(problem, params, props.compute_capability).map_err(|msg| CudaError::Schedule {
+            kernel: name.clone(),
+            msg,
         })?;
         let source = render(problem, params);
         let compiled = compiler.compile(&name, &source)?;
@@ -149,7 +147,9 @@ impl GemmKernel {
         }
         applies(p, q, (9, 0)).map_err(CudaError::Usage)?;
         if c % 16 != 0 {
-            return Err(CudaError::Usage(format!("C at {c:#x} is not 16-byte aligned")));
+            return Err(CudaError::Usage(format!(
+                "C at {c:#x} is not 16-byte aligned"
+            )));
         }
         if p.epilogue.bias.is_some() != bias.is_some() {
             return Err(CudaError::Usage(
@@ -217,7 +217,11 @@ impl GemmKernel {
             dims: [p.m as i32, p.n as i32, p.k as i32, p.batch as i32],
             ldc: p.ldc() as i64,
             // One matrix: no stride (an odd one would only cost the paired stores).
-            batch_stride_c: if p.batch > 1 { p.batch_stride_c as i64 } else { 0 },
+            batch_stride_c: if p.batch > 1 {
+                p.batch_stride_c as i64
+            } else {
+                0
+            },
             launch: LaunchConfig {
                 grid: (grid, 1, 1),
                 block: (q.threads() as u32, 1, 1),

@@ -240,7 +240,10 @@ impl Params {
             ));
         }
         if self.swizzle != 128 {
-            return Err(format!("swizzle {} (only 128 is implemented)", self.swizzle));
+            return Err(format!(
+                "swizzle {} (only 128 is implemented)",
+                self.swizzle
+            ));
         }
         if !(1..=2).contains(&self.cluster_m) {
             return Err(format!("cluster_m {} (1 or 2)", self.cluster_m));
@@ -309,7 +312,10 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
         ));
     }
     if !matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32) {
-        return Err(format!("output dtype {} (bf16, f16 or f32)", p.out_dtype.name()));
+        return Err(format!(
+            "output dtype {} (bf16, f16 or f32)",
+            p.out_dtype.name()
+        ));
     }
     if let Some(b) = p.epilogue.bias {
         if !matches!(b, DType::BF16 | DType::F16 | DType::F32) {
@@ -350,7 +356,11 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
         Layout::ColMajor => tma_rule("B (column-major)", p.ldb(), p.k, "K")?,
     }
     if p.ldc() < p.n {
-        return Err(format!("C: leading dimension {} below N = {}", p.ldc(), p.n));
+        return Err(format!(
+            "C: leading dimension {} below N = {}",
+            p.ldc(),
+            p.n
+        ));
     }
     if p.batch > 1 {
         for (name, s) in [("A", p.batch_stride_a), ("B", p.batch_stride_b)] {
@@ -417,7 +427,8 @@ mod tests {
         let f32in = Problem::new(64, 64, 64, DType::F32);
         assert!(applies(&f32in, &p, (9, 0)).is_err());
         // Column-major A with M a multiple of 8 and K odd-free is fine.
-        let t = Problem::new(136, 72, 40, DType::F16).with_layouts(Layout::ColMajor, Layout::ColMajor);
+        let t =
+            Problem::new(136, 72, 40, DType::F16).with_layouts(Layout::ColMajor, Layout::ColMajor);
         assert_eq!(applies(&t, &p, (9, 0)), Ok(()));
         let too_deep = Params { stages: 5, ..p };
         assert!(too_deep.validate().unwrap_err().contains("shared memory"));
@@ -425,7 +436,12 @@ mod tests {
 
     #[test]
     fn heuristic_params_are_valid() {
-        for (m, n, k) in [(8192, 8192, 8192), (16, 8192, 8192), (512, 768, 768), (1, 64, 64)] {
+        for (m, n, k) in [
+            (8192, 8192, 8192),
+            (16, 8192, 8192),
+            (512, 768, 768),
+            (1, 64, 64),
+        ] {
             let prob = Problem::new(m, n, k, DType::BF16);
             let p = heuristic(&prob, 132);
             assert_eq!(applies(&prob, &p, (9, 0)), Ok(()), "{m}x{n}x{k}: {p:?}");

@@ -55,7 +55,10 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         .bias
         .map(|b| format!("_bias{}", short(b)))
         .unwrap_or_default();
-    let bcast = match (p.batch > 1 && p.batch_stride_a == 0, p.batch > 1 && p.batch_stride_b == 0) {
+    let bcast = match (
+        p.batch > 1 && p.batch_stride_a == 0,
+        p.batch > 1 && p.batch_stride_b == 0,
+    ) {
         (false, false) => "",
         (true, false) => "_bca",
         (false, true) => "_bcb",
@@ -164,7 +167,11 @@ fn wgmma_fn(name: &str, n: usize, ab: &str, trans_a: u32, trans_b: u32) -> Strin
         "__device__ __forceinline__ void {name}(float* d, unsigned long long da, unsigned long long db, int accumulate) {{"
     );
     let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
-    let _ = writeln!(s, "  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{}, 0;\\n\"", regs + 2);
+    let _ = writeln!(
+        s,
+        "  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{}, 0;\\n\"",
+        regs + 2
+    );
     let _ = writeln!(
         s,
         "    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{}}}, %{}, %{}, p, 1, 1, {trans_a}, {trans_b}; }}\"",
@@ -320,20 +327,38 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
         group = q.group_m,
         empty_count = 4 * q.consumers * q.cluster_m,
         cl = q.cluster_m,
-        cluster_attr = if q.cluster_m > 1 { format!("__cluster_dims__({}, 1, 1) ", q.cluster_m) } else { String::new() },
-        cluster_sync = if q.cluster_m > 1 { "  // Every block's barriers are initialized before any peer copies or arrives.\n  tl_cluster_sync();" } else { "" },
-        rank = if q.cluster_m > 1 { "(int)tl_cluster_rank()" } else { "0" },
+        cluster_attr = if q.cluster_m > 1 {
+            format!("__cluster_dims__({}, 1, 1) ", q.cluster_m)
+        } else {
+            String::new()
+        },
+        cluster_sync = if q.cluster_m > 1 {
+            "  // Every block's barriers are initialized before any peer copies or arrives.\n  tl_cluster_sync();"
+        } else {
+            ""
+        },
+        rank = if q.cluster_m > 1 {
+            "(int)tl_cluster_rank()"
+        } else {
+            "0"
+        },
         release = if q.cluster_m > 1 {
             // A slot is refilled by copies from every block of the cluster: free it in each.
             let arrivals = (0..q.cluster_m)
-                .map(|r| format!("tl_mbar_arrive_cta(bars + 8 * (STAGES + (it - 1) % STAGES), {r}u);"))
+                .map(|r| {
+                    format!("tl_mbar_arrive_cta(bars + 8 * (STAGES + (it - 1) % STAGES), {r}u);")
+                })
                 .collect::<Vec<_>>()
                 .join(" ");
             format!("{{ {arrivals} }}")
         } else {
             "tl_mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));".to_string()
         },
-        cluster_exit = if q.cluster_m > 1 { "  // No block leaves while a peer may still arrive on its barriers.\n  tl_cluster_sync();\n" } else { "" },
+        cluster_exit = if q.cluster_m > 1 {
+            "  // No block leaves while a peer may still arrive on its barriers.\n  tl_cluster_sync();\n"
+        } else {
+            ""
+        },
         preg = q.regs.0,
         creg = q.regs.1,
         accn = bn / 2,
@@ -368,8 +393,16 @@ __device__ __forceinline__ void tl_tile_coords(int t, int tiles_m, int tiles_n, 
 /// The producer's copies for one stage.
 fn render_loads(p: &Problem, q: &Params) -> String {
     let mut s = String::new();
-    let ba = if p.batch > 1 && p.batch_stride_a == 0 { "0" } else { "b" };
-    let bb = if p.batch > 1 && p.batch_stride_b == 0 { "0" } else { "b" };
+    let ba = if p.batch > 1 && p.batch_stride_a == 0 {
+        "0"
+    } else {
+        "b"
+    };
+    let bb = if p.batch > 1 && p.batch_stride_b == 0 {
+        "0"
+    } else {
+        "b"
+    };
     let ind = "          ";
     match p.a_layout {
         // Row-major A is K-major: one box of 64 K by BM rows.
