@@ -33,6 +33,8 @@ pub struct GemmArgs {
     dims: [i32; 4],
     ldc: i64,
     batch_stride_c: i64,
+    /// Pointers passed to a custom epilogue, after the fixed parameters.
+    extra: Vec<u64>,
     pub launch: LaunchConfig,
 }
 
@@ -93,7 +95,24 @@ impl GemmKernel {
         })?;
         let source = render(problem, params);
         let compiled = compiler.compile(&name, &source)?;
-        let module = Arc::new(device.load_module(&compiled.image)?);
+        GemmKernel::from_image(device, problem, params, &compiled.image, compiled.cache_hit)
+    }
+
+    /// Loads a kernel compiled elsewhere from [`render`]'s source for `problem` and `params`.
+    pub fn from_image(
+        device: &Device,
+        problem: &Problem,
+        params: &Params,
+        image: &[u8],
+        cache_hit: bool,
+    ) -> Result<GemmKernel> {
+        let props = device.props();
+        let name = kernel_name(problem, params);
+        applies(problem, params, props.compute_capability).map_err(|msg| CudaError::Schedule {
+            kernel: name.clone(),
+            msg,
+        })?;
+        let module = Arc::new(device.load_module(image)?);
         let func = module.function(&name)?;
         let mut resident_blocks = props.sm_count;
         if params.cluster_m > 1 {
@@ -111,7 +130,7 @@ impl GemmKernel {
             name,
             problem: problem.clone(),
             params: *params,
-            cache_hit: compiled.cache_hit,
+            cache_hit,
             resident_blocks,
             func,
         })
@@ -136,6 +155,27 @@ impl GemmKernel {
         c: u64,
         bias: Option<u64>,
     ) -> Result<GemmArgs> {
+        self.args_with(problem, a, b, c, bias, &[])
+    }
+
+    /// [`args`](Self::args) with the pointers a custom epilogue takes (one per entry of its
+    /// `params`).
+    pub fn args_with(
+        &self,
+        problem: &Problem,
+        a: u64,
+        b: u64,
+        c: u64,
+        bias: Option<u64>,
+        extra: &[u64],
+    ) -> Result<GemmArgs> {
+        let want = problem.custom.as_ref().map_or(0, |c| c.params.len());
+        if extra.len() != want {
+            return Err(CudaError::Usage(format!(
+                "{} epilogue pointers given, {want} expected",
+                extra.len()
+            )));
+        }
         let q = &self.params;
         let p = problem;
         if kernel_name(p, q) != self.name {
@@ -157,7 +197,24 @@ impl GemmKernel {
             ));
         }
         let batches = |s: usize| if s == 0 { 1 } else { p.batch };
+        let es = p.in_dtype.size_bytes() as u64;
         let map_a = match p.a_layout {
+            Layout::RowMajor if p.a_split.is_some() => {
+                let s = p.a_split.unwrap_or(super::ASplit { rows: 1, head_stride: 0, group_stride: 0 });
+                TiledMap {
+                    dtype: tma_dtype(p.in_dtype)?,
+                    address: a,
+                    dims: vec![64, s.rows as u64, (p.k / 64) as u64, (p.m / s.rows) as u64],
+                    strides: vec![
+                        p.lda() as u64 * es,
+                        s.head_stride as u64 * es,
+                        s.group_stride as u64 * es,
+                    ],
+                    box_dims: vec![64, q.tile_m as u32, 1, 1],
+                    swizzle: TmaSwizzle::B128,
+                }
+                .encode()?
+            }
             Layout::RowMajor => operand_map(
                 p.in_dtype,
                 a,
@@ -222,6 +279,7 @@ impl GemmKernel {
             } else {
                 0
             },
+            extra: extra.to_vec(),
             launch: LaunchConfig {
                 grid: (grid, 1, 1),
                 block: (q.threads() as u32, 1, 1),
@@ -239,7 +297,8 @@ impl GemmKernel {
         let [mut m, mut n, mut k, mut batch] = args.dims;
         let mut ldc = args.ldc;
         let mut bsc = args.batch_stride_c;
-        let mut params: [*mut c_void; 10] = [
+        let mut extra = args.extra.clone();
+        let mut params: Vec<*mut c_void> = vec![
             a.as_param(),
             b.as_param(),
             &mut c as *mut u64 as *mut c_void,
@@ -251,8 +310,12 @@ impl GemmKernel {
             &mut ldc as *mut i64 as *mut c_void,
             &mut bsc as *mut i64 as *mut c_void,
         ];
-        // SAFETY: the ten values match the kernel's parameters in order, size and alignment
-        // (two 128-byte tensor maps, two pointers, four ints, two 64-bit integers).
+        for e in extra.iter_mut() {
+            params.push(e as *mut u64 as *mut c_void);
+        }
+        // SAFETY: the values match the kernel's parameters in order, size and alignment (two
+        // 128-byte tensor maps, two pointers, four ints, two 64-bit integers, then one pointer
+        // per custom epilogue parameter, checked in `args_with`).
         unsafe { self.func.launch_raw(stream, &args.launch, &mut params) }
     }
 }

@@ -57,6 +57,56 @@ impl Epilogue {
     };
 }
 
+/// A row-major A stored with its rows and its K split: element (i, k) at
+/// `(i / rows) * group_stride + (k / 64) * head_stride + (i % rows) * lda + k % 64` (elements).
+/// This is attention's output `[batch, heads, seq, 64]` read as the `[batch * seq, heads * 64]`
+/// matrix of the output projection, without a transposing copy: TMA reads it through a 4-D
+/// tensor map, one 64-wide K slice (one head) at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ASplit {
+    pub rows: usize,
+    pub head_stride: usize,
+    pub group_stride: usize,
+}
+
+/// An epilogue given as code: a `__device__` function (see
+/// [`render_gemm_epilogue_fn`](crate::render::render_gemm_epilogue_fn)) called once per
+/// element of C with its batch, row, column and f32 accumulator, after the kernel's own
+/// pointer parameters. It replaces the built-in store: the function writes the outputs itself
+/// (any dtype, any index), so `C`, the bias and the activation are unused.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CustomEpilogue {
+    /// The function's name.
+    pub name: String,
+    /// Its definition (without the prelude).
+    pub source: String,
+    /// The extra kernel parameters passed through to it, in order: C type text, e.g.
+    /// `const tl_f16* __restrict__ b1_bias`.
+    pub params: Vec<String>,
+    /// Whether the function expects a flattened row (`row = b * rows + i`, batch 0): it then
+    /// splits the row itself.
+    pub rows: Option<usize>,
+}
+
+impl CustomEpilogue {
+    /// A short stable hash of the source and parameters (part of the kernel name).
+    pub fn key(&self) -> u64 {
+        // FNV-1a: stable across runs and builds, unlike the std hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let rows = self.rows.map(|r| r.to_string()).unwrap_or_default();
+        for part in [self.name.as_str(), self.source.as_str(), rows.as_str()]
+            .into_iter()
+            .chain(self.params.iter().map(String::as_str))
+        {
+            for byte in part.bytes().chain([0u8]) {
+                h ^= u64::from(byte);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+}
+
 /// One GEMM: `C[b] (M x N) = A[b] (M x K) · B[b] (K x N)` for `b < batch`.
 ///
 /// Leading dimensions are in elements (`None`: dense); batch strides are in elements, 0 meaning
@@ -80,6 +130,10 @@ pub struct Problem {
     pub batch_stride_b: usize,
     pub batch_stride_c: usize,
     pub epilogue: Epilogue,
+    /// An epilogue given as code (replacing `epilogue` and the store of C).
+    pub custom: Option<CustomEpilogue>,
+    /// A split row-major A (see [`ASplit`]).
+    pub a_split: Option<ASplit>,
 }
 
 impl Problem {
@@ -101,6 +155,8 @@ impl Problem {
             batch_stride_b: k * n,
             batch_stride_c: m * n,
             epilogue: Epilogue::NONE,
+            custom: None,
+            a_split: None,
         }
     }
 
@@ -348,6 +404,7 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
         }
     };
     match p.a_layout {
+        Layout::RowMajor if p.a_split.is_some() => tma_rule("A (split)", p.lda(), 64, "a K slice")?,
         Layout::RowMajor => tma_rule("A (row-major)", p.lda(), p.k, "K")?,
         Layout::ColMajor => tma_rule("A (column-major)", p.lda(), p.m, "M")?,
     }
@@ -355,7 +412,35 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
         Layout::RowMajor => tma_rule("B (row-major)", p.ldb(), p.n, "N")?,
         Layout::ColMajor => tma_rule("B (column-major)", p.ldb(), p.k, "K")?,
     }
-    if p.ldc() < p.n {
+    if let Some(c) = &p.custom {
+        if p.epilogue != Epilogue::NONE {
+            return Err("a custom epilogue replaces the bias and activation; both are set".into());
+        }
+        if c.rows.is_some_and(|r| r == 0 || p.m % r != 0 || p.batch != 1) {
+            return Err(format!(
+                "custom epilogue: flattened rows {:?} do not divide M = {} (batch {})",
+                c.rows, p.m, p.batch
+            ));
+        }
+    }
+    if let Some(s) = p.a_split {
+        if p.a_layout != Layout::RowMajor || p.batch != 1 {
+            return Err("a split A must be row-major and unbatched".into());
+        }
+        if p.k % 64 != 0 {
+            return Err(format!("split A: K = {} is not a multiple of 64", p.k));
+        }
+        if s.rows == 0 || s.rows % params.tile_m != 0 || p.m % s.rows != 0 {
+            return Err(format!(
+                "split A: groups of {} rows do not split into {}-row tiles (or M = {})",
+                s.rows, params.tile_m, p.m
+            ));
+        }
+        if s.head_stride % 8 != 0 || s.group_stride % 8 != 0 || p.lda() < 64 {
+            return Err("split A: strides are not multiples of 8 elements".into());
+        }
+    }
+    if p.custom.is_none() && p.ldc() < p.n {
         return Err(format!(
             "C: leading dimension {} below N = {}",
             p.ldc(),
@@ -432,6 +517,35 @@ mod tests {
         assert_eq!(applies(&t, &p, (9, 0)), Ok(()));
         let too_deep = Params { stages: 5, ..p };
         assert!(too_deep.validate().unwrap_err().contains("shared memory"));
+    }
+
+    #[test]
+    fn split_a_and_custom_epilogues_are_checked() {
+        let q = Params::default();
+        let mut p = Problem::new(1024, 768, 768, DType::F16);
+        p.lda = Some(64);
+        p.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 12 * 512 * 64 });
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        // Groups of 96 rows do not hold whole 128-row tiles.
+        p.a_split = Some(ASplit { rows: 96, head_stride: 96 * 64, group_stride: 12 * 96 * 64 });
+        p.m = 960;
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("96 rows"));
+        // K must be whole 64-wide slices.
+        let mut p = Problem::new(512, 768, 760, DType::F16);
+        p.lda = Some(64);
+        p.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 0 });
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("multiple of 64"));
+        // A custom epilogue replaces the built-in one; both at once is refused.
+        let c = CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: Some(256) };
+        let mut p = Problem::new(1024, 256, 64, DType::BF16);
+        p.custom = Some(c.clone());
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        assert!(kernel_name(&p, &q).ends_with(&format!("_e{:016x}", c.key())));
+        p.epilogue.activation = Activation::Relu;
+        assert!(applies(&p, &q, (9, 0)).is_err());
+        p.epilogue = Epilogue::NONE;
+        p.custom = Some(CustomEpilogue { rows: Some(300), ..c });
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("300"));
     }
 
     #[test]

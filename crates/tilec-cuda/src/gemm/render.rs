@@ -64,13 +64,19 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         (false, true) => "_bcb",
         (true, true) => "_bcab",
     };
+    let split = if p.a_split.is_some() { "_as" } else { "" };
+    let custom = p
+        .custom
+        .as_ref()
+        .map(|c| format!("_e{:016x}", c.key()))
+        .unwrap_or_default();
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
         String::new()
     };
     format!(
-        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{bias}{act}{bcast}",
+        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{bias}{act}{bcast}{split}{custom}",
         short(p.in_dtype),
         l(p.a_layout),
         l(p.b_layout),
@@ -117,6 +123,11 @@ __device__ __forceinline__ void tl_mbar_wait(unsigned bar, unsigned parity) {
 __device__ __forceinline__ void tl_tma_load3(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, unsigned bar) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
                :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void tl_tma_load4(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, int c3, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                : "memory");
 }
 // The same copy delivered to the same offset (and barrier offset) of every block in `mask`.
@@ -228,13 +239,22 @@ pub fn render(problem: &Problem, params: &Params) -> String {
         Some(d) => format!("const {}* __restrict__ bias", storage(d)),
         None => "const void* __restrict__ bias_unused".to_string(),
     };
+    // A custom epilogue's parameters come last (after the fixed ones, as launches pass them).
+    let mut extra_params = String::new();
+    if let Some(c) = &p.custom {
+        s.push_str(&c.source);
+        for param in &c.params {
+            extra_params.push_str(",\n       ");
+            extra_params.push_str(param);
+        }
+    }
     let _ = write!(
         s,
         r#"
 extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {name}(const __grid_constant__ tl_tmap map_a, const __grid_constant__ tl_tmap map_b,
        {out_t}* __restrict__ c, {bias_param},
-       int M, int N, int K, int batch, long long ldc, long long batch_stride_c) {{
+       int M, int N, int K, int batch, long long ldc, long long batch_stride_c{extra_params}) {{
   constexpr int BM = {bm}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {group}, CL = {cl};
   constexpr unsigned A_BYTES = {a_bytes}u, STAGE_BYTES = {stage}u;
   extern __shared__ unsigned char tl_dyn_smem[];
@@ -406,6 +426,14 @@ fn render_loads(p: &Problem, q: &Params) -> String {
     let ind = "          ";
     match p.a_layout {
         // Row-major A is K-major: one box of 64 K by BM rows.
+        // A split A: one box of 64 K (one head) by BM rows of one group.
+        Layout::RowMajor if p.a_split.is_some() => {
+            let rows = p.a_split.map_or(1, |s| s.rows);
+            let _ = writeln!(
+                s,
+                "{ind}tl_tma_load4(sa, &map_a, 0, m0 % {rows}, k0 >> 6, m0 / {rows}, full);"
+            );
+        }
         Layout::RowMajor => {
             let _ = writeln!(s, "{ind}tl_tma_load3(sa, &map_a, k0, m0, {ba}, full);");
         }
@@ -488,6 +516,9 @@ fn render_mmas(q: &Params, a_kmajor: bool) -> String {
 /// Accumulator register `4 q + 2 h + e` of a 64-row block holds row `16 warp + lane / 4 + 8 h`,
 /// column `8 q + 2 (lane % 4) + e` of the block.
 fn render_epilogue(p: &Problem, q: &Params) -> String {
+    if let Some(c) = &p.custom {
+        return render_custom_epilogue(c, q);
+    }
     let mblocks = q.warp_m() / 64;
     let bn = q.tile_n;
     let od = p.out_dtype;
@@ -564,6 +595,50 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
             out_t = storage(od),
             one0 = one_store[0],
             one1 = one_store[1],
+        );
+    }
+    s.push_str("      }\n");
+    s
+}
+
+/// The per-element calls of a custom epilogue (guarded at the edges).
+fn render_custom_epilogue(c: &super::CustomEpilogue, q: &Params) -> String {
+    let mblocks = q.warp_m() / 64;
+    let args: String = c
+        .params
+        .iter()
+        .map(|p| {
+            let name = p.rsplit([' ', '*']).next().unwrap_or("");
+            format!("{name}, ")
+        })
+        .collect();
+    let (bexpr, rexpr) = match c.rows {
+        Some(r) => (format!("(long long)row / {r}"), format!("(long long)row % {r}")),
+        None => ("(long long)b".to_string(), "(long long)row".to_string()),
+    };
+    let mut s = String::from("      {\n");
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"        {{
+          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+          for (int q = 0; q < {nt}; ++q) {{
+            const int col = n0 + 8 * q + 2 * (lane & 3);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+              const int row = row0 + 8 * h;
+              if (row < M && col < N) {{
+                const long long eb = {bexpr}, er = {rexpr};
+                {f}({args}eb, er, col, acc[{j}][4 * q + 2 * h]);
+                if (col + 1 < N) {f}({args}eb, er, col + 1, acc[{j}][4 * q + 2 * h + 1]);
+              }}
+            }}
+          }}
+        }}
+"#,
+            nt = q.tile_n / 8,
+            f = c.name,
         );
     }
     s.push_str("      }\n");

@@ -697,6 +697,9 @@ fn run_cuda(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor
         for (op, why) in &r.fallbacks {
             println!("  host fallback {op}: {why}");
         }
+        for (k, what) in &r.families {
+            println!("  matrix product {k}: {what}");
+        }
     }
     let mut kernel_mismatches = None;
     if a.check_kernels {
@@ -738,6 +741,7 @@ fn run_cuda(a: &RunArgs, graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor
         "graphs": r.graphs,
         "arena_bytes": r.arena_bytes,
         "kernel_mismatches": kernel_mismatches,
+        "families": r.families.iter().map(|(k, d)| (k.clone(), serde_json::json!(d))).collect::<serde_json::Map<_, _>>(),
     });
     Ok((outs, j))
 }
