@@ -380,10 +380,7 @@ fn compile_prepared(
     let mut kernels: Vec<GpuKernel> = vec![];
     let mut kmap: Vec<Option<usize>> = vec![];
     for (k, c) in ksrc.iter().zip(compiled) {
-        let loaded = c.and_then(|c| {
-            let hit = c.cache_hit;
-            crate::cuda_families::load(&device, &k.scheduled, &k.lowered, &k.source, &k.family, &c.image, hit)
-        });
+        let loaded = crate::cuda_families::load_or_fallback(&device, compiler, k, c, &mut report.families);
         match loaded {
             Ok(gk) => {
                 if gk.cache_hit {

@@ -15,6 +15,9 @@ pub struct FamilyInfo {
     pub plan: Option<FamilyPlan>,
     /// For kernels holding a matrix product: the families that did not take it, and why.
     pub rejected: Vec<(&'static str, String)>,
+    /// With a plan: the tile-IR schedule's name and source, run if the family kernel does not
+    /// compile or load.
+    pub fallback: Option<(&'static str, CudaSource)>,
 }
 
 impl FamilyInfo {
@@ -71,6 +74,7 @@ pub fn dispatch(
                 FamilyInfo {
                     plan: Some(plan),
                     rejected: d.rejected,
+                    fallback: Some((schedule, source)),
                 },
             )
         }
@@ -80,6 +84,7 @@ pub fn dispatch(
             FamilyInfo {
                 plan: None,
                 rejected: d.rejected,
+                fallback: None,
             },
         ),
     }
@@ -98,6 +103,32 @@ pub fn load(
     match &info.plan {
         Some(plan) => GpuKernel::from_family(device, lowered, plan, image, cache_hit),
         None => GpuKernel::from_image(device, scheduled, source.launch, image, cache_hit),
+    }
+}
+
+/// Loads a compiled kernel (see [`load`]); a family kernel that failed to compile or load is
+/// replaced by its tile-IR schedule, compiled now, and a note naming the failure is added to
+/// `notes` (the report's per-kernel family lines).
+pub fn load_or_fallback(
+    device: &Device,
+    compiler: &tilec_cuda::Compiler,
+    k: &crate::compiled_cuda::GpuKernelSource,
+    compiled: tilec_cuda::Result<tilec_cuda::Compiled>,
+    notes: &mut Vec<(String, String)>,
+) -> tilec_cuda::Result<GpuKernel> {
+    let first = compiled.and_then(|c| {
+        load(device, &k.scheduled, &k.lowered, &k.source, &k.family, &c.image, c.cache_hit)
+    });
+    match (first, &k.family.fallback) {
+        (Err(e), Some((schedule, src))) => {
+            notes.push((
+                k.name.clone(),
+                format!("{} failed ({e}); running the {schedule} schedule instead", k.schedule),
+            ));
+            let c = compiler.compile(&k.name, &src.source)?;
+            GpuKernel::from_image(device, &k.scheduled, src.launch, &c.image, c.cache_hit)
+        }
+        (r, _) => r,
     }
 }
 
