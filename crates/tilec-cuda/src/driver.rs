@@ -773,30 +773,88 @@ impl Function {
         Ok(v.max(0) as u32)
     }
 
+    /// Bytes of local memory (stack frame and register spills) per thread.
+    pub fn local_bytes(&self) -> Result<u32> {
+        self.module.ctx.bind()?;
+        let mut v = 0i32;
+        // SAFETY: valid function, out-pointer to a live i32.
+        unsafe {
+            cu!(cuFuncGetAttribute(
+                &mut v,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                self.raw
+            ))?
+        };
+        Ok(v.max(0) as u32)
+    }
+
+    /// Raises the kernel's dynamic shared-memory limit to `bytes` (needed above 48 KiB before
+    /// a launch or an occupancy query).
+    pub fn reserve_dynamic_smem(&self, bytes: u32) -> Result<()> {
+        self.module.ctx.bind()?;
+        let mut cur = self.dyn_smem.lock().unwrap_or_else(|p| p.into_inner());
+        if bytes > 48 * 1024 && *cur < bytes {
+            // SAFETY: valid function.
+            unsafe {
+                cu!(cuFuncSetAttribute(
+                    self.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32
+                ))?
+            };
+            *cur = bytes;
+        }
+        Ok(())
+    }
+
+    /// Clusters of a kernel with compile-time cluster dimensions that can be resident on the
+    /// device at once, for blocks of `block_threads` threads and `smem` bytes.
+    pub fn max_active_clusters(&self, grid: u32, block_threads: u32, smem: u32) -> Result<u32> {
+        self.reserve_dynamic_smem(smem)?;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block_threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n = 0i32;
+        // SAFETY: valid function; the config lives for the call.
+        unsafe { cu!(cuOccupancyMaxActiveClusters(&mut n, self.raw, &cfg))? };
+        Ok(n.max(0) as u32)
+    }
+
     /// Launches the kernel on `stream` with one device pointer per parameter.
     pub fn launch(&self, stream: &Stream, cfg: &LaunchConfig, args: &[u64]) -> Result<()> {
-        self.module.ctx.bind()?;
-        let smem = cfg.shared_mem_bytes;
-        {
-            let mut cur = self.dyn_smem.lock().unwrap_or_else(|p| p.into_inner());
-            if smem > 48 * 1024 && *cur < smem {
-                // SAFETY: valid function.
-                unsafe {
-                    cu!(cuFuncSetAttribute(
-                        self.raw,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32
-                    ))?
-                };
-                *cur = smem;
-            }
-        }
         let mut vals: Vec<u64> = args.to_vec();
         let mut params: Vec<*mut c_void> = vals
             .iter_mut()
             .map(|v| v as *mut u64 as *mut c_void)
             .collect();
         // SAFETY: one pointer-sized value per kernel parameter, alive for the call.
+        unsafe { self.launch_raw(stream, cfg, &mut params) }
+    }
+
+    /// Launches the kernel with parameters of any type: `params[i]` points to the value of
+    /// parameter `i`.
+    ///
+    /// # Safety
+    /// There must be one pointer per kernel parameter, each to a live value of the size and
+    /// alignment the kernel declares for that parameter.
+    pub unsafe fn launch_raw(
+        &self,
+        stream: &Stream,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let smem = cfg.shared_mem_bytes;
+        self.reserve_dynamic_smem(smem)?;
+        // SAFETY: the caller passes one live value per kernel parameter.
         unsafe {
             cu!(cuLaunchKernel(
                 self.raw,

@@ -13,14 +13,20 @@
 //! - [`schedule`]: GPU schedules for row-wise (softmax/norm) and elementwise kernels, and
 //!   [`schedule_gpu`], which picks one for any lowered kernel.
 //! - [`schedule_nest`]: the block-tiled GEMM and the direct-nest schedule.
+//! - [`gemm`]: the Hopper tensor-core GEMM family (wgmma fed by TMA), rendered per parameters.
+//! - [`families`]: kernel families (the Hopper GEMM) tried before the tile-IR schedules.
+//! - [`tma`]: tensor maps for the bulk tensor copy engine.
 
 pub mod driver;
 pub mod error;
+pub mod families;
+pub mod gemm;
 pub mod handbuilt;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
 pub mod schedule_nest;
+pub mod tma;
 
 pub use driver::{
     device_count, driver_version, is_available, Device, DeviceArena, DeviceBuffer, DeviceProps,
@@ -47,13 +53,25 @@ pub struct GpuKernel {
     /// The kernel's index check sites: a violation recorded in its status names one of them.
     pub checks: Vec<tilec_tile::CheckSite>,
     pub cache_hit: bool,
-    func: Function,
+    func: Option<Function>,
+    /// Set when a kernel family runs this kernel (same parameters).
+    family: Option<Box<families::FamilyKernel>>,
 }
 
 impl GpuKernel {
     /// The loaded function (for attributes such as registers and occupancy).
     pub fn function(&self) -> &Function {
-        &self.func
+        match (&self.family, &self.func) {
+            (Some(f), _) => f.gemm().function(),
+            (None, Some(f)) => f,
+            // `from_image` and `from_family` set one of the two.
+            (None, None) => unreachable!("a GpuKernel without a function"),
+        }
+    }
+
+    /// The family running this kernel, if any.
+    pub fn family(&self) -> Option<&families::FamilyKernel> {
+        self.family.as_deref()
     }
 
     /// Launches with one device pointer per parameter (16-byte aligned).
@@ -72,7 +90,10 @@ impl GpuKernel {
                 self.name
             )));
         }
-        self.func.launch(stream, &self.launch, args)
+        if let Some(f) = &self.family {
+            return f.launch(stream, args);
+        }
+        self.function().launch(stream, &self.launch, args)
     }
 }
 
@@ -99,7 +120,36 @@ impl GpuKernel {
             params,
             checks: k.checks.clone(),
             cache_hit,
-            func,
+            func: Some(func),
+            family: None,
+        })
+    }
+
+    /// Loads the image of a family plan made for kernel `k` (same parameters as `k`).
+    pub fn from_family(
+        device: &Device,
+        k: &tilec_tile::Kernel,
+        plan: &families::FamilyPlan,
+        image: &[u8],
+        cache_hit: bool,
+    ) -> Result<GpuKernel> {
+        let fk = families::FamilyKernel::load(device, plan, image, cache_hit)?;
+        let params = k
+            .params
+            .iter()
+            .map(|&b| (k.buf(b).dtype, k.buf(b).numel() as usize))
+            .collect();
+        Ok(GpuKernel {
+            name: k.name.clone(),
+            launch: LaunchConfig {
+                grid: (fk.gemm().resident_blocks(), 1, 1),
+                block: (plan.params.threads() as u32, 1, 1),
+                shared_mem_bytes: plan.params.smem_bytes() as u32,
+            },
+            params,
+            cache_hit,
+            func: None,
+            family: Some(Box::new(fk)),
         })
     }
 }

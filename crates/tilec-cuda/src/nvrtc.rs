@@ -450,6 +450,32 @@ impl Compiler {
 
     /// Compiles several modules on parallel threads; results in input order.
     pub fn compile_many(&self, modules: &[(String, String)]) -> Vec<Result<Compiled>> {
+        // Identical sources (kernel-family instances of repeated layers) compile once.
+        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let mut unique: Vec<(String, String)> = vec![];
+        let mut which = vec![];
+        for (name, src) in modules {
+            let u = *first.entry(src.as_str()).or_insert_with(|| {
+                unique.push((name.clone(), src.clone()));
+                unique.len() - 1
+            });
+            which.push(u);
+        }
+        if unique.len() < modules.len() {
+            let done = self.compile_unique(&unique);
+            return which
+                .into_iter()
+                .zip(modules)
+                .map(|(u, (name, _))| match &done[u] {
+                    Ok(c) => Ok(Compiled { name: name.clone(), ..c.clone() }),
+                    Err(e) => Err(CudaError::Usage(format!("module {name}: {e}"))),
+                })
+                .collect();
+        }
+        self.compile_unique(modules)
+    }
+
+    fn compile_unique(&self, modules: &[(String, String)]) -> Vec<Result<Compiled>> {
         let threads = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)

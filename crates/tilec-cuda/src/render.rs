@@ -95,28 +95,7 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
     let mut out = String::new();
     // Parameters never stored to are `const __restrict__` (read through the non-coherent
     // cache).
-    let mut stored = HashSet::new();
-    for s in &k.body {
-        s.visit(&mut |s| {
-            if let Stmt::Store { buf, .. } = s {
-                stored.insert(*buf);
-            }
-        });
-    }
-    let params: Vec<String> = k
-        .params
-        .iter()
-        .map(|&b| {
-            let buf = k.buf(b);
-            let c = if stored.contains(&b) { "" } else { "const " };
-            format!(
-                "{c}{}* __restrict__ {}",
-                storage_ty(buf.dtype),
-                buf_name(k, b)
-            )
-        })
-        .chain((!k.checks.is_empty()).then(|| "long long* __restrict__ tl_st".to_string()))
-        .collect();
+    let params = param_list(k);
     let _ = writeln!(
         out,
         "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{",
@@ -149,6 +128,99 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
     out.push_str(&body);
     out.push_str("}\n");
     Ok((out, launch))
+}
+
+/// The parameter list of kernel `k` as rendered (typed pointers; never-stored ones `const`;
+/// the status words last when the kernel checks indices).
+pub fn param_list(k: &Kernel) -> Vec<String> {
+    let mut stored = HashSet::new();
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Store { buf, .. } = s {
+                stored.insert(*buf);
+            }
+        });
+    }
+    k.params
+        .iter()
+        .map(|&b| {
+            let buf = k.buf(b);
+            let c = if stored.contains(&b) { "" } else { "const " };
+            format!(
+                "{c}{}* __restrict__ {}",
+                storage_ty(buf.dtype),
+                buf_name(k, b)
+            )
+        })
+        .chain((!k.checks.is_empty()).then(|| "long long* __restrict__ tl_st".to_string()))
+        .collect()
+}
+
+/// Renders the epilogue of a `Gemm` of kernel `k` as a `__device__` function that another
+/// kernel (a GEMM family) calls once per output element:
+///
+/// `void NAME(<k's parameters>, long long b, long long i, long long j, float acc)`
+///
+/// with the gemm's batch, row and column variables and its f32 accumulator bound to the
+/// arguments. Statements are rendered exactly as in [`render`] (same loads, stores, rounding).
+/// Only straight-line code (stores, lets, ifs) is accepted: no loops, barriers or reductions.
+pub fn render_gemm_epilogue_fn(k: &Kernel, g: &Gemm, fn_name: &str) -> Result<String> {
+    if !valid_ident(fn_name) {
+        return Err(err(k, format!("function name {fn_name:?} is not a C identifier")));
+    }
+    if g.acc_dtype != DType::F32 {
+        return Err(err(
+            k,
+            format!("accumulator {} (an epilogue function takes f32)", g.acc_dtype.name()),
+        ));
+    }
+    let mut bad = None;
+    for s in &g.epilogue {
+        s.visit(&mut |s| {
+            if matches!(
+                s,
+                Stmt::For(_) | Stmt::Barrier | Stmt::BlockReduce { .. } | Stmt::Gemm(_) | Stmt::Alloc(_)
+            ) {
+                bad.get_or_insert("a loop, barrier, reduction or allocation");
+            }
+        });
+    }
+    if let Some(what) = bad {
+        return Err(err(k, format!("the epilogue holds {what}")));
+    }
+    let dims = Dims {
+        grid: [1; 3],
+        block: [1; 3],
+    };
+    let mut r = R {
+        k,
+        dims: &dims,
+        reg_drop: HashMap::new(),
+        out: String::new(),
+        indent: 1,
+        thread_depth: 1,
+        vec_subst: HashMap::new(),
+        bound: HashMap::new(),
+        red_types: HashSet::new(),
+        vec_count: 0,
+    };
+    r.line("typedef long long idx_t;");
+    for (v, arg) in [(g.b_var, "tl_b"), (g.i_var, "tl_i"), (g.j_var, "tl_j")] {
+        let t = format!("const idx_t {} = {arg};", r.var(v)?);
+        r.line(&t);
+    }
+    let t = format!("const float {} = tl_acc;", r.var(g.acc_var)?);
+    r.line(&t);
+    r.block(&g.epilogue)?;
+    let mut params = param_list(k);
+    params.extend(
+        ["long long tl_b", "long long tl_i", "long long tl_j", "float tl_acc"].map(String::from),
+    );
+    Ok(format!(
+        "static __device__ __forceinline__ void {fn_name}({}) {{\n{}}}\n",
+        params.join(", "),
+        r.out
+    ))
 }
 
 fn err(k: &Kernel, msg: String) -> CudaError {

@@ -29,6 +29,8 @@ pub struct GpuTarget {
     pub max_threads_per_block: u32,
     /// Resident blocks per SM the elementwise grid is sized for.
     pub blocks_per_sm: u32,
+    /// Compute capability (major, minor): which kernel families the device can run.
+    pub compute_capability: (u32, u32),
 }
 
 impl GpuTarget {
@@ -38,6 +40,7 @@ impl GpuTarget {
             sm_count: 132,
             max_threads_per_block: 1024,
             blocks_per_sm: 8,
+            compute_capability: (9, 0),
         }
     }
     pub fn from_props(p: &crate::driver::DeviceProps) -> GpuTarget {
@@ -45,6 +48,7 @@ impl GpuTarget {
             sm_count: p.sm_count,
             max_threads_per_block: p.max_threads_per_block,
             blocks_per_sm: 8,
+            compute_capability: p.compute_capability,
         }
     }
 }

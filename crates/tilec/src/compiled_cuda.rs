@@ -56,9 +56,12 @@ pub struct GpuKernelSource {
     pub lowered: Kernel,
     /// After its GPU schedule.
     pub scheduled: Kernel,
-    /// Which schedule (`gemm`, `rows`, `elementwise`, `direct`, `block`, `serial`).
+    /// Which schedule (`gemm`, `rows`, `elementwise`, `direct`, `block`, `serial`), or the
+    /// kernel family that runs it instead (`sm90_tc_gemm`).
     pub schedule: &'static str,
     pub source: tilec_cuda::CudaSource,
+    /// The kernel-family decision (see `cuda_families`).
+    pub family: crate::cuda_families::FamilyInfo,
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +102,8 @@ pub struct CudaReport {
     pub graphs: usize,
     /// Kernel groups lowered node by node because fused they would run on one thread.
     pub split_groups: usize,
+    /// Per kernel holding a matrix product: its name and the family decision, described.
+    pub families: Vec<(String, String)>,
 }
 
 /// A model lowered, scheduled and rendered for the GPU (no device needed).
@@ -199,6 +204,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
                 .and_then(|(s, how)| tilec_cuda::render(&s).map(|src| (s, how, src)));
             match scheduled {
                 Ok((s, how, source)) => {
+                    let (how, source, family) = crate::cuda_families::dispatch(&l.kernel, target, how, source);
                     let mut args = l.inputs.clone();
                     args.extend(&l.outputs);
                     steps.push(PStep {
@@ -208,7 +214,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
                         outputs: l.outputs.clone(),
                         nodes: nodes.clone(),
                     });
-                    kernels.push(GpuKernelSource { name: nm, lowered: l.kernel, scheduled: s, schedule: how, source });
+                    kernels.push(GpuKernelSource { name: nm, lowered: l.kernel, scheduled: s, schedule: how, source, family });
                 }
                 Err(e) => {
                     for &n in &nodes {
@@ -235,6 +241,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
         }
     }
     report.schedules = counts;
+    report.families = crate::cuda_families::summary(&kernels);
     report.total = t0.elapsed();
     Ok(Prepared { graph: g, steps, kernels, interpreted: false, report })
 }
@@ -381,10 +388,7 @@ fn compile_prepared(
     let mut kernels: Vec<GpuKernel> = vec![];
     let mut kmap: Vec<Option<usize>> = vec![];
     for (k, c) in ksrc.iter().zip(compiled) {
-        let loaded = c.and_then(|c| {
-            let hit = c.cache_hit;
-            GpuKernel::from_image(&device, &k.scheduled, k.source.launch, &c.image, hit)
-        });
+        let loaded = crate::cuda_families::load_or_fallback(&device, compiler, k, c, &mut report.families);
         match loaded {
             Ok(gk) => {
                 if gk.cache_hit {

@@ -170,5 +170,36 @@ pub fn explain(args: &OptArgs) -> Result<()> {
             }
         }
     }
+    if args.target.kind() == partition::TargetKind::Cuda {
+        explain_cuda(&g);
+    }
     Ok(())
+}
+
+/// The GPU kernels of a graph with concrete shapes: each kernel's schedule, and for matrix
+/// products the kernel family that runs them (with its parameters) or why none does. Planned
+/// for an H100/H200 (sm_90, 132 SMs).
+fn explain_cuda(g: &tilec::Graph) {
+    use tilec::compiled_cuda::{prepare, CudaOptions};
+    println!();
+    println!("GPU kernels (planned for sm_90, 132 SMs):");
+    // The graph is already optimized; level 0 keeps it as it is.
+    let opts = CudaOptions { opt_level: 0, ..Default::default() };
+    match prepare(g, &opts, &tilec_cuda::GpuTarget::hopper()) {
+        Ok(p) if p.interpreted() => {
+            println!("  none: shapes are not concrete (fix symbolic dimensions with --dim NAME=VALUE)")
+        }
+        Ok(p) => {
+            for k in p.kernels() {
+                match k.family.describe() {
+                    Some(d) => println!("  {}: {} ({d})", k.name, k.schedule),
+                    None => println!("  {}: {}", k.name, k.schedule),
+                }
+            }
+            for (op, why) in &p.report.fallbacks {
+                println!("  host step {op}: {why}");
+            }
+        }
+        Err(e) => println!("  not prepared: {e}"),
+    }
 }

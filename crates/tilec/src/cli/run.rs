@@ -765,6 +765,9 @@ fn run_cuda(
         for (op, why) in &r.fallbacks {
             println!("  host fallback {op}: {why}");
         }
+        for (k, what) in &r.families {
+            println!("  matrix product {k}: {what}");
+        }
     }
     let mut kernel_mismatches = None;
     if a.check_kernels {
@@ -806,6 +809,7 @@ fn run_cuda(
         "graphs": r.graphs,
         "arena_bytes": r.arena_bytes,
         "kernel_mismatches": kernel_mismatches,
+        "families": r.families.iter().map(|(k, d)| (k.clone(), serde_json::json!(d))).collect::<serde_json::Map<_, _>>(),
     });
     add(report, j);
     Ok(outs)

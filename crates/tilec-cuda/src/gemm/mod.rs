@@ -1,0 +1,564 @@
+//! Tensor-core GEMM on Hopper (sm_90a): a kernel family rendered as CUDA C++ for given
+//! parameters, compiled with NVRTC and launched through the driver.
+//!
+//! `C[b] = act(A[b] · B[b] + bias)` for 16-bit inputs (bf16 or f16) with f32 accumulation,
+//! written as bf16, f16 or f32. The kernel is warp-specialized and persistent: one producer
+//! warpgroup streams K-slices of A and B into a ring of shared-memory stages with the bulk
+//! tensor copy engine (TMA, 128-byte swizzle, completion on mbarriers), and one or two consumer
+//! warpgroups multiply them with `wgmma.mma_async` from shared-memory descriptors, then apply
+//! the epilogue from registers. Tiles are visited in groups of rows (L2-friendly order) by a
+//! grid of one block per SM.
+//!
+//! - [`Problem`]: shapes, dtypes, operand layouts, batch strides and the epilogue.
+//! - [`Params`]: tile shape, pipeline depth, consumer warpgroups, tile order.
+//! - [`applies`] says whether a pair can run (and why not); [`heuristic`] picks parameters;
+//!   [`render`] gives the CUDA source; [`GemmKernel`] compiles, loads and launches it.
+//!
+//! Shapes (M, N, K, batch) are run-time arguments: one compiled kernel serves every shape with
+//! the same dtypes, layouts, epilogue and parameters ([`kernel_name`] is that key).
+
+mod launch;
+mod render;
+
+pub use launch::{GemmArgs, GemmKernel};
+pub use render::{kernel_name, render};
+
+use tilec_ir::DType;
+
+/// How a matrix is stored: row-major (rows contiguous) or column-major.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    RowMajor,
+    ColMajor,
+}
+
+/// The activation applied in the epilogue, after the bias.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    None,
+    Relu,
+    /// The exact (erf) GELU, `x * Phi(x)`.
+    Gelu,
+}
+
+/// What happens to the f32 accumulators before they are stored: `act(acc + bias[n])`, then a
+/// cast to the output dtype.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Epilogue {
+    /// A bias vector over N of this dtype (f32, bf16 or f16), shared by all rows and batches.
+    pub bias: Option<DType>,
+    pub activation: Activation,
+}
+
+impl Epilogue {
+    pub const NONE: Epilogue = Epilogue {
+        bias: None,
+        activation: Activation::None,
+    };
+}
+
+/// A row-major A stored with its rows and its K split: element (i, k) at
+/// `(i / rows) * group_stride + (k / 64) * head_stride + (i % rows) * lda + k % 64` (elements).
+/// This is attention's output `[batch, heads, seq, 64]` read as the `[batch * seq, heads * 64]`
+/// matrix of the output projection, without a transposing copy: TMA reads it through a 4-D
+/// tensor map, one 64-wide K slice (one head) at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ASplit {
+    pub rows: usize,
+    pub head_stride: usize,
+    pub group_stride: usize,
+}
+
+/// An epilogue given as code: a `__device__` function (see
+/// [`render_gemm_epilogue_fn`](crate::render::render_gemm_epilogue_fn)) called once per
+/// element of C with its batch, row, column and f32 accumulator, after the kernel's own
+/// pointer parameters. It replaces the built-in store: the function writes the outputs itself
+/// (any dtype, any index), so `C`, the bias and the activation are unused.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CustomEpilogue {
+    /// The function's name.
+    pub name: String,
+    /// Its definition (without the prelude).
+    pub source: String,
+    /// The extra kernel parameters passed through to it, in order: C type text, e.g.
+    /// `const tl_f16* __restrict__ b1_bias`.
+    pub params: Vec<String>,
+    /// Whether the function expects a flattened row (`row = b * rows + i`, batch 0): it then
+    /// splits the row itself.
+    pub rows: Option<usize>,
+}
+
+impl CustomEpilogue {
+    /// A short stable hash of the source and parameters (part of the kernel name).
+    pub fn key(&self) -> u64 {
+        // FNV-1a: stable across runs and builds, unlike the std hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let rows = self.rows.map(|r| r.to_string()).unwrap_or_default();
+        for part in [self.name.as_str(), self.source.as_str(), rows.as_str()]
+            .into_iter()
+            .chain(self.params.iter().map(String::as_str))
+        {
+            for byte in part.bytes().chain([0u8]) {
+                h ^= u64::from(byte);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+}
+
+/// One GEMM: `C[b] (M x N) = A[b] (M x K) · B[b] (K x N)` for `b < batch`.
+///
+/// Leading dimensions are in elements (`None`: dense); batch strides are in elements, 0 meaning
+/// that every batch reads the same matrix (a broadcast operand).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Problem {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    /// Element type of A and B: bf16 or f16.
+    pub in_dtype: DType,
+    /// Element type of C: bf16, f16 or f32.
+    pub out_dtype: DType,
+    pub a_layout: Layout,
+    pub b_layout: Layout,
+    pub lda: Option<usize>,
+    pub ldb: Option<usize>,
+    pub ldc: Option<usize>,
+    pub batch_stride_a: usize,
+    pub batch_stride_b: usize,
+    pub batch_stride_c: usize,
+    pub epilogue: Epilogue,
+    /// An epilogue given as code (replacing `epilogue` and the store of C).
+    pub custom: Option<CustomEpilogue>,
+    /// A split row-major A (see [`ASplit`]).
+    pub a_split: Option<ASplit>,
+}
+
+impl Problem {
+    /// A dense, unbatched problem: row-major A, B and C of one dtype, no epilogue.
+    pub fn new(m: usize, n: usize, k: usize, dtype: DType) -> Problem {
+        Problem {
+            m,
+            n,
+            k,
+            batch: 1,
+            in_dtype: dtype,
+            out_dtype: dtype,
+            a_layout: Layout::RowMajor,
+            b_layout: Layout::RowMajor,
+            lda: None,
+            ldb: None,
+            ldc: None,
+            batch_stride_a: m * k,
+            batch_stride_b: k * n,
+            batch_stride_c: m * n,
+            epilogue: Epilogue::NONE,
+            custom: None,
+            a_split: None,
+        }
+    }
+
+    /// The same problem with other operand layouts (dense leading dimensions).
+    pub fn with_layouts(mut self, a: Layout, b: Layout) -> Problem {
+        self.a_layout = a;
+        self.b_layout = b;
+        self
+    }
+
+    /// A stored row-major B (K x N) is contiguous along N; column-major along K.
+    pub fn lda(&self) -> usize {
+        self.lda.unwrap_or(match self.a_layout {
+            Layout::RowMajor => self.k,
+            Layout::ColMajor => self.m,
+        })
+    }
+    pub fn ldb(&self) -> usize {
+        self.ldb.unwrap_or(match self.b_layout {
+            Layout::RowMajor => self.n,
+            Layout::ColMajor => self.k,
+        })
+    }
+    pub fn ldc(&self) -> usize {
+        self.ldc.unwrap_or(self.n)
+    }
+
+    /// Floating-point operations (2 per multiply-add).
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64 * self.batch as f64
+    }
+
+    /// Elements each operand spans in memory: (A, B, C).
+    pub fn extents(&self) -> (usize, usize, usize) {
+        let span = |ld: usize, outer: usize, inner: usize, bs: usize| {
+            if outer == 0 || inner == 0 {
+                return 0;
+            }
+            (self.batch - 1) * bs + (outer - 1) * ld + inner
+        };
+        let (ao, ai) = match self.a_layout {
+            Layout::RowMajor => (self.m, self.k),
+            Layout::ColMajor => (self.k, self.m),
+        };
+        let (bo, bi) = match self.b_layout {
+            Layout::RowMajor => (self.k, self.n),
+            Layout::ColMajor => (self.n, self.k),
+        };
+        (
+            span(self.lda(), ao, ai, self.batch_stride_a),
+            span(self.ldb(), bo, bi, self.batch_stride_b),
+            span(self.ldc(), self.m, self.n, self.batch_stride_c),
+        )
+    }
+}
+
+/// Parameters of the kernel family.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Params {
+    /// Rows of C per block: 64 or 128 per consumer warpgroup.
+    pub tile_m: usize,
+    /// Columns of C per block: a multiple of 64 up to 256 (the wgmma N).
+    pub tile_n: usize,
+    /// K per pipeline stage: 64 (one 128-byte swizzle row of 16-bit elements).
+    pub tile_k: usize,
+    /// Shared-memory stages in the ring.
+    pub stages: usize,
+    /// Consumer warpgroups (1 or 2); the producer is one more.
+    pub consumers: usize,
+    /// Blocks per cluster along M (1 or 2). The blocks of a cluster compute vertically adjacent
+    /// tiles and share B: each block copies its part of B to all of them (TMA multicast).
+    pub cluster_m: usize,
+    /// Tile rows per group of the L2-friendly order (tiles run down a group's rows first).
+    pub group_m: usize,
+    /// Shared-memory swizzle span in bytes (128: the only one implemented).
+    pub swizzle: usize,
+    /// Registers per thread after reallocation: (producer, consumers).
+    pub regs: (u32, u32),
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            tile_m: 128,
+            tile_n: 256,
+            tile_k: 64,
+            stages: 4,
+            consumers: 2,
+            cluster_m: 1,
+            group_m: 8,
+            swizzle: 128,
+            regs: (40, 232),
+        }
+    }
+}
+
+/// Shared memory a block may take on sm_90 (227 KiB).
+pub const MAX_SMEM: usize = 232_448;
+
+impl Params {
+    pub fn threads(&self) -> usize {
+        128 * (self.consumers + 1)
+    }
+    /// Bytes of one stage (A and B tiles).
+    pub fn stage_bytes(&self) -> usize {
+        (self.tile_m + self.tile_n) * self.tile_k * 2
+    }
+    /// Dynamic shared memory: the stages, 1 KiB of alignment slack and the barriers.
+    pub fn smem_bytes(&self) -> usize {
+        self.stages * self.stage_bytes() + 1024 + 16 * self.stages
+    }
+    /// Rows of C one consumer warpgroup owns.
+    pub fn warp_m(&self) -> usize {
+        self.tile_m / self.consumers.max(1)
+    }
+    /// Checks the parameters on their own.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=2).contains(&self.consumers) {
+            return Err(format!("{} consumer warpgroups (1 or 2)", self.consumers));
+        }
+        if self.tile_m % self.consumers != 0 || ![64, 128].contains(&self.warp_m()) {
+            return Err(format!(
+                "tile_m {} over {} consumers: each must own 64 or 128 rows",
+                self.tile_m, self.consumers
+            ));
+        }
+        if self.tile_n == 0 || self.tile_n % 64 != 0 || self.tile_n > 256 {
+            return Err(format!(
+                "tile_n {} (a multiple of 64 up to 256)",
+                self.tile_n
+            ));
+        }
+        if self.tile_k != 64 {
+            return Err(format!(
+                "tile_k {} (64: one 128-byte swizzle row)",
+                self.tile_k
+            ));
+        }
+        if self.swizzle != 128 {
+            return Err(format!(
+                "swizzle {} (only 128 is implemented)",
+                self.swizzle
+            ));
+        }
+        if !(1..=2).contains(&self.cluster_m) {
+            return Err(format!("cluster_m {} (1 or 2)", self.cluster_m));
+        }
+        if self.cluster_m > 1 && self.tile_n % (64 * self.cluster_m) != 0 {
+            return Err(format!(
+                "tile_n {} does not split into {} multicast parts of 64-column boxes",
+                self.tile_n, self.cluster_m
+            ));
+        }
+        if self.stages < 2 {
+            return Err(format!("{} stages (at least 2)", self.stages));
+        }
+        if self.group_m == 0 {
+            return Err("group_m 0".into());
+        }
+        if self.smem_bytes() > MAX_SMEM {
+            return Err(format!(
+                "{} stages of {} bytes need {} bytes of shared memory, more than {MAX_SMEM}",
+                self.stages,
+                self.stage_bytes(),
+                self.smem_bytes()
+            ));
+        }
+        let (p, c) = self.regs;
+        if p % 8 != 0 || c % 8 != 0 || !(24..=256).contains(&p) || !(24..=256).contains(&c) {
+            return Err(format!(
+                "register counts {:?} (multiples of 8 in 24..=256)",
+                self.regs
+            ));
+        }
+        if (128 * p + 128 * self.consumers as u32 * c) > 65536 {
+            return Err(format!(
+                "registers {:?} for {} warpgroups exceed the 64K register file",
+                self.regs,
+                self.consumers + 1
+            ));
+        }
+        // Accumulators per consumer thread: warp_m * tile_n / 128.
+        if self.warp_m() * self.tile_n / 128 > 128 {
+            return Err(format!(
+                "a {}x{} warpgroup tile needs more than 128 accumulator registers per thread",
+                self.warp_m(),
+                self.tile_n
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `params` can run `problem` (and the device, given as its compute capability);
+/// `Err` says why not.
+pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(), String> {
+    if cc != (9, 0) {
+        return Err(format!(
+            "wgmma and TMA need compute capability 9.0 (sm_90a); the device has {}.{}",
+            cc.0, cc.1
+        ));
+    }
+    params.validate()?;
+    let p = problem;
+    if !matches!(p.in_dtype, DType::BF16 | DType::F16) {
+        return Err(format!(
+            "input dtype {} (bf16 or f16; fp8 and tf32 are not implemented)",
+            p.in_dtype.name()
+        ));
+    }
+    if !matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32) {
+        return Err(format!(
+            "output dtype {} (bf16, f16 or f32)",
+            p.out_dtype.name()
+        ));
+    }
+    if let Some(b) = p.epilogue.bias {
+        if !matches!(b, DType::BF16 | DType::F16 | DType::F32) {
+            return Err(format!("bias dtype {} (bf16, f16 or f32)", b.name()));
+        }
+    }
+    if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
+        return Err(format!(
+            "empty problem {}x{}x{} x{} (nothing for a GEMM kernel to do)",
+            p.m, p.n, p.k, p.batch
+        ));
+    }
+    if p.m >= 1 << 31 || p.n >= 1 << 31 || p.k >= 1 << 31 || p.batch >= 1 << 31 {
+        return Err("a dimension of 2^31 or more".into());
+    }
+    // TMA reads rows whose byte stride is a multiple of 16: 8 elements of 16 bits.
+    let tma_rule = |name: &str, ld: usize, inner: usize, inner_name: &str| {
+        if ld < inner {
+            Err(format!(
+                "{name}: leading dimension {ld} is smaller than its row of {inner} ({inner_name})"
+            ))
+        } else if ld % 8 != 0 {
+            Err(format!(
+                "{name}: leading dimension {ld} is not a multiple of 8 elements; the bulk tensor \
+                 copy needs 16-byte row strides (pad {inner_name} to a multiple of 8 with zeros, \
+                 or store the operand with a padded leading dimension)"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match p.a_layout {
+        Layout::RowMajor if p.a_split.is_some() => tma_rule("A (split)", p.lda(), 64, "a K slice")?,
+        Layout::RowMajor => tma_rule("A (row-major)", p.lda(), p.k, "K")?,
+        Layout::ColMajor => tma_rule("A (column-major)", p.lda(), p.m, "M")?,
+    }
+    match p.b_layout {
+        Layout::RowMajor => tma_rule("B (row-major)", p.ldb(), p.n, "N")?,
+        Layout::ColMajor => tma_rule("B (column-major)", p.ldb(), p.k, "K")?,
+    }
+    if let Some(c) = &p.custom {
+        if p.epilogue != Epilogue::NONE {
+            return Err("a custom epilogue replaces the bias and activation; both are set".into());
+        }
+        if c.rows.is_some_and(|r| r == 0 || p.m % r != 0 || p.batch != 1) {
+            return Err(format!(
+                "custom epilogue: flattened rows {:?} do not divide M = {} (batch {})",
+                c.rows, p.m, p.batch
+            ));
+        }
+    }
+    if let Some(s) = p.a_split {
+        if p.a_layout != Layout::RowMajor || p.batch != 1 {
+            return Err("a split A must be row-major and unbatched".into());
+        }
+        if p.k % 64 != 0 {
+            return Err(format!("split A: K = {} is not a multiple of 64", p.k));
+        }
+        if s.rows == 0 || s.rows % params.tile_m != 0 || p.m % s.rows != 0 {
+            return Err(format!(
+                "split A: groups of {} rows do not split into {}-row tiles (or M = {})",
+                s.rows, params.tile_m, p.m
+            ));
+        }
+        if s.head_stride % 8 != 0 || s.group_stride % 8 != 0 || p.lda() < 64 {
+            return Err("split A: strides are not multiples of 8 elements".into());
+        }
+    }
+    if p.custom.is_none() && p.ldc() < p.n {
+        return Err(format!(
+            "C: leading dimension {} below N = {}",
+            p.ldc(),
+            p.n
+        ));
+    }
+    if p.batch > 1 {
+        for (name, s) in [("A", p.batch_stride_a), ("B", p.batch_stride_b)] {
+            if s % 8 != 0 {
+                return Err(format!(
+                    "{name}: batch stride {s} is not a multiple of 8 elements (16 bytes)"
+                ));
+            }
+        }
+        if p.batch_stride_c == 0 {
+            return Err("C: batch stride 0 (batches would overwrite each other)".into());
+        }
+    }
+    Ok(())
+}
+
+/// Default parameters for a problem on a device with `sm_count` multiprocessors.
+///
+/// Large problems take 128x256 tiles (two consumer warpgroups of 64x256, 4 stages), the shape
+/// with the most arithmetic per byte of shared memory read. When those tiles would leave most
+/// SMs idle, narrower tiles (128x128, then 64-row tiles with one consumer) trade intensity for
+/// parallelism.
+pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
+    let tiles = |tm: usize, tn: usize| {
+        problem.m.div_ceil(tm) * problem.n.div_ceil(tn) * problem.batch.max(1)
+    };
+    let big = Params::default();
+    if problem.m <= 64 {
+        let tn = if tiles(64, 128) >= sm_count { 128 } else { 64 };
+        return Params {
+            tile_m: 64,
+            tile_n: tn,
+            consumers: 1,
+            stages: 8,
+            ..big
+        };
+    }
+    if tiles(128, 256) >= sm_count {
+        return big;
+    }
+    Params {
+        tile_n: 128,
+        stages: 6,
+        ..big
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_params_fit_and_problems_are_checked() {
+        let p = Params::default();
+        assert_eq!(p.validate(), Ok(()));
+        assert_eq!(p.threads(), 384);
+        assert_eq!(p.smem_bytes(), 4 * 49152 + 1024 + 64);
+        let prob = Problem::new(8192, 8192, 8192, DType::BF16);
+        assert_eq!(applies(&prob, &p, (9, 0)), Ok(()));
+        assert!(applies(&prob, &p, (8, 0)).unwrap_err().contains("9.0"));
+        let odd_k = Problem::new(100, 100, 99, DType::BF16);
+        let e = applies(&odd_k, &p, (9, 0)).unwrap_err();
+        assert!(e.contains("multiple of 8"), "{e}");
+        let f32in = Problem::new(64, 64, 64, DType::F32);
+        assert!(applies(&f32in, &p, (9, 0)).is_err());
+        // Column-major A with M a multiple of 8 and K odd-free is fine.
+        let t =
+            Problem::new(136, 72, 40, DType::F16).with_layouts(Layout::ColMajor, Layout::ColMajor);
+        assert_eq!(applies(&t, &p, (9, 0)), Ok(()));
+        let too_deep = Params { stages: 5, ..p };
+        assert!(too_deep.validate().unwrap_err().contains("shared memory"));
+    }
+
+    #[test]
+    fn split_a_and_custom_epilogues_are_checked() {
+        let q = Params::default();
+        let mut p = Problem::new(1024, 768, 768, DType::F16);
+        p.lda = Some(64);
+        p.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 12 * 512 * 64 });
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        // Groups of 96 rows do not hold whole 128-row tiles.
+        p.a_split = Some(ASplit { rows: 96, head_stride: 96 * 64, group_stride: 12 * 96 * 64 });
+        p.m = 960;
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("96 rows"));
+        // K must be whole 64-wide slices.
+        let mut p = Problem::new(512, 768, 760, DType::F16);
+        p.lda = Some(64);
+        p.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 0 });
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("multiple of 64"));
+        // A custom epilogue replaces the built-in one; both at once is refused.
+        let c = CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: Some(256) };
+        let mut p = Problem::new(1024, 256, 64, DType::BF16);
+        p.custom = Some(c.clone());
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        assert!(kernel_name(&p, &q).ends_with(&format!("_e{:016x}", c.key())));
+        p.epilogue.activation = Activation::Relu;
+        assert!(applies(&p, &q, (9, 0)).is_err());
+        p.epilogue = Epilogue::NONE;
+        p.custom = Some(CustomEpilogue { rows: Some(300), ..c });
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("300"));
+    }
+
+    #[test]
+    fn heuristic_params_are_valid() {
+        for (m, n, k) in [
+            (8192, 8192, 8192),
+            (16, 8192, 8192),
+            (512, 768, 768),
+            (1, 64, 64),
+        ] {
+            let prob = Problem::new(m, n, k, DType::BF16);
+            let p = heuristic(&prob, 132);
+            assert_eq!(applies(&prob, &p, (9, 0)), Ok(()), "{m}x{n}x{k}: {p:?}");
+        }
+    }
+}

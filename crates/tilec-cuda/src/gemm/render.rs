@@ -1,0 +1,660 @@
+//! CUDA C++ source of the Hopper GEMM kernel for one problem class and parameter set.
+//!
+//! Shared memory holds `stages` slots, each an A tile then a B tile, every tile made of
+//! 1024-byte swizzle atoms as the bulk tensor copy writes them with the 128-byte swizzle:
+//! - a K-major operand (K contiguous in memory) is one box of 64 K-elements by `rows` rows:
+//!   row r at byte 128·r; a wgmma reads 8-row groups 1024 bytes apart (the stride offset) and
+//!   steps through K by moving its start 32 bytes;
+//! - an MN-major operand (M or N contiguous) is `rows / 64` boxes of 64 MN-elements by 64 K
+//!   rows, 8 KiB each: K row k of a box at byte 128·k; the wgmma reads 64-element MN chunks
+//!   8192 bytes apart (the leading offset) and 8-row K groups 1024 bytes apart, and steps
+//!   through K by moving its start 16 rows (2048 bytes).
+//!
+//! Barriers: `full[s]` (one arrival, the producer's, plus the copy's transaction bytes) and
+//! `empty[s]` (one arrival per consumer warp). Iteration `i` of the flattened (tile, k-block)
+//! loop uses slot `i % stages` in phase `(i / stages) & 1`; the producer waits for the
+//! opposite parity on `empty`, which a fresh barrier satisfies at once.
+
+use std::fmt::Write;
+
+use tilec_ir::DType;
+
+use super::{Activation, Layout, Params, Problem};
+use crate::render::PRELUDE;
+
+fn short(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::F32 => "f32",
+        _ => "x",
+    }
+}
+
+fn storage(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "tl_bf16",
+        DType::F16 => "tl_f16",
+        _ => "float",
+    }
+}
+
+/// The kernel's name: everything its source depends on (shapes are run-time arguments).
+pub fn kernel_name(p: &Problem, q: &Params) -> String {
+    let l = |l: Layout| match l {
+        Layout::RowMajor => 'r',
+        Layout::ColMajor => 'c',
+    };
+    let act = match p.epilogue.activation {
+        Activation::None => "",
+        Activation::Relu => "_relu",
+        Activation::Gelu => "_gelu",
+    };
+    let bias = p
+        .epilogue
+        .bias
+        .map(|b| format!("_bias{}", short(b)))
+        .unwrap_or_default();
+    let bcast = match (
+        p.batch > 1 && p.batch_stride_a == 0,
+        p.batch > 1 && p.batch_stride_b == 0,
+    ) {
+        (false, false) => "",
+        (true, false) => "_bca",
+        (false, true) => "_bcb",
+        (true, true) => "_bcab",
+    };
+    let split = if p.a_split.is_some() { "_as" } else { "" };
+    let custom = p
+        .custom
+        .as_ref()
+        .map(|c| format!("_e{:016x}", c.key()))
+        .unwrap_or_default();
+    let cluster = if q.cluster_m > 1 {
+        format!("_k{}", q.cluster_m)
+    } else {
+        String::new()
+    };
+    format!(
+        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{bias}{act}{bcast}{split}{custom}",
+        short(p.in_dtype),
+        l(p.a_layout),
+        l(p.b_layout),
+        short(p.out_dtype),
+        q.tile_m,
+        q.tile_n,
+        q.tile_k,
+        q.stages,
+        q.consumers,
+        q.group_m,
+        q.regs.0,
+        q.regs.1,
+    )
+}
+
+/// Device helpers: shared addresses, mbarriers, the bulk tensor copy and wgmma control.
+const HELPERS: &str = r#"
+struct __align__(128) tl_tmap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned tl_smem_addr(const void* p) {
+  unsigned r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void tl_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void tl_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tl_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// Waits for the phase of parity `parity` to complete. A wait that polls 2^26 times (seconds:
+// every poll may suspend the thread) means a broken protocol: trap rather than hang.
+__device__ __forceinline__ void tl_mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done, polls = 0;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (++polls == (1u << 26)) asm volatile("trap;");
+  } while (!done);
+}
+__device__ __forceinline__ void tl_tma_load3(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void tl_tma_load4(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, int c3, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+               : "memory");
+}
+// The same copy delivered to the same offset (and barrier offset) of every block in `mask`.
+__device__ __forceinline__ void tl_tma_load3_mc(unsigned dst, const tl_tmap* map, int c0, int c1, int c2, unsigned bar,
+                                                unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+               : "memory");
+}
+__device__ __forceinline__ unsigned tl_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Arrives on the barrier at the same offset in block `cta` of the cluster.
+__device__ __forceinline__ void tl_mbar_arrive_cta(unsigned bar, unsigned cta) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+}
+__device__ __forceinline__ void tl_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void tl_tma_prefetch_map(const tl_tmap* map) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+// A wgmma shared-memory descriptor with the 128-byte swizzle: start address, leading and
+// stride byte offsets (all in 16-byte units), mode 1 in bits 62-63.
+__device__ __forceinline__ unsigned long long tl_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4)
+       | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)
+       | ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32)
+       | (1ull << 62);
+}
+__device__ __forceinline__ void tl_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void tl_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void tl_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+"#;
+
+/// One `wgmma.mma_async` over accumulator array `acc` (n/2 registers per thread).
+fn wgmma_fn(name: &str, n: usize, ab: &str, trans_a: u32, trans_b: u32) -> String {
+    let regs = n / 2;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "__device__ __forceinline__ void {name}(float* d, unsigned long long da, unsigned long long db, int accumulate) {{"
+    );
+    let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let _ = writeln!(
+        s,
+        "  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{}, 0;\\n\"",
+        regs + 2
+    );
+    let _ = writeln!(
+        s,
+        "    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{}}}, %{}, %{}, p, 1, 1, {trans_a}, {trans_b}; }}\"",
+        list.join(", "),
+        regs,
+        regs + 1
+    );
+    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let _ = writeln!(s, "    : {}", outs.join(", "));
+    let _ = writeln!(s, "    : \"l\"(da), \"l\"(db), \"r\"(accumulate));");
+    let _ = writeln!(s, "}}");
+    s
+}
+
+fn load_out(d: DType, e: &str) -> String {
+    match d {
+        DType::BF16 => format!("tl_ld_bf16({e})"),
+        DType::F16 => format!("tl_ld_f16({e})"),
+        _ => e.to_string(),
+    }
+}
+
+/// Renders the kernel (with the prelude) for `problem`'s class and `params`. Call
+/// [`applies`](super::applies) first; this only asserts what the source itself relies on.
+pub fn render(problem: &Problem, params: &Params) -> String {
+    let p = problem;
+    let q = params;
+    let name = kernel_name(p, q);
+    let ab = short(p.in_dtype);
+    let (bm, bn, bk) = (q.tile_m, q.tile_n, q.tile_k);
+    assert!(bk == 64 && bn % 64 == 0 && bm % 64 == 0, "{q:?}");
+    let wm = q.warp_m();
+    let mblocks = wm / 64;
+    let a_kmajor = p.a_layout == Layout::RowMajor;
+    let b_kmajor = p.b_layout == Layout::ColMajor;
+    let a_bytes = bm * bk * 2;
+    let b_bytes = bn * bk * 2;
+    let stage = a_bytes + b_bytes;
+    let threads = q.threads();
+    let out_t = storage(p.out_dtype);
+
+    let mut s = String::new();
+    s.push_str(PRELUDE);
+    s.push_str(HELPERS);
+    s.push_str(&wgmma_fn(
+        "tl_wgmma",
+        bn,
+        ab,
+        u32::from(!a_kmajor),
+        u32::from(!b_kmajor),
+    ));
+
+    let bias_param = match p.epilogue.bias {
+        Some(d) => format!("const {}* __restrict__ bias", storage(d)),
+        None => "const void* __restrict__ bias_unused".to_string(),
+    };
+    // A custom epilogue's parameters come last (after the fixed ones, as launches pass them).
+    let mut extra_params = String::new();
+    if let Some(c) = &p.custom {
+        s.push_str(&c.source);
+        for param in &c.params {
+            extra_params.push_str(",\n       ");
+            extra_params.push_str(param);
+        }
+    }
+    let _ = write!(
+        s,
+        r#"
+extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
+{name}(const __grid_constant__ tl_tmap map_a, const __grid_constant__ tl_tmap map_b,
+       {out_t}* __restrict__ c, {bias_param},
+       int M, int N, int K, int batch, long long ldc, long long batch_stride_c{extra_params}) {{
+  constexpr int BM = {bm}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {group}, CL = {cl};
+  constexpr unsigned A_BYTES = {a_bytes}u, STAGE_BYTES = {stage}u;
+  extern __shared__ unsigned char tl_dyn_smem[];
+  const unsigned base = (tl_smem_addr(tl_dyn_smem) + 1023u) & ~1023u;
+  const unsigned bars = base + STAGES * STAGE_BYTES;
+  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s).
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {{
+    for (int s = 0; s < STAGES; ++s) {{
+      tl_mbar_init(bars + 8 * s, 1);
+      tl_mbar_init(bars + 8 * (STAGES + s), {empty_count});
+    }}
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }}
+  __syncthreads();
+{cluster_sync}
+  // With clusters of CL blocks along M, a cluster owns CL vertically adjacent tiles; block
+  // `rank` takes the rank-th. Tiles past M compute on zeros and store nothing.
+  const int rank = {rank};
+  const int tiles_m = (M + BM * CL - 1) / (BM * CL), tiles_n = (N + BN - 1) / BN;
+  const int tiles_per_batch = tiles_m * tiles_n;
+  const int tiles = tiles_per_batch * batch;
+  const int kblocks = (K + BK - 1) / BK;
+  if (wg == 0) {{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 {preg};");
+    if (tid == 0) {{
+      tl_tma_prefetch_map(&map_a);
+      tl_tma_prefetch_map(&map_b);
+      unsigned it = 0;
+      for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {{
+        int b, tm, tn;
+        tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
+        const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+          const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
+          tl_mbar_wait(bars + 8 * (STAGES + s), ph ^ 1u);
+          const unsigned full = bars + 8 * s;
+          tl_mbar_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
+          const int k0 = kb * BK;
+{loads}
+        }}
+      }}
+    }}
+  }} else {{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 {creg};");
+    const int cw = wg - 1;
+    const int warp = tid / 32, lane = tid % 32;
+    float acc[{mblocks}][{accn}];
+#pragma unroll
+    for (int j = 0; j < {mblocks}; ++j)
+#pragma unroll
+      for (int i = 0; i < {accn}; ++i) acc[j][i] = 0.0f;
+    unsigned it = 0;
+    for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {{
+      int b, tm, tn;
+      tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
+      const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+        const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
+        tl_mbar_wait(bars + 8 * s, ph);
+        const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
+        tl_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {{
+          const unsigned long long db = tl_wgmma_desc(sb + {b_kstep}u * kk, {b_lbo}u, 1024u);
+{mmas}
+        }}
+        tl_wgmma_commit();
+        if (kb > 0) {{
+          tl_wgmma_wait<1>();
+          // The previous slot's products are done: hand it back to the producer.
+          if (lane == 0) {release}
+        }}
+      }}
+      tl_wgmma_wait<0>();
+      if (lane == 0) {release}
+#pragma unroll
+      for (int j = 0; j < {mblocks}; ++j)
+#pragma unroll
+        for (int i = 0; i < {accn}; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
+{epilogue}
+    }}
+  }}
+{cluster_exit}}}
+"#,
+        stages = q.stages,
+        group = q.group_m,
+        empty_count = 4 * q.consumers * q.cluster_m,
+        cl = q.cluster_m,
+        cluster_attr = if q.cluster_m > 1 {
+            format!("__cluster_dims__({}, 1, 1) ", q.cluster_m)
+        } else {
+            String::new()
+        },
+        cluster_sync = if q.cluster_m > 1 {
+            "  // Every block's barriers are initialized before any peer copies or arrives.\n  tl_cluster_sync();"
+        } else {
+            ""
+        },
+        rank = if q.cluster_m > 1 {
+            "(int)tl_cluster_rank()"
+        } else {
+            "0"
+        },
+        release = if q.cluster_m > 1 {
+            // A slot is refilled by copies from every block of the cluster: free it in each.
+            let arrivals = (0..q.cluster_m)
+                .map(|r| {
+                    format!("tl_mbar_arrive_cta(bars + 8 * (STAGES + (it - 1) % STAGES), {r}u);")
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!("{{ {arrivals} }}")
+        } else {
+            "tl_mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));".to_string()
+        },
+        cluster_exit = if q.cluster_m > 1 {
+            "  // No block leaves while a peer may still arrive on its barriers.\n  tl_cluster_sync();\n"
+        } else {
+            ""
+        },
+        preg = q.regs.0,
+        creg = q.regs.1,
+        accn = bn / 2,
+        loads = render_loads(p, q),
+        b_kstep = if b_kmajor { 32 } else { 2048 },
+        b_lbo = if b_kmajor { 16 } else { 8192 },
+        mmas = render_mmas(q, a_kmajor),
+        epilogue = render_epilogue(p, q),
+    );
+    // The tile order goes before the kernel.
+    let tile_fn = r#"
+// Tile t of the persistent loop: batch b, then groups of GROUP_M tile rows, each group visited
+// column by column (down its rows first), so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tl_tile_coords(int t, int tiles_m, int tiles_n, int per_batch, int group_m,
+                                               int& b, int& tm, int& tn) {
+  b = t / per_batch;
+  t -= b * per_batch;
+  const int span = group_m * tiles_n;
+  const int g = t / span;
+  const int first = g * group_m;
+  const int rows = tiles_m - first < group_m ? tiles_m - first : group_m;
+  const int r = t - g * span;
+  tm = first + r % rows;
+  tn = r / rows;
+}
+"#;
+    let at = s.find("\nextern \"C\"").expect("kernel present");
+    s.insert_str(at, tile_fn);
+    s
+}
+
+/// The producer's copies for one stage.
+fn render_loads(p: &Problem, q: &Params) -> String {
+    let mut s = String::new();
+    let ba = if p.batch > 1 && p.batch_stride_a == 0 {
+        "0"
+    } else {
+        "b"
+    };
+    let bb = if p.batch > 1 && p.batch_stride_b == 0 {
+        "0"
+    } else {
+        "b"
+    };
+    let ind = "          ";
+    match p.a_layout {
+        // Row-major A is K-major: one box of 64 K by BM rows.
+        // A split A: one box of 64 K (one head) by BM rows of one group.
+        Layout::RowMajor if p.a_split.is_some() => {
+            let rows = p.a_split.map_or(1, |s| s.rows);
+            let _ = writeln!(
+                s,
+                "{ind}tl_tma_load4(sa, &map_a, 0, m0 % {rows}, k0 >> 6, m0 / {rows}, full);"
+            );
+        }
+        Layout::RowMajor => {
+            let _ = writeln!(s, "{ind}tl_tma_load3(sa, &map_a, k0, m0, {ba}, full);");
+        }
+        // Column-major A is M-major: BM/64 boxes of 64 M by 64 K.
+        Layout::ColMajor => {
+            for i in 0..q.tile_m / 64 {
+                let _ = writeln!(
+                    s,
+                    "{ind}tl_tma_load3(sa + {}u, &map_a, m0 + {}, k0, {ba}, full);",
+                    i * 8192,
+                    i * 64
+                );
+            }
+        }
+    }
+    let cl = q.cluster_m;
+    if cl > 1 {
+        // The blocks of a cluster share B: each copies 1/CL of it to all of them.
+        let mask = (1u32 << cl) - 1;
+        match p.b_layout {
+            Layout::ColMajor => {
+                let rows = q.tile_n / cl;
+                let _ = writeln!(
+                    s,
+                    "{ind}tl_tma_load3_mc(sb + rank * {}u, &map_b, k0, n0 + rank * {rows}, {bb}, full, {mask});",
+                    rows * 128
+                );
+            }
+            Layout::RowMajor => {
+                for i in 0..q.tile_n / 64 / cl {
+                    let _ = writeln!(
+                        s,
+                        "{ind}tl_tma_load3_mc(sb + (rank * {per} + {i}) * 8192u, &map_b, n0 + (rank * {per} + {i}) * 64, k0, {bb}, full, {mask});",
+                        per = q.tile_n / 64 / cl
+                    );
+                }
+            }
+        }
+        return s;
+    }
+    match p.b_layout {
+        // Column-major B (K x N) is K-major: one box of 64 K by BN rows (columns of B).
+        Layout::ColMajor => {
+            let _ = writeln!(s, "{ind}tl_tma_load3(sb, &map_b, k0, n0, {bb}, full);");
+        }
+        // Row-major B is N-major: BN/64 boxes of 64 N by 64 K.
+        Layout::RowMajor => {
+            for i in 0..q.tile_n / 64 {
+                let _ = writeln!(
+                    s,
+                    "{ind}tl_tma_load3(sb + {}u, &map_b, n0 + {}, k0, {bb}, full);",
+                    i * 8192,
+                    i * 64
+                );
+            }
+        }
+    }
+    s
+}
+
+/// The consumer's wgmmas for one 16-deep K step `kk`: one per 64-row block it owns.
+fn render_mmas(q: &Params, a_kmajor: bool) -> String {
+    let mut s = String::new();
+    let mblocks = q.warp_m() / 64;
+    let ind = "          ";
+    for j in 0..mblocks {
+        // Block (cw * mblocks + j) of 64 rows starts 8192 bytes after the previous one in both
+        // layouts (64 rows of 128 bytes, or one 64x64 box).
+        let (kstep, lbo) = if a_kmajor { (32, 16) } else { (2048, 8192) };
+        let _ = writeln!(
+            s,
+            "{ind}tl_wgmma(acc[{j}], tl_wgmma_desc(sa + (cw * {mblocks} + {j}) * 8192u + {kstep}u * kk, {lbo}u, 1024u), db, (kb > 0 || kk > 0) ? 1 : 0);"
+        );
+    }
+    s
+}
+
+/// Registers to global memory: bias, activation and cast, stores guarded at the edges.
+///
+/// Accumulator register `4 q + 2 h + e` of a 64-row block holds row `16 warp + lane / 4 + 8 h`,
+/// column `8 q + 2 (lane % 4) + e` of the block.
+fn render_epilogue(p: &Problem, q: &Params) -> String {
+    if let Some(c) = &p.custom {
+        return render_custom_epilogue(c, q);
+    }
+    let mblocks = q.warp_m() / 64;
+    let bn = q.tile_n;
+    let od = p.out_dtype;
+    let act = |v: &str| -> String {
+        match p.epilogue.activation {
+            Activation::None => v.to_string(),
+            Activation::Relu => format!("fmaxf({v}, 0.0f)"),
+            Activation::Gelu if od == DType::F32 => {
+                format!("(0.5f * {v} * (1.0f + erff({v} * 0.70710678118654752f)))")
+            }
+            Activation::Gelu => format!("tl_gelu_erf({v})"),
+        }
+    };
+    let (bias0, bias1) = match p.epilogue.bias {
+        Some(d) => (
+            format!("(col < N ? {} : 0.0f)", load_out(d, "bias[col]")),
+            format!("(col + 1 < N ? {} : 0.0f)", load_out(d, "bias[col + 1]")),
+        ),
+        None => ("0.0f".to_string(), "0.0f".to_string()),
+    };
+    let (pair_store, one_store) = match od {
+        DType::BF16 => (
+            "*reinterpret_cast<unsigned*>(dst) = (unsigned)tl_st_bf16(v0).bits | ((unsigned)tl_st_bf16(v1).bits << 16);",
+            ["dst[0] = tl_st_bf16(v0);", "dst[1] = tl_st_bf16(v1);"],
+        ),
+        DType::F16 => (
+            "*reinterpret_cast<unsigned*>(dst) = (unsigned)tl_st_f16(v0).bits | ((unsigned)tl_st_f16(v1).bits << 16);",
+            ["dst[0] = tl_st_f16(v0);", "dst[1] = tl_st_f16(v1);"],
+        ),
+        _ => (
+            "float2 w; w.x = v0; w.y = v1; *reinterpret_cast<float2*>(dst) = w;",
+            ["dst[0] = v0;", "dst[1] = v1;"],
+        ),
+    };
+    let v0 = act("x0");
+    let v1 = act("x1");
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"      {{
+        const bool pairs = ((ldc | batch_stride_c) & 1) == 0;
+        {out_t}* cb = c + (long long)b * batch_stride_c;
+"#,
+        out_t = storage(od)
+    );
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"        {{
+          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+          for (int q = 0; q < {nt}; ++q) {{
+            const int col = n0 + 8 * q + 2 * (lane & 3);
+            const float bias0 = {bias0}, bias1 = {bias1};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+              const int row = row0 + 8 * h;
+              if (row < M && col < N) {{
+                const float x0 = acc[{j}][4 * q + 2 * h] + bias0, x1 = acc[{j}][4 * q + 2 * h + 1] + bias1;
+                const float v0 = {v0}, v1 = {v1};
+                {out_t}* dst = cb + (long long)row * ldc + col;
+                if (pairs && col + 1 < N) {{
+                  {pair_store}
+                }} else {{
+                  {one0}
+                  if (col + 1 < N) {one1}
+                }}
+              }}
+            }}
+          }}
+        }}
+"#,
+            nt = bn / 8,
+            out_t = storage(od),
+            one0 = one_store[0],
+            one1 = one_store[1],
+        );
+    }
+    s.push_str("      }\n");
+    s
+}
+
+/// The per-element calls of a custom epilogue (guarded at the edges).
+fn render_custom_epilogue(c: &super::CustomEpilogue, q: &Params) -> String {
+    let mblocks = q.warp_m() / 64;
+    let args: String = c
+        .params
+        .iter()
+        .map(|p| {
+            let name = p.rsplit([' ', '*']).next().unwrap_or("");
+            format!("{name}, ")
+        })
+        .collect();
+    let (bexpr, rexpr) = match c.rows {
+        Some(r) => (format!("(long long)row / {r}"), format!("(long long)row % {r}")),
+        None => ("(long long)b".to_string(), "(long long)row".to_string()),
+    };
+    let mut s = String::from("      {\n");
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"        {{
+          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+          for (int q = 0; q < {nt}; ++q) {{
+            const int col = n0 + 8 * q + 2 * (lane & 3);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+              const int row = row0 + 8 * h;
+              if (row < M && col < N) {{
+                const long long eb = {bexpr}, er = {rexpr};
+                {f}({args}eb, er, col, acc[{j}][4 * q + 2 * h]);
+                if (col + 1 < N) {f}({args}eb, er, col + 1, acc[{j}][4 * q + 2 * h + 1]);
+              }}
+            }}
+          }}
+        }}
+"#,
+            nt = q.tile_n / 8,
+            f = c.name,
+        );
+    }
+    s.push_str("      }\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wgmma_wrapper_lists_every_accumulator() {
+        let f = wgmma_fn("w", 256, "bf16", 0, 1);
+        assert!(f.contains("m64n256k16.f32.bf16.bf16"));
+        assert!(f.contains("%127}, %128, %129, p, 1, 1, 0, 1;"));
+        assert!(f.contains("setp.ne.b32 p, %130, 0;"));
+        assert_eq!(f.matches("\"+f\"").count(), 128);
+    }
+}
