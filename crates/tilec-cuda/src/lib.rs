@@ -147,6 +147,8 @@ impl GpuKernel {
                 shared_mem_bytes: plan.params.smem_bytes() as u32,
             },
             params,
+            // The family refuses kernels that check indices.
+            checks: vec![],
             cache_hit,
             func: None,
             family: Some(Box::new(fk)),
