@@ -118,6 +118,9 @@ fn lower_set(g: &Graph, nodes: &[NodeId], name: &str, opts: LowerOptions) -> Res
     let mut l = Lowerer::new(g, sorted, name)?;
     l.opts = opts;
     l.run().map_err(|f| l.to_error(f))?;
+    if let Some(f) = l.lost_check() {
+        return Err(l.to_error(f));
+    }
     Ok(l.finish())
 }
 
@@ -619,6 +622,29 @@ impl<'g> Lowerer<'g> {
             self.body.extend(Self::nest(&loops, inner));
         }
         Ok(())
+    }
+
+    /// A check site no statement of the body refers to any more: an index check was dropped
+    /// with the index expression that held it (checks that had to stay inline, see
+    /// `checked_index`). The node then runs where its indices are checked.
+    fn lost_check(&self) -> Option<Fail> {
+        let mut seen = vec![false; self.k.checks.len()];
+        for s in &self.body {
+            s.clone().map_exprs(&mut |e| {
+                e.visit(&mut |x| {
+                    if let Expr::CheckIndex(_, c) = x {
+                        if let Some(f) = seen.get_mut(c.site as usize) {
+                            *f = true;
+                        }
+                    }
+                });
+                e
+            });
+        }
+        let lost = seen.iter().position(|f| !f)?;
+        let site = &self.k.checks[lost];
+        let n = self.set.iter().copied().find(|&n| self.g.node(n).name == site.node)?;
+        Some(Fail::Unsupported(n, format!("the check of {} was lost in lowering", site.input)))
     }
 
     fn finish(self) -> Lowered {
