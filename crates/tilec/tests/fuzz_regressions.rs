@@ -7,7 +7,7 @@ mod fuzz;
 
 use fuzz::check::{differ, differ_with};
 use fuzz::gen::Build;
-use tilec_ir::op::{BinaryOp, IndexOp, LinalgOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::op::{BinaryOp, IndexOp, LayoutOp, LinalgOp, NormOp, ReduceKind, ReduceOp, SliceBound, UnaryOp};
 use tilec_ir::{DType, Graph, Op, Tensor, TensorType};
 
 fn assert_agrees(g: &Graph, inputs: &[Tensor]) {
@@ -152,4 +152,28 @@ fn index_into_a_unit_dimension_of_a_gemm_result_is_checked() {
             }
         }
     }
+}
+
+/// Open: a gather fused into a consumer that reads only part of its output (here a slice
+/// keeping one of two columns) checks only the indices of the elements read; the interpreter
+/// computes the whole gather and refuses the index of a column the slice drops. Seed 1118.
+#[test]
+#[ignore = "a fused gather checks only the indices of the elements its consumer reads"]
+fn indices_of_elements_a_slice_drops_are_checked() {
+    let mut g = Graph::new("gather_nd_slice");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 3, 33]));
+    let i = g.add_input("i", TensorType::fixed(DType::I32, &[3, 2, 3]));
+    let y = g.add(Op::Index(IndexOp::GatherND { batch_dims: 0 }), &[x, i]).unwrap();
+    let slice = LayoutOp::Slice {
+        axes: vec![1],
+        starts: vec![SliceBound::Index(0)],
+        ends: vec![SliceBound::Index(1)],
+        steps: vec![1],
+    };
+    let out = g.add(Op::Layout(slice), &[y]).unwrap();
+    g.set_outputs(vec![out]);
+    let v = vec![0, 0, 1, 0, 1, 2, 0, 2, 3, -2, 0, 4, 0, 1, 5, 0, 2, 6];
+    let inputs = [Tensor::zeros(DType::F32, vec![1, 3, 33]), Tensor::from_vec(vec![3, 2, 3], v).unwrap()];
+    assert!(tilec_ref::run(&g, inputs.to_vec()).is_err());
+    assert_agrees(&g, &inputs);
 }
