@@ -125,6 +125,7 @@ impl Lowerer<'_> {
         if !self.shape(ind).contains(&0) && (empty_out || self.ranges.values().any(|&r| r == 0)) {
             return self.unsupported(n, format!("{input} are checked by the interpreter where the output is empty"));
         }
+        self.checking.insert(n);
         let node = self.g.node(n);
         let site = CheckSite {
             node: node.name.clone(),
@@ -162,6 +163,7 @@ impl Lowerer<'_> {
         let name = self.fresh("ix");
         let t = self.k.new_var(name, Ty::Index, false);
         self.ranges.insert(t, len);
+        self.check_vars.insert(t);
         self.lets.push(Stmt::Let { var: t, value: check });
         Ok(Expr::Var(t))
     }
