@@ -5,8 +5,9 @@
 
 mod fuzz;
 
-use fuzz::check::differ;
-use tilec_ir::op::{IndexOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use fuzz::check::{differ, differ_with};
+use fuzz::gen::Build;
+use tilec_ir::op::{BinaryOp, IndexOp, LayoutOp, LinalgOp, NormOp, ReduceKind, ReduceOp, SliceBound, UnaryOp};
 use tilec_ir::{DType, Graph, Op, Tensor, TensorType};
 
 fn assert_agrees(g: &Graph, inputs: &[Tensor]) {
@@ -101,4 +102,78 @@ fn mean_of_i64_with_an_overflowing_sum() {
     g.set_outputs(vec![m]);
     let v = vec![i64::MIN, i64::MIN, i64::MAX, -1, 0, i64::MIN, 7, -7];
     assert_agrees(&g, &[Tensor::from_vec(vec![8], v).unwrap()]);
+}
+
+/// GatherND whose output is empty (its slices have no elements) but whose indices are not:
+/// the interpreter checks every index tuple, the compiled kernel has no element to compute
+/// and so never read the indices, and returned an empty output for an index out of range.
+/// Every back end checks all indices, whatever the output's size. Seed 28.
+#[test]
+fn indices_are_checked_when_the_output_is_empty() {
+    let mut g = Graph::new("empty_gather_nd");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[5, 1, 0]));
+    let i = g.add_input("i", TensorType::fixed(DType::I64, &[5, 1]));
+    let out = g.add(Op::Index(IndexOp::GatherND { batch_dims: 1 }), &[x, i]).unwrap();
+    g.set_outputs(vec![out]);
+    let x = Tensor::zeros(DType::F32, vec![5, 1, 0]);
+    for (bad, build) in [(true, Build { opt_level: 1, threads: 2 }), (false, Build { opt_level: 3, threads: 1 })] {
+        let v: Vec<i64> = if bad { vec![-1, -2, -1, 0, 0] } else { vec![-1, 0, -1, 0, 0] };
+        let inputs = [x.clone(), Tensor::from_vec(vec![5, 1], v).unwrap()];
+        assert_eq!(tilec_ref::run(&g, inputs.to_vec()).is_err(), bad);
+        if let Some(d) = differ_with(&g, &inputs, build) {
+            panic!("{d}\n{}", tilec_ir::print_graph(&g));
+        }
+    }
+}
+
+/// GatherND into a dimension of length 1 of a matrix product scaled by a scalar: the index
+/// -2 must be reported, the compiled run returned outputs. Seed 38.
+#[test]
+fn index_into_a_unit_dimension_of_a_gemm_result_is_checked() {
+    let mut g = Graph::new("gemm_gather_nd");
+    let s = g.add_input("s", TensorType::fixed(DType::F32, &[]));
+    let i = g.add_input("i", TensorType::fixed(DType::I32, &[48, 2, 1]));
+    let a = g.add_const("a", Tensor::from_vec(vec![48, 3], (0..144).map(|j| (j % 7) as f32 / 4.0 - 0.75).collect()).unwrap());
+    let b = g.add_const("b", Tensor::from_vec(vec![3, 1], vec![-0.1875f32, 0.0625, 0.9375]).unwrap());
+    let m = g.add(Op::Linalg(LinalgOp::MatMul), &[a, b]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Mul), &[s, m]).unwrap();
+    let out = g.add(Op::Index(IndexOp::GatherND { batch_dims: 1 }), &[y, i]).unwrap();
+    g.set_outputs(vec![out]);
+    for at in [None, Some(0), Some(67), Some(95)] {
+        let mut v: Vec<i32> = (0..96).map(|j| -((j % 3 == 0) as i32)).collect();
+        if let Some(at) = at {
+            v[at] = -2;
+        }
+        let inputs = [Tensor::scalar(1.0f32), Tensor::from_vec(vec![48, 2, 1], v).unwrap()];
+        assert_eq!(tilec_ref::run(&g, inputs.to_vec()).is_err(), at.is_some());
+        for build in [Build { opt_level: 3, threads: 2 }, Build { opt_level: 3, threads: 1 }, Build { opt_level: 1, threads: 1 }] {
+            if let Some(d) = differ_with(&g, &inputs, build) {
+                panic!("-O{} {} threads, bad index at {at:?}: {d}\n{}", build.opt_level, build.threads, tilec_ir::print_graph(&g));
+            }
+        }
+    }
+}
+
+/// A gather fused into a consumer that reads only part of its output (here a slice keeping
+/// one of two columns) checked only the indices of the elements read; the interpreter computes
+/// the whole gather and refuses the index of a column the slice drops. A checked op read in
+/// part now gets a kernel of its own. Seed 1118.
+#[test]
+fn indices_of_elements_a_slice_drops_are_checked() {
+    let mut g = Graph::new("gather_nd_slice");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 3, 33]));
+    let i = g.add_input("i", TensorType::fixed(DType::I32, &[3, 2, 3]));
+    let y = g.add(Op::Index(IndexOp::GatherND { batch_dims: 0 }), &[x, i]).unwrap();
+    let slice = LayoutOp::Slice {
+        axes: vec![1],
+        starts: vec![SliceBound::Index(0)],
+        ends: vec![SliceBound::Index(1)],
+        steps: vec![1],
+    };
+    let out = g.add(Op::Layout(slice), &[y]).unwrap();
+    g.set_outputs(vec![out]);
+    let v = vec![0, 0, 1, 0, 1, 2, 0, 2, 3, -2, 0, 4, 0, 1, 5, 0, 2, 6];
+    let inputs = [Tensor::zeros(DType::F32, vec![1, 3, 33]), Tensor::from_vec(vec![3, 2, 3], v).unwrap()];
+    assert!(tilec_ref::run(&g, inputs.to_vec()).is_err());
+    assert_agrees(&g, &inputs);
 }

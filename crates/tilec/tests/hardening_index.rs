@@ -246,3 +246,75 @@ fn gpu_kernels_check_indices_after_scheduling() {
     }
     assert!(checked > 0, "no kernel checks an index");
 }
+
+/// Index checks that the consumer of a gather could drop with the index itself: an index
+/// into a dimension of length 1 (broadcasting reads it as 0), a gather in the branch of a
+/// `where` that is not taken, and a gather whose output is empty (the kernel computes no
+/// element, so the interpreter checks the indices). Every index is checked, whatever reads
+/// the result; on the GPU schedule too.
+#[test]
+fn checks_survive_what_reads_the_gathered_value() {
+    let mut g = Graph::new("unit_and_branch");
+    let s = input(&mut g, "s", DType::F32, &[]);
+    let x = input(&mut g, "x", DType::F32, &[6, 1]);
+    let ind = input(&mut g, "ind", DType::I32, &[6, 2, 1]);
+    let cond = input(&mut g, "cond", DType::Bool, &[6, 2]);
+    let y = g.add_node("scale", Op::Binary(tilec_ir::op::BinaryOp::Mul), &[s, x]).unwrap();
+    let z = g.add_node("pick_nd", Op::Index(IndexOp::GatherND { batch_dims: 1 }), &[y[0], ind]).unwrap();
+    let w = g.add_node("choose", Op::Where, &[cond, s, z[0]]).unwrap();
+    g.set_outputs(w);
+    let mut c = compile_cpu(&g);
+    let inputs = |bad: i32, take: bool| {
+        let mut v = vec![0i32, -1, 0, 0, -1, -1, 0, 0, 0, -1, 0, 0];
+        v[7] = bad;
+        [Tensor::scalar(2.0f32), f32s(&[6, 1]), Tensor::from_vec(vec![6, 2, 1], v).unwrap(), Tensor::from_vec(vec![6, 2], vec![take; 12]).unwrap()]
+    };
+    both_agree(&g, &mut c, &inputs(-1, false));
+    for take in [false, true] {
+        both_refuse(&g, &mut c, &inputs(-2, take), "pick_nd", -2, false);
+        both_refuse(&g, &mut c, &inputs(1, take), "pick_nd", 1, false);
+    }
+
+    let p = prepare(&g, &CudaOptions::default(), &GpuTarget::hopper()).unwrap();
+    let k = p.kernels().iter().find(|k| !k.lowered.checks.is_empty()).expect("a kernel checks the indices");
+    let args = |bad: i32| -> Vec<Tensor> {
+        k.lowered
+            .params
+            .iter()
+            .map(|&b| {
+                let buf = k.lowered.buf(b);
+                let shape: Vec<usize> = buf.shape.iter().map(|&d| d as usize).collect();
+                let n: usize = shape.iter().product();
+                let v: Vec<f64> = match buf.dtype {
+                    DType::I32 => (0..n).map(|j| if j == 7 { bad as f64 } else { 0.0 }).collect(),
+                    _ => vec![1.0; n],
+                };
+                Tensor::from_f64s(buf.dtype, shape, &v).unwrap()
+            })
+            .collect()
+    };
+    for kernel in [&k.lowered, &k.scheduled] {
+        interp::run(kernel, &mut args(-1)).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+        match interp::run(kernel, &mut args(-2)) {
+            Err(InterpError::Index { violation, message }) => {
+                assert_eq!(violation.index, -2, "{}", k.name);
+                assert!(message.contains("pick_nd") && message.contains("-2"), "{message}");
+            }
+            r => panic!("{}: index -2 into a dimension of 1 gave {r:?}", k.name),
+        }
+    }
+
+    // Gather and GatherND with an empty output and a bad index: an error on both sides.
+    let mut g = Graph::new("empty_output");
+    let x = input(&mut g, "x", DType::F32, &[3, 0]);
+    let ind = input(&mut g, "ind", DType::I64, &[2]);
+    let y = g.add_node("pick_rows", Op::Index(IndexOp::Gather { axis: 0 }), &[x, ind]).unwrap();
+    let nd = input(&mut g, "nd", DType::I64, &[2, 1]);
+    let z = g.add_node("pick_nd", Op::Index(IndexOp::GatherND { batch_dims: 0 }), &[x, nd]).unwrap();
+    g.set_outputs(vec![y[0], z[0]]);
+    let mut c = compile_cpu(&g);
+    let x = Tensor::zeros(DType::F32, vec![3, 0]);
+    both_agree(&g, &mut c, &[x.clone(), i64s(&[2], &[2, -3]), i64s(&[2, 1], &[0, -1])]);
+    both_refuse(&g, &mut c, &[x.clone(), i64s(&[2], &[3, 0]), i64s(&[2, 1], &[0, 0])], "pick_rows", 3, true);
+    both_refuse(&g, &mut c, &[x, i64s(&[2], &[0, 0]), i64s(&[2, 1], &[0, -4])], "pick_nd", -4, true);
+}

@@ -104,10 +104,15 @@ impl Lowerer<'_> {
     /// An index read from input `input` of node `n` for a dimension of `len`, checked as ONNX
     /// defines it: with `wrap`, negative values count from the end once; anything else outside
     /// `0..len` is an error of the run (recorded by the kernel, which clamps the index so that
-    /// memory stays in bounds). `e` is an index or an integer element.
+    /// memory stays in bounds). `e` is an index or an integer element read from `ind`.
+    ///
+    /// Every index is checked, whatever the output's size (as the interpreter does): a kernel
+    /// that may not read every element of `ind` because the node's output is empty, or one of
+    /// the kernel's loops is, leaves the node to the interpreter.
     pub(crate) fn checked_index(
         &mut self,
         n: NodeId,
+        ind: tilec_ir::ValueId,
         input: &str,
         e: Expr,
         len: i64,
@@ -116,6 +121,11 @@ impl Lowerer<'_> {
         if len < 1 {
             return self.unsupported(n, format!("{input} index an empty dimension"));
         }
+        let empty_out = self.g.node(n).outputs.iter().any(|&o| self.shape(o).contains(&0));
+        if !self.shape(ind).contains(&0) && (empty_out || self.ranges.values().any(|&r| r == 0)) {
+            return self.unsupported(n, format!("{input} are checked by the interpreter where the output is empty"));
+        }
+        self.checking.insert(n);
         let node = self.g.node(n);
         let site = CheckSite {
             node: node.name.clone(),
@@ -135,14 +145,27 @@ impl Lowerer<'_> {
             e if self.k.type_of(&e) == Ty::Index => e,
             e => Expr::ToIndex(Box::new(e)),
         };
-        Ok(Expr::CheckIndex(
+        let check = Expr::CheckIndex(
             Box::new(i),
             IndexCheck {
                 len,
                 wrap,
                 site: at as u32,
             },
-        ))
+        );
+        // The check is a statement wherever temporaries may be placed: the index it yields
+        // can then be dropped (an index into a dimension of length 1 is always 0, a branch of
+        // a select may not be taken) without losing the check. Elsewhere (gemm operands,
+        // guarded branches) it stays inline, and `finish` makes sure it survived.
+        if !(self.cse_on && self.guard == 0) {
+            return Ok(check);
+        }
+        let name = self.fresh("ix");
+        let t = self.k.new_var(name, Ty::Index, false);
+        self.ranges.insert(t, len);
+        self.check_vars.insert(t);
+        self.lets.push(Stmt::Let { var: t, value: check });
+        Ok(Expr::Var(t))
     }
 
     pub(crate) fn inline(&mut self, n: NodeId, out: usize, idx: &[Expr]) -> R<Expr> {
@@ -283,7 +306,7 @@ impl Lowerer<'_> {
             Some(s) => Expr::select(s.clone(), Expr::Int(0), ti.clone()),
             None => ti.clone(),
         };
-        let cls = self.checked_index(n, "target", cls, c, false)?;
+        let cls = self.checked_index(n, target, "target", cls, c, false)?;
         let mut xi = vec![tidx[0].clone(), cls.clone()];
         xi.extend_from_slice(&tidx[1..]);
         let xe = self.value_at(x, &xi)?;
@@ -398,7 +421,7 @@ impl Lowerer<'_> {
         let row = if has_pos {
             let p = self.value_at(node.inputs[3], &[b.clone(), s.clone()])?;
             let rows: i64 = cs[..cs.len() - 1].iter().product();
-            self.checked_index(n, "position_ids", p, rows, false)?
+            self.checked_index(n, node.inputs[3], "position_ids", p, rows, false)?
         } else {
             bin(
                 BinOp::Add,
@@ -1043,7 +1066,7 @@ impl Lowerer<'_> {
                 let (ds, q) = (self.shape(data), self.shape(ind).len());
                 let ii: Vec<Expr> = idx[*axis..*axis + q].to_vec();
                 let iv = self.value_at(ind, &ii)?;
-                let pos = self.checked_index(n, "indices", iv, ds[*axis], true)?;
+                let pos = self.checked_index(n, ind, "indices", iv, ds[*axis], true)?;
                 let mut di = idx[..*axis].to_vec();
                 di.push(pos);
                 di.extend_from_slice(&idx[*axis + q..]);
@@ -1054,7 +1077,7 @@ impl Lowerer<'_> {
                 let ds = self.shape(data);
                 let iv = self.value_at(ind, idx)?;
                 let mut di = idx.to_vec();
-                di[*axis] = self.checked_index(n, "indices", iv, ds[*axis], true)?;
+                di[*axis] = self.checked_index(n, ind, "indices", iv, ds[*axis], true)?;
                 self.value_at(data, &di)
             }
             IndexOp::GatherND { batch_dims } => {
@@ -1068,7 +1091,7 @@ impl Lowerer<'_> {
                     let mut ii: Vec<Expr> = idx[..q - 1].to_vec();
                     ii.push(Expr::Int(j as i64));
                     let iv = self.value_at(ind, &ii)?;
-                    di.push(self.checked_index(n, "indices", iv, ds[b + j], true)?);
+                    di.push(self.checked_index(n, ind, "indices", iv, ds[b + j], true)?);
                 }
                 di.extend_from_slice(&idx[q - 1..]);
                 self.value_at(data, &di)

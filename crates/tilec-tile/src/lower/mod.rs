@@ -118,6 +118,9 @@ fn lower_set(g: &Graph, nodes: &[NodeId], name: &str, opts: LowerOptions) -> Res
     let mut l = Lowerer::new(g, sorted, name)?;
     l.opts = opts;
     l.run().map_err(|f| l.to_error(f))?;
+    if let Some(f) = l.lost_check() {
+        return Err(l.to_error(f));
+    }
     Ok(l.finish())
 }
 
@@ -166,6 +169,10 @@ pub(crate) struct Lowerer<'g> {
     pub cse_on: bool,
     /// Inside a guarded branch (padding, concat): no hoisting of loads out of it.
     pub guard: usize,
+    /// Nodes whose inline expression checks indices read from data (see `checked_index`).
+    pub checking: HashSet<NodeId>,
+    /// Temporaries that hold a checked index (not loop variables, whatever their range).
+    pub check_vars: HashSet<VarId>,
     locals: Vec<BufId>,
     pub body: Vec<Stmt>,
 }
@@ -298,6 +305,8 @@ impl<'g> Lowerer<'g> {
             lets: Vec::new(),
             cse_on: true,
             guard: 0,
+            checking: HashSet::new(),
+            check_vars: HashSet::new(),
             locals: Vec::new(),
             body: Vec::new(),
         };
@@ -543,6 +552,11 @@ impl<'g> Lowerer<'g> {
                     }
                 }
                 let e = self.inline(node, index, &idx)?;
+                if self.checking.contains(&node) && !self.covers(&idx, &self.shape(v)) {
+                    // Only part of the value is read here, so only part of its indices would be
+                    // checked: it gets a kernel of its own, which computes every element.
+                    return self.unsupported(node, "a checked index op read only in part");
+                }
                 if cse && !trivial(&e) && !matches!(e, Expr::Load(..)) {
                     let t = self.elem_var("t", self.dtype(v), false);
                     self.lets.push(Stmt::Let { var: t, value: e });
@@ -552,6 +566,20 @@ impl<'g> Lowerer<'g> {
                 Ok(e)
             }
         }
+    }
+
+    /// Whether the index `idx` into a value of `shape` takes every position as the enclosing
+    /// loops run: each dimension longer than 1 is indexed by its own loop variable over
+    /// exactly its extent.
+    fn covers(&self, idx: &[Expr], shape: &[i64]) -> bool {
+        let mut seen = HashSet::new();
+        idx.len() == shape.len()
+            && idx.iter().zip(shape).all(|(e, &d)| {
+                d == 1
+                    || matches!(e, Expr::Var(v) if !self.check_vars.contains(v)
+                        && self.ranges.get(v) == Some(&d)
+                        && seen.insert(*v))
+            })
     }
 
     fn input_load(&mut self, v: ValueId, idx: Vec<Expr>) -> Expr {
@@ -619,6 +647,29 @@ impl<'g> Lowerer<'g> {
             self.body.extend(Self::nest(&loops, inner));
         }
         Ok(())
+    }
+
+    /// A check site no statement of the body refers to any more: an index check was dropped
+    /// with the index expression that held it (checks that had to stay inline, see
+    /// `checked_index`). The node then runs where its indices are checked.
+    fn lost_check(&self) -> Option<Fail> {
+        let mut seen = vec![false; self.k.checks.len()];
+        for s in &self.body {
+            s.clone().map_exprs(&mut |e| {
+                e.visit(&mut |x| {
+                    if let Expr::CheckIndex(_, c) = x {
+                        if let Some(f) = seen.get_mut(c.site as usize) {
+                            *f = true;
+                        }
+                    }
+                });
+                e
+            });
+        }
+        let lost = seen.iter().position(|f| !f)?;
+        let site = &self.k.checks[lost];
+        let n = self.set.iter().copied().find(|&n| self.g.node(n).name == site.node)?;
+        Some(Fail::Unsupported(n, format!("the check of {} was lost in lowering", site.input)))
     }
 
     fn finish(self) -> Lowered {
