@@ -6,35 +6,20 @@ use prost::Message;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tilec_onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
-};
+use tilec_onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
+
+mod common;
+use common::{vi, D};
 
 fn scratch(test: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cache-tests").join(test);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch(&format!("cache-{test}"))
 }
 
 fn f32_value(name: &str) -> ValueInfoProto {
-    let dim = [4, 8]
-        .iter()
-        .map(|&n| Dimension { value: Some(dimension::Value::DimValue(n)), ..Default::default() })
-        .collect();
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: 1,
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    vi(name, 1, &[D::N(4), D::N(8)])
 }
+
+
 
 /// `y = op(x * x, x)` over f32[4, 8]: one fused elementwise kernel, different for each `op`.
 fn save_model(dir: &Path, op: &str) -> PathBuf {

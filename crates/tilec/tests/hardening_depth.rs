@@ -15,39 +15,24 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tilec::compiled::{compile, CompileOptions};
 use tilec::{Backend, DType, Graph, ImportOptions, Tensor};
-use tilec_onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
-};
+use tilec_onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
+
+mod common;
+use common::{vi, D};
 
 const CHAIN: usize = 4000;
 const TWO_USE_LEVELS: usize = 1500;
 const SHAPE: [i64; 2] = [4, 16];
 
 fn scratch(test: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hardening-depth").join(test);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch(&format!("depth-{test}"))
 }
 
 fn f32_info(name: &str) -> ValueInfoProto {
-    let dim = SHAPE
-        .iter()
-        .map(|&n| Dimension { value: Some(dimension::Value::DimValue(n)), ..Default::default() })
-        .collect();
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: 1,
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    vi(name, 1, &[D::N(SHAPE[0]), D::N(SHAPE[1])])
 }
+
+
 
 fn node(name: String, op: &str, inputs: &[&str], output: &str) -> NodeProto {
     NodeProto {
