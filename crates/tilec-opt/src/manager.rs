@@ -101,7 +101,8 @@ pub fn pipeline_spec() -> Vec<SpecStage> {
     pipeline_spec_for(TargetKind::default())
 }
 
-/// [`pipeline_spec`] for a given target (only `choose-layout` depends on it).
+/// [`pipeline_spec`] for a given target (`choose-layout` depends on it; `pad-thin-convs` runs on
+/// the CPU only, `recognize-attention` not on CUDA).
 pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
     let mut v = vec![
         SpecStage::Once(at(1, Dce)),
@@ -110,6 +111,12 @@ pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
     ];
     // ---- O3: composite-op recognition (order matters: see recognize/mod.rs) ----
     for pass in crate::recognize::passes() {
+        // On CUDA a recognized attention has only a direct nest (one thread per query row),
+        // far slower than its two matrix products and a row softmax as separate kernels: keep
+        // it unrecognized there until an attention kernel family exists.
+        if target == TargetKind::Cuda && pass.name() == "recognize-attention" {
+            continue;
+        }
         v.push(SpecStage::Once(SpecEntry { level: 3, pass }));
     }
     // ---- layout ----

@@ -205,7 +205,8 @@ fn to_f16(g: &Graph) -> Graph {
 }
 
 /// GPT-2 and BERT exports in f16: at length 128 every matrix product outside attention runs on
-/// the family (the attention output projections read their A across heads, 64-wide K slices of
+/// the family (on CUDA attention stays two batched products per layer, which read K and V per
+/// head and keep the tile-IR GEMM, saying why) (the attention output projections read their A across heads, 64-wide K slices of
 /// `[batch, heads, seq, 64]`, through a 4-D tensor map); at length 16 those projections keep
 /// the tile-IR GEMM, saying why (a group of 16 rows is smaller than a tile). With NVRTC present,
 /// every family kernel compiles.
@@ -213,11 +214,13 @@ fn to_f16(g: &Graph) -> Graph {
 fn f16_transformer_exports_dispatch_their_matrix_products() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
     let mut modules = vec![];
-    for (m, seq, families_min, all) in [
-        ("gpt2", 16, 13, false),
-        ("bert", 16, 20, false),
-        ("gpt2", 128, 17, true),
-        ("bert", 128, 24, true),
+    // (model, length, kernels on the family at least, kernels off it at most): both exports
+    // have 4 layers, so 8 attention products.
+    for (m, seq, families_min, off_max) in [
+        ("gpt2", 16, 13, usize::MAX),
+        ("bert", 16, 20, usize::MAX),
+        ("gpt2", 128, 17, 8),
+        ("bert", 128, 24, 8),
     ] {
         let path = root.join(m).join("model.onnx");
         if !path.is_file() {
@@ -252,7 +255,7 @@ fn f16_transformer_exports_dispatch_their_matrix_products() {
             "{m}: only {} kernels on the family: {f:?}",
             on.len()
         );
-        assert!(!all || off.is_empty(), "{m} at length {seq}: {off:?}");
+        assert!(off.len() <= off_max, "{m} at length {seq}: {off:?}");
         for k in p.kernels().iter().filter(|k| k.schedule == "sm90_tc_gemm") {
             modules.push((format!("{m}{seq}_{}", k.name), k.source.source.clone()));
         }
