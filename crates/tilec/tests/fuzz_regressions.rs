@@ -177,3 +177,34 @@ fn indices_of_elements_a_slice_drops_are_checked() {
     assert!(tilec_ref::run(&g, inputs.to_vec()).is_err());
     assert_agrees(&g, &inputs);
 }
+
+/// A gather whose only consumer path reads none of its elements: through `equal` and `not`
+/// into a GatherND with no index tuples (its output is empty), concatenated away. The fused
+/// kernel never evaluated the gather, so its index was never checked; the interpreter computes
+/// it and refuses the index. A checked op the kernel does not evaluate gets a kernel of its
+/// own. Seed 20576.
+#[test]
+fn indices_of_a_gather_no_element_of_which_is_read_are_checked() {
+    let mut g = Graph::new("unread_gather");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 2]));
+    let i = g.add_input("i", TensorType::fixed(DType::I32, &[]));
+    let y = g.add(Op::Index(IndexOp::Gather { axis: 0 }), &[x, i]).unwrap();
+    let c = g.add_const("c", Tensor::from_vec(vec![2], vec![-2.0f32, -0.4375]).unwrap());
+    let e = g.add(Op::Binary(BinaryOp::Equal), &[y, c]).unwrap();
+    let n = g.add(Op::Unary(UnaryOp::Not), &[e]).unwrap();
+    let none = g.add_const("none", Tensor::from_vec(vec![2, 0, 1], Vec::<i32>::new()).unwrap());
+    let z = g.add(Op::Index(IndexOp::GatherND { batch_dims: 0 }), &[n, none]).unwrap();
+    let b = g.add_const("b", Tensor::from_vec(vec![2, 3], vec![true, false, false, false, true, false]).unwrap());
+    let out = g.add(Op::Layout(LayoutOp::Concat { axis: 1 }), &[z, z, b]).unwrap();
+    g.set_outputs(vec![out]);
+    let xv = Tensor::from_vec(vec![1, 2], vec![-1.25f32, -1.0]).unwrap();
+    for (index, bad) in [(-2, true), (0, false), (-1, false), (1, true)] {
+        let inputs = [xv.clone(), Tensor::scalar(index as i32)];
+        assert_eq!(tilec_ref::run(&g, inputs.to_vec()).is_err(), bad);
+        for build in [Build { opt_level: 3, threads: 1 }, Build { opt_level: 1, threads: 2 }] {
+            if let Some(d) = differ_with(&g, &inputs, build) {
+                panic!("-O{} {} threads, index {index}: {d}\n{}", build.opt_level, build.threads, tilec_ir::print_graph(&g));
+            }
+        }
+    }
+}

@@ -118,7 +118,7 @@ fn lower_set(g: &Graph, nodes: &[NodeId], name: &str, opts: LowerOptions) -> Res
     let mut l = Lowerer::new(g, sorted, name)?;
     l.opts = opts;
     l.run().map_err(|f| l.to_error(f))?;
-    if let Some(f) = l.lost_check() {
+    if let Some(f) = l.unevaluated().or_else(|| l.lost_check()) {
         return Err(l.to_error(f));
     }
     Ok(l.finish())
@@ -173,6 +173,8 @@ pub(crate) struct Lowerer<'g> {
     pub checking: HashSet<NodeId>,
     /// Temporaries that hold a checked index (not loop variables, whatever their range).
     pub check_vars: HashSet<VarId>,
+    /// Inline nodes whose expression was built at least once (see `unevaluated`).
+    evaluated: HashSet<NodeId>,
     locals: Vec<BufId>,
     pub body: Vec<Stmt>,
 }
@@ -307,6 +309,7 @@ impl<'g> Lowerer<'g> {
             guard: 0,
             checking: HashSet::new(),
             check_vars: HashSet::new(),
+            evaluated: HashSet::new(),
             locals: Vec::new(),
             body: Vec::new(),
         };
@@ -551,6 +554,7 @@ impl<'g> Lowerer<'g> {
                         return Ok(Expr::Var(*t));
                     }
                 }
+                self.evaluated.insert(node);
                 let e = self.inline(node, index, &idx)?;
                 if self.checking.contains(&node) && !self.covers(&idx, &self.shape(v)) {
                     // Only part of the value is read here, so only part of its indices would be
@@ -647,6 +651,17 @@ impl<'g> Lowerer<'g> {
             self.body.extend(Self::nest(&loops, inner));
         }
         Ok(())
+    }
+
+    /// An inline node of the group whose expression was never built: its consumers read none
+    /// of its elements (through an empty gather, slice or concatenation), so whatever indices
+    /// it reads would go unchecked, where the interpreter computes every node and checks them
+    /// all. Whether it reads indices shows only once its expression is built, so any such
+    /// node runs in a kernel of its own, which computes each of its elements. Only graphs with
+    /// empty values take this path.
+    fn unevaluated(&self) -> Option<Fail> {
+        let n = self.nodes.iter().copied().find(|&n| self.kind(n) == Kind::Inline && !self.evaluated.contains(&n))?;
+        Some(Fail::Unsupported(n, "no element of it is computed, so its indices would go unchecked".into()))
     }
 
     /// A check site no statement of the body refers to any more: an index check was dropped
