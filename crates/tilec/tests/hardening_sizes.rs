@@ -5,43 +5,18 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tilec::onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
+use tilec::onnx::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
 use tilec::onnx::tensor::tensor_to_proto;
 use tilec::{Backend, DType, ImportOptions, Tensor};
+
+mod common;
+use common::{vi, D};
 
 const F32: i32 = 1;
 const I64: i32 = 7;
 
 /// The shapes whose products wrap in 64 bits (or come within 4 of it).
 const HUGE: [[i64; 2]; 3] = [[1 << 31, 1 << 31], [(1 << 62) + 1, 4], [1 << 61, 8]];
-
-fn vi(name: &str, elem_type: i32, dims: &[Result<i64, &str>]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|d| Dimension {
-            value: Some(match d {
-                Ok(n) => dimension::Value::DimValue(*n),
-                Err(p) => dimension::Value::DimParam(p.to_string()),
-            }),
-            denotation: String::new(),
-        })
-        .collect();
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type,
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            denotation: String::new(),
-        }),
-        ..Default::default()
-    }
-}
 
 fn node(op_type: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> NodeProto {
     NodeProto {
@@ -98,14 +73,14 @@ fn assert_names(msg: &str, needles: &[&str]) {
 
 #[test]
 fn expand_tile_and_constant_of_shape_to_overflowing_shapes_are_refused() {
-    let x = vi("x", F32, &[Ok(1), Ok(1)]);
+    let x = vi("x", F32, &[D::N(1), D::N(1)]);
     for s in HUGE {
         let shape = format!("[{}, {}]", s[0], s[1]);
         // The target shape as an initializer and as an input the caller binds (what `run`
         // does with a shape input given on the command line).
         let expand = model(node("Expand", &["x", "s"], vec![]), vec![x.clone()], &[("s", ints(&s))]);
         assert_names(&import_err(&expand, &[]), &["the_expand", "Expand", &shape, "too large"]);
-        let expand_rt = model(node("Expand", &["x", "s"], vec![]), vec![x.clone(), vi("s", I64, &[Ok(2)])], &[]);
+        let expand_rt = model(node("Expand", &["x", "s"], vec![]), vec![x.clone(), vi("s", I64, &[D::N(2)])], &[]);
         assert_names(&import_err(&expand_rt, &[("s", ints(&s))]), &["the_expand", &shape, "too large"]);
         let tile = model(node("Tile", &["x", "r"], vec![]), vec![x.clone()], &[("r", ints(&s))]);
         assert_names(&import_err(&tile, &[]), &["the_tile", "Tile", &shape]);
@@ -172,7 +147,7 @@ fn integer_ranges_too_long_are_errors_not_aborts() {
 /// keeps its batch (and an empty batch of empty sequences becomes one).
 #[test]
 fn reshape_with_allowzero_keeps_the_batch_of_empty_sequences() {
-    let x = vi("x", I64, &[Err("batch"), Err("seq")]);
+    let x = vi("x", I64, &[D::P("batch"), D::P("seq")]);
     let nodes = vec![
         NodeProto { op_type: "Shape".into(), input: vec!["x".into()], output: vec!["shp".into()], ..Default::default() },
         NodeProto {
@@ -211,7 +186,7 @@ fn reshape_with_allowzero_keeps_the_batch_of_empty_sequences() {
     // A zero target dim with -1 needs an empty input, as onnxruntime requires.
     let bad = model(
         NodeProto { name: "view".into(), ..nodes_reshape_only() },
-        vec![vi("x", I64, &[Ok(2), Ok(3)])],
+        vec![vi("x", I64, &[D::N(2), D::N(3)])],
         &[("target", ints(&[-1, 0]))],
     );
     assert_names(&import_err(&bad, &[]), &["view", "cannot infer -1", "[2, 3]"]);
@@ -272,10 +247,10 @@ fn run_checks_outputs_against_declared_shapes() {
     // Declares y as [3, 2]; the identity makes it [2, 3].
     let mut m = model(
         NodeProto { op_type: "Identity".into(), input: vec!["x".into()], output: vec!["y".into()], ..Default::default() },
-        vec![vi("x", F32, &[Ok(2), Ok(3)])],
+        vec![vi("x", F32, &[D::N(2), D::N(3)])],
         &[],
     );
-    m.graph.as_mut().unwrap().output = vec![vi("y", F32, &[Ok(3), Ok(2)])];
+    m.graph.as_mut().unwrap().output = vec![vi("y", F32, &[D::N(3), D::N(2)])];
     let p = dir.join("m.onnx");
     std::fs::write(&p, prost::Message::encode_to_vec(&m)).unwrap();
     let p = p.to_str().unwrap();
@@ -291,7 +266,7 @@ fn run_checks_outputs_against_declared_shapes() {
 #[test]
 fn cli_refuses_overflowing_shapes_given_as_inputs() {
     let dir = scratch("expand-input");
-    let m = model(node("Expand", &["x", "s"], vec![]), vec![vi("x", F32, &[Ok(1)]), vi("s", I64, &[Ok(2)])], &[]);
+    let m = model(node("Expand", &["x", "s"], vec![]), vec![vi("x", F32, &[D::N(1)]), vi("s", I64, &[D::N(2)])], &[]);
     let p = dir.join("m.onnx");
     std::fs::write(&p, prost::Message::encode_to_vec(&m)).unwrap();
     for (i, s) in HUGE.iter().enumerate() {
