@@ -133,14 +133,7 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
 /// The parameter list of kernel `k` as rendered (typed pointers; never-stored ones `const`;
 /// the status words last when the kernel checks indices).
 pub fn param_list(k: &Kernel) -> Vec<String> {
-    let mut stored = HashSet::new();
-    for s in &k.body {
-        s.visit(&mut |s| {
-            if let Stmt::Store { buf, .. } = s {
-                stored.insert(*buf);
-            }
-        });
-    }
+    let stored = k.stored_buffers();
     k.params
         .iter()
         .map(|&b| {

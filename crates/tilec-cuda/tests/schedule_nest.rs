@@ -14,14 +14,7 @@ use tilec_tile::*;
 /// Random inputs; parameters the kernel stores to are poisoned (NaN, or a large integer).
 fn args_for(k: &Kernel, seed: u64) -> Vec<Tensor> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut stored = std::collections::HashSet::new();
-    for s in &k.body {
-        s.visit(&mut |s| {
-            if let Stmt::Store { buf, .. } = s {
-                stored.insert(*buf);
-            }
-        });
-    }
+    let stored = k.stored_buffers();
     k.params
         .iter()
         .map(|&b| {

@@ -652,6 +652,19 @@ impl Kernel {
         }
     }
 
+    /// The buffers some statement of the body stores to.
+    pub fn stored_buffers(&self) -> std::collections::HashSet<BufId> {
+        let mut stored = std::collections::HashSet::new();
+        for s in &self.body {
+            s.visit(&mut |s| {
+                if let Stmt::Store { buf, .. } = s {
+                    stored.insert(*buf);
+                }
+            });
+        }
+        stored
+    }
+
     /// Every loop of the body in pre-order.
     pub fn loops(&self) -> Vec<&Loop> {
         fn go<'a>(stmts: &'a [Stmt], out: &mut Vec<&'a Loop>) {

@@ -79,6 +79,14 @@ fn operand_map(
     .encode()
 }
 
+/// The kernel's name, once the family has said it applies to `problem` on this device.
+fn checked_name(device: &Device, problem: &Problem, params: &Params) -> Result<String> {
+    let name = kernel_name(problem, params);
+    applies(problem, params, device.props().compute_capability)
+        .map_err(|msg| CudaError::Schedule { kernel: name.clone(), msg })?;
+    Ok(name)
+}
+
 impl GemmKernel {
     /// Checks, renders, compiles (through the compiler's cache) and loads the kernel.
     pub fn load(
@@ -87,12 +95,7 @@ impl GemmKernel {
         problem: &Problem,
         params: &Params,
     ) -> Result<GemmKernel> {
-        let props = device.props();
-        let name = kernel_name(problem, params);
-        applies(problem, params, props.compute_capability).map_err(|msg| CudaError::Schedule {
-            kernel: name.clone(),
-            msg,
-        })?;
+        let name = checked_name(device, problem, params)?;
         let source = render(problem, params);
         let compiled = compiler.compile(&name, &source)?;
         GemmKernel::from_image(device, problem, params, &compiled.image, compiled.cache_hit)
@@ -106,12 +109,8 @@ impl GemmKernel {
         image: &[u8],
         cache_hit: bool,
     ) -> Result<GemmKernel> {
+        let name = checked_name(device, problem, params)?;
         let props = device.props();
-        let name = kernel_name(problem, params);
-        applies(problem, params, props.compute_capability).map_err(|msg| CudaError::Schedule {
-            kernel: name.clone(),
-            msg,
-        })?;
         let module = Arc::new(device.load_module(image)?);
         let func = module.function(&name)?;
         let mut resident_blocks = props.sm_count;
