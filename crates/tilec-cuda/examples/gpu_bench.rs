@@ -280,7 +280,7 @@ fn run() -> std::result::Result<(), String> {
     drop((src, dst));
 
     let (rows, cols) = (a.rows, a.cols);
-    let target = GpuTarget::from_props(&p);
+    let target = p.gpu_target();
     let eps = 1e-5f32;
     for d in [DType::BF16, DType::F32] {
         let x = random_tensor(d, vec![rows, cols], -3.0, 3.0, 1);

@@ -118,6 +118,24 @@ pub struct DeviceProps {
 }
 
 impl DeviceProps {
+    /// The device as the schedules and kernel families see it.
+    pub fn gpu_target(&self) -> crate::GpuTarget {
+        crate::GpuTarget {
+            sm_count: self.sm_count,
+            max_threads_per_block: self.max_threads_per_block,
+            blocks_per_sm: 8,
+            compute_capability: self.compute_capability,
+            smem_per_block: self.shared_mem_per_block_optin,
+            regs_per_sm: self.registers_per_sm,
+            l2_bytes: self.l2_bytes,
+        }
+    }
+
+    /// The whole target description of this device (measured).
+    pub fn target(&self) -> tilec_opt::target::Target {
+        tilec_opt::target::Target::cuda_measured(self.gpu_target(), Some(self.peak_dram_bytes_per_s))
+    }
+
     /// The NVRTC `--gpu-architecture` value for this device: `sm_90a` on Hopper (the `a`
     /// variant unlocks wgmma/TMA), `sm_XY` elsewhere.
     pub fn arch(&self) -> String {

@@ -22,36 +22,7 @@ use tilec_tile::*;
 
 use crate::error::{CudaError, Result};
 
-/// What the schedules need to know about the device.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct GpuTarget {
-    pub sm_count: u32,
-    pub max_threads_per_block: u32,
-    /// Resident blocks per SM the elementwise grid is sized for.
-    pub blocks_per_sm: u32,
-    /// Compute capability (major, minor): which kernel families the device can run.
-    pub compute_capability: (u32, u32),
-}
-
-impl GpuTarget {
-    /// H100/H200 SXM: 132 SMs.
-    pub fn hopper() -> GpuTarget {
-        GpuTarget {
-            sm_count: 132,
-            max_threads_per_block: 1024,
-            blocks_per_sm: 8,
-            compute_capability: (9, 0),
-        }
-    }
-    pub fn from_props(p: &crate::driver::DeviceProps) -> GpuTarget {
-        GpuTarget {
-            sm_count: p.sm_count,
-            max_threads_per_block: p.max_threads_per_block,
-            blocks_per_sm: 8,
-            compute_capability: p.compute_capability,
-        }
-    }
-}
+pub use tilec_opt::target::GpuTarget;
 
 /// Options of the row schedule.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -10,5 +10,6 @@ pub mod manager;
 pub mod partition;
 pub mod passes;
 pub mod recognize;
+pub mod target;
 
 pub use manager::{OptError, Pass};

@@ -338,9 +338,16 @@ fn run_partitioned(
                     .iter()
                     .flat_map(|&n| g.node(n).inputs.iter().chain(&g.node(n).outputs).copied());
                 let tol = coarsest(g, vals);
-                // The CPU's algorithm choices (Winograd convolutions, attention as matrix
-                // products), where they change the kernel, against the same reference.
-                if let Ok(lc) = lower_group_with(g, grp, &format!("k{gi}c"), LowerOptions::cpu()) {
+                // The other algorithms kernel families choose (Winograd, direct and GEMM
+                // convolutions, attention as matrix products), where they change the kernel,
+                // against the same reference.
+                use tilec_tile::lower::{AttentionAlgo, ConvAlgo};
+                let variants = [
+                    LowerOptions { conv: ConvAlgo::Winograd, attention: AttentionAlgo::Gemm },
+                    LowerOptions { conv: ConvAlgo::Direct, attention: AttentionAlgo::Rows },
+                    LowerOptions { conv: ConvAlgo::Gemm, attention: AttentionAlgo::Rows },
+                ];
+                for lc in variants.iter().filter_map(|&o| lower_group_with(g, grp, &format!("k{gi}c"), o).ok()) {
                     if lc.kernel.body != lw.kernel.body {
                         st.cpu_variants += 1;
                         let outs = run_lowered(g, &lc, &env)

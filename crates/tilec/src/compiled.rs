@@ -14,7 +14,7 @@ use tilec_ir::{Dim, Graph, NodeId, Tensor, ValueDef, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_runtime::{Arena, BufferReq, MemoryPlan, Profile};
-use tilec_tile::lower::{lower_group_with, lower_nodes_with, LowerOptions, Lowered};
+use tilec_tile::lower::{lower_nodes_with, LowerOptions, Lowered};
 use tilec_tile::schedule::{self, CpuTarget};
 use tilec_tile::{CheckSite, IndexViolation, Kernel, STATUS_WORDS};
 
@@ -201,12 +201,11 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     let target = Target::preset(TargetKind::Cpu);
     let part = partition(&g, &target);
     let cpu = CpuTarget::host();
-    let lopts = LowerOptions { winograd: opts.winograd, ..LowerOptions::cpu() };
     let mut kernels: Vec<Kernel> = vec![];
     let mut steps: Vec<Step> = vec![];
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_group_with(&g, grp, &name, lopts) {
+        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_cpu(&g, &grp.nodes, &name, opts.winograd) {
             Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
             Err(_) if grp.nodes.len() > 1 => grp
                 .nodes
@@ -214,7 +213,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                 .enumerate()
                 .map(|(i, &n)| {
                     let nm = format!("{name}_{i}");
-                    match lower_nodes_with(&g, &[n], &nm, lopts) {
+                    match lower_cpu(&g, &[n], &nm, opts.winograd) {
                         Ok(l) => (Some(l), vec![n], nm),
                         Err(e) => {
                             report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
@@ -372,6 +371,22 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
         c.prepack(si);
     }
     Ok(c)
+}
+
+/// Interim: Winograd and attention as matrix products where they apply.
+fn lower_cpu(g: &Graph, nodes: &[NodeId], name: &str, winograd: bool) -> Result<Lowered, tilec_tile::lower::LowerError> {
+    use tilec_tile::lower::{AttentionAlgo, ConvAlgo};
+    let convs: &[ConvAlgo] = if winograd { &[ConvAlgo::Winograd, ConvAlgo::Auto] } else { &[ConvAlgo::Auto] };
+    let mut last = None;
+    for &conv in convs {
+        for attention in [AttentionAlgo::Gemm, AttentionAlgo::Rows] {
+            match lower_nodes_with(g, nodes, name, LowerOptions { conv, attention }) {
+                Ok(l) => return Ok(l),
+                Err(e) => last = Some(e),
+            }
+        }
+    }
+    Err(last.expect("at least one attempt"))
 }
 
 /// Orders steps so that every value is produced before it is read (stable: the partition's

@@ -345,7 +345,7 @@ pub fn compile(graph: &Graph, opts: &CudaOptions) -> Result<CompiledCuda, Error>
     let nvrtc = tilec_cuda::Nvrtc::load().map_err(|e| {
         Error::Compile(format!("{e} (put CUDA's lib directory on LD_LIBRARY_PATH or set TILEC_NVRTC_LIB)"))
     })?;
-    let target = GpuTarget::from_props(device.props());
+    let target = device.props().gpu_target();
     let cache = opts.cache_dir.clone().or_else(tilec_cuda::nvrtc::default_cache_dir);
     let compiler = tilec_cuda::Compiler::new(nvrtc, &device.props().arch()).with_cache_dir(cache);
     let prep = prepare(graph, opts, &target)?;

@@ -34,11 +34,12 @@
 
 pub mod cost;
 mod explain;
-pub mod target;
 
 pub use cost::{Class, SizeHints};
 pub use explain::{explain, explain_group};
-pub use target::{intensity, Target, TargetKind};
+pub use crate::target::{intensity, Target, TargetKind};
+/// The target description (kept here too: the cost model is its first reader).
+pub use crate::target;
 
 use cost::{classify, node_flops, reduction_row, Sizes};
 use std::collections::{BTreeSet, VecDeque};
@@ -66,7 +67,8 @@ impl fmt::Display for GroupKind {
     }
 }
 
-fn kind_of(c: Class) -> GroupKind {
+/// The kind of kernel a node of class `c` anchors (or, for non-anchors, joins).
+pub fn kind_of(c: Class) -> GroupKind {
     match c {
         Class::Reduction => GroupKind::Reduction,
         Class::Normalization => GroupKind::Normalization,

@@ -17,7 +17,7 @@ use tilec_ir::op::{
 };
 use tilec_ir::{DType, NodeId, Op, ValueId};
 
-use super::{bin, compute_dtype, lit, lit_i, unravel, Fail, Kind, Lowerer, R};
+use super::{bin, compute_dtype, lit, lit_i, unravel, AttentionAlgo, ConvAlgo, Fail, Kind, Lowerer, R};
 use crate::ir::*;
 
 pub(crate) fn kind_of(op: &Op) -> Kind {
@@ -1810,12 +1810,17 @@ fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool) -> R<Vec
         v
     };
     let out_at = |n_: Expr, ch: Expr, o: Vec<Expr>| -> Vec<Expr> { x_at(n_, ch, o) };
-    if cl {
-        if let Some(st) = super::winograd::conv(l, n, w, group, &geo)? {
-            return Ok(st);
+    let use_gemm = match l.opts.conv {
+        ConvAlgo::Auto => kk >= 16 && mg >= 4,
+        ConvAlgo::Direct => false,
+        ConvAlgo::Gemm => true,
+        ConvAlgo::Winograd => {
+            let st = if cl { super::winograd::conv(l, n, w, group, &geo)? } else { None };
+            return st.ok_or_else(|| {
+                Fail::Unsupported(n, "Winograd needs a 3x3, stride-1, undilated, ungrouped f32 channels-last convolution over at least 32 input and 16 output channels and 32 tiles, reading a plain input".into())
+            });
         }
-    }
-    let use_gemm = kk >= 16 && mg >= 4;
+    };
     if !use_gemm {
         // Direct loop nest: out[n, m, o] = bias[m] + sum_{c, taps} x * w.
         return output_nest(l, &os, &mut |l, oidx| {
@@ -2321,10 +2326,10 @@ pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[E
 }
 
 fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    if l.opts.attention_gemm {
-        if let Some(st) = super::attention_gemm::attention(l, n, op)? {
-            return Ok(st);
-        }
+    if l.opts.attention == AttentionAlgo::Gemm {
+        return super::attention_gemm::attention(l, n, op)?.ok_or_else(|| {
+            Fail::Unsupported(n, "attention as matrix products needs f32 attention without past, softcap, windows or a requested QK output".into())
+        });
     }
     let Op::Nn(NnOp::Attention {
         scale,

@@ -63,24 +63,41 @@ pub enum LowerError {
     Invalid(String),
 }
 
-/// Choices of algorithm that depend on the target (the default suits every back end).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct LowerOptions {
-    /// Lower 3×3 stride-1 channels-last convolutions with enough channels as Winograd
-    /// F(2×2, 3×3) (`winograd.rs`): 2.25 times fewer multiply-adds. For the CPU; the GPU
-    /// schedules expect the direct forms.
-    pub winograd: bool,
-    /// Lower attention as two matrix products around a row softmax per (batch, head)
-    /// (`attention_gemm.rs`), where its form allows, instead of one query row at a time.
-    /// For the CPU.
-    pub attention_gemm: bool,
+/// How a convolution becomes a loop nest. Which form a kernel uses is the choice of a kernel
+/// family (`tilec_cpu::families`, `tilec_cuda::families`); lowering only carries it out.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ConvAlgo {
+    /// A `Gemm` (implicit im2col) when its reduction and per-group outputs are deep enough for
+    /// register tiles (at least 16 and 4), else a direct nest.
+    #[default]
+    Auto,
+    /// A direct loop nest: each output a sum over channels and taps.
+    Direct,
+    /// A `Gemm` whose `A` is the implicit im2col of the input.
+    Gemm,
+    /// Winograd F(4×4, 3×3) or F(2×2, 3×3) (`winograd.rs`): a 3×3 stride-1 f32 channels-last
+    /// convolution with enough channels and tiles; anything else is `Unsupported`.
+    Winograd,
 }
 
-impl LowerOptions {
-    /// What the CPU back end wants.
-    pub fn cpu() -> LowerOptions {
-        LowerOptions { winograd: true, attention_gemm: true }
-    }
+/// How attention becomes a loop nest.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttentionAlgo {
+    /// One query row at a time: scores, a running softmax and the weighted sum per row.
+    #[default]
+    Rows,
+    /// Two matrix products around a row softmax per (batch, head) (`attention_gemm.rs`): f32
+    /// attention without past, softcap, windows or a requested QK output; anything else is
+    /// `Unsupported`.
+    Gemm,
+}
+
+/// The algorithms lowering uses for the anchors that have several (the default suits every
+/// back end). Kernel families set them; lowering does not choose.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LowerOptions {
+    pub conv: ConvAlgo,
+    pub attention: AttentionAlgo,
 }
 
 /// Lowers one kernel group of a partition.

@@ -26,7 +26,7 @@
 use tilec_ir::op::Window;
 use tilec_ir::{DType, NodeId};
 
-use super::{bin, lit, Lowerer, LowerOptions, R};
+use super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
 /// One variant F(m×m, 3×3): output tiles of `m × m` from input patches of `a × a`, `a = m + 2`,
@@ -153,12 +153,10 @@ pub(crate) fn conv(
     group: usize,
     geo: &[(i64, i64, i64)],
 ) -> R<Option<Vec<Stmt>>> {
-    let opts: LowerOptions = l.opts;
     let node = l.g.node(n);
     let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
     let (xs, ws) = (l.shape(x), l.shape(wt));
-    let eligible = opts.winograd
-        && group == 1
+    let eligible = group == 1
         && xs.len() == 4
         && ws[2..] == [3, 3]
         && w.strides.iter().all(|&s| s == 1)

@@ -116,7 +116,7 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
     let p = partition::partition(&g, &t);
     let cpu = tilec_tile::schedule::CpuTarget::host();
     let lopts = match args.target.kind() {
-        partition::TargetKind::Cpu => tilec_tile::lower::LowerOptions::cpu(),
+        partition::TargetKind::Cpu => tilec_tile::lower::LowerOptions::default(),
         _ => tilec_tile::lower::LowerOptions::default(),
     };
     for grp in &p.groups {
@@ -160,7 +160,7 @@ pub fn explain(args: &OptArgs) -> Result<()> {
         println!("schedules (default, for this CPU):");
         for grp in &p.groups {
             let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-            match tilec_tile::lower::lower_group_with(&g, grp, &name, tilec_tile::lower::LowerOptions::cpu()) {
+            match tilec_tile::lower::lower_group_with(&g, grp, &name, tilec_tile::lower::LowerOptions::default()) {
                 Ok(l) => {
                     let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
                     let steps: Vec<String> = s.to_string().lines().map(str::to_string).collect();

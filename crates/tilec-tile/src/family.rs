@@ -1,0 +1,382 @@
+//! Kernel families and their registry: the one place where an algorithm is chosen for a kernel.
+//!
+//! A *family* is one way of computing a kind of kernel — BLIS-style GEMM, Winograd convolution,
+//! attention as matrix products, a direct loop nest, a row schedule on a GPU, a tensor-core
+//! GEMM template — with parameters. Given a [`Problem`] (a kernel group of the graph: its anchor
+//! with the fused prologue and epilogue, hence shapes, dtypes and layouts) and the target, a
+//! family says whether it [`applies`](Family::applies) (with the reason when not), exposes its
+//! parameter [`space`](Family::space) and constraints ([`check`](Family::check)) for the tuner,
+//! gives a [`heuristic`](Family::heuristic) default and [`build`](Family::build)s the kernel.
+//! What a build produces is the back end's business (a scheduled tile-IR kernel for the CPU; a
+//! rendered CUDA source, tile-IR or template, for the GPU), so the trait is generic over it.
+//!
+//! Families live with their back end (`tilec_cpu::families`, `tilec_cuda::families`), each in
+//! its own file, and are listed in the back end's [`Registry`] in the order they are tried.
+//! [`dispatch`] walks that list for a problem: a family forced by the user for the problem's op
+//! comes first; the parameters come from the tuning database when it knows the problem, else
+//! from the heuristic; the first family that applies and builds wins, and every family that
+//! did not is recorded with its reason ([`Decision`]), which `tilec explain` prints.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use tilec_ir::{Graph, NodeId, Op};
+use tilec_opt::partition::{cost, kind_of, GroupKind, KernelGroup};
+
+use crate::lower::{lower_nodes_with, LowerError, LowerOptions, Lowered};
+
+/// One kernel to build: a set of nodes of a graph with concrete shapes (a partition group, or
+/// one node of a group that did not lower whole).
+pub struct Problem<'g> {
+    pub graph: &'g Graph,
+    /// The nodes, in topological order.
+    pub nodes: Vec<NodeId>,
+    /// The kernel's name (`k12_gemm`).
+    pub name: String,
+    /// What kind of kernel the partitioner made of the nodes.
+    pub kind: GroupKind,
+    /// The node that sets the schedule (GEMM, convolution, reduction, ...), if any.
+    pub anchor: Option<NodeId>,
+    /// Lowerings done so far, by options (families that lower alike share the work).
+    lowered: RefCell<Vec<(LowerOptions, Result<Lowered, LowerError>)>>,
+}
+
+impl<'g> Problem<'g> {
+    /// A whole kernel group.
+    pub fn of_group(graph: &'g Graph, group: &KernelGroup, name: &str) -> Problem<'g> {
+        Problem {
+            graph,
+            nodes: group.nodes.clone(),
+            name: name.to_string(),
+            kind: group.kind,
+            anchor: group.anchor,
+            lowered: RefCell::new(vec![]),
+        }
+    }
+
+    /// One node on its own (its kind and anchor as the partitioner would classify it).
+    pub fn of_node(graph: &'g Graph, node: NodeId, name: &str) -> Problem<'g> {
+        let class = cost::classify(&graph.node(node).op);
+        let kind = kind_of(class);
+        Problem {
+            graph,
+            nodes: vec![node],
+            name: name.to_string(),
+            kind,
+            anchor: class.is_anchor().then_some(node),
+            lowered: RefCell::new(vec![]),
+        }
+    }
+
+    /// The anchor's op.
+    pub fn anchor_op(&self) -> Option<&'g Op> {
+        self.anchor.map(|n| &self.graph.node(n).op)
+    }
+
+    /// The op a family is chosen for, as `--family OP=NAME` names it: the anchor's op name
+    /// (`matmul`, `conv`, `attention`, `softmax`, ...), else the kind of the group
+    /// (`elementwise`, `layout`, ...).
+    pub fn op(&self) -> String {
+        match self.anchor_op() {
+            Some(op) => op.name().to_string(),
+            None => self.kind.to_string().to_lowercase(),
+        }
+    }
+
+    /// The problem lowered with `opts` (computed once per options).
+    pub fn lower(&self, opts: LowerOptions) -> Result<Lowered, LowerError> {
+        if let Some((_, r)) = self.lowered.borrow().iter().find(|(o, _)| *o == opts) {
+            return r.clone();
+        }
+        let r = lower_nodes_with(self.graph, &self.nodes, &self.name, opts);
+        self.lowered.borrow_mut().push((opts, r.clone()));
+        r
+    }
+
+    /// A key that identifies the problem across models for the tuning database: the ops of its
+    /// nodes with their input and output types, in order.
+    pub fn key(&self) -> String {
+        let g = self.graph;
+        let ty = |v| {
+            let t = &g.value(v).ty;
+            let dims: Vec<String> = t.shape.iter().map(|&d| g.syms.display(d)).collect();
+            format!("{}[{}]", t.dtype, dims.join(","))
+        };
+        self.nodes
+            .iter()
+            .map(|&n| {
+                let node = g.node(n);
+                let ins: Vec<String> = node.inputs.iter().map(|&v| ty(v)).collect();
+                let outs: Vec<String> = node.outputs.iter().map(|&v| ty(v)).collect();
+                format!("{}({})->{}", node.op.name(), ins.join(","), outs.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+}
+
+/// A family's parameter values, by name, in the family's order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Params(pub Vec<(&'static str, i64)>);
+
+impl Params {
+    pub fn new(values: &[(&'static str, i64)]) -> Params {
+        Params(values.to_vec())
+    }
+
+    /// The value of `name`, if set.
+    pub fn get(&self, name: &str) -> Option<i64> {
+        self.0.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for Params {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        f.write_str(&parts.join(" "))
+    }
+}
+
+/// The values a family's parameters may take (before its constraints, see [`Family::check`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParamSpace {
+    pub axes: Vec<(&'static str, Vec<i64>)>,
+}
+
+impl ParamSpace {
+    /// Every combination of the axes' values (the empty space has one point: no parameters).
+    pub fn points(&self) -> Vec<Params> {
+        let mut out = vec![Params::default()];
+        for (name, values) in &self.axes {
+            out = out
+                .into_iter()
+                .flat_map(|p| {
+                    values.iter().map(move |&v| {
+                        let mut q = p.clone();
+                        q.0.push((name, v));
+                        q
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+
+    /// Whether every parameter the space has an axis for takes one of its values.
+    pub fn contains(&self, params: &Params) -> Result<(), String> {
+        for (name, value) in &params.0 {
+            match self.axes.iter().find(|(n, _)| n == name) {
+                Some((_, values)) if !values.contains(value) => {
+                    return Err(format!("{name}={value} is not one of {values:?}"))
+                }
+                None => return Err(format!("the family has no parameter '{name}'")),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One way of building a kind of kernel (see the module documentation).
+pub trait Family: Sync {
+    /// The target description the family reads.
+    type Target: ?Sized;
+    /// What a build produces.
+    type Built;
+
+    /// The family's name (`cpu.blis_gemm`, `cuda.rows`, `sm90_tc_gemm`).
+    fn name(&self) -> &'static str;
+
+    /// Whether the family can build the problem on the target, or why not. A family that can
+    /// only tell by building may answer `Ok` and fail in [`Family::build`] instead.
+    fn applies(&self, p: &Problem, t: &Self::Target) -> Result<(), String>;
+
+    /// The parameters the tuner may search (empty: none).
+    fn space(&self, _p: &Problem, _t: &Self::Target) -> ParamSpace {
+        ParamSpace::default()
+    }
+
+    /// Whether a point of the space is valid for the problem (beyond lying in the space).
+    fn check(&self, p: &Problem, t: &Self::Target, params: &Params) -> Result<(), String> {
+        self.space(p, t).contains(params)
+    }
+
+    /// The parameters used when nothing better is known.
+    fn heuristic(&self, _p: &Problem, _t: &Self::Target) -> Params {
+        Params::default()
+    }
+
+    /// Builds the kernel with the given parameters.
+    fn build(&self, p: &Problem, t: &Self::Target, params: &Params) -> Result<Self::Built, String>;
+}
+
+/// A family as the registry holds it.
+pub type FamilyRef<T, B> = &'static dyn Family<Target = T, Built = B>;
+
+/// One registry entry: a family and the kinds of kernel it is tried for (empty: every kind).
+pub struct Entry<T: ?Sized + 'static, B: 'static> {
+    pub family: FamilyRef<T, B>,
+    pub kinds: &'static [GroupKind],
+}
+
+/// A back end's families, in the order they are tried.
+pub struct Registry<T: ?Sized + 'static, B: 'static> {
+    pub entries: Vec<Entry<T, B>>,
+}
+
+impl<T: ?Sized + 'static, B: 'static> Registry<T, B> {
+    /// The families tried for a kind of kernel, in order.
+    pub fn for_kind(&self, kind: GroupKind) -> impl Iterator<Item = FamilyRef<T, B>> + '_ {
+        self.entries.iter().filter(move |e| e.kinds.is_empty() || e.kinds.contains(&kind)).map(|e| e.family)
+    }
+
+    /// A family by name.
+    pub fn get(&self, name: &str) -> Option<FamilyRef<T, B>> {
+        self.entries.iter().map(|e| e.family).find(|f| f.name() == name)
+    }
+
+    /// Every family's name, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.entries.iter().map(|e| e.family.name()).collect()
+    }
+
+    /// Checks `--family` choices against the registry: every family must exist.
+    pub fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String> {
+        for (op, fam) in forced {
+            if self.get(fam).is_none() {
+                return Err(format!(
+                    "--family {op}={fam}: no family '{fam}' on this target (families: {})",
+                    self.names().join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parameters found by tuning, by family and problem key (the tuning database).
+pub trait Tuned {
+    fn lookup(&self, family: &str, problem_key: &str) -> Option<Params>;
+}
+
+/// What the user asked for: families forced per op, and the tuning database.
+#[derive(Clone, Copy, Default)]
+pub struct Choices<'a> {
+    /// `(op or kernel name, family)`: `--family OP=NAME`; `*` matches every kernel.
+    pub forced: &'a [(String, String)],
+    pub tuned: Option<&'a dyn Tuned>,
+}
+
+/// Where a kernel's parameters came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamOrigin {
+    /// The family's heuristic.
+    Heuristic,
+    /// The tuning database.
+    Tuned,
+    /// The family was forced with `--family` (its heuristic parameters).
+    Forced,
+}
+
+impl fmt::Display for ParamOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ParamOrigin::Heuristic => "heuristic",
+            ParamOrigin::Tuned => "tuned",
+            ParamOrigin::Forced => "forced",
+        })
+    }
+}
+
+/// The family chosen for a kernel, its parameters and where they came from, and every family
+/// tried before it with the reason it was not taken.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub family: &'static str,
+    pub params: Params,
+    pub origin: ParamOrigin,
+    pub rejected: Vec<(&'static str, String)>,
+}
+
+impl Decision {
+    /// `family (origin: params)`.
+    pub fn summary(&self) -> String {
+        if self.params.is_empty() {
+            format!("{} ({})", self.family, self.origin)
+        } else {
+            format!("{} ({}: {})", self.family, self.origin, self.params)
+        }
+    }
+
+    /// The rejected families, `name: why; ...`.
+    pub fn rejections(&self) -> String {
+        describe_rejections(&self.rejected)
+    }
+}
+
+/// `name: why; name: why`.
+pub fn describe_rejections(rejected: &[(&'static str, String)]) -> String {
+    rejected.iter().map(|(f, why)| format!("{f}: {why}")).collect::<Vec<_>>().join("; ")
+}
+
+/// Whether a `--family` choice names this problem (its op, its kernel name or `*`).
+fn forced_for<'a>(p: &Problem, choices: &Choices<'a>) -> Option<&'a str> {
+    let op = p.op();
+    choices.forced.iter().find(|(o, _)| o == "*" || *o == op || *o == p.name).map(|(_, f)| f.as_str())
+}
+
+fn attempt<T: ?Sized, B>(
+    f: FamilyRef<T, B>,
+    p: &Problem,
+    t: &T,
+    params: &Params,
+) -> Result<B, String> {
+    f.applies(p, t)?;
+    f.check(p, t, params)?;
+    f.build(p, t, params)
+}
+
+/// Chooses and builds the kernel of a problem: a forced family first, then the registry's
+/// families for its kind in order; parameters from the tuning database, else the heuristic.
+/// Returns the build and the decision, or every family's reason when none builds.
+pub fn dispatch<T: ?Sized, B>(
+    reg: &Registry<T, B>,
+    p: &Problem,
+    t: &T,
+    choices: &Choices,
+) -> Result<(B, Decision), Vec<(&'static str, String)>> {
+    let mut rejected: Vec<(&'static str, String)> = vec![];
+    if let Some(name) = forced_for(p, choices) {
+        match reg.get(name) {
+            Some(f) => {
+                let params = f.heuristic(p, t);
+                match attempt(f, p, t, &params) {
+                    Ok(b) => {
+                        return Ok((b, Decision { family: f.name(), params, origin: ParamOrigin::Forced, rejected }))
+                    }
+                    Err(why) => rejected.push((f.name(), format!("forced, but {why}"))),
+                }
+            }
+            None => rejected.push(("forced", format!("no family '{name}'"))),
+        }
+    }
+    for f in reg.for_kind(p.kind) {
+        if rejected.iter().any(|(n, _)| *n == f.name()) {
+            continue;
+        }
+        let tuned = choices.tuned.and_then(|db| db.lookup(f.name(), &p.key()));
+        let (params, origin) = match tuned {
+            Some(params) => (params, ParamOrigin::Tuned),
+            None => (f.heuristic(p, t), ParamOrigin::Heuristic),
+        };
+        match attempt(f, p, t, &params) {
+            Ok(b) => return Ok((b, Decision { family: f.name(), params, origin, rejected })),
+            Err(why) => rejected.push((f.name(), why)),
+        }
+    }
+    Err(rejected)
+}
