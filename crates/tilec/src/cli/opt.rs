@@ -146,60 +146,54 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tilec explain`: kernel groups with their costs, and every rejected fusion with why.
-pub fn explain(args: &OptArgs) -> Result<()> {
-    let g = optimized(args)?;
-    let t = partition::Target::preset(args.target.kind());
-    let hints = SizeHints { named: args.dims.iter().cloned().collect(), ..Default::default() };
-    let p = partition::partition_with(&g, &t, &hints);
-    print!("{}", partition::explain(&g, &p, &t));
-    // The default CPU schedule of every group that lowers (shapes must be concrete).
-    if args.target.kind() == partition::TargetKind::Cpu {
-        let cpu = tilec_tile::schedule::CpuTarget::host();
-        println!();
-        println!("schedules (default, for this CPU):");
-        for grp in &p.groups {
-            let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-            match tilec_tile::lower::lower_group_with(&g, grp, &name, tilec_tile::lower::LowerOptions::default()) {
-                Ok(l) => {
-                    let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
-                    let steps: Vec<String> = s.to_string().lines().map(str::to_string).collect();
-                    println!("  {name}: {}", if steps.is_empty() { "(none)".to_string() } else { steps.join("; ") });
-                }
-                Err(e) => println!("  {name}: not lowered: {e}"),
-            }
-        }
-    }
-    if args.target.kind() == partition::TargetKind::Cuda {
-        explain_cuda(&g);
-    }
-    Ok(())
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub opt: OptArgs,
+    /// Force a kernel family for an op (`conv`, `matmul`, ...), a kernel name or `*`, e.g.
+    /// --family conv=cpu.direct (repeatable).
+    #[arg(long = "family", value_name = "OP=NAME", value_parser = super::parse_family)]
+    pub families: Vec<(String, String)>,
 }
 
-/// The GPU kernels of a graph with concrete shapes: each kernel's schedule, and for matrix
-/// products the kernel family that runs them (with its parameters) or why none does. Planned
-/// for an H100/H200 (sm_90, 132 SMs).
-fn explain_cuda(g: &tilec::Graph) {
-    use tilec::compiled_cuda::{prepare, CudaOptions};
+/// `tilec explain`: kernel groups with their costs, every rejected fusion with why, and the
+/// family each kernel is built with on the target, with the families rejected and why.
+pub fn explain(args: &ExplainArgs) -> Result<()> {
+    let a = &args.opt;
+    let g = optimized(a)?;
+    let t = partition::Target::preset(a.target.kind());
+    let hints = SizeHints { named: a.dims.iter().cloned().collect(), ..Default::default() };
+    let p = partition::partition_with(&g, &t, &hints);
+    print!("{}", partition::explain(&g, &p, &t));
     println!();
-    println!("GPU kernels (planned for sm_90, 132 SMs):");
     // The graph is already optimized; level 0 keeps it as it is.
-    let opts = CudaOptions { opt_level: 0, ..Default::default() };
-    match prepare(g, &opts, &tilec_cuda::GpuTarget::hopper()) {
-        Ok(p) if p.interpreted() => {
-            println!("  none: shapes are not concrete (fix symbolic dimensions with --dim NAME=VALUE)")
+    let (title, prepared) = match a.target.kind() {
+        TargetKind::Cpu => {
+            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let p = tilec::compiled::prepare(&g, &opts).context("building the kernels")?;
+            ("kernels (families for this CPU):", (p.interpreted(), p.report))
         }
-        Ok(p) => {
-            for k in p.kernels() {
-                match k.family.describe() {
-                    Some(d) => println!("  {}: {} ({d})", k.name, k.schedule),
-                    None => println!("  {}: {}", k.name, k.schedule),
-                }
-            }
-            for (op, why) in &p.report.fallbacks {
-                println!("  host step {op}: {why}");
-            }
+        TargetKind::Cuda => {
+            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let p = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())
+                .context("building the kernels")?;
+            ("kernels (families for sm_90, 132 SMs):", (p.interpreted(), p.report))
         }
-        Err(e) => println!("  not prepared: {e}"),
+    };
+    println!("{title}");
+    let (interpreted, r) = prepared;
+    if interpreted {
+        println!("  none: shapes are not concrete (fix symbolic dimensions with --dim NAME=VALUE)");
+        return Ok(());
     }
+    for (k, d) in &r.decisions {
+        println!("  {k}: {}", d.summary());
+        for (f, why) in &d.rejected {
+            println!("    not {f}: {why}");
+        }
+    }
+    for (op, why) in &r.fallbacks {
+        println!("  host step {op}: {why}");
+    }
+    Ok(())
 }
