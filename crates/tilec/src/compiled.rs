@@ -14,8 +14,10 @@ use tilec_ir::{Dim, Graph, NodeId, Tensor, ValueDef, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_runtime::{Arena, BufferReq, MemoryPlan, Profile};
-use tilec_tile::lower::{lower_nodes_with, LowerOptions, Lowered};
-use tilec_tile::schedule::{self, CpuTarget};
+use tilec_cpu::families::CpuBuilt;
+use tilec_tile::family::{describe_rejections, dispatch, Choices, Decision, Problem};
+use tilec_tile::lower::Lowered;
+use tilec_tile::schedule::CpuTarget;
 use tilec_tile::{CheckSite, IndexViolation, Kernel, STATUS_WORDS};
 
 use crate::Error;
@@ -33,8 +35,10 @@ pub struct CompileOptions {
     pub cache_dir: Option<std::path::PathBuf>,
     /// Keep the text of every kernel after lowering and after scheduling.
     pub keep_ir: bool,
-    /// Lower eligible 3x3 convolutions with Winograd transforms (`LowerOptions::winograd`).
+    /// Let the Winograd family take eligible 3x3 convolutions.
     pub winograd: bool,
+    /// Families forced per op or kernel name (`--family OP=NAME`).
+    pub families: Vec<(String, String)>,
 }
 
 impl Default for CompileOptions {
@@ -46,6 +50,7 @@ impl Default for CompileOptions {
             cache_dir: None,
             keep_ir: false,
             winograd: true,
+            families: vec![],
         }
     }
 }
@@ -101,6 +106,8 @@ pub struct CompileReport {
     pub inplace: usize,
     /// Kernel text after lowering and after scheduling (when `keep_ir`).
     pub ir: Vec<(String, String, String)>,
+    /// Per kernel: the family that built it, its parameters and the families passed over.
+    pub families: Vec<(String, Decision)>,
 }
 
 /// A compiled model.
@@ -203,9 +210,14 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
     let cpu = CpuTarget::host();
     let mut kernels: Vec<Kernel> = vec![];
     let mut steps: Vec<Step> = vec![];
+    let ftarget = Target { cpu: cpu.clone(), ..Target::host_cpu() };
+    let disabled: Vec<&str> = if opts.winograd { vec![] } else { vec!["cpu.winograd"] };
+    let choices = Choices { forced: &opts.families, disabled: &disabled, tuned: None };
+    let registry = tilec_cpu::families::registry();
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match lower_cpu(&g, &grp.nodes, &name, opts.winograd) {
+        let build = |p: &Problem| dispatch(registry, p, &ftarget, &choices);
+        let lowered: Vec<(Option<(CpuBuilt, Decision)>, Vec<NodeId>, String)> = match build(&Problem::of_group(&g, grp, &name)) {
             Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
             Err(_) if grp.nodes.len() > 1 => grp
                 .nodes
@@ -213,35 +225,29 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
                 .enumerate()
                 .map(|(i, &n)| {
                     let nm = format!("{name}_{i}");
-                    match lower_cpu(&g, &[n], &nm, opts.winograd) {
+                    match build(&Problem::of_node(&g, n, &nm)) {
                         Ok(l) => (Some(l), vec![n], nm),
                         Err(e) => {
-                            report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
+                            report.fallbacks.push((g.node(n).op.name().to_string(), describe_rejections(&e)));
                             (None, vec![n], nm)
                         }
                     }
                 })
                 .collect(),
             Err(e) => {
-                report.fallbacks.push((g.node(grp.nodes[0]).op.name().to_string(), e.to_string()));
+                report.fallbacks.push((g.node(grp.nodes[0]).op.name().to_string(), describe_rejections(&e)));
                 vec![(None, grp.nodes.clone(), name)]
             }
         };
         let share = 1.0 / lowered.len() as f64;
         for (l, nodes, nm) in lowered {
             match l {
-                Some(mut l) => {
-                    let before = if opts.keep_ir { l.kernel.to_string() } else { String::new() };
-                    if opts.schedule {
-                        let s = schedule::default_cpu(&l.kernel, &cpu);
-                        let mut k2 = l.kernel.clone();
-                        if schedule::apply(&mut k2, &s).is_ok() {
-                            l.kernel = k2;
-                        }
-                    }
+                Some((built, decision)) => {
+                    let l = Lowered { kernel: if opts.schedule { built.kernel } else { built.lowered.kernel.clone() }, ..built.lowered.clone() };
                     if opts.keep_ir {
-                        report.ir.push((nm.clone(), before, l.kernel.to_string()));
+                        report.ir.push((nm.clone(), built.lowered.kernel.to_string(), l.kernel.to_string()));
                     }
+                    report.families.push((nm.clone(), decision));
                     let mut args = l.inputs.clone();
                     args.extend(&l.outputs);
                     steps.push(Step {
@@ -371,22 +377,6 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Compiled, Error> 
         c.prepack(si);
     }
     Ok(c)
-}
-
-/// Interim: Winograd and attention as matrix products where they apply.
-fn lower_cpu(g: &Graph, nodes: &[NodeId], name: &str, winograd: bool) -> Result<Lowered, tilec_tile::lower::LowerError> {
-    use tilec_tile::lower::{AttentionAlgo, ConvAlgo};
-    let convs: &[ConvAlgo] = if winograd { &[ConvAlgo::Winograd, ConvAlgo::Auto] } else { &[ConvAlgo::Auto] };
-    let mut last = None;
-    for &conv in convs {
-        for attention in [AttentionAlgo::Gemm, AttentionAlgo::Rows] {
-            match lower_nodes_with(g, nodes, name, LowerOptions { conv, attention }) {
-                Ok(l) => return Ok(l),
-                Err(e) => last = Some(e),
-            }
-        }
-    }
-    Err(last.expect("at least one attempt"))
 }
 
 /// Orders steps so that every value is produced before it is read (stable: the partition's

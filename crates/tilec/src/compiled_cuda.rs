@@ -21,7 +21,8 @@ use tilec_ir::{Graph, NodeId, Tensor, ValueDef, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::partition::{partition, Target, TargetKind};
 use tilec_runtime::{BufferReq, MemoryPlan};
-use tilec_tile::lower::{lower_group, lower_nodes, Lowered};
+use tilec_cuda::families::GpuBuilt;
+use tilec_tile::family::{describe_rejections, dispatch, Choices, Decision, Problem};
 use tilec_tile::Kernel;
 
 use crate::compiled::{fixed_shape, value_bytes};
@@ -40,11 +41,13 @@ pub struct CudaOptions {
     pub device: usize,
     /// Where compiled kernels are cached (`None`: the back end's default directory).
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Families forced per op or kernel name (`--family OP=NAME`).
+    pub families: Vec<(String, String)>,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { opt_level: 3, device: 0, cache_dir: None }
+        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![] }
     }
 }
 
@@ -155,74 +158,60 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     let part = partition(&g, &Target::preset(TargetKind::Cuda));
     let mut kernels: Vec<GpuKernelSource> = vec![];
     let mut steps: Vec<PStep> = vec![];
+    let ftarget = Target { gpu: *target, ..Target::preset(TargetKind::Cuda) };
+    let disabled: Vec<&str> = if crate::cuda_families::enabled() { vec![] } else { vec![tilec_cuda::families::HOPPER_GEMM] };
+    let choices = Choices { forced: &opts.families, disabled: &disabled, tuned: None };
+    let registry = tilec_cuda::families::registry();
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        // A fused group that only a single thread could run (several GEMMs, or scratch larger
-        // than shared memory) is cheaper as separate kernels, each with a parallel schedule.
-        let group = lower_group(&g, grp, &name).and_then(|l| {
-            let serial = grp.nodes.len() > 1
-                && matches!(tilec_cuda::schedule_gpu_named(&l.kernel, target), Ok((_, "serial")));
-            if serial {
-                report.split_groups += 1;
-                Err(tilec_tile::lower::LowerError::Invalid(format!(
-                    "{name} runs on one GPU thread fused; split into its nodes"
-                )))
-            } else {
-                Ok(l)
-            }
-        });
-        let lowered: Vec<(Option<Lowered>, Vec<NodeId>, String)> = match group {
-            Ok(l) => vec![(Some(l), grp.nodes.clone(), name)],
-            Err(_) if grp.nodes.len() > 1 => grp
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| {
-                    let nm = format!("{name}_{i}");
-                    match lower_nodes(&g, &[n], &nm) {
-                        Ok(l) => (Some(l), vec![n], nm),
-                        Err(e) => {
-                            report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
-                            (None, vec![n], nm)
+        let build = |p: &Problem| dispatch(registry, p, &ftarget, &choices);
+        let built: Vec<(Option<(GpuBuilt, Decision)>, Vec<NodeId>, String)> = match build(&Problem::of_group(&g, grp, &name)) {
+            Ok(b) => vec![(Some(b), grp.nodes.clone(), name)],
+            Err(why) if grp.nodes.len() > 1 => {
+                // A fused group that only a single thread could run (several GEMMs, or scratch
+                // larger than shared memory) is cheaper as separate kernels.
+                if why.iter().any(|(f, _)| *f == "cuda.direct") {
+                    report.split_groups += 1;
+                }
+                grp.nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| {
+                        let nm = format!("{name}_{i}");
+                        match build(&Problem::of_node(&g, n, &nm)) {
+                            Ok(b) => (Some(b), vec![n], nm),
+                            Err(e) => {
+                                report.fallbacks.push((g.node(n).op.name().to_string(), describe_rejections(&e)));
+                                (None, vec![n], nm)
+                            }
                         }
-                    }
-                })
-                .collect(),
+                    })
+                    .collect()
+            }
             Err(e) => {
                 for &n in &grp.nodes {
-                    report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
+                    report.fallbacks.push((g.node(n).op.name().to_string(), describe_rejections(&e)));
                 }
                 vec![(None, grp.nodes.clone(), name)]
             }
         };
-        for (l, nodes, nm) in lowered {
-            let Some(l) = l else {
+        for (b, nodes, nm) in built {
+            let Some((b, decision)) = b else {
                 steps.extend(host_steps(&g, &nodes, &nm));
                 continue;
             };
-            let scheduled = tilec_cuda::schedule_gpu_named(&l.kernel, target)
-                .and_then(|(s, how)| tilec_cuda::render(&s).map(|src| (s, how, src)));
-            match scheduled {
-                Ok((s, how, source)) => {
-                    let (how, source, family) = crate::cuda_families::dispatch(&l.kernel, target, how, source);
-                    let mut args = l.inputs.clone();
-                    args.extend(&l.outputs);
-                    steps.push(PStep {
-                        name: nm.clone(),
-                        kind: PKind::Kernel(kernels.len()),
-                        args,
-                        outputs: l.outputs.clone(),
-                        nodes: nodes.clone(),
-                    });
-                    kernels.push(GpuKernelSource { name: nm, lowered: l.kernel, scheduled: s, schedule: how, source, family });
-                }
-                Err(e) => {
-                    for &n in &nodes {
-                        report.fallbacks.push((g.node(n).op.name().to_string(), e.to_string()));
-                    }
-                    steps.extend(host_steps(&g, &nodes, &nm));
-                }
-            }
+            let mut args = b.lowered.inputs.clone();
+            args.extend(&b.lowered.outputs);
+            steps.push(PStep { name: nm.clone(), kind: PKind::Kernel(kernels.len()), args, outputs: b.lowered.outputs.clone(), nodes });
+            let family = crate::cuda_families::FamilyInfo { decision, plan: b.plan, fallback: b.fallback };
+            kernels.push(GpuKernelSource {
+                name: nm,
+                lowered: b.lowered.kernel,
+                scheduled: b.scheduled,
+                schedule: b.schedule,
+                source: b.source,
+                family,
+            });
         }
     }
     // Nodes in no group whose values a step or the graph outputs need run on the host.

@@ -153,27 +153,40 @@ pub fn explain(args: &OptArgs) -> Result<()> {
     let hints = SizeHints { named: args.dims.iter().cloned().collect(), ..Default::default() };
     let p = partition::partition_with(&g, &t, &hints);
     print!("{}", partition::explain(&g, &p, &t));
-    // The default CPU schedule of every group that lowers (shapes must be concrete).
     if args.target.kind() == partition::TargetKind::Cpu {
-        let cpu = tilec_tile::schedule::CpuTarget::host();
-        println!();
-        println!("schedules (default, for this CPU):");
-        for grp in &p.groups {
-            let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-            match tilec_tile::lower::lower_group_with(&g, grp, &name, tilec_tile::lower::LowerOptions::default()) {
-                Ok(l) => {
-                    let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
-                    let steps: Vec<String> = s.to_string().lines().map(str::to_string).collect();
-                    println!("  {name}: {}", if steps.is_empty() { "(none)".to_string() } else { steps.join("; ") });
-                }
-                Err(e) => println!("  {name}: not lowered: {e}"),
-            }
-        }
+        explain_cpu(&g, &p.groups);
     }
     if args.target.kind() == partition::TargetKind::Cuda {
         explain_cuda(&g);
     }
     Ok(())
+}
+
+/// The CPU kernel family of every group (or of each of its nodes when the group does not
+/// build whole), its parameters and where they came from, and the families passed over.
+fn explain_cpu(g: &tilec::Graph, groups: &[partition::KernelGroup]) {
+    use tilec_tile::family::{describe_rejections, dispatch, Choices, Problem};
+    let t = tilec_opt::target::Target::host_cpu();
+    let reg = tilec_cpu::families::registry();
+    let choices = Choices::default();
+    println!();
+    println!("CPU kernels (families for this CPU):");
+    let show = |p: &Problem| match dispatch(reg, p, &t, &choices) {
+        Ok((_, d)) if d.rejected.is_empty() => println!("  {}: {}", p.name, d.summary()),
+        Ok((_, d)) => println!("  {}: {}; passed over: {}", p.name, d.summary(), d.rejections()),
+        Err(why) => println!("  {}: no family: {}", p.name, describe_rejections(&why)),
+    };
+    for grp in groups {
+        let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
+        let p = Problem::of_group(g, grp, &name);
+        if grp.nodes.len() > 1 && dispatch(reg, &p, &t, &choices).is_err() {
+            for (i, &n) in grp.nodes.iter().enumerate() {
+                show(&Problem::of_node(g, n, &format!("{name}_{i}")));
+            }
+        } else {
+            show(&p);
+        }
+    }
 }
 
 /// The GPU kernels of a graph with concrete shapes: each kernel's schedule, and for matrix
@@ -191,10 +204,7 @@ fn explain_cuda(g: &tilec::Graph) {
         }
         Ok(p) => {
             for k in p.kernels() {
-                match k.family.describe() {
-                    Some(d) => println!("  {}: {} ({d})", k.name, k.schedule),
-                    None => println!("  {}: {}", k.name, k.schedule),
-                }
+                println!("  {}: {}", k.name, k.family.describe());
             }
             for (op, why) in &p.report.fallbacks {
                 println!("  host step {op}: {why}");
