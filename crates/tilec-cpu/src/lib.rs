@@ -10,6 +10,7 @@
 
 pub mod compiler;
 pub mod cpuinfo;
+pub mod families;
 pub mod gemm;
 pub mod render;
 

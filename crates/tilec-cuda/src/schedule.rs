@@ -77,7 +77,7 @@ pub(crate) fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64
 }
 
 /// The outer loops of a nest down to the first body that is not a single loop.
-fn row_nest(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
+pub(crate) fn row_nest(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
     let mut loops = vec![];
     let mut cur = body;
     while let [Stmt::For(l)] = cur {

@@ -268,6 +268,8 @@ pub trait Tuned {
 pub struct Choices<'a> {
     /// `(op or kernel name, family)`: `--family OP=NAME`; `*` matches every kernel.
     pub forced: &'a [(String, String)],
+    /// Families never to use (`--no-winograd` is `cpu.winograd` here).
+    pub disabled: &'a [&'a str],
     pub tuned: Option<&'a dyn Tuned>,
 }
 
@@ -366,6 +368,10 @@ pub fn dispatch<T: ?Sized, B>(
     }
     for f in reg.for_kind(p.kind) {
         if rejected.iter().any(|(n, _)| *n == f.name()) {
+            continue;
+        }
+        if choices.disabled.contains(&f.name()) {
+            rejected.push((f.name(), "disabled".into()));
             continue;
         }
         let tuned = choices.tuned.and_then(|db| db.lookup(f.name(), &p.key()));

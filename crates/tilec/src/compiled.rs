@@ -17,7 +17,7 @@ use crate::exec::cpu::{Cpu, CpuBuild};
 use crate::exec::Executor;
 use crate::Error;
 
-pub use crate::exec::cpu::CpuBuilt;
+pub use tilec_cpu::families::CpuBuilt;
 
 /// What compilation did, for `--stats` and the benchmark.
 pub type CompileReport = crate::exec::Report;
@@ -41,7 +41,7 @@ pub struct CompileOptions {
     pub cache_dir: Option<std::path::PathBuf>,
     /// Keep the text of every kernel after lowering and after scheduling.
     pub keep_ir: bool,
-    /// Let eligible 3x3 convolutions use Winograd transforms.
+    /// Let the Winograd family take eligible 3x3 convolutions.
     pub winograd: bool,
     /// Families forced per op or kernel name (`--family OP=NAME`).
     pub families: Vec<(String, String)>,
@@ -61,14 +61,12 @@ impl Default for CompileOptions {
     }
 }
 
-fn builder(opts: &CompileOptions) -> CpuBuild {
-    CpuBuild { target: Target::host_cpu(), schedule: opts.schedule, winograd: opts.winograd }
-}
-
 /// Optimizes, partitions and builds every kernel for the host CPU (no C compiler needed).
 pub fn prepare(graph: &Graph, opts: &CompileOptions) -> Result<Prepared, Error> {
-    let choices = Choices { forced: &opts.families, tuned: None };
-    crate::exec::prepare(graph, opts.opt_level, &builder(opts), &choices)
+    let disabled: &[&str] = if opts.winograd { &[] } else { &["cpu.winograd"] };
+    let choices = Choices { forced: &opts.families, disabled, tuned: None };
+    let builder = CpuBuild { target: Target::host_cpu(), schedule: opts.schedule };
+    crate::exec::prepare(graph, opts.opt_level, &builder, &choices)
 }
 
 /// Compiles a graph with concrete shapes for the host CPU.

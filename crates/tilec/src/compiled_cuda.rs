@@ -50,7 +50,9 @@ impl Default for CudaOptions {
 
 /// Optimizes for CUDA, partitions, lowers, schedules and renders a graph with concrete shapes.
 pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<Prepared, Error> {
-    let choices = Choices { forced: &opts.families, tuned: None };
+    // `TILEC_CUDA_FAMILIES=off` keeps every kernel on the tile-IR schedules (for comparisons).
+    let disabled: &[&str] = if crate::cuda_families::enabled() { &[] } else { &[tilec_cuda::families::HOPPER_GEMM] };
+    let choices = Choices { forced: &opts.families, disabled, tuned: None };
     let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild::for_gpu(target), &choices)?;
     let mut counts: Vec<(String, usize)> = vec![];
     for k in p.kernels() {

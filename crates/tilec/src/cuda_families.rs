@@ -4,90 +4,41 @@
 //! Families are on by default; `TILEC_CUDA_FAMILIES=off` keeps every kernel on its tile-IR
 //! schedule (for comparisons).
 
-use tilec_cuda::families::{self, FamilyPlan};
-use tilec_cuda::{CudaSource, Device, GpuKernel, GpuTarget, LaunchConfig};
+use tilec_cuda::families::FamilyPlan;
+use tilec_cuda::{CudaSource, Device, GpuKernel};
+use tilec_tile::family::Decision;
 use tilec_tile::Kernel;
 
 /// What the family dispatch decided for one kernel (kept with the prepared kernel).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct FamilyInfo {
-    /// The plan of the family that runs the kernel.
+    /// The family, its parameters and the families passed over.
+    pub decision: Decision,
+    /// A template family's plan.
     pub plan: Option<FamilyPlan>,
-    /// For kernels holding a matrix product: the families that did not take it, and why.
-    pub rejected: Vec<(&'static str, String)>,
-    /// With a plan: the tile-IR schedule's name and source, run if the family kernel does not
+    /// With a plan: the tile-IR schedule's name and source, run if the template does not
     /// compile or load.
     pub fallback: Option<(&'static str, CudaSource)>,
 }
 
 impl FamilyInfo {
-    /// One line: the chosen family and its parameters, or why none applies.
-    pub fn describe(&self) -> Option<String> {
-        match (&self.plan, self.rejected.is_empty()) {
-            (Some(p), _) => Some(p.describe()),
-            (None, false) => Some(
-                self.rejected
-                    .iter()
-                    .map(|(f, why)| format!("{f}: {why}"))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
-            (None, true) => None,
+    /// One line: the family with its parameters (a template's plan described), then the
+    /// families passed over and why.
+    pub fn describe(&self) -> String {
+        let mut s = match &self.plan {
+            Some(p) => format!("{} ({}; {})", self.decision.family, self.decision.origin, p.describe()),
+            None => self.decision.summary(),
+        };
+        if !self.decision.rejected.is_empty() {
+            s.push_str(&format!("; passed over: {}", self.decision.rejections()));
         }
+        s
     }
 }
 
-/// Whether families are enabled (`TILEC_CUDA_FAMILIES=off` or `0` disables them).
+/// Whether the template families are enabled (`TILEC_CUDA_FAMILIES=off` or `0` disables them).
 pub fn enabled() -> bool {
-    !matches!(
-        std::env::var("TILEC_CUDA_FAMILIES").as_deref(),
-        Ok("off" | "0")
-    )
-}
-
-/// Asks the families about a lowered kernel. When one applies, its source replaces the tile-IR
-/// rendering and its name the schedule's.
-pub fn dispatch(
-    lowered: &Kernel,
-    target: &GpuTarget,
-    schedule: &'static str,
-    source: CudaSource,
-) -> (&'static str, CudaSource, FamilyInfo) {
-    if !enabled() || !families::has_gemm(lowered) {
-        return (schedule, source, FamilyInfo::default());
-    }
-    let d = families::choose(lowered, target);
-    match d.chosen {
-        Some(plan) => {
-            let src = CudaSource {
-                name: plan.entry.clone(),
-                source: plan.source.clone(),
-                launch: LaunchConfig {
-                    grid: (target.sm_count, 1, 1),
-                    block: (plan.params.threads() as u32, 1, 1),
-                    shared_mem_bytes: plan.params.smem_bytes() as u32,
-                },
-            };
-            (
-                plan.family,
-                src,
-                FamilyInfo {
-                    plan: Some(plan),
-                    rejected: d.rejected,
-                    fallback: Some((schedule, source)),
-                },
-            )
-        }
-        None => (
-            schedule,
-            source,
-            FamilyInfo {
-                plan: None,
-                rejected: d.rejected,
-                fallback: None,
-            },
-        ),
-    }
+    !matches!(std::env::var("TILEC_CUDA_FAMILIES").as_deref(), Ok("off" | "0"))
 }
 
 /// Loads a compiled kernel: through its family when it has one.
@@ -130,12 +81,4 @@ pub fn load_or_fallback(
         }
         (r, _) => r,
     }
-}
-
-/// `(kernel, decision)` for every kernel with a family decision worth reporting.
-pub fn summary(kernels: &[crate::compiled_cuda::GpuKernelSource]) -> Vec<(String, String)> {
-    kernels
-        .iter()
-        .filter_map(|k| k.family.describe().map(|d| (k.name.clone(), d)))
-        .collect()
 }

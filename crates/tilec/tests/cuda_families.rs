@@ -58,7 +58,7 @@ fn families(p: &Prepared) -> Vec<(&'static str, Option<String>)> {
     p.kernels()
         .iter()
         .filter(|k| tilec::cuda::families::has_gemm(&k.lowered))
-        .map(|k| (k.schedule, k.family.describe()))
+        .map(|k| (k.schedule, Some(k.family.describe())))
         .collect()
 }
 

@@ -8,33 +8,19 @@ use std::ffi::c_void;
 use tilec_ir::{DType, Tensor, ValueId};
 use tilec_opt::target::Target;
 use tilec_runtime::Arena;
-use tilec_tile::family::{Choices, Decision, ParamOrigin, Params, Problem};
-use tilec_tile::lower::{AttentionAlgo, ConvAlgo, LowerOptions, Lowered};
-use tilec_tile::schedule::{self, Schedule};
+use tilec_cpu::families::{registry, CpuBuilt};
+use tilec_tile::family::{dispatch, Choices, Decision, Problem};
 use tilec_tile::{CheckSite, Kernel};
 
 use super::{Backend, Build, Report, Rejections};
 use crate::Error;
 
-/// What a CPU family builds: the kernel as lowered and as scheduled.
-#[derive(Clone, Debug)]
-pub struct CpuBuilt {
-    pub lowered: Lowered,
-    pub kernel: Kernel,
-    pub schedule: Schedule,
-}
-
-/// Builds CPU kernels for a target.
+/// Builds CPU kernels for a target through the CPU families (`tilec_cpu::families`).
 pub struct CpuBuild {
     pub target: Target,
     /// Apply the families' schedules (off: plain loop nests, for debugging).
     pub schedule: bool,
-    /// Let eligible 3x3 convolutions use Winograd transforms.
-    pub winograd: bool,
 }
-
-/// The CPU families, in the order they are tried.
-const FAMILIES: [&str; 3] = ["cpu.winograd", "cpu.attention_gemm", "cpu.loops"];
 
 impl Build for CpuBuild {
     type Built = CpuBuilt;
@@ -44,42 +30,15 @@ impl Build for CpuBuild {
     }
 
     fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String> {
-        match forced.iter().find(|(_, f)| !FAMILIES.contains(&f.as_str())) {
-            Some((op, f)) => Err(format!(
-                "--family {op}={f}: no family '{f}' on this target (families: {})",
-                FAMILIES.join(", ")
-            )),
-            None => Ok(()),
-        }
+        registry().check_forced(forced)
     }
 
-    fn build(&self, p: &Problem, _choices: &Choices) -> Result<(CpuBuilt, Decision), Rejections> {
-        let tries = [
-            (FAMILIES[0], LowerOptions { conv: ConvAlgo::Winograd, attention: AttentionAlgo::Rows }),
-            (FAMILIES[1], LowerOptions { conv: ConvAlgo::Auto, attention: AttentionAlgo::Gemm }),
-            (FAMILIES[2], LowerOptions::default()),
-        ];
-        let mut rejected = vec![];
-        for (family, opts) in tries {
-            if family == FAMILIES[0] && !self.winograd {
-                continue;
-            }
-            let lowered = match p.lower(opts) {
-                Ok(l) => l,
-                Err(e) => {
-                    rejected.push((family, e.to_string()));
-                    continue;
-                }
-            };
-            let s = if self.schedule { schedule::default_cpu(&lowered.kernel, &self.target.cpu) } else { Schedule::default() };
-            let mut kernel = lowered.kernel.clone();
-            if schedule::apply(&mut kernel, &s).is_err() {
-                kernel = lowered.kernel.clone();
-            }
-            let d = Decision { family, params: Params::default(), origin: ParamOrigin::Heuristic, rejected };
-            return Ok((CpuBuilt { lowered, kernel, schedule: s }, d));
+    fn build(&self, p: &Problem, choices: &Choices) -> Result<(CpuBuilt, Decision), Rejections> {
+        let (mut b, d) = dispatch(registry(), p, &self.target, choices)?;
+        if !self.schedule {
+            b.kernel = b.lowered.kernel.clone();
         }
-        Err(rejected)
+        Ok((b, d))
     }
 
     fn params(b: &CpuBuilt) -> (&[ValueId], &[ValueId]) {

@@ -8,8 +8,8 @@ use std::time::Instant;
 use tilec_cuda::{CudaError, Device, DeviceBuffer, GpuKernel, GpuTarget, Stream};
 use tilec_ir::{DType, Tensor, ValueId};
 use tilec_opt::target::Target;
-use tilec_tile::family::{Choices, Decision, ParamOrigin, Params, Problem};
-use tilec_tile::lower::LowerOptions;
+use tilec_cuda::families::registry;
+use tilec_tile::family::{dispatch, Choices, Decision, Problem};
 use tilec_tile::{CheckSite, Kernel};
 
 use super::{Backend, Build, Executor, Report, Rejections};
@@ -27,11 +27,11 @@ pub struct GpuKernelSource {
     pub lowered: Kernel,
     /// After its GPU schedule.
     pub scheduled: Kernel,
-    /// Which schedule (`gemm`, `rows`, `elementwise`, `direct`, `block`, `serial`), or the
-    /// kernel family that runs it instead (`sm90_tc_gemm`).
+    /// The GPU schedule's name (`gemm`, `rows`, `elementwise`, `direct`, `block`, `serial`),
+    /// or the template family's (`sm90_tc_gemm`).
     pub schedule: &'static str,
     pub source: tilec_cuda::CudaSource,
-    /// The template family's plan, or why none applies (see `cuda_families`).
+    /// The family decision, and a template family's plan and fallback (see `cuda_families`).
     pub family: FamilyInfo,
 }
 
@@ -47,20 +47,6 @@ impl CudaBuild {
     }
 }
 
-/// The tile-IR schedules as families.
-const SCHEDULES: [(&str, &str); 6] = [
-    ("gemm", "cuda.gemm"),
-    ("rows", "cuda.rows"),
-    ("elementwise", "cuda.elementwise"),
-    ("direct", "cuda.direct"),
-    ("block", "cuda.block"),
-    ("serial", "cuda.serial"),
-];
-
-fn family_of(schedule: &str) -> &'static str {
-    SCHEDULES.iter().find(|(s, _)| *s == schedule).map_or("cuda.tile", |(_, f)| f)
-}
-
 impl Build for CudaBuild {
     type Built = GpuKernelSource;
 
@@ -69,42 +55,20 @@ impl Build for CudaBuild {
     }
 
     fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String> {
-        let mut names: Vec<&str> = SCHEDULES.iter().map(|s| s.1).collect();
-        names.push(tilec_cuda::families::HOPPER_GEMM);
-        match forced.iter().find(|(_, f)| !names.contains(&f.as_str())) {
-            Some((op, f)) => {
-                Err(format!("--family {op}={f}: no family '{f}' on this target (families: {})", names.join(", ")))
-            }
-            None => Ok(()),
-        }
+        registry().check_forced(forced)
     }
 
-    fn build(&self, p: &Problem, _choices: &Choices) -> Result<(GpuKernelSource, Decision), Rejections> {
-        let gpu = &self.target.gpu;
-        let l = p.lower(LowerOptions::default()).map_err(|e| vec![("cuda", e.to_string())])?;
-        let (scheduled, how) = tilec_cuda::schedule_gpu_named(&l.kernel, gpu).map_err(|e| vec![("cuda", e.to_string())])?;
-        // A fused group that only one thread could run (several GEMMs, or scratch larger than
-        // shared memory) is cheaper as separate kernels, each with a parallel schedule.
-        if how == "serial" && p.nodes.len() > 1 {
-            return Err(vec![(family_of(how), format!("{} runs on one GPU thread fused; split into its nodes", p.name))]);
-        }
-        let source = tilec_cuda::render(&scheduled).map_err(|e| vec![(family_of(how), e.to_string())])?;
-        let (schedule, source, family) = crate::cuda_families::dispatch(&l.kernel, gpu, how, source);
-        let decision = Decision {
-            family: if family.plan.is_some() { schedule } else { family_of(schedule) },
-            params: Params::default(),
-            origin: ParamOrigin::Heuristic,
-            rejected: family.rejected.clone(),
-        };
+    fn build(&self, p: &Problem, choices: &Choices) -> Result<(GpuKernelSource, Decision), Rejections> {
+        let (b, decision) = dispatch(registry(), p, &self.target, choices)?;
         let k = GpuKernelSource {
             name: p.name.clone(),
-            inputs: l.inputs,
-            outputs: l.outputs,
-            lowered: l.kernel,
-            scheduled,
-            schedule,
-            source,
-            family,
+            inputs: b.lowered.inputs,
+            outputs: b.lowered.outputs,
+            lowered: b.lowered.kernel,
+            scheduled: b.scheduled,
+            schedule: b.schedule,
+            source: b.source,
+            family: FamilyInfo { decision: decision.clone(), plan: b.plan, fallback: b.fallback },
         };
         Ok((k, decision))
     }

@@ -1,15 +1,11 @@
-//! Kernel families tried before the tile-IR GPU schedules.
+//! `sm90_tc_gemm`: the Hopper tensor-core GEMM template of [`crate::gemm`] (wgmma fed by TMA,
+//! warp-specialized, persistent) for a kernel that is one `Gemm` over 16-bit operands read
+//! straight from buffers, with its epilogue rendered from the tile IR as a device function.
 //!
-//! A *family* is a hand-written kernel template outside the tile IR (today: the Hopper
-//! tensor-core GEMM of [`crate::gemm`]). For each lowered kernel, [`choose`] asks the families
-//! in [`FAMILIES`] in order whether they apply; each answers with a plan (its problem, its
-//! heuristic parameters and its rendered source) or with the reason it does not. The first plan
-//! wins; a kernel no family takes keeps its tile-IR schedule. The decision and the reasons are
-//! kept so that `explain` can show them.
-//!
-//! A family kernel keeps the ABI of the tile-IR kernel it replaces (one device pointer per
+//! A template kernel keeps the ABI of the tile-IR kernel it replaces (one device pointer per
 //! parameter, in `Kernel::params` order), so the executor launches it like any other; see
-//! [`crate::GpuKernel::launch`].
+//! [`crate::GpuKernel::launch`]. Its build carries the SIMT GEMM as a fallback, run when the
+//! template does not compile or load.
 
 use std::sync::Mutex;
 
@@ -19,16 +15,13 @@ use tilec_tile::{BinOp, BufId, Expr, Gemm, Kernel, Scope, Stmt, VarId};
 use crate::driver::{Device, Stream};
 use crate::error::{CudaError, Result};
 use crate::gemm::{self, CustomEpilogue, GemmArgs, GemmKernel, Layout, Params, Problem};
+use crate::render::CudaSource;
 use crate::schedule::GpuTarget;
+use tilec_opt::target::Target;
+use tilec_tile::family::{Family, ParamSpace, Params as FParams, Problem as FProblem};
 
 /// The Hopper tensor-core GEMM family's name.
 pub const HOPPER_GEMM: &str = "sm90_tc_gemm";
-
-/// A family's test: a plan for the kernel, or why it does not apply.
-pub type TryFamily = fn(&Kernel, &GpuTarget) -> std::result::Result<FamilyPlan, String>;
-
-/// The families, in the order they are tried.
-pub const FAMILIES: &[(&str, TryFamily)] = &[(HOPPER_GEMM, hopper_gemm)];
 
 /// Where an operand starts: a kernel parameter and an offset into it.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,29 +82,6 @@ impl FamilyPlan {
             q.group_m
         )
     }
-}
-
-/// What [`choose`] decided for a kernel.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Decision {
-    pub chosen: Option<FamilyPlan>,
-    /// Families that did not apply, with the reason.
-    pub rejected: Vec<(&'static str, String)>,
-}
-
-/// Asks every family in turn.
-pub fn choose(k: &Kernel, target: &GpuTarget) -> Decision {
-    let mut d = Decision::default();
-    for (name, try_family) in FAMILIES {
-        match try_family(k, target) {
-            Ok(plan) => {
-                d.chosen = Some(plan);
-                break;
-            }
-            Err(why) => d.rejected.push((name, why)),
-        }
-    }
-    d
 }
 
 /// Whether a kernel holds a matrix product (where family decisions are worth reporting).
@@ -529,5 +499,103 @@ impl FamilyKernel {
             Some((_, args)) => self.gemm.launch(stream, args),
             None => Err(CudaError::Usage("no launch arguments".into())),
         }
+    }
+}
+
+/// The family as the registry holds it.
+pub struct Sm90TcGemm;
+pub static SM90_TC_GEMM: Sm90TcGemm = Sm90TcGemm;
+
+const NAMES: [&str; 7] = ["tile_m", "tile_n", "tile_k", "stages", "consumers", "cluster_m", "group_m"];
+
+fn to_params(q: &Params) -> FParams {
+    let v = [q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m];
+    FParams(NAMES.iter().copied().zip(v.map(|x| x as i64)).collect())
+}
+
+/// `q` with the values `p` sets.
+fn with_params(q: Params, p: &FParams) -> Params {
+    let get = |n: &str, d: usize| p.get(n).map_or(d, |v| v.max(0) as usize);
+    Params {
+        tile_m: get("tile_m", q.tile_m),
+        tile_n: get("tile_n", q.tile_n),
+        tile_k: get("tile_k", q.tile_k),
+        stages: get("stages", q.stages),
+        consumers: get("consumers", q.consumers),
+        cluster_m: get("cluster_m", q.cluster_m),
+        group_m: get("group_m", q.group_m),
+        ..q
+    }
+}
+
+/// The plan for a problem's kernel (the fused GEMM kernel, its heuristic parameters).
+fn plan_of(p: &FProblem, t: &Target) -> std::result::Result<FamilyPlan, String> {
+    let l = super::lowered(p)?;
+    hopper_gemm(&l.kernel, &t.gpu)
+}
+
+impl Family for Sm90TcGemm {
+    type Target = Target;
+    type Built = super::GpuBuilt;
+
+    fn name(&self) -> &'static str {
+        HOPPER_GEMM
+    }
+
+    fn applies(&self, p: &FProblem, t: &Target) -> std::result::Result<(), String> {
+        plan_of(p, t).map(drop)
+    }
+
+    fn space(&self, _p: &FProblem, _t: &Target) -> ParamSpace {
+        ParamSpace {
+            axes: vec![
+                ("tile_m", vec![64, 128]),
+                ("tile_n", vec![64, 128, 192, 256]),
+                ("tile_k", vec![64]),
+                ("stages", vec![2, 3, 4, 5, 6, 8]),
+                ("consumers", vec![1, 2]),
+                ("cluster_m", vec![1, 2]),
+                ("group_m", vec![1, 4, 8, 16]),
+            ],
+        }
+    }
+
+    /// Whatever the template accepts for the problem ([`gemm::applies`]).
+    fn check(&self, p: &FProblem, t: &Target, params: &FParams) -> std::result::Result<(), String> {
+        let plan = plan_of(p, t)?;
+        gemm::applies(&plan.problem, &with_params(plan.params, params), t.gpu.compute_capability)
+    }
+
+    fn heuristic(&self, p: &FProblem, t: &Target) -> FParams {
+        plan_of(p, t).map(|plan| to_params(&plan.params)).unwrap_or_default()
+    }
+
+    fn build(&self, p: &FProblem, t: &Target, params: &FParams) -> std::result::Result<super::GpuBuilt, String> {
+        let mut plan = plan_of(p, t)?;
+        let q = with_params(plan.params, params);
+        if q != plan.params {
+            plan.params = q;
+            plan.entry = gemm::kernel_name(&plan.problem, &q);
+            plan.source = gemm::render(&plan.problem, &q);
+        }
+        // The SIMT GEMM, run if the template does not compile or load.
+        let simt = super::simt_gemm::SIMT_GEMM.build(p, t, &FParams::default())?;
+        let source = CudaSource {
+            name: plan.entry.clone(),
+            source: plan.source.clone(),
+            launch: crate::LaunchConfig {
+                grid: (t.gpu.sm_count, 1, 1),
+                block: (plan.params.threads() as u32, 1, 1),
+                shared_mem_bytes: plan.params.smem_bytes() as u32,
+            },
+        };
+        Ok(super::GpuBuilt {
+            lowered: simt.lowered,
+            scheduled: simt.scheduled,
+            schedule: HOPPER_GEMM,
+            source,
+            plan: Some(plan),
+            fallback: Some((simt.schedule, simt.source)),
+        })
     }
 }

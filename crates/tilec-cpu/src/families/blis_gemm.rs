@@ -1,0 +1,161 @@
+//! `cpu.blis_gemm`: kernels whose anchor lowers to a `Gemm` (matrix products, convolutions as
+//! an implicit im2col, with their fused prologues and epilogues) rendered by the BLIS-style
+//! template of `crate::gemm`: an `mr × nr` register tile, `kc`-deep packed panels and
+//! `mc × nc` cache blocks. Its parameters are that blocking; the heuristic is the default CPU
+//! schedule's ([`tilec_tile::schedule::gemm_params`]).
+
+use tilec_ir::op::LinalgOp;
+use tilec_ir::Op;
+use tilec_opt::target::Target;
+use tilec_tile::family::{Family, ParamSpace, Params, Problem};
+use tilec_tile::lower::{ConvAlgo, LowerOptions};
+use tilec_tile::schedule::{default_cpu, Primitive, Schedule};
+use tilec_tile::{Kernel, Stmt};
+
+use super::{build_with, has_gemm, CpuBuilt};
+
+pub struct BlisGemm;
+pub static BLIS_GEMM: BlisGemm = BlisGemm;
+
+/// A convolution is a GEMM of depth `channels per group × taps` with `output channels per
+/// group` columns; shallower or narrower ones waste the register tiles (a direct nest is
+/// faster).
+const MIN_DEPTH: i64 = 16;
+const MIN_OUT_CHANNELS: i64 = 4;
+
+/// Accumulator registers a tile may take (of the 32 vector registers of AVX-512; the rest
+/// hold the A broadcasts and B vectors).
+const MAX_ACC_REGS: i64 = 28;
+
+const NAMES: [&str; 5] = ["mr", "nr", "kc", "mc", "nc"];
+
+fn opts(p: &Problem) -> LowerOptions {
+    match p.anchor_op() {
+        Some(Op::Linalg(LinalgOp::Conv { .. })) => LowerOptions { conv: ConvAlgo::Gemm, ..Default::default() },
+        _ => LowerOptions::default(),
+    }
+}
+
+/// The single gemm of a kernel.
+fn the_gemm(k: &Kernel) -> Option<tilec_tile::Gemm> {
+    let mut gemms = vec![];
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Gemm(g) = s {
+                gemms.push((**g).clone());
+            }
+        });
+    }
+    match gemms.len() {
+        1 => gemms.pop(),
+        _ => None,
+    }
+}
+
+/// Vector lanes of the gemm's accumulation type.
+fn lanes(k: &Kernel, t: &Target) -> i64 {
+    let elem = the_gemm(k).map_or(4, |g| g.acc_dtype.size_bytes().clamp(4, 8)) as i64;
+    (t.cpu.vector_bytes as i64 / elem).max(1)
+}
+
+/// The blocking a schedule gives its (single) gemm.
+fn blocking_of(s: &Schedule) -> Option<[i64; 5]> {
+    s.steps.iter().find_map(|p| match p {
+        Primitive::GemmBlocking { mr, nr, kc, mc, nc, .. } => Some([*mr, *nr, *kc, *mc, *nc]),
+        _ => None,
+    })
+}
+
+impl Family for BlisGemm {
+    type Target = Target;
+    type Built = CpuBuilt;
+
+    fn name(&self) -> &'static str {
+        "cpu.blis_gemm"
+    }
+
+    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
+        if let Some(Op::Linalg(LinalgOp::Conv { group, .. })) = p.anchor_op() {
+            let w = &p.graph.value(p.graph.node(p.anchor.unwrap_or(p.nodes[0])).inputs[1]).ty;
+            let dims: Vec<i64> = w.shape.iter().map(|d| d.fixed().map_or(0, |n| n as i64)).collect();
+            let depth: i64 = dims.iter().skip(1).product();
+            let cols = dims.first().copied().unwrap_or(0) / (*group).max(1) as i64;
+            if depth < MIN_DEPTH || cols < MIN_OUT_CHANNELS {
+                return Err(format!(
+                    "a depth of {depth} (channels x taps) and {cols} output channels per group are below {MIN_DEPTH} and {MIN_OUT_CHANNELS}: the register tiles would run mostly empty"
+                ));
+            }
+        }
+        let l = p.lower(opts(p)).map_err(|e| e.to_string())?;
+        if !has_gemm(&l.kernel) {
+            return Err("it lowers to no matrix product".into());
+        }
+        Ok(())
+    }
+
+    fn space(&self, p: &Problem, t: &Target) -> ParamSpace {
+        let lanes = p.lower(opts(p)).map(|l| lanes(&l.kernel, t)).unwrap_or(16);
+        if p.lower(opts(p)).ok().and_then(|l| the_gemm(&l.kernel)).is_none() {
+            return ParamSpace::default();
+        }
+        ParamSpace {
+            axes: vec![
+                ("mr", vec![4, 6, 8, 12]),
+                ("nr", vec![lanes, 2 * lanes, 3 * lanes]),
+                ("kc", vec![64, 128, 256, 384, 512]),
+                ("mc", vec![96, 192, 384, 768]),
+                ("nc", vec![1024, 2048, 4096]),
+            ],
+        }
+    }
+
+    /// Any blocking the template supports: `nr` whole vectors, at most 28 accumulator
+    /// registers, `kc` a multiple of 8, `mc` of `mr` and `nc` of `nr`.
+    fn check(&self, p: &Problem, t: &Target, params: &Params) -> Result<(), String> {
+        if params.is_empty() {
+            return Ok(());
+        }
+        let l = p.lower(opts(p)).map_err(|e| e.to_string())?;
+        if the_gemm(&l.kernel).is_none() {
+            return Err("blocking parameters need a kernel with a single matrix product".into());
+        }
+        let v = |n: &str| params.get(n).ok_or_else(|| format!("parameter '{n}' is missing"));
+        let (mr, nr, kc, mc, nc) = (v("mr")?, v("nr")?, v("kc")?, v("mc")?, v("nc")?);
+        let lanes = lanes(&l.kernel, t);
+        if [mr, nr, kc, mc, nc].iter().any(|&x| x <= 0) {
+            return Err("every blocking parameter must be positive".into());
+        }
+        if nr % lanes != 0 || mr * (nr / lanes) > MAX_ACC_REGS {
+            return Err(format!("an {mr}x{nr} tile is not whole vectors of {lanes} within {MAX_ACC_REGS} registers"));
+        }
+        if kc % 8 != 0 || mc % mr != 0 || nc % nr != 0 {
+            return Err(format!("kc={kc} must be a multiple of 8, mc={mc} of mr, nc={nc} of nr"));
+        }
+        Ok(())
+    }
+
+    fn heuristic(&self, p: &Problem, t: &Target) -> Params {
+        let Ok(l) = p.lower(opts(p)) else { return Params::default() };
+        if the_gemm(&l.kernel).is_none() {
+            return Params::default();
+        }
+        match blocking_of(&default_cpu(&l.kernel, &t.cpu)) {
+            Some(b) => Params(NAMES.iter().copied().zip(b).collect()),
+            None => Params::default(),
+        }
+    }
+
+    fn build(&self, p: &Problem, t: &Target, params: &Params) -> Result<CpuBuilt, String> {
+        build_with(p, opts(p), |k| {
+            let mut s = default_cpu(k, &t.cpu);
+            if let [Some(mr), Some(nr), Some(kc), Some(mc), Some(nc)] = NAMES.map(|n| params.get(n)) {
+                for step in &mut s.steps {
+                    if let Primitive::GemmBlocking { mr: a, nr: b, kc: c, mc: d, nc: e, .. } = step {
+                        (*a, *b, *c, *d, *e) = (mr, nr, kc, mc, nc);
+                    }
+                }
+            }
+            s
+        })
+    }
+}
