@@ -65,8 +65,8 @@ impl Default for CompileOptions {
 pub fn prepare(graph: &Graph, opts: &CompileOptions) -> Result<Prepared, Error> {
     let disabled: &[&str] = if opts.winograd { &[] } else { &["cpu.winograd"] };
     let choices = Choices { forced: &opts.families, disabled, tuned: None };
-    let builder = CpuBuild { target: Target::host_cpu(), schedule: opts.schedule };
-    crate::exec::prepare(graph, opts.opt_level, &builder, &choices)
+    let builder = CpuBuild { schedule: opts.schedule };
+    crate::exec::prepare(graph, opts.opt_level, &builder, &Target::host_cpu(), &choices)
 }
 
 /// Compiles a graph with concrete shapes for the host CPU.

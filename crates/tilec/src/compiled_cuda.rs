@@ -14,7 +14,7 @@ use tilec_cuda::GpuTarget;
 use tilec_ir::Graph;
 use tilec_tile::family::Choices;
 
-use crate::exec::cuda::{Cuda, CudaBuild};
+use crate::exec::cuda::{gpu_target, Cuda, CudaBuild};
 use crate::exec::Executor;
 use crate::Error;
 
@@ -53,7 +53,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     // `TILEC_CUDA_FAMILIES=off` keeps every kernel on the tile-IR schedules (for comparisons).
     let disabled: &[&str] = if crate::cuda_families::enabled() { &[] } else { &[tilec_cuda::families::HOPPER_GEMM] };
     let choices = Choices { forced: &opts.families, disabled, tuned: None };
-    let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild::for_gpu(target), &choices)?;
+    let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(target), &choices)?;
     let mut counts: Vec<(String, usize)> = vec![];
     for k in p.kernels() {
         match counts.iter_mut().find(|c| c.0 == k.schedule) {

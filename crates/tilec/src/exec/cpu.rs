@@ -8,37 +8,32 @@ use std::ffi::c_void;
 use tilec_ir::{DType, Tensor, ValueId};
 use tilec_opt::target::Target;
 use tilec_runtime::Arena;
-use tilec_cpu::families::{registry, CpuBuilt};
-use tilec_tile::family::{dispatch, Choices, Decision, Problem};
+use tilec_cpu::families::CpuBuilt;
+use tilec_tile::family::{Decision, Problem, Registry};
 use tilec_tile::{CheckSite, Kernel};
 
-use super::{Backend, Build, Report, Rejections};
+use super::{Backend, Build, Report};
 use crate::Error;
 
-/// Builds CPU kernels for a target through the CPU families (`tilec_cpu::families`).
+/// Builds CPU kernels through the CPU families (`tilec_cpu::families`).
 pub struct CpuBuild {
-    pub target: Target,
     /// Apply the families' schedules (off: plain loop nests, for debugging).
     pub schedule: bool,
 }
 
 impl Build for CpuBuild {
+    type Family = CpuBuilt;
     type Built = CpuBuilt;
 
-    fn target(&self) -> &Target {
-        &self.target
+    fn registry() -> &'static Registry<Target, CpuBuilt> {
+        tilec_cpu::families::registry()
     }
 
-    fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String> {
-        registry().check_forced(forced)
-    }
-
-    fn build(&self, p: &Problem, choices: &Choices) -> Result<(CpuBuilt, Decision), Rejections> {
-        let (mut b, d) = dispatch(registry(), p, &self.target, choices)?;
+    fn finish(&self, _p: &Problem, mut b: CpuBuilt, _d: &Decision) -> CpuBuilt {
         if !self.schedule {
             b.kernel = b.lowered.kernel.clone();
         }
-        Ok((b, d))
+        b
     }
 
     fn params(b: &CpuBuilt) -> (&[ValueId], &[ValueId]) {

@@ -8,11 +8,11 @@ use std::time::Instant;
 use tilec_cuda::{CudaError, Device, DeviceBuffer, GpuKernel, GpuTarget, Stream};
 use tilec_ir::{DType, Tensor, ValueId};
 use tilec_opt::target::Target;
-use tilec_cuda::families::registry;
-use tilec_tile::family::{dispatch, Choices, Decision, Problem};
+use tilec_cuda::families::GpuBuilt;
+use tilec_tile::family::{Decision, Problem, Registry};
 use tilec_tile::{CheckSite, Kernel};
 
-use super::{Backend, Build, Executor, Report, Rejections};
+use super::{Backend, Build, Executor, Report};
 use crate::cuda_families::FamilyInfo;
 use crate::Error;
 
@@ -35,32 +35,24 @@ pub struct GpuKernelSource {
     pub family: FamilyInfo,
 }
 
-/// Builds GPU kernels for a target (no device needed).
-pub struct CudaBuild {
-    pub target: Target,
-}
+/// Builds GPU kernels through the GPU families (`tilec_cuda::families`; no device needed).
+pub struct CudaBuild;
 
-impl CudaBuild {
-    /// A builder for a device as the schedules see it (the H200 preset's other numbers).
-    pub fn for_gpu(gpu: &GpuTarget) -> CudaBuild {
-        CudaBuild { target: Target { units: gpu.sm_count as usize, gpu: *gpu, ..Target::cuda_h200() } }
-    }
+/// The target of a device as the schedules see it (the H200 preset's other numbers).
+pub fn gpu_target(gpu: &GpuTarget) -> Target {
+    Target { units: gpu.sm_count as usize, gpu: *gpu, ..Target::cuda_h200() }
 }
 
 impl Build for CudaBuild {
+    type Family = GpuBuilt;
     type Built = GpuKernelSource;
 
-    fn target(&self) -> &Target {
-        &self.target
+    fn registry() -> &'static Registry<Target, GpuBuilt> {
+        tilec_cuda::families::registry()
     }
 
-    fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String> {
-        registry().check_forced(forced)
-    }
-
-    fn build(&self, p: &Problem, choices: &Choices) -> Result<(GpuKernelSource, Decision), Rejections> {
-        let (b, decision) = dispatch(registry(), p, &self.target, choices)?;
-        let k = GpuKernelSource {
+    fn finish(&self, p: &Problem, b: GpuBuilt, d: &Decision) -> GpuKernelSource {
+        GpuKernelSource {
             name: p.name.clone(),
             inputs: b.lowered.inputs,
             outputs: b.lowered.outputs,
@@ -68,9 +60,8 @@ impl Build for CudaBuild {
             scheduled: b.scheduled,
             schedule: b.schedule,
             source: b.source,
-            family: FamilyInfo { decision: decision.clone(), plan: b.plan, fallback: b.fallback },
-        };
-        Ok((k, decision))
+            family: FamilyInfo { decision: d.clone(), plan: b.plan, fallback: b.fallback },
+        }
     }
 
     fn params(b: &GpuKernelSource) -> (&[ValueId], &[ValueId]) {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use tilec_ir::{Graph, NodeId, Tensor, ValueDef, ValueId};
 use tilec_opt::target::Target;
 use tilec_runtime::{BufferReq, MemoryPlan, Profile};
-use tilec_tile::family::{Choices, Decision, Problem};
+use tilec_tile::family::{dispatch, Choices, Decision, Problem, Registry};
 use tilec_tile::{CheckSite, IndexViolation, STATUS_WORDS};
 
 use crate::Error;
@@ -46,25 +46,37 @@ pub const STATUS_STRIDE: usize = (STATUS_WORDS * 8).next_multiple_of(16);
 /// The families that did not build a problem, with their reasons.
 pub type Rejections = Vec<(&'static str, String)>;
 
-/// How a back end builds kernels for its target (no device needed).
+/// How a back end builds kernels for its target (no device needed): through its family
+/// registry, each kernel by the family [`dispatch`] chooses.
 pub trait Build {
-    /// A kernel built for a problem: lowered, scheduled and rendered as the back end needs.
+    /// What the back end's families build.
+    type Family: 'static;
+    /// A kernel as the executor keeps it (the family's build, completed).
     type Built;
 
-    /// The target description families read.
-    fn target(&self) -> &Target;
+    /// The back end's families, in the order they are tried.
+    fn registry() -> &'static Registry<Target, Self::Family>;
 
-    /// Checks `--family OP=NAME` choices: every family must exist on this target.
-    fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String>;
-
-    /// Builds the kernel of a problem with the family the choices and the registry give.
-    fn build(&self, p: &Problem, choices: &Choices) -> Result<(Self::Built, Decision), Rejections>;
+    /// Completes a family's build of `p` (options of the back end applied).
+    fn finish(&self, p: &Problem, built: Self::Family, d: &Decision) -> Self::Built;
 
     /// The kernel's parameters as graph values: inputs, then outputs (the ABI order).
     fn params(b: &Self::Built) -> (&[ValueId], &[ValueId]);
 
     /// The kernel's index check sites (when any, its last argument is a status slot).
     fn checks(b: &Self::Built) -> &[CheckSite];
+
+    /// Checks `--family OP=NAME` choices: every family must exist on this target.
+    fn check_forced(&self, forced: &[(String, String)]) -> Result<(), String> {
+        Self::registry().check_forced(forced)
+    }
+
+    /// Builds the kernel of a problem for a target with the family the choices and the registry
+    /// give.
+    fn build(&self, p: &Problem, target: &Target, choices: &Choices) -> Result<(Self::Built, Decision), Rejections> {
+        let (b, d) = dispatch(Self::registry(), p, target, choices)?;
+        Ok((self.finish(p, b, &d), d))
+    }
 }
 
 /// A device that runs built kernels from one planned arena.

@@ -86,12 +86,18 @@ impl<K: Build> Prepared<K> {
     }
 }
 
-/// Optimizes `graph` (concrete shapes) at `opt_level` for the builder's target kind, partitions
-/// it and builds every kernel.
-pub fn prepare<K: Build>(graph: &Graph, opt_level: u8, builder: &K, choices: &Choices) -> Result<Prepared<K>, Error> {
+/// Optimizes `graph` (concrete shapes) at `opt_level` for the target's kind, partitions it and
+/// builds every kernel for the target.
+pub fn prepare<K: Build>(
+    graph: &Graph,
+    opt_level: u8,
+    builder: &K,
+    target: &Target,
+    choices: &Choices,
+) -> Result<Prepared<K>, Error> {
     let t0 = Instant::now();
     builder.check_forced(choices.forced).map_err(Error::Compile)?;
-    let kind = builder.target().kind;
+    let kind = target.kind;
     let mut g = graph.clone();
     let pipe = Pipeline::for_level_and_target(opt_level, kind);
     pipe.run(&mut g, &PipelineOptions::default()).map_err(|e| Error::Compile(e.to_string()))?;
@@ -118,7 +124,7 @@ pub fn prepare<K: Build>(graph: &Graph, opt_level: u8, builder: &K, choices: &Ch
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
         let whole = Problem::of_group(&g, grp, &name);
-        let why = match builder.build(&whole, choices) {
+        let why = match builder.build(&whole, target, choices) {
             Ok(built) => {
                 steps.push(kernel_step::<K>(&whole, built, (grp.bytes, grp.flops), &mut kernels, &mut report));
                 continue;
@@ -134,7 +140,7 @@ pub fn prepare<K: Build>(graph: &Graph, opt_level: u8, builder: &K, choices: &Ch
         let share = 1.0 / grp.nodes.len() as f64;
         for (i, &n) in grp.nodes.iter().enumerate() {
             let p = Problem::of_node(&g, n, &format!("{name}_{i}"));
-            match builder.build(&p, choices) {
+            match builder.build(&p, target, choices) {
                 Ok(built) => {
                     let cost = (grp.bytes * share, grp.flops * share);
                     steps.push(kernel_step::<K>(&p, built, cost, &mut kernels, &mut report));
