@@ -1,8 +1,8 @@
 //! The executor of compiled models, one for every back end.
 //!
-//! A back end contributes two things: a [`Build`] (its target description and its kernel
-//! families: given a [`Problem`], build the kernel and say which family did, no device needed)
-//! and a [`Backend`] (compile the built kernels and load them, own the arena and the constants,
+//! A back end contributes two things: a [`Build`] (its kernel families: given a [`Problem`] and
+//! a target description, build the kernel and say which family did, no device needed) and a
+//! [`Backend`] (compile the built kernels and load them, own the arena and the constants,
 //! move bytes in and out, launch a kernel bound to its argument addresses, synchronize).
 //! Everything else lives here, once:
 //!
@@ -236,11 +236,6 @@ pub struct Executor<B: Backend> {
 /// The shape of a value with fixed dimensions.
 pub(crate) fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
     g.value(v).ty.shape.iter().map(|d| if let tilec_ir::Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
-}
-
-/// The time since `t0`, for reports.
-fn since(t0: Instant) -> Duration {
-    t0.elapsed()
 }
 
 /// Evaluates one node on the interpreter.

@@ -9,7 +9,7 @@ use tilec_ir::{Graph, ValueDef, ValueId};
 use tilec_runtime::{BufferReq, MemoryPlan};
 
 use super::steps::{Prepared, Step, StepKind};
-use super::{since, Backend, Exec, Executor, Segment, Slot, XStep, STATUS_STRIDE};
+use super::{Backend, Exec, Executor, Segment, Slot, XStep, STATUS_STRIDE};
 use crate::Error;
 
 /// The arena values of a step sequence (graph inputs and step outputs, by id) with the first and
@@ -88,7 +88,7 @@ impl<B: Backend> Executor<B> {
         if loaded.len() != kernels.len() {
             return Err(Error::Compile(format!("{} kernels built, {} loaded", kernels.len(), loaded.len())));
         }
-        report.codegen = since(t0);
+        report.codegen = t0.elapsed();
         let mut steps: Vec<(Step, Option<B::Loaded>)> = vec![];
         for st in planned {
             let StepKind::Kernel(i) = st.kind else {
@@ -151,7 +151,12 @@ impl<B: Backend> Executor<B> {
         for (si, (info, k)) in steps.into_iter().enumerate() {
             let status = checked.iter().position(|&c| c == si);
             let exec = match k {
-                None => Exec::Host(info.nodes[0]),
+                None => match info.kind {
+                    StepKind::Host(n) => Exec::Host(n),
+                    StepKind::Kernel(_) => {
+                        return Err(Error::Compile(format!("kernel {} was not loaded", info.name)))
+                    }
+                },
                 Some(k) => {
                     let mut ptrs = vec![];
                     let mut constant = vec![];
@@ -179,7 +184,7 @@ impl<B: Backend> Executor<B> {
         }
         let segments = segments(&xsteps);
         report.graphs = segments.iter().filter(|s| matches!(s, Segment::Device(_))).count();
-        report.total += since(t0);
+        report.total += t0.elapsed();
         Ok(Executor {
             graph: g,
             steps: xsteps,

@@ -12,7 +12,7 @@ use tilec_opt::partition::{partition, Target};
 use tilec_tile::family::{describe_rejections, Choices, Decision, Problem};
 use tilec_tile::CheckSite;
 
-use super::{fixed_shape, since, Build, Report};
+use super::{fixed_shape, Build, Report};
 use crate::Error;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -101,7 +101,7 @@ pub fn prepare<K: Build>(
     let mut g = graph.clone();
     let pipe = Pipeline::for_level_and_target(opt_level, kind);
     pipe.run(&mut g, &PipelineOptions::default()).map_err(|e| Error::Compile(e.to_string()))?;
-    let mut report = Report { optimize: since(t0), ..Default::default() };
+    let mut report = Report { optimize: t0.elapsed(), ..Default::default() };
 
     // Shapes that stay symbolic after specialization are data-dependent (NonZero, ...): such a
     // graph runs on the reference interpreter as a whole.
@@ -112,7 +112,7 @@ pub fn prepare<K: Build>(
             "graph".into(),
             format!("value '{}' has a data-dependent shape [{}]", val.name, dims.join(", ")),
         ));
-        report.total = since(t0);
+        report.total = t0.elapsed();
         return Ok(Prepared { graph: g, steps: vec![], kernels: vec![], interpreted: true, report });
     }
 
@@ -158,9 +158,9 @@ pub fn prepare<K: Build>(
         steps.push(Step::host(&g, n, &format!("ref_{}", n.index())));
     }
     let steps = order(steps)?;
-    report.lower = since(t1);
+    report.lower = t1.elapsed();
     report.kernels = kernels.len();
-    report.total = since(t0);
+    report.total = t0.elapsed();
     Ok(Prepared { graph: g, steps, kernels, interpreted: false, report })
 }
 
