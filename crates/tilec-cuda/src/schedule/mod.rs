@@ -15,6 +15,7 @@
 mod direct;
 mod elementwise;
 mod gemm;
+mod reduce;
 mod rows;
 
 use tilec_ir::DType;

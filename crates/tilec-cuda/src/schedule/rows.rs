@@ -9,9 +9,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tilec_ir::DType;
 use tilec_tile::*;
 
+use super::reduce::{identity, lit_value, loop_reductions, Reduction};
 use super::*;
 use crate::error::Result;
 
@@ -38,195 +38,6 @@ impl Default for RowOptions {
     }
 }
 
-
-/// The identity of a reduction operator for a value type, as a literal.
-fn identity(op: BinOp, ty: Ty) -> Option<Expr> {
-    let d = match ty {
-        Ty::Elem(d) => d,
-        Ty::Index => DType::I64,
-    };
-    let lit = |x: f64| {
-        if d.is_float() {
-            Some(Expr::Lit(Lit::Float(x, d)))
-        } else if d == DType::Bool {
-            Some(Expr::Lit(Lit::Bool(x != 0.0)))
-        } else if ty == Ty::Index {
-            Some(Expr::Int(x as i64))
-        } else if d.is_signed_int() {
-            Some(Expr::Lit(Lit::Int(x as i64, d)))
-        } else {
-            Some(Expr::Lit(Lit::UInt(x as u64, d)))
-        }
-    };
-    let int_bounds = |max: bool| -> Option<Expr> {
-        let bits = d.size_bytes() as u32 * 8;
-        if d.is_signed_int() || ty == Ty::Index {
-            let v = if max {
-                (i64::MAX) >> (64 - bits)
-            } else {
-                (i64::MIN) >> (64 - bits)
-            };
-            if ty == Ty::Index {
-                Some(Expr::Int(v))
-            } else {
-                Some(Expr::Lit(Lit::Int(v, d)))
-            }
-        } else {
-            let v = if max { u64::MAX >> (64 - bits) } else { 0 };
-            Some(Expr::Lit(Lit::UInt(v, d)))
-        }
-    };
-    match op {
-        BinOp::Add | BinOp::BitOr | BinOp::BitXor | BinOp::Or => lit(0.0),
-        BinOp::Mul | BinOp::And => lit(1.0),
-        BinOp::Max => {
-            if d.is_float() {
-                lit(f64::NEG_INFINITY)
-            } else {
-                int_bounds(false)
-            }
-        }
-        BinOp::Min => {
-            if d.is_float() {
-                lit(f64::INFINITY)
-            } else {
-                int_bounds(true)
-            }
-        }
-        BinOp::BitAnd => {
-            if d.is_signed_int() || ty == Ty::Index {
-                lit(-1.0)
-            } else {
-                int_bounds(true)
-            }
-        }
-        _ => None,
-    }
-}
-
-fn lit_value(e: &Expr) -> Option<f64> {
-    match e {
-        Expr::Int(x) => Some(*x as f64),
-        Expr::Lit(Lit::Float(x, _)) => Some(*x),
-        Expr::Lit(Lit::Int(x, _)) => Some(*x as f64),
-        Expr::Lit(Lit::UInt(x, _)) => Some(*x as f64),
-        Expr::Lit(Lit::Bool(b)) => Some(*b as u8 as f64),
-        Expr::Cast(_, a) => lit_value(a),
-        _ => None,
-    }
-}
-
-/// `acc = op(acc, e)` or `acc = op(e, acc)` with `e` not reading `acc`: returns `op`.
-fn reduction_op(acc: VarId, value: &Expr) -> Option<BinOp> {
-    if let Expr::Binary(op, a, b) = value {
-        let ok_op = matches!(
-            op,
-            BinOp::Add
-                | BinOp::Mul
-                | BinOp::Min
-                | BinOp::Max
-                | BinOp::And
-                | BinOp::Or
-                | BinOp::BitAnd
-                | BinOp::BitOr
-                | BinOp::BitXor
-        );
-        if !ok_op {
-            return None;
-        }
-        let is_acc = |e: &Expr| *e == Expr::Var(acc);
-        if (is_acc(a) && !b.uses_var(acc)) || (is_acc(b) && !a.uses_var(acc)) {
-            return Some(*op);
-        }
-    }
-    None
-}
-
-/// One reduction of a row loop.
-struct Reduction {
-    var: VarId,
-    op: BinOp,
-}
-
-/// Finds the reductions of an inner loop: every `Assign` in it must update a variable
-/// declared outside with a reduction operator, and the accumulator must not be read otherwise.
-fn loop_reductions(k: &Kernel, l: &Loop) -> Result<Vec<Reduction>> {
-    let mut declared_inside = HashSet::new();
-    let mut assigns: Vec<(VarId, Expr)> = vec![];
-    for s in &l.body {
-        s.visit(&mut |s| match s {
-            Stmt::Let { var, .. } => {
-                declared_inside.insert(*var);
-            }
-            Stmt::For(x) => {
-                declared_inside.insert(x.var);
-            }
-            Stmt::Assign { var, value } => assigns.push((*var, value.clone())),
-            _ => {}
-        });
-    }
-    let mut out: Vec<Reduction> = vec![];
-    for (var, value) in &assigns {
-        if declared_inside.contains(var) {
-            continue;
-        }
-        let name = &k.var_info(*var).name;
-        let op = reduction_op(*var, value).ok_or_else(|| {
-            bad(
-                k,
-                format!(
-                    "loop {}: {name} is updated in a way that is not a reduction",
-                    k.var_info(l.var).name
-                ),
-            )
-        })?;
-        if let Some(r) = out.iter().find(|r| r.var == *var) {
-            if r.op != op {
-                return Err(bad(k, format!("{name} is reduced with two operators")));
-            }
-        } else {
-            out.push(Reduction { var: *var, op });
-        }
-    }
-    // An accumulator may be read only by its own update.
-    for r in &out {
-        let mut other_reads = 0;
-        for s in &l.body {
-            s.visit(&mut |s| {
-                let mut count = |e: &Expr| {
-                    if e.uses_var(r.var) {
-                        other_reads += 1;
-                    }
-                };
-                match s {
-                    Stmt::Store { index, value, .. } => {
-                        index.iter().for_each(&mut count);
-                        count(value);
-                    }
-                    Stmt::Let { value, .. } => count(value),
-                    Stmt::Assign { var, value } => {
-                        if *var != r.var {
-                            count(value)
-                        }
-                    }
-                    Stmt::If { cond, .. } => count(cond),
-                    _ => {}
-                }
-            });
-        }
-        if other_reads > 0 {
-            return Err(bad(
-                k,
-                format!(
-                    "accumulator {} is read inside its reduction loop",
-                    k.var_info(r.var).name
-                ),
-            ));
-        }
-    }
-    Ok(out)
-}
-
 /// A load that reads the row at the loop variable: `buf[rowpart..., r]` with the row part not
 /// depending on `r`. Key: (buffer, index with `r` replaced by 0).
 fn row_load_key(k: &Kernel, b: BufId, idx: &[Expr], r: VarId) -> Option<(BufId, Vec<Expr>)> {
@@ -244,8 +55,125 @@ fn row_load_key(k: &Kernel, b: BufId, idx: &[Expr], r: VarId) -> Option<(BufId, 
     Some((b, key))
 }
 
+/// Schedules a row-wise kernel: one thread block per row (see the module documentation)./// A row: its block shape.
+#[derive(Copy, Clone)]
+struct Block {
+    /// Rows of the kernel.
+    rows: i64,
+    /// Elements per vector.
+    lanes: i64,
+    /// Threads per row.
+    threads: i64,
+    /// Short rows sharing a block: (threads per row, rows per block).
+    multi: Option<(i64, i64)>,
+}
+
+/// A row cached in registers: the load's key, the register buffer, the row length.
+type Cached = ((BufId, Vec<Expr>), BufId, i64);
+
 /// Schedules a row-wise kernel: one thread block per row (see the module documentation).
 pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
+    let (outer, inner, row_body) = row_loops(k)?;
+    let b = block_shape(k, &outer, &inner, row_body, opts)?;
+    let mut out = k.clone();
+    let row_var = fresh(&mut out, "row", Ty::Index, false);
+    let outer_vars: Vec<(VarId, i64)> = outer.iter().map(|l| (l.var, l.extent)).collect();
+    let subs = decompose(&outer_vars, Expr::Var(row_var));
+    let (reductions, acc_op) = row_reductions(k, &inner)?;
+    let (cached, stored) = cache_rows(k, &mut out, &inner, row_body, &b, opts.max_register_elems);
+    let mut new_body: Vec<Stmt> = vec![];
+    for (_, reg, _) in &cached {
+        new_body.push(Stmt::Alloc(*reg));
+    }
+    let mut filled: HashSet<BufId> = HashSet::new();
+    let mut fixups: Vec<Stmt> = vec![];
+    for s in row_body {
+        match s {
+            Stmt::Let { var, value } if acc_op.contains_key(var) => {
+                let op = acc_op[var];
+                let ty = k.var_info(*var).ty;
+                let id =
+                    identity(op, ty).ok_or_else(|| bad(k, format!("no identity for {op:?}")))?;
+                let is_id = match (lit_value(value), lit_value(&id)) {
+                    (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
+                    _ => false,
+                };
+                if is_id {
+                    new_body.push(s.clone());
+                } else {
+                    // Start from the identity; combine with the initial value after the
+                    // block reduction.
+                    for b in &stored {
+                        if value.reads(*b) {
+                            return Err(bad(
+                                k,
+                                format!(
+                                    "initial value of {} reads a buffer the row writes",
+                                    k.var_info(*var).name
+                                ),
+                            ));
+                        }
+                    }
+                    new_body.push(Stmt::Let {
+                        var: *var,
+                        value: id,
+                    });
+                    fixups.push(Stmt::Assign {
+                        var: *var,
+                        value: Expr::bin(op, value.clone(), Expr::Var(*var)),
+                    });
+                }
+            }
+            Stmt::For(l) => spread_loop(
+                k,
+                &mut out,
+                l,
+                &b,
+                &cached,
+                &mut filled,
+                &reductions[&l.var],
+                &mut fixups,
+                &mut new_body,
+            )?,
+            other => new_body.push(other.clone()),
+        }
+    }
+    subst_all(&mut new_body, &subs);
+    out.body = match b.multi {
+        None => vec![Stmt::For(Loop {
+            var: row_var,
+            extent: b.rows,
+            kind: LoopKind::Bound(GpuAxis::BlockX),
+            body: new_body,
+        })],
+        Some((_, r)) => {
+            // Row = block * R + threadIdx.y.
+            let rb = fresh(&mut out, "rowblk", Ty::Index, false);
+            let ry = fresh(&mut out, "ry", Ty::Index, false);
+            let mut body = vec![Stmt::Let {
+                var: row_var,
+                value: Expr::add(Expr::mul(Expr::Var(rb), Expr::Int(r)), Expr::Var(ry)),
+            }];
+            body.extend(new_body);
+            vec![Stmt::For(Loop {
+                var: rb,
+                extent: b.rows / r,
+                kind: LoopKind::Bound(GpuAxis::BlockX),
+                body: vec![Stmt::For(Loop {
+                    var: ry,
+                    extent: r,
+                    kind: LoopKind::Bound(GpuAxis::ThreadY),
+                    body,
+                })],
+            })]
+        }
+    };
+    Ok(out)
+}
+
+/// The loops over rows (outermost first), the loops over a row, and the row's body; an error
+/// when the body is not a sequence of simple loops, lets, assignments and stores.
+fn row_loops(k: &Kernel) -> Result<(Vec<&Loop>, Vec<&Loop>, &[Stmt])> {
     let (outer, row_body) = row_nest(&k.body);
     if outer.is_empty() {
         return Err(bad(k, "no loop over rows"));
@@ -306,6 +234,11 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
             }
         }
     }
+    Ok((outer, inner, row_body))
+}
+
+/// The block shape for the rows: vector width, threads per row, rows per block.
+fn block_shape(k: &Kernel, outer: &[&Loop], inner: &[&Loop], row_body: &[Stmt], opts: &RowOptions) -> Result<Block> {
     let rows: i64 = outer.iter().map(|l| l.extent).product();
     if rows > i32::MAX as i64 {
         return Err(bad(k, format!("{rows} rows exceed the grid limit")));
@@ -372,14 +305,15 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         (None, None) => ((want + 31) / 32 * 32).clamp(32, 1024),
     };
 
-    let mut out = k.clone();
-    let row_var = fresh(&mut out, "row", Ty::Index, false);
-    let outer_vars: Vec<(VarId, i64)> = outer.iter().map(|l| (l.var, l.extent)).collect();
-    let subs = decompose(&outer_vars, Expr::Var(row_var));
+    Ok(Block { rows, lanes, threads, multi })
+}
 
+/// The reductions of every row loop, and each accumulator's operator (one per accumulator).
+#[allow(clippy::type_complexity)]
+fn row_reductions(k: &Kernel, inner: &[&Loop]) -> Result<(HashMap<VarId, Vec<Reduction>>, HashMap<VarId, BinOp>)> {
     // Reductions per loop, and which accumulators need an identity start.
     let mut reductions: HashMap<VarId, Vec<Reduction>> = HashMap::new();
-    for l in &inner {
+    for l in inner {
         reductions.insert(l.var, loop_reductions(k, l)?);
     }
     let mut acc_op: HashMap<VarId, BinOp> = HashMap::new();
@@ -396,10 +330,24 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         }
     }
 
+    Ok((reductions, acc_op))
+}
+
+/// Rows read by several loops of the same length, kept in registers within `budget` elements
+/// per thread; also the buffers the row writes.
+fn cache_rows(
+    k: &Kernel,
+    out: &mut Kernel,
+    inner: &[&Loop],
+    row_body: &[Stmt],
+    b: &Block,
+    budget: i64,
+) -> (Vec<Cached>, HashSet<BufId>) {
+    let (threads, lanes) = (b.threads, b.lanes);
     // Rows read by several loops of the same length are kept in registers.
     // (Expr holds floats, so keys live in association lists.)
     let mut readers: Vec<((BufId, Vec<Expr>), Vec<VarId>)> = vec![];
-    for l in &inner {
+    for l in inner {
         let mut seen: Vec<(BufId, Vec<Expr>)> = vec![];
         for s in &l.body {
             each_expr(s, &mut |e| {
@@ -429,7 +377,7 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         s
     };
     let mut cached: Vec<((BufId, Vec<Expr>), BufId, i64)> = vec![];
-    let mut budget = opts.max_register_elems;
+    let mut budget = budget;
     let keys: Vec<_> = readers
         .into_iter()
         .filter(|(_, ls)| ls.len() >= 2)
@@ -452,7 +400,7 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         let dtype = k.buf(key.0).dtype;
         let name = format!("{}_row", k.buf(key.0).name);
         let reg = fresh_buf(
-            &mut out,
+            out,
             &name,
             dtype,
             vec![threads, j, lanes],
@@ -461,222 +409,162 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         cached.push((key, reg, c));
     }
 
-    let mut new_body: Vec<Stmt> = vec![];
-    for (_, reg, _) in &cached {
-        new_body.push(Stmt::Alloc(*reg));
-    }
-    let mut filled: HashSet<BufId> = HashSet::new();
-    let mut fixups: Vec<Stmt> = vec![];
-    for s in row_body {
-        match s {
-            Stmt::Let { var, value } if acc_op.contains_key(var) => {
-                let op = acc_op[var];
-                let ty = k.var_info(*var).ty;
-                let id =
-                    identity(op, ty).ok_or_else(|| bad(k, format!("no identity for {op:?}")))?;
-                let is_id = match (lit_value(value), lit_value(&id)) {
-                    (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
-                    _ => false,
-                };
-                if is_id {
-                    new_body.push(s.clone());
-                } else {
-                    // Start from the identity; combine with the initial value after the
-                    // block reduction.
-                    for b in &stored {
-                        if value.reads(*b) {
-                            return Err(bad(
-                                k,
-                                format!(
-                                    "initial value of {} reads a buffer the row writes",
-                                    k.var_info(*var).name
-                                ),
-                            ));
-                        }
-                    }
-                    new_body.push(Stmt::Let {
-                        var: *var,
-                        value: id,
-                    });
-                    fixups.push(Stmt::Assign {
-                        var: *var,
-                        value: Expr::bin(op, value.clone(), Expr::Var(*var)),
-                    });
-                }
-            }
-            Stmt::For(l) => {
-                let c = l.extent;
-                let tx = fresh(
-                    &mut out,
-                    &format!("{}_tx", k.var_info(l.var).name),
-                    Ty::Index,
-                    false,
-                );
-                let j = fresh(
-                    &mut out,
-                    &format!("{}_j", k.var_info(l.var).name),
-                    Ty::Index,
-                    false,
-                );
-                let v = fresh(
-                    &mut out,
-                    &format!("{}_v", k.var_info(l.var).name),
-                    Ty::Index,
-                    false,
-                );
-                let jn = (c + threads * lanes - 1) / (threads * lanes);
-                // r = (j * T + tx) * V + v
-                let vec_idx = Expr::add(Expr::mul(Expr::Var(j), Expr::Int(threads)), Expr::Var(tx));
-                let r = Expr::add(Expr::mul(vec_idx.clone(), Expr::Int(lanes)), Expr::Var(v));
-                let mut body = l.body.clone();
-                // Cached rows: fill on first use, read from registers afterwards.
-                let mut pre = vec![];
-                for (key, reg, cc) in &cached {
-                    if *cc != c {
-                        continue;
-                    }
-                    let mut uses = false;
-                    for st in &body {
-                        each_expr(st, &mut |e| {
-                            if let Expr::Load(b, idx) = e {
-                                if row_load_key(k, *b, idx, l.var).as_ref() == Some(key) {
-                                    uses = true;
-                                }
-                            }
-                        });
-                    }
-                    if !uses {
-                        continue;
-                    }
-                    let reg_idx = vec![Expr::Var(tx), Expr::Var(j), Expr::Var(v)];
-                    let key = key.clone();
-                    let lv = l.var;
-                    for st in body.iter_mut() {
-                        st.map_exprs(&mut |e| {
-                            e.rewrite(&mut |x| match x {
-                                Expr::Load(b, idx)
-                                    if row_load_key(k, b, &idx, lv).as_ref() == Some(&key) =>
-                                {
-                                    Expr::Load(*reg, reg_idx.clone())
-                                }
-                                x => x,
-                            })
-                        });
-                    }
-                    if filled.insert(*reg) {
-                        let mut src = key.1.clone();
-                        if let Some(last) = src.last_mut() {
-                            *last = Expr::Var(l.var);
-                        }
-                        pre.push(Stmt::store(*reg, reg_idx, Expr::Load(key.0, src)));
-                    }
-                }
-                pre.extend(body);
-                let mut body = pre;
-                for st in body.iter_mut() {
-                    st.substitute(l.var, &r);
-                }
-                let vloop = if lanes > 1 {
-                    vec![Stmt::For(Loop {
-                        var: v,
-                        extent: lanes,
-                        kind: LoopKind::Vectorized,
-                        body,
-                    })]
-                } else {
-                    for st in body.iter_mut() {
-                        st.substitute(v, &Expr::Int(0));
-                    }
-                    body
-                };
-                let guarded = if c % (threads * lanes) != 0 {
-                    vec![Stmt::If {
-                        cond: Expr::bin(
-                            BinOp::Lt,
-                            Expr::mul(vec_idx, Expr::Int(lanes)),
-                            Expr::Int(c),
-                        ),
-                        then_: vloop,
-                        else_: vec![],
-                    }]
-                } else {
-                    vloop
-                };
-                let jloop = if jn == 1 {
-                    let mut g = guarded;
-                    for st in g.iter_mut() {
-                        st.substitute(j, &Expr::Int(0));
-                    }
-                    g
-                } else {
-                    let kind = if jn <= 16 {
-                        LoopKind::Unrolled
-                    } else {
-                        LoopKind::Serial
-                    };
-                    vec![Stmt::For(Loop {
-                        var: j,
-                        extent: jn,
-                        kind,
-                        body: guarded,
-                    })]
-                };
-                new_body.push(Stmt::For(Loop {
-                    var: tx,
-                    extent: threads,
-                    kind: LoopKind::Bound(GpuAxis::ThreadX),
-                    body: jloop,
-                }));
-                for red in &reductions[&l.var] {
-                    new_body.push(Stmt::BlockReduce {
-                        var: red.var,
-                        op: red.op,
-                        axis: GpuAxis::ThreadX,
-                    });
-                    let mut rest = vec![];
-                    for f in fixups.drain(..) {
-                        if matches!(&f, Stmt::Assign { var, .. } if *var == red.var) {
-                            new_body.push(f);
-                        } else {
-                            rest.push(f);
-                        }
-                    }
-                    fixups = rest;
-                }
-            }
-            other => new_body.push(other.clone()),
-        }
-    }
-    subst_all(&mut new_body, &subs);
-    out.body = match multi {
-        None => vec![Stmt::For(Loop {
-            var: row_var,
-            extent: rows,
-            kind: LoopKind::Bound(GpuAxis::BlockX),
-            body: new_body,
-        })],
-        Some((_, r)) => {
-            // Row = block * R + threadIdx.y.
-            let rb = fresh(&mut out, "rowblk", Ty::Index, false);
-            let ry = fresh(&mut out, "ry", Ty::Index, false);
-            let mut body = vec![Stmt::Let {
-                var: row_var,
-                value: Expr::add(Expr::mul(Expr::Var(rb), Expr::Int(r)), Expr::Var(ry)),
-            }];
-            body.extend(new_body);
-            vec![Stmt::For(Loop {
-                var: rb,
-                extent: rows / r,
-                kind: LoopKind::Bound(GpuAxis::BlockX),
-                body: vec![Stmt::For(Loop {
-                    var: ry,
-                    extent: r,
-                    kind: LoopKind::Bound(GpuAxis::ThreadY),
-                    body,
-                })],
-            })]
-        }
-    };
-    Ok(out)
+    (cached, stored)
 }
 
+/// One row loop spread over the block's threads as vectors (`r = (j * T + tx) * V + v`), the
+/// cached rows filled on first use and read from registers after, then a block reduction per
+/// accumulator it reduces (with the fix-up of a non-identity start).
+#[allow(clippy::too_many_arguments)]
+fn spread_loop(
+    k: &Kernel,
+    out: &mut Kernel,
+    l: &Loop,
+    b: &Block,
+    cached: &[Cached],
+    filled: &mut HashSet<BufId>,
+    reductions: &[Reduction],
+    fixups: &mut Vec<Stmt>,
+    new_body: &mut Vec<Stmt>,
+) -> Result<()> {
+    let (threads, lanes) = (b.threads, b.lanes);
+    let c = l.extent;
+    let tx = fresh(
+        out,
+        &format!("{}_tx", k.var_info(l.var).name),
+        Ty::Index,
+        false,
+    );
+    let j = fresh(
+        out,
+        &format!("{}_j", k.var_info(l.var).name),
+        Ty::Index,
+        false,
+    );
+    let v = fresh(
+        out,
+        &format!("{}_v", k.var_info(l.var).name),
+        Ty::Index,
+        false,
+    );
+    let jn = (c + threads * lanes - 1) / (threads * lanes);
+    // r = (j * T + tx) * V + v
+    let vec_idx = Expr::add(Expr::mul(Expr::Var(j), Expr::Int(threads)), Expr::Var(tx));
+    let r = Expr::add(Expr::mul(vec_idx.clone(), Expr::Int(lanes)), Expr::Var(v));
+    let mut body = l.body.clone();
+    // Cached rows: fill on first use, read from registers afterwards.
+    let mut pre = vec![];
+    for (key, reg, cc) in cached {
+        if *cc != c {
+            continue;
+        }
+        let mut uses = false;
+        for st in &body {
+            each_expr(st, &mut |e| {
+                if let Expr::Load(b, idx) = e {
+                    if row_load_key(k, *b, idx, l.var).as_ref() == Some(key) {
+                        uses = true;
+                    }
+                }
+            });
+        }
+        if !uses {
+            continue;
+        }
+        let reg_idx = vec![Expr::Var(tx), Expr::Var(j), Expr::Var(v)];
+        let key = key.clone();
+        let lv = l.var;
+        for st in body.iter_mut() {
+            st.map_exprs(&mut |e| {
+                e.rewrite(&mut |x| match x {
+                    Expr::Load(b, idx)
+                        if row_load_key(k, b, &idx, lv).as_ref() == Some(&key) =>
+                    {
+                        Expr::Load(*reg, reg_idx.clone())
+                    }
+                    x => x,
+                })
+            });
+        }
+        if filled.insert(*reg) {
+            let mut src = key.1.clone();
+            if let Some(last) = src.last_mut() {
+                *last = Expr::Var(l.var);
+            }
+            pre.push(Stmt::store(*reg, reg_idx, Expr::Load(key.0, src)));
+        }
+    }
+    pre.extend(body);
+    let mut body = pre;
+    for st in body.iter_mut() {
+        st.substitute(l.var, &r);
+    }
+    let vloop = if lanes > 1 {
+        vec![Stmt::For(Loop {
+            var: v,
+            extent: lanes,
+            kind: LoopKind::Vectorized,
+            body,
+        })]
+    } else {
+        for st in body.iter_mut() {
+            st.substitute(v, &Expr::Int(0));
+        }
+        body
+    };
+    let guarded = if c % (threads * lanes) != 0 {
+        vec![Stmt::If {
+            cond: Expr::bin(
+                BinOp::Lt,
+                Expr::mul(vec_idx, Expr::Int(lanes)),
+                Expr::Int(c),
+            ),
+            then_: vloop,
+            else_: vec![],
+        }]
+    } else {
+        vloop
+    };
+    let jloop = if jn == 1 {
+        let mut g = guarded;
+        for st in g.iter_mut() {
+            st.substitute(j, &Expr::Int(0));
+        }
+        g
+    } else {
+        let kind = if jn <= 16 {
+            LoopKind::Unrolled
+        } else {
+            LoopKind::Serial
+        };
+        vec![Stmt::For(Loop {
+            var: j,
+            extent: jn,
+            kind,
+            body: guarded,
+        })]
+    };
+    new_body.push(Stmt::For(Loop {
+        var: tx,
+        extent: threads,
+        kind: LoopKind::Bound(GpuAxis::ThreadX),
+        body: jloop,
+    }));
+    for red in reductions {
+        new_body.push(Stmt::BlockReduce {
+            var: red.var,
+            op: red.op,
+            axis: GpuAxis::ThreadX,
+        });
+        let mut rest = vec![];
+        for f in fixups.drain(..) {
+            if matches!(&f, Stmt::Assign { var, .. } if *var == red.var) {
+                new_body.push(f);
+            } else {
+                rest.push(f);
+            }
+        }
+        *fixups = rest;
+    }
+    Ok(())
+}
