@@ -70,7 +70,7 @@ pub fn default_flags() -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if CpuInfo::detect().avx512f {
+    if CpuInfo::host().avx512f {
         f.push("-mprefer-vector-width=512".into());
     }
     f
@@ -94,7 +94,7 @@ impl Default for CompileOptions {
             jobs: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
-            cpu: CpuInfo::detect(),
+            cpu: CpuInfo::host(),
             gemm_parallel_min_flops: 1 << 18,
             keep_sources: std::env::var_os("TILEC_KEEP_SOURCES")
                 .is_some_and(|v| !v.is_empty() && v != "0"),

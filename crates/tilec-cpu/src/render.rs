@@ -43,7 +43,7 @@ pub struct RenderOptions {
 impl Default for RenderOptions {
     fn default() -> Self {
         RenderOptions {
-            cpu: CpuInfo::detect(),
+            cpu: CpuInfo::host(),
             gemm_parallel_min_flops: 1 << 18,
         }
     }

@@ -92,7 +92,7 @@ fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
         epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], value)],
         params: s
             .params
-            .unwrap_or_else(|| gemm_params(s.m, s.n, s.k, &CpuInfo::detect())),
+            .unwrap_or_else(|| gemm_params(s.m, s.n, s.k, &CpuInfo::host())),
     })));
     k
 }
@@ -321,7 +321,7 @@ fn im2col_operand() {
             a: Expr::load(wt, vec![v(vi), v(vk)]),
             b: b_expr,
             epilogue: vec![Stmt::store(out, vec![v(vi), v(vj)], v(acc))],
-            params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * 9, &CpuInfo::detect())),
+            params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * 9, &CpuInfo::host())),
         })));
         check_kernels(&[k], 22, false, gemm_tol);
     }
@@ -476,7 +476,7 @@ fn conv_kernel(
         a: Expr::load(wt, vec![mch.clone(), v(vk)]),
         b: b_expr,
         epilogue: vec![Stmt::store(out, vec![n_, mch, v(vj)], v(acc))],
-        params: params.unwrap_or_else(|| gemm_params(og, oh * ow, cg * taps, &CpuInfo::detect())),
+        params: params.unwrap_or_else(|| gemm_params(og, oh * ow, cg * taps, &CpuInfo::host())),
     })));
     k
 }
@@ -504,7 +504,7 @@ fn im2col_fast_paths() {
         conv_kernel("c7s2p3", (1, 3, 30, 30, 8), (7, 7), 2, 3, 1, 1, small),
     ];
     check_kernels(&ks, 24, true, gemm_tol);
-    if CpuInfo::detect().avx512f {
+    if CpuInfo::host().avx512f {
         for k in &ks {
             let c = tilec_cpu::render_c(k).unwrap();
             assert!(
@@ -703,7 +703,7 @@ fn concat_conv_kernel(
         a: Expr::load(wt, vec![v(vi), v(vk)]),
         b: b_expr,
         epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], v(acc))],
-        params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * taps, &CpuInfo::detect())),
+        params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * taps, &CpuInfo::host())),
     })));
     k
 }

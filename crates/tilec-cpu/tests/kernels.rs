@@ -420,6 +420,7 @@ fn partitioned_windows_match_the_interpreter() {
         vector_bytes: 64,
         l1_bytes: 32 << 10,
         l2_bytes: 1 << 20,
+        ..CpuTarget::default()
     };
     let mut kernels = vec![];
     for (i, (hw, kk, st, dil, pads)) in shapes.into_iter().enumerate() {

@@ -10,11 +10,11 @@
 //!   launches and CUDA graphs; every failing call is reported by name.
 //! - [`nvrtc`]: CUDA C++ → cubin, cached on disk, several modules in parallel.
 //! - [`render`]: tile IR → CUDA C++ (`render_cuda`) and launch configuration.
-//! - [`schedule`]: GPU schedules for row-wise (softmax/norm) and elementwise kernels, and
-//!   [`schedule_gpu`], which picks one for any lowered kernel.
-//! - [`schedule_nest`]: the block-tiled GEMM and the direct-nest schedule.
+//! - [`schedule`]: GPU schedules (rows, elementwise, the block-tiled GEMM, direct nests) and
+//!   [`schedule_gpu`], which tries them in the families' order on a lowered kernel.
 //! - [`gemm`]: the Hopper tensor-core GEMM family (wgmma fed by TMA), rendered per parameters.
-//! - [`families`]: kernel families (the Hopper GEMM) tried before the tile-IR schedules.
+//! - [`families`]: the kernel families and their registry: the Hopper GEMM template, then the
+//!   tile-IR schedules.
 //! - [`tma`]: tensor maps for the bulk tensor copy engine.
 
 pub mod driver;
@@ -25,7 +25,6 @@ pub mod handbuilt;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
-pub mod schedule_nest;
 pub mod tma;
 
 pub use driver::{
@@ -35,11 +34,9 @@ pub use driver::{
 pub use error::{CudaError, Result};
 pub use nvrtc::{Compiled, Compiler, Nvrtc, Output};
 pub use render::{launch_config, render, render_cuda, CudaSource, PRELUDE};
-pub use schedule::{
-    schedule_elementwise, schedule_elementwise_with, schedule_gpu, schedule_gpu_named,
-    schedule_rows, GpuTarget, RowOptions,
-};
-pub use schedule_nest::{schedule_direct, schedule_gemm};
+pub use families::{schedule_gpu, schedule_gpu_named};
+pub use schedule::{schedule_elementwise, schedule_elementwise_with, schedule_rows, GpuTarget, RowOptions};
+pub use schedule::{schedule_direct, schedule_gemm};
 
 use std::sync::Arc;
 

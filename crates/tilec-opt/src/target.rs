@@ -60,7 +60,7 @@ pub enum Origin {
     Measured,
 }
 
-/// What the CPU schedules and kernel families know about a CPU.
+/// What the CPU schedules, kernel families and C renderer know about a CPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuTarget {
     /// Worker threads for parallel loops.
@@ -71,53 +71,84 @@ pub struct CpuTarget {
     pub l1_bytes: usize,
     /// L2 cache per core, bytes.
     pub l2_bytes: usize,
+    /// Shared last-level cache, bytes.
+    pub l3_bytes: usize,
+    /// Instruction sets the C renderer may use.
+    pub avx512f: bool,
+    pub avx2: bool,
+    pub fma: bool,
 }
 
 impl CpuTarget {
-    /// The machine this runs on: vector width from the CPU features, threads from the available
-    /// parallelism, cache sizes from sysfs where readable (32 KiB / 1 MiB otherwise).
+    /// The machine this runs on: instruction sets from the CPU features, threads from the
+    /// available parallelism, cache sizes from sysfs where readable (32 KiB, 1 MiB and 8 MiB
+    /// otherwise).
     pub fn host() -> CpuTarget {
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let (l1, l2) = sysfs_caches();
+        #[cfg(target_arch = "x86_64")]
+        let (avx512f, avx2, fma) = (
+            std::arch::is_x86_feature_detected!("avx512f"),
+            std::arch::is_x86_feature_detected!("avx2"),
+            std::arch::is_x86_feature_detected!("fma"),
+        );
+        #[cfg(not(target_arch = "x86_64"))]
+        let (avx512f, avx2, fma) = (false, false, false);
+        let (l1, l2, l3) = sysfs_caches();
         CpuTarget {
-            threads,
-            vector_bytes: host_vector_bytes(),
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            vector_bytes: if avx512f { 64 } else if avx2 { 32 } else { 16 },
             l1_bytes: l1.unwrap_or(32 << 10),
             l2_bytes: l2.unwrap_or(1 << 20),
+            l3_bytes: l3.unwrap_or(8 << 20),
+            avx512f,
+            avx2,
+            fma,
+        }
+    }
+
+    /// A baseline x86-64 CPU with SSE only, one thread (for portable code).
+    pub fn baseline() -> CpuTarget {
+        CpuTarget {
+            threads: 1,
+            vector_bytes: 16,
+            l1_bytes: 32 << 10,
+            l2_bytes: 256 << 10,
+            l3_bytes: 8 << 20,
+            avx512f: false,
+            avx2: false,
+            fma: false,
         }
     }
 
     /// Vector lanes for elements of `d`.
     pub fn lanes(&self, d: tilec_ir::DType) -> i64 {
-        (self.vector_bytes / d.size_bytes().max(1)).max(1) as i64
+        self.lanes_of(d.size_bytes()) as i64
+    }
+
+    /// Vector lanes for elements of `elem_bytes` bytes.
+    pub fn lanes_of(&self, elem_bytes: usize) -> usize {
+        (self.vector_bytes / elem_bytes.max(1)).max(1)
     }
 }
 
 impl Default for CpuTarget {
     /// A two-core AVX-512 machine with 32 KiB L1 and 1 MiB L2 per core.
     fn default() -> Self {
-        CpuTarget { threads: 2, vector_bytes: 64, l1_bytes: 32 << 10, l2_bytes: 1 << 20 }
+        CpuTarget {
+            threads: 2,
+            vector_bytes: 64,
+            l1_bytes: 32 << 10,
+            l2_bytes: 1 << 20,
+            l3_bytes: 8 << 20,
+            avx512f: true,
+            avx2: true,
+            fma: true,
+        }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn host_vector_bytes() -> usize {
-    if is_x86_feature_detected!("avx512f") {
-        64
-    } else if is_x86_feature_detected!("avx2") {
-        32
-    } else {
-        16
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn host_vector_bytes() -> usize {
-    16
-}
-
-fn sysfs_caches() -> (Option<usize>, Option<usize>) {
-    let (mut l1, mut l2) = (None, None);
+/// L1 data, L2 and L3 sizes of CPU 0 from sysfs.
+fn sysfs_caches() -> (Option<usize>, Option<usize>, Option<usize>) {
+    let (mut l1, mut l2, mut l3) = (None, None, None);
     for i in 0..8 {
         let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
         let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok().map(|s| s.trim().to_string());
@@ -128,12 +159,14 @@ fn sysfs_caches() -> (Option<usize>, Option<usize>) {
         match (level.as_str(), ty.as_str()) {
             ("1", "Data") => l1 = bytes,
             ("2", "Unified") | ("2", "Data") => l2 = bytes,
+            ("3", _) => l3 = bytes,
             _ => {}
         }
     }
-    (l1, l2)
+    (l1, l2, l3)
 }
 
+/// `48K`, `2M`, `1G` or a plain byte count.
 fn parse_size(s: &str) -> Option<usize> {
     let s = s.trim();
     let (num, mul) = match s.chars().last()? {
@@ -143,6 +176,27 @@ fn parse_size(s: &str) -> Option<usize> {
         _ => (s, 1),
     };
     num.trim().parse::<usize>().ok().map(|n| n * mul)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("48K"), Some(48 << 10));
+        assert_eq!(parse_size("2M"), Some(2 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn host_is_consistent() {
+        let h = CpuTarget::host();
+        assert!(h.threads >= 1);
+        assert_eq!(h.vector_bytes, if h.avx512f { 64 } else if h.avx2 { 32 } else { 16 });
+        assert_eq!(h.lanes(tilec_ir::DType::F32) as usize, h.vector_bytes / 4);
+    }
 }
 
 /// What the GPU schedules and kernel families know about a device.

@@ -992,6 +992,7 @@ fn partition_drops_checks_in_the_interior() {
                 vector_bytes: 64,
                 l1_bytes: 32 << 10,
                 l2_bytes: 1 << 20,
+                ..CpuTarget::default()
             };
             let s = schedule::default_cpu(&case.k, &t);
             let mut k = case.k.clone();
@@ -1535,18 +1536,21 @@ fn default_cpu_schedules_apply_and_preserve_results() {
             vector_bytes: 64,
             l1_bytes: 48 << 10,
             l2_bytes: 2 << 20,
+            ..CpuTarget::default()
         },
         CpuTarget {
             threads: 2,
             vector_bytes: 32,
             l1_bytes: 32 << 10,
             l2_bytes: 1 << 20,
+            ..CpuTarget::default()
         },
         CpuTarget {
             threads: 1,
             vector_bytes: 16,
             l1_bytes: 32 << 10,
             l2_bytes: 256 << 10,
+            ..CpuTarget::default()
         },
         CpuTarget::host(),
     ];

@@ -40,7 +40,7 @@ pub fn gemm_params(m: i64, n: i64, k: i64, cpu: &CpuInfo) -> GemmParams {
     };
     // K slice: the B micro-panel (kc x nr) about one and a half L1s (it streams from L2 well
     // on current cores; measured best on a 48 KiB L1 at kc = 384).
-    let kc = (((cpu.l1d_bytes * 3 / 2) / (nr as usize * 4)) / 8 * 8).clamp(64, 512) as i64;
+    let kc = (((cpu.l1_bytes * 3 / 2) / (nr as usize * 4)) / 8 * 8).clamp(64, 512) as i64;
     // The A block (mc x kc) takes half of L2.
     let mc = (((cpu.l2_bytes / 2) / (kc as usize * 4)) as i64 / mr * mr).clamp(mr, 1024);
     let nc = 4096i64;
@@ -90,7 +90,7 @@ struct Blocking {
 }
 
 fn normalize(p: GemmParams, g: &Gemm, elem_bytes: i64, cpu: &CpuInfo) -> Blocking {
-    let lanes = cpu.lanes(elem_bytes as usize) as i64;
+    let lanes = cpu.lanes_of(elem_bytes as usize) as i64;
     let mr = p.mr.clamp(1, 32);
     let nr_elems = (p.nr.max(1) * 4 / elem_bytes).max(1);
     let nv = ((nr_elems + lanes - 1) / lanes).clamp(1, 8);

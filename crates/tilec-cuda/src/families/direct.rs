@@ -1,38 +1,26 @@
-//! `cuda.direct`: any other kernel as direct loop nests ([`crate::schedule_nest`]): the outer
-//! loops proven independent spread over a grid-stride loop (`direct`), several nests in one
-//! block separated by barriers (`block`), or one thread when nothing is provably parallel
-//! (`serial`). A group of several nodes that would run serially is refused, so that its nodes
-//! become kernels of their own with parallel schedules.
+//! `cuda.direct`: any other kernel as direct loop nests
+//! ([`crate::schedule::schedule_direct_named`]): the outer loops proven independent spread
+//! over a grid-stride loop (`direct`), several nests in one block separated by barriers
+//! (`block`), or one thread when nothing is provably parallel (`serial`).
 
-use tilec_opt::target::Target;
-use tilec_tile::family::{Family, Params, Problem};
+use tilec_tile::family::Params;
+use tilec_tile::Kernel;
 
-use super::{lowered, GpuBuilt};
-use crate::render::render;
-use crate::schedule_nest::schedule_direct_named;
+use super::TileSchedule;
+use crate::schedule::{schedule_direct_named, GpuTarget};
 
 pub struct Direct;
-pub static DIRECT: Direct = Direct;
 
-impl Family for Direct {
-    type Target = Target;
-    type Built = GpuBuilt;
-
+impl TileSchedule for Direct {
     fn name(&self) -> &'static str {
         "cuda.direct"
     }
 
-    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
-        lowered(p).map(drop)
+    fn fits(&self, _k: &Kernel) -> crate::Result<()> {
+        Ok(())
     }
 
-    fn build(&self, p: &Problem, t: &Target, _params: &Params) -> Result<GpuBuilt, String> {
-        let lowered = lowered(p)?;
-        let (scheduled, how) = schedule_direct_named(&lowered.kernel, &t.gpu).map_err(|e| e.to_string())?;
-        if how == "serial" && p.nodes.len() > 1 {
-            return Err("fused, the nodes would run on one GPU thread".into());
-        }
-        let source = render(&scheduled).map_err(|e| e.to_string())?;
-        Ok(GpuBuilt { lowered, scheduled, schedule: how, source, plan: None, fallback: None })
+    fn schedule(&self, k: &Kernel, t: &GpuTarget, _params: &Params) -> crate::Result<(Kernel, &'static str)> {
+        schedule_direct_named(k, t)
     }
 }

@@ -16,11 +16,12 @@ mod sm90_tc_gemm;
 use std::sync::OnceLock;
 
 use tilec_opt::target::Target;
-use tilec_tile::family::{Entry, Problem, Registry};
+use tilec_tile::family::{Entry, Family, FamilyRef, ParamSpace, Params, Problem, Registry};
 use tilec_tile::lower::{LowerOptions, Lowered};
 use tilec_tile::Kernel;
 
 use crate::render::{render, CudaSource};
+use crate::schedule::GpuTarget;
 
 pub use sm90_tc_gemm::{has_gemm, hopper_gemm, FamilyKernel, FamilyPlan, OperandRef, HOPPER_GEMM};
 
@@ -43,18 +44,79 @@ pub struct GpuBuilt {
     pub fallback: Option<(&'static str, CudaSource)>,
 }
 
-/// The GPU families, in the order they are tried.
+/// The GPU families, in the order they are tried: the templates, then [`TILE_IR`].
 pub fn registry() -> &'static Registry<Target, GpuBuilt> {
     static REG: OnceLock<Registry<Target, GpuBuilt>> = OnceLock::new();
-    REG.get_or_init(|| Registry {
-        entries: vec![
-            Entry { family: &sm90_tc_gemm::SM90_TC_GEMM, kinds: &[] },
-            Entry { family: &simt_gemm::SIMT_GEMM, kinds: &[] },
-            Entry { family: &rows::ROWS, kinds: &[] },
-            Entry { family: &elementwise::ELEMENTWISE, kinds: &[] },
-            Entry { family: &direct::DIRECT, kinds: &[] },
-        ],
+    REG.get_or_init(|| {
+        let mut entries = vec![Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] }];
+        entries.extend(TILE_IR_FAMILIES.iter().map(|f| Entry { family: f as FamilyRef<Target, GpuBuilt>, kinds: &[] }));
+        Registry { entries }
     })
+}
+
+/// A tile-IR family's GPU schedule of a lowered kernel, with its parameters.
+pub trait TileSchedule: Sync {
+    fn name(&self) -> &'static str;
+    /// Whether the schedule takes the kernel, or why not.
+    fn fits(&self, k: &Kernel) -> crate::Result<()>;
+    fn space(&self) -> ParamSpace {
+        ParamSpace::default()
+    }
+    fn heuristic(&self) -> Params {
+        Params::default()
+    }
+    /// The scheduled kernel and the schedule's name.
+    fn schedule(&self, k: &Kernel, t: &GpuTarget, params: &Params) -> crate::Result<(Kernel, &'static str)>;
+}
+
+/// The tile-IR schedules in the order they are tried (after the templates).
+pub static TILE_IR: [&dyn TileSchedule; 4] =
+    [&simt_gemm::SimtGemm, &rows::Rows, &elementwise::Elementwise, &direct::Direct];
+
+/// A tile-IR schedule as a family: lower, schedule, render.
+pub struct TileIr(pub &'static dyn TileSchedule);
+
+static TILE_IR_FAMILIES: [TileIr; 4] = [TileIr(TILE_IR[0]), TileIr(TILE_IR[1]), TileIr(TILE_IR[2]), TileIr(TILE_IR[3])];
+
+impl Family for TileIr {
+    type Target = Target;
+    type Built = GpuBuilt;
+
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
+        self.0.fits(&lowered(p)?.kernel).map_err(reason)
+    }
+
+    fn space(&self, _p: &Problem, _t: &Target) -> ParamSpace {
+        self.0.space()
+    }
+
+    fn heuristic(&self, _p: &Problem, _t: &Target) -> Params {
+        self.0.heuristic()
+    }
+
+    /// A group of several nodes that would run on one thread is refused, so that its nodes
+    /// become kernels of their own with parallel schedules.
+    fn build(&self, p: &Problem, t: &Target, params: &Params) -> Result<GpuBuilt, String> {
+        let lowered = lowered(p)?;
+        let (scheduled, schedule) = self.0.schedule(&lowered.kernel, &t.gpu, params).map_err(reason)?;
+        if schedule == "serial" && p.nodes.len() > 1 {
+            return Err("fused, the nodes would run on one GPU thread".into());
+        }
+        let source = render(&scheduled).map_err(reason)?;
+        Ok(GpuBuilt { lowered, scheduled, schedule, source, plan: None, fallback: None })
+    }
+}
+
+/// A schedule or render error's message, without the kernel's name (the report names it).
+fn reason(e: crate::CudaError) -> String {
+    match e {
+        crate::CudaError::Schedule { msg, .. } => msg,
+        e => e.to_string(),
+    }
 }
 
 /// The problem lowered for the GPU (the direct forms: GPU schedules expect them).
@@ -62,14 +124,22 @@ pub(crate) fn lowered(p: &Problem) -> Result<Lowered, String> {
     p.lower(LowerOptions::default()).map_err(|e| e.to_string())
 }
 
-/// A tile-IR build: the lowered kernel under `schedule`, rendered.
-pub(crate) fn tile_ir(
-    p: &Problem,
-    name: &'static str,
-    schedule: impl FnOnce(&Kernel) -> crate::Result<Kernel>,
-) -> Result<GpuBuilt, String> {
-    let lowered = lowered(p)?;
-    let scheduled = schedule(&lowered.kernel).map_err(|e| e.to_string())?;
-    let source = render(&scheduled).map_err(|e| e.to_string())?;
-    Ok(GpuBuilt { lowered, scheduled, schedule: name, source, plan: None, fallback: None })
+/// Picks a schedule for any lowered kernel: the tile-IR GPU families' transforms in their
+/// order (see `TILE_IR`), the first that applies.
+pub fn schedule_gpu(k: &Kernel, target: &GpuTarget) -> crate::Result<Kernel> {
+    schedule_gpu_named(k, target).map(|(k, _)| k)
+}
+
+/// [`schedule_gpu`], also naming the schedule it chose: `gemm`, `rows`, `elementwise`,
+/// `direct` (grid-stride over independent outer loops), `block` (one block, nest after nest)
+/// or `serial` (one thread).
+pub fn schedule_gpu_named(k: &Kernel, target: &GpuTarget) -> crate::Result<(Kernel, &'static str)> {
+    let mut why = vec![];
+    for s in TILE_IR {
+        match s.fits(k).and_then(|()| s.schedule(k, target, &s.heuristic())) {
+            Ok(r) => return Ok(r),
+            Err(e) => why.push(format!("{}: {e}", s.name())),
+        }
+    }
+    Err(crate::schedule::bad(k, why.join("; ")))
 }

@@ -1,54 +1,45 @@
 //! `cuda.simt_gemm`: a kernel that is one `Gemm` (after folding the nest that consumes its
 //! scratch into its epilogue) as a block-tiled GEMM on the CUDA cores
-//! ([`crate::schedule_nest::schedule_gemm`]): output tiles per block, A/B tiles of depth
-//! [`GEMM_BK`] staged in shared memory, a register micro-tile per thread.
+//! ([`crate::schedule::schedule_gemm`]).
 
-use tilec_opt::target::Target;
-use tilec_tile::family::{Family, ParamSpace, Params, Problem};
+use tilec_tile::family::{ParamSpace, Params};
 use tilec_tile::{Kernel, Stmt};
 
-use super::{lowered, tile_ir, GpuBuilt};
-use crate::schedule_nest::{fuse_scratch_epilogue, schedule_gemm, GEMM_BK, GEMM_THREADS};
+use super::TileSchedule;
+use crate::schedule::{bad, fuse_scratch_epilogue, schedule_gemm, GpuTarget, GEMM_BK, GEMM_THREADS};
 
 pub struct SimtGemm;
-pub static SIMT_GEMM: SimtGemm = SimtGemm;
 
 /// The kernel the GEMM schedule takes: the scratch consumer folded in, or the kernel itself
 /// when it is a single `Gemm`.
-pub(crate) fn gemm_kernel(k: &Kernel) -> Option<Kernel> {
+fn gemm_kernel(k: &Kernel) -> Option<Kernel> {
     fuse_scratch_epilogue(k).or_else(|| matches!(k.body.as_slice(), [Stmt::Gemm(_)]).then(|| k.clone()))
 }
 
-impl Family for SimtGemm {
-    type Target = Target;
-    type Built = GpuBuilt;
-
+impl TileSchedule for SimtGemm {
     fn name(&self) -> &'static str {
         "cuda.simt_gemm"
     }
 
-    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
-        let l = lowered(p)?;
-        match gemm_kernel(&l.kernel) {
+    fn fits(&self, k: &Kernel) -> crate::Result<()> {
+        match gemm_kernel(k) {
             Some(_) => Ok(()),
-            None if super::has_gemm(&l.kernel) => Err("the matrix product shares its kernel with other loop nests".into()),
-            None => Err("not a matrix product".into()),
+            None if super::has_gemm(k) => Err(bad(k, "the matrix product shares its kernel with other loop nests")),
+            None => Err(bad(k, "not a matrix product")),
         }
     }
 
     /// The block shape is fixed today: one point.
-    fn space(&self, _p: &Problem, _t: &Target) -> ParamSpace {
+    fn space(&self) -> ParamSpace {
         ParamSpace { axes: vec![("threads", vec![GEMM_THREADS]), ("bk", vec![GEMM_BK])] }
     }
 
-    fn heuristic(&self, _p: &Problem, _t: &Target) -> Params {
+    fn heuristic(&self) -> Params {
         Params::new(&[("threads", GEMM_THREADS), ("bk", GEMM_BK)])
     }
 
-    fn build(&self, p: &Problem, _t: &Target, _params: &Params) -> Result<GpuBuilt, String> {
-        tile_ir(p, "gemm", |k| {
-            let g = gemm_kernel(k).unwrap_or_else(|| k.clone());
-            schedule_gemm(&g)
-        })
+    fn schedule(&self, k: &Kernel, _t: &GpuTarget, _params: &Params) -> crate::Result<(Kernel, &'static str)> {
+        let g = gemm_kernel(k).ok_or_else(|| bad(k, "not a matrix product"))?;
+        schedule_gemm(&g).map(|s| (s, "gemm"))
     }
 }

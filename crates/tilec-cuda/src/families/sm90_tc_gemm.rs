@@ -252,7 +252,7 @@ fn usize_of(x: i64) -> usize {
 /// epilogue) over 16-bit operands read by TMA from their buffers, any straight-line epilogue,
 /// on an sm_90 device.
 pub fn hopper_gemm(k: &Kernel, target: &GpuTarget) -> std::result::Result<FamilyPlan, String> {
-    let fused = crate::schedule_nest::fuse_scratch_epilogue(k);
+    let fused = crate::schedule::fuse_scratch_epilogue(k);
     let k = fused.as_ref().unwrap_or(k);
     let g: &Gemm = match k.body.as_slice() {
         [Stmt::Gemm(g)] => g,
@@ -579,7 +579,7 @@ impl Family for Sm90TcGemm {
             plan.source = gemm::render(&plan.problem, &q);
         }
         // The SIMT GEMM, run if the template does not compile or load.
-        let simt = super::simt_gemm::SIMT_GEMM.build(p, t, &FParams::default())?;
+        let simt = super::TileIr(&super::simt_gemm::SimtGemm).build(p, t, &FParams::default())?;
         let source = CudaSource {
             name: plan.entry.clone(),
             source: plan.source.clone(),

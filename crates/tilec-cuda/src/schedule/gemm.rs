@@ -1,75 +1,19 @@
-//! GPU schedules for compute-bound and irregular kernels, as tile-IR → tile-IR transforms.
+//! The SIMT GEMM schedule: a kernel whose body is one [`Stmt::Gemm`] becomes a block-tiled
+//! matrix product. Each thread block owns a `BM × BN` tile of one batch's output; per `BK`-deep
+//! step of the reduction, the block's 256 threads stage the A and B tiles in shared memory (the
+//! operand expressions, im2col and transposes included, evaluated once per element, zero
+//! outside the matrix), synchronize, and each thread accumulates a `BM/16 × BN/16` register
+//! micro-tile (rows `ty + 16 r`, columns `tx + 16 c`: conflict-free shared reads, coalesced
+//! stores). The epilogue runs per output element with the accumulator in the Gemm's own
+//! accumulation type (f32 for every float dtype).
 //!
-//! - [`schedule_gemm`]: a kernel whose body is one [`Stmt::Gemm`] becomes a block-tiled matrix
-//!   product. Each thread block owns a `BM × BN` tile of one batch's output; per `BK`-deep step
-//!   of the reduction, the block's 256 threads stage the A and B tiles in shared memory (the
-//!   operand expressions, im2col and transposes included, evaluated once per element, zero
-//!   outside the matrix), synchronize, and each thread accumulates a `BM/16 × BN/16` register
-//!   micro-tile (rows `ty + 16 r`, columns `tx + 16 c`: conflict-free shared reads, coalesced
-//!   stores). The epilogue runs per output element with the accumulator in the Gemm's own
-//!   accumulation type (f32 for every float dtype).
-//! - [`schedule_direct`]: any other nest (pools, depthwise convs, attention, gathers, scans of
-//!   rows too short for a block). The outer loops whose iterations are provably independent
-//!   are flattened onto a grid-stride loop over grid × block threads; everything inside runs
-//!   serially per thread. A body of several nests runs in one block, nest after nest, with a
-//!   barrier between them; a body with no independent loop runs on one thread.
-//!
-//! Both keep the serial semantics: run by the tile interpreter, a scheduled kernel computes
-//! what the original does (the GEMM sums in the same order).
+//! It keeps the serial semantics: run by the tile interpreter, a scheduled kernel computes what
+//! the original does (the GEMM sums in the same order).
 
-use tilec_ir::DType;
-use tilec_tile::schedule as prim;
 use tilec_tile::*;
 
-use crate::error::{CudaError, Result};
-use crate::schedule::{fresh, fresh_buf, GpuTarget};
-
-fn bad(k: &Kernel, msg: impl Into<String>) -> CudaError {
-    CudaError::Schedule { kernel: k.name.clone(), msg: msg.into() }
-}
-
-fn v(x: VarId) -> Expr {
-    Expr::Var(x)
-}
-
-fn lt(a: Expr, n: i64) -> Expr {
-    Expr::bin(BinOp::Lt, a, Expr::Int(n))
-}
-
-fn and(a: Option<Expr>, b: Option<Expr>) -> Option<Expr> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(Expr::bin(BinOp::And, a, b)),
-        (a, None) => a,
-        (None, b) => b,
-    }
-}
-
-fn guard(cond: Option<Expr>, then_: Vec<Stmt>, else_: Vec<Stmt>) -> Vec<Stmt> {
-    match cond {
-        Some(c) => vec![Stmt::If { cond: c, then_, else_ }],
-        None => then_,
-    }
-}
-
-fn bound(var: VarId, extent: i64, axis: GpuAxis, body: Vec<Stmt>) -> Stmt {
-    Stmt::For(Loop { var, extent, kind: LoopKind::Bound(axis), body })
-}
-
-fn unrolled(var: VarId, extent: i64, body: Vec<Stmt>) -> Stmt {
-    Stmt::For(Loop { var, extent, kind: LoopKind::Unrolled, body })
-}
-
-fn zero_of(d: DType) -> Expr {
-    if d.is_float() {
-        Expr::Lit(Lit::Float(0.0, d))
-    } else if d == DType::Bool {
-        Expr::Lit(Lit::Bool(false))
-    } else if d.is_signed_int() {
-        Expr::Lit(Lit::Int(0, d))
-    } else {
-        Expr::Lit(Lit::UInt(0, d))
-    }
-}
+use super::*;
+use crate::error::Result;
 
 /// Threads per GEMM block (a 16 × 16 grid of threads).
 pub const GEMM_THREADS: i64 = 256;
@@ -235,175 +179,6 @@ pub fn schedule_gemm(k: &Kernel) -> Result<Kernel> {
     Ok(out)
 }
 
-/// The chain of loops from the top of `body` down to the first body that is not a single loop.
-fn chain(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
-    let mut loops = vec![];
-    let mut cur = body;
-    while let [Stmt::For(l)] = cur {
-        loops.push(l);
-        cur = &l.body;
-    }
-    (loops, cur)
-}
-
-/// How many loops of the chain starting at `s` (outermost first) have provably independent
-/// iterations, counting from the top.
-fn parallel_prefix(k: &Kernel, s: &Stmt) -> usize {
-    let (loops, _) = chain(std::slice::from_ref(s));
-    let mut n = 0;
-    for l in loops {
-        if l.kind != LoopKind::Serial || l.extent < 1 {
-            break;
-        }
-        let name = k.var_info(l.var).name.clone();
-        let mut probe = k.clone();
-        if prim::parallel(&mut probe, &name).is_err() {
-            break;
-        }
-        n += 1;
-    }
-    n
-}
-
-/// Rewrites the first `p` loops of the chain `s` into `for it { let f = it*stride + base; if
-/// f < n { body } }` where `base` is the thread's flat index; returns the statements.
-fn flatten(out: &mut Kernel, s: &Stmt, p: usize, base: Expr, stride: i64) -> Vec<Stmt> {
-    let (loops, _) = chain(std::slice::from_ref(s));
-    let loops = &loops[..p];
-    let n: i64 = loops.iter().map(|l| l.extent).product();
-    let inner = loops[p - 1].body.clone();
-    let f = fresh(out, "flat", Ty::Index, false);
-    let it = fresh(out, "it", Ty::Index, false);
-    let mut body = inner;
-    let mut rest = Expr::Var(f);
-    let mut subs = vec![];
-    for (d, l) in loops.iter().enumerate().rev() {
-        let e = if d == 0 { rest.clone() } else { Expr::rem(rest.clone(), l.extent) };
-        subs.push((l.var, e));
-        rest = Expr::div(rest, l.extent);
-    }
-    for st in body.iter_mut() {
-        for (var, e) in &subs {
-            st.substitute(*var, e);
-        }
-    }
-    let iters = (n + stride - 1) / stride;
-    let fval = Expr::add(Expr::mul(v(it), Expr::Int(stride)), base);
-    let mut per = vec![Stmt::Let { var: f, value: fval }];
-    per.extend(guard((n % stride != 0).then(|| lt(v(f), n)), body, vec![]));
-    if iters == 1 {
-        for st in per.iter_mut() {
-            st.substitute(it, &Expr::Int(0));
-        }
-        per
-    } else {
-        vec![Stmt::for_(it, iters, per)]
-    }
-}
-
-/// Schedules any kernel as a direct nest (see the module documentation).
-pub fn schedule_direct(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
-    schedule_direct_named(k, target).map(|(k, _)| k)
-}
-
-/// [`schedule_direct`], also naming the variant: `direct`, `block` or `serial`.
-pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, &'static str)> {
-    let mut has_bound = false;
-    for l in k.loops() {
-        if matches!(l.kind, LoopKind::Bound(_)) {
-            has_bound = true;
-        }
-    }
-    let mut has_gpu_stmt = false;
-    for s in &k.body {
-        s.visit(&mut |x| {
-            if matches!(x, Stmt::Barrier | Stmt::BlockReduce { .. }) {
-                has_gpu_stmt = true
-            }
-        });
-    }
-    if has_bound || has_gpu_stmt {
-        return Err(bad(k, "already bound to GPU axes"));
-    }
-    let mut out = k.clone();
-    // Scratch allocated inside a nest belongs to one iteration, hence to one thread once the
-    // nest is spread over threads: thread-private (`Register`) arrays, not shared memory.
-    for s in &k.body {
-        if let Stmt::For(l) = s {
-            for b in &l.body {
-                b.visit(&mut |x| {
-                    if let Stmt::Alloc(b) = x {
-                        if out.buf(*b).scope == Scope::Local {
-                            out.buffers[b.0 as usize].scope = Scope::Register;
-                        }
-                    }
-                });
-            }
-        }
-    }
-    let k = &out.clone();
-    // One nest: grid-stride over the independent outer loops.
-    if let [s @ Stmt::For(_)] = k.body.as_slice() {
-        let p = parallel_prefix(k, s);
-        if p > 0 {
-            let (loops, _) = chain(std::slice::from_ref(s));
-            let n: i64 = loops[..p].iter().map(|l| l.extent).product();
-            let threads = if n >= 256 { 256 } else { ((n + 31) / 32 * 32).max(32) };
-            let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
-            let blocks = ((n + threads - 1) / threads).clamp(1, max_blocks);
-            let b = fresh(&mut out, "blk", Ty::Index, false);
-            let t = fresh(&mut out, "thr", Ty::Index, false);
-            let base = Expr::add(Expr::mul(v(b), Expr::Int(threads)), v(t));
-            let body = flatten(&mut out, s, p, base, blocks * threads);
-            out.body = vec![bound(b, blocks, GpuAxis::BlockX, vec![bound(t, threads, GpuAxis::ThreadX, body)])];
-            return Ok((out, "direct"));
-        }
-    }
-    // Several statements: one block; nests spread over its threads in turn.
-    let threads = 256i64.min(target.max_threads_per_block as i64);
-    let mut body = vec![];
-    let mut parallel_any = false;
-    let mut serial_ok = true;
-    for s in &k.body {
-        match s {
-            Stmt::For(_) => {
-                let p = parallel_prefix(k, s);
-                if p == 0 {
-                    serial_ok = false;
-                    break;
-                }
-                parallel_any = true;
-                let t = fresh(&mut out, "thr", Ty::Index, false);
-                let inner = flatten(&mut out, s, p, v(t), threads);
-                body.push(bound(t, threads, GpuAxis::ThreadX, inner));
-                body.push(Stmt::Barrier);
-            }
-            // Values every thread computes alike.
-            Stmt::Let { var, .. } if !k.var_info(*var).mutable => body.push(s.clone()),
-            Stmt::Alloc(b) if k.buf(*b).scope == Scope::Local => body.push(s.clone()),
-            _ => {
-                serial_ok = false;
-                break;
-            }
-        }
-    }
-    if serial_ok && parallel_any {
-        let b = fresh(&mut out, "blk", Ty::Index, false);
-        out.body = vec![bound(b, 1, GpuAxis::BlockX, body)];
-        return Ok((out, "block"));
-    }
-    // Nothing provably parallel: one thread runs the kernel as it is, its scratch private
-    // (shared memory is too small for the scratch of whole-tensor nests).
-    let mut out = k.clone();
-    for b in out.buffers.iter_mut() {
-        if b.scope == Scope::Local {
-            b.scope = Scope::Register;
-        }
-    }
-    let t = fresh(&mut out, "thr", Ty::Index, false);
-    out.body = vec![bound(t, 1, GpuAxis::ThreadX, k.body.clone())];
-    Ok((out, "serial"))
-}
 
 /// Folds a GEMM's scratch consumer into its epilogue: a kernel `[alloc L; gemm (epilogue ends
 /// with L[.., i, j] = v); nest reading L]`, where the nest walks L's elements in order (its
@@ -523,11 +298,3 @@ fn canonical(x: Option<(Vec<(i64, Expr)>, i64)>) -> Option<(Vec<(i64, String)>, 
     Some((a, k))
 }
 
-/// Calls `f` on every expression of `s` and its sub-expressions (loads' indices included).
-fn each_expr_in(s: &Stmt, f: &mut impl FnMut(&Expr)) {
-    let mut c = s.clone();
-    c.map_exprs(&mut |e| {
-        e.visit(f);
-        e
-    });
-}

@@ -1,0 +1,171 @@
+//! The direct-nest schedule, for any other nest (pools, depthwise convs, attention, gathers,
+//! scans of rows too short for a block): the outer loops whose iterations are provably
+//! independent are flattened onto a grid-stride loop over grid × block threads; everything
+//! inside runs serially per thread. A body of several nests runs in one block, nest after nest,
+//! with a barrier between them; a body with no independent loop runs on one thread.
+
+use tilec_tile::schedule as prim;
+use tilec_tile::*;
+
+use super::*;
+use crate::error::Result;
+
+/// How many loops of the chain starting at `s` (outermost first) have provably independent
+/// iterations, counting from the top.
+fn parallel_prefix(k: &Kernel, s: &Stmt) -> usize {
+    let (loops, _) = chain(std::slice::from_ref(s));
+    let mut n = 0;
+    for l in loops {
+        if l.kind != LoopKind::Serial || l.extent < 1 {
+            break;
+        }
+        let name = k.var_info(l.var).name.clone();
+        let mut probe = k.clone();
+        if prim::parallel(&mut probe, &name).is_err() {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Rewrites the first `p` loops of the chain `s` into `for it { let f = it*stride + base; if
+/// f < n { body } }` where `base` is the thread's flat index; returns the statements.
+fn flatten(out: &mut Kernel, s: &Stmt, p: usize, base: Expr, stride: i64) -> Vec<Stmt> {
+    let (loops, _) = chain(std::slice::from_ref(s));
+    let loops = &loops[..p];
+    let n: i64 = loops.iter().map(|l| l.extent).product();
+    let inner = loops[p - 1].body.clone();
+    let f = fresh(out, "flat", Ty::Index, false);
+    let it = fresh(out, "it", Ty::Index, false);
+    let mut body = inner;
+    let mut rest = Expr::Var(f);
+    let mut subs = vec![];
+    for (d, l) in loops.iter().enumerate().rev() {
+        let e = if d == 0 { rest.clone() } else { Expr::rem(rest.clone(), l.extent) };
+        subs.push((l.var, e));
+        rest = Expr::div(rest, l.extent);
+    }
+    for st in body.iter_mut() {
+        for (var, e) in &subs {
+            st.substitute(*var, e);
+        }
+    }
+    let iters = (n + stride - 1) / stride;
+    let fval = Expr::add(Expr::mul(v(it), Expr::Int(stride)), base);
+    let mut per = vec![Stmt::Let { var: f, value: fval }];
+    per.extend(guard((n % stride != 0).then(|| lt(v(f), n)), body, vec![]));
+    if iters == 1 {
+        for st in per.iter_mut() {
+            st.substitute(it, &Expr::Int(0));
+        }
+        per
+    } else {
+        vec![Stmt::for_(it, iters, per)]
+    }
+}
+
+/// Schedules any kernel as a direct nest (see the module documentation).
+pub fn schedule_direct(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
+    schedule_direct_named(k, target).map(|(k, _)| k)
+}
+
+/// [`schedule_direct`], also naming the variant: `direct`, `block` or `serial`.
+pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, &'static str)> {
+    let mut has_bound = false;
+    for l in k.loops() {
+        if matches!(l.kind, LoopKind::Bound(_)) {
+            has_bound = true;
+        }
+    }
+    let mut has_gpu_stmt = false;
+    for s in &k.body {
+        s.visit(&mut |x| {
+            if matches!(x, Stmt::Barrier | Stmt::BlockReduce { .. }) {
+                has_gpu_stmt = true
+            }
+        });
+    }
+    if has_bound || has_gpu_stmt {
+        return Err(bad(k, "already bound to GPU axes"));
+    }
+    let mut out = k.clone();
+    // Scratch allocated inside a nest belongs to one iteration, hence to one thread once the
+    // nest is spread over threads: thread-private (`Register`) arrays, not shared memory.
+    for s in &k.body {
+        if let Stmt::For(l) = s {
+            for b in &l.body {
+                b.visit(&mut |x| {
+                    if let Stmt::Alloc(b) = x {
+                        if out.buf(*b).scope == Scope::Local {
+                            out.buffers[b.0 as usize].scope = Scope::Register;
+                        }
+                    }
+                });
+            }
+        }
+    }
+    let k = &out.clone();
+    // One nest: grid-stride over the independent outer loops.
+    if let [s @ Stmt::For(_)] = k.body.as_slice() {
+        let p = parallel_prefix(k, s);
+        if p > 0 {
+            let (loops, _) = chain(std::slice::from_ref(s));
+            let n: i64 = loops[..p].iter().map(|l| l.extent).product();
+            let threads = if n >= 256 { 256 } else { ((n + 31) / 32 * 32).max(32) };
+            let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
+            let blocks = ((n + threads - 1) / threads).clamp(1, max_blocks);
+            let b = fresh(&mut out, "blk", Ty::Index, false);
+            let t = fresh(&mut out, "thr", Ty::Index, false);
+            let base = Expr::add(Expr::mul(v(b), Expr::Int(threads)), v(t));
+            let body = flatten(&mut out, s, p, base, blocks * threads);
+            out.body = vec![bound(b, blocks, GpuAxis::BlockX, vec![bound(t, threads, GpuAxis::ThreadX, body)])];
+            return Ok((out, "direct"));
+        }
+    }
+    // Several statements: one block; nests spread over its threads in turn.
+    let threads = 256i64.min(target.max_threads_per_block as i64);
+    let mut body = vec![];
+    let mut parallel_any = false;
+    let mut serial_ok = true;
+    for s in &k.body {
+        match s {
+            Stmt::For(_) => {
+                let p = parallel_prefix(k, s);
+                if p == 0 {
+                    serial_ok = false;
+                    break;
+                }
+                parallel_any = true;
+                let t = fresh(&mut out, "thr", Ty::Index, false);
+                let inner = flatten(&mut out, s, p, v(t), threads);
+                body.push(bound(t, threads, GpuAxis::ThreadX, inner));
+                body.push(Stmt::Barrier);
+            }
+            // Values every thread computes alike.
+            Stmt::Let { var, .. } if !k.var_info(*var).mutable => body.push(s.clone()),
+            Stmt::Alloc(b) if k.buf(*b).scope == Scope::Local => body.push(s.clone()),
+            _ => {
+                serial_ok = false;
+                break;
+            }
+        }
+    }
+    if serial_ok && parallel_any {
+        let b = fresh(&mut out, "blk", Ty::Index, false);
+        out.body = vec![bound(b, 1, GpuAxis::BlockX, body)];
+        return Ok((out, "block"));
+    }
+    // Nothing provably parallel: one thread runs the kernel as it is, its scratch private
+    // (shared memory is too small for the scratch of whole-tensor nests).
+    let mut out = k.clone();
+    for b in out.buffers.iter_mut() {
+        if b.scope == Scope::Local {
+            b.scope = Scope::Register;
+        }
+    }
+    let t = fresh(&mut out, "thr", Ty::Index, false);
+    out.body = vec![bound(t, 1, GpuAxis::ThreadX, k.body.clone())];
+    Ok((out, "serial"))
+}
+
