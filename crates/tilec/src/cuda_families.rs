@@ -82,8 +82,3 @@ pub fn load_or_fallback(
         (r, _) => r,
     }
 }
-
-/// `(kernel, decision)` for every kernel.
-pub fn summary(kernels: &[crate::compiled_cuda::GpuKernelSource]) -> Vec<(String, String)> {
-    kernels.iter().map(|k| (k.name.clone(), k.family.describe())).collect()
-}

@@ -20,6 +20,7 @@
 pub mod compare;
 pub mod compiled;
 pub mod compiled_cuda;
+pub mod exec;
 pub mod cuda_families;
 pub mod tensor_io;
 

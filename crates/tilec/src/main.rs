@@ -37,7 +37,7 @@ enum Cmd {
     /// Optimize a model and show how it is partitioned into kernels: each kernel group
     /// with its ops, bytes, FLOPs and bound on the target, and every rejected fusion with
     /// the cost model's numbers.
-    Explain(cli::opt::OptArgs),
+    Explain(cli::opt::ExplainArgs),
 }
 
 /// The backends `--backend` accepts.

@@ -192,7 +192,9 @@ fn run_case(case: &Case, mode: Mode) -> Outcome {
                 return Outcome::Fail(format!("memory plan: {e}"));
             }
             // Poison the arena: every value a kernel fails to write reads back as NaN / all ones.
-            c.poison();
+            if let Err(e) = c.poison() {
+                return Outcome::Fail(format!("poisoning the arena: {e}"));
+            }
             match c.run(&ordered) {
                 Ok(o) => {
                     let mut st = STATS.lock().unwrap();

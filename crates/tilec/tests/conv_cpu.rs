@@ -125,7 +125,7 @@ fn check_with(name: &str, g: Graph, inputs: Vec<Tensor>, want_winograd: usize, w
         .unwrap()
         .remove(0);
     for run in 0..2 {
-        c.poison();
+        c.poison().unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = c.run(&inputs).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
         assert_eq!(got.shape(), want.shape(), "{name}");
         let (w, o) = (want.to_f64_vec(), got.to_f64_vec());

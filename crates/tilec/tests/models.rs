@@ -115,7 +115,7 @@ fn check_compiled(name: &str) {
         assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
         c.check_plan().unwrap_or_else(|e| panic!("{name}: memory plan: {e}"));
         assert!(c.report.arena_bytes < c.report.intermediate_bytes, "{name}: the arena reuses memory");
-        c.poison();
+        c.poison().unwrap_or_else(|e| panic!("{name}: {e}"));
         let outs = c.run(&feeds).unwrap_or_else(|e| panic!("{name}: {e}"));
         let reference = match want {
             None => expected[0].clone(),

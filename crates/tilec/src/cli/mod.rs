@@ -31,6 +31,16 @@ pub fn parse_dim(s: &str) -> Result<(String, usize), String> {
     Ok((name.to_string(), v))
 }
 
+/// Parses `--family OP=NAME`: the op (or kernel name, or `*`) and the family forced for it.
+pub fn parse_family(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((op, fam)) if !op.trim().is_empty() && !fam.trim().is_empty() => {
+            Ok((op.trim().to_string(), fam.trim().to_string()))
+        }
+        _ => Err(format!("expected OP=FAMILY, got '{s}' (e.g. conv=cpu.direct)")),
+    }
+}
+
 /// Parses `--rtol` and `--atol`: a finite, non-negative number (a NaN tolerance would fail
 /// every comparison, a negative one even equal values).
 pub fn parse_tolerance(s: &str) -> Result<f64, String> {

@@ -146,70 +146,54 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tilec explain`: kernel groups with their costs, and every rejected fusion with why.
-pub fn explain(args: &OptArgs) -> Result<()> {
-    let g = optimized(args)?;
-    let t = partition::Target::preset(args.target.kind());
-    let hints = SizeHints { named: args.dims.iter().cloned().collect(), ..Default::default() };
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub opt: OptArgs,
+    /// Force a kernel family for an op (`conv`, `matmul`, ...), a kernel name or `*`, e.g.
+    /// --family conv=cpu.direct (repeatable).
+    #[arg(long = "family", value_name = "OP=NAME", value_parser = super::parse_family)]
+    pub families: Vec<(String, String)>,
+}
+
+/// `tilec explain`: kernel groups with their costs, every rejected fusion with why, and the
+/// family each kernel is built with on the target, with the families rejected and why.
+pub fn explain(args: &ExplainArgs) -> Result<()> {
+    let a = &args.opt;
+    let g = optimized(a)?;
+    let t = partition::Target::preset(a.target.kind());
+    let hints = SizeHints { named: a.dims.iter().cloned().collect(), ..Default::default() };
     let p = partition::partition_with(&g, &t, &hints);
     print!("{}", partition::explain(&g, &p, &t));
-    if args.target.kind() == partition::TargetKind::Cpu {
-        explain_cpu(&g, &p.groups);
+    println!();
+    // The graph is already optimized; level 0 keeps it as it is.
+    let (title, prepared) = match a.target.kind() {
+        TargetKind::Cpu => {
+            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let p = tilec::compiled::prepare(&g, &opts).context("building the kernels")?;
+            ("kernels (families for this CPU):", (p.interpreted(), p.report))
+        }
+        TargetKind::Cuda => {
+            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let p = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())
+                .context("building the kernels")?;
+            ("kernels (families for sm_90, 132 SMs):", (p.interpreted(), p.report))
+        }
+    };
+    println!("{title}");
+    let (interpreted, r) = prepared;
+    if interpreted {
+        println!("  none: shapes are not concrete (fix symbolic dimensions with --dim NAME=VALUE)");
+        return Ok(());
     }
-    if args.target.kind() == partition::TargetKind::Cuda {
-        explain_cuda(&g);
+    for (k, d) in &r.decisions {
+        println!("  {k}: {}", d.summary());
+        for (f, why) in &d.rejected {
+            println!("    not {f}: {why}");
+        }
+    }
+    for (op, why) in &r.fallbacks {
+        println!("  host step {op}: {why}");
     }
     Ok(())
-}
-
-/// The CPU kernel family of every group (or of each of its nodes when the group does not
-/// build whole), its parameters and where they came from, and the families passed over.
-fn explain_cpu(g: &tilec::Graph, groups: &[partition::KernelGroup]) {
-    use tilec_tile::family::{describe_rejections, dispatch, Choices, Problem};
-    let t = tilec_opt::target::Target::host_cpu();
-    let reg = tilec_cpu::families::registry();
-    let choices = Choices::default();
-    println!();
-    println!("CPU kernels (families for this CPU):");
-    let show = |p: &Problem| match dispatch(reg, p, &t, &choices) {
-        Ok((_, d)) if d.rejected.is_empty() => println!("  {}: {}", p.name, d.summary()),
-        Ok((_, d)) => println!("  {}: {}; passed over: {}", p.name, d.summary(), d.rejections()),
-        Err(why) => println!("  {}: no family: {}", p.name, describe_rejections(&why)),
-    };
-    for grp in groups {
-        let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        let p = Problem::of_group(g, grp, &name);
-        if grp.nodes.len() > 1 && dispatch(reg, &p, &t, &choices).is_err() {
-            for (i, &n) in grp.nodes.iter().enumerate() {
-                show(&Problem::of_node(g, n, &format!("{name}_{i}")));
-            }
-        } else {
-            show(&p);
-        }
-    }
-}
-
-/// The GPU kernels of a graph with concrete shapes: each kernel's schedule, and for matrix
-/// products the kernel family that runs them (with its parameters) or why none does. Planned
-/// for an H100/H200 (sm_90, 132 SMs).
-fn explain_cuda(g: &tilec::Graph) {
-    use tilec::compiled_cuda::{prepare, CudaOptions};
-    println!();
-    println!("GPU kernels (planned for sm_90, 132 SMs):");
-    // The graph is already optimized; level 0 keeps it as it is.
-    let opts = CudaOptions { opt_level: 0, ..Default::default() };
-    match prepare(g, &opts, &tilec_cuda::GpuTarget::hopper()) {
-        Ok(p) if p.interpreted() => {
-            println!("  none: shapes are not concrete (fix symbolic dimensions with --dim NAME=VALUE)")
-        }
-        Ok(p) => {
-            for k in p.kernels() {
-                println!("  {}: {}", k.name, k.family.describe());
-            }
-            for (op, why) in &p.report.fallbacks {
-                println!("  host step {op}: {why}");
-            }
-        }
-        Err(e) => println!("  not prepared: {e}"),
-    }
 }

@@ -2,8 +2,8 @@
 //! the outputs.
 
 use super::{
-    check_dims, dim_params, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_named_file,
-    parse_tolerance, prepare_out_dir, render_error, MAX_BENCH_RUNS, MAX_THREADS,
+    check_dims, dim_params, graph_of, input_names, load_model, non_tensor_kind, parse_dim, parse_family,
+    parse_named_file, parse_tolerance, prepare_out_dir, render_error, MAX_BENCH_RUNS, MAX_THREADS,
 };
 use crate::BackendArg;
 use anyhow::{anyhow, bail, Context, Result};
@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// but rounded like the reference (Winograd's errors reach about 1e-5 of the outputs).
     #[arg(long)]
     pub no_winograd: bool,
+    /// Force a kernel family for an op (`conv`, `matmul`, ...), a kernel name or `*`, e.g.
+    /// --family conv=cpu.direct (repeatable; `tilec explain` lists the families).
+    #[arg(long = "family", value_name = "OP=NAME", value_parser = parse_family)]
+    pub families: Vec<(String, String)>,
     /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=8.
     /// Symbolic dimensions not fixed here or by a given input default to 1.
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
@@ -634,7 +638,12 @@ fn run_compiled(
     inputs: &[Tensor],
     report: &mut Report,
 ) -> Result<Vec<Tensor>> {
-    let mut opts = tilec::compiled::CompileOptions { opt_level: a.opt_level, winograd: !a.no_winograd, ..Default::default() };
+    let mut opts = tilec::compiled::CompileOptions {
+        opt_level: a.opt_level,
+        winograd: !a.no_winograd,
+        families: a.families.clone(),
+        ..Default::default()
+    };
     if let Some(t) = a.threads {
         opts.threads = t;
     }
@@ -645,7 +654,7 @@ fn run_compiled(
         "compiled {} kernels ({} unique{}) in {:.1} ms (optimize {:.1}, lower {:.1}, C compile {:.1})",
         r.kernels,
         r.unique_kernels,
-        if r.cache_hit { ", from the cache" } else { "" },
+        if r.cache_hits > 0 { ", from the cache" } else { "" },
         ms(r.total),
         ms(r.optimize),
         ms(r.lower),
@@ -687,13 +696,7 @@ fn run_compiled(
         );
     }
     if a.profile {
-        let mut p = tilec::runtime::Profile::default();
-        // As many profiled runs as timed ones (at least 5): single kernels vary more than runs.
-        let reps = a.bench.unwrap_or(0).max(5);
-        for _ in 0..reps {
-            c.run_profiled(inputs, Some(&mut p)).context("running the compiled model")?;
-        }
-        println!("{}", p.render_table());
+        profile(a, &mut c, inputs)?;
     }
     if a.stats {
         println!(
@@ -707,6 +710,7 @@ fn run_compiled(
         for (op, why) in &r.fallbacks {
             println!("  fallback {op}: {why}");
         }
+        print_families(&r);
     }
     add(
         report,
@@ -714,7 +718,8 @@ fn run_compiled(
             "median_ms": median_ms,
             "first_run_ms": first.as_secs_f64() * 1e3,
             "compile_ms": ms(r.total),
-            "cache_hit": r.cache_hit,
+            "cache_hit": r.cache_hits > 0,
+            "families": families_json(&r),
             "kernels": r.kernels,
             "unique_kernels": r.unique_kernels,
             "fallback_nodes": r.fallbacks.len(),
@@ -734,10 +739,7 @@ fn run_cuda(
     report: &mut Report,
 ) -> Result<Vec<Tensor>> {
     use tilec::compiled_cuda::{compile, CudaOptions};
-    if a.profile {
-        println!("note: --profile is not available with --target cuda (use --bench)");
-    }
-    let opts = CudaOptions { opt_level: a.opt_level, device: a.device, ..Default::default() };
+    let opts = CudaOptions { opt_level: a.opt_level, device: a.device, families: a.families.clone(), ..Default::default() };
     let mut c = compile(graph, &opts).context("compiling the model for CUDA")?;
     let r = c.report.clone();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
@@ -765,9 +767,7 @@ fn run_cuda(
         for (op, why) in &r.fallbacks {
             println!("  host fallback {op}: {why}");
         }
-        for (k, what) in &r.families {
-            println!("  matrix product {k}: {what}");
-        }
+        print_families(&r);
     }
     let mut kernel_mismatches = None;
     if a.check_kernels {
@@ -782,6 +782,9 @@ fn run_cuda(
     let outs = c.run(inputs).context("running the model on the GPU")?;
     let first = start.elapsed();
     println!("ran on the cuda target in {:.3} ms (first run: graph capture, transfers included)", ms(first));
+    if a.profile {
+        profile(a, &mut c, inputs)?;
+    }
     let mut median_ms = None;
     if let Some(n) = a.bench.filter(|&n| n > 0) {
         let mut times = c.bench(inputs, n).context("benchmarking the model on the GPU")?;
@@ -809,10 +812,50 @@ fn run_cuda(
         "graphs": r.graphs,
         "arena_bytes": r.arena_bytes,
         "kernel_mismatches": kernel_mismatches,
-        "families": r.families.iter().map(|(k, d)| (k.clone(), serde_json::json!(d))).collect::<serde_json::Map<_, _>>(),
+        "families": families_json(&r),
     });
     add(report, j);
     Ok(outs)
+}
+
+/// Prints the per-kernel profile of `--profile` (rows named `kernel [family]`).
+fn profile<B: tilec::exec::Backend>(a: &RunArgs, c: &mut tilec::exec::Executor<B>, inputs: &[Tensor]) -> Result<()> {
+    let mut p = tilec::runtime::Profile::default();
+    // As many profiled runs as timed ones (at least 5): single kernels vary more than runs.
+    let reps = a.bench.unwrap_or(0).max(5);
+    for _ in 0..reps {
+        c.run_profiled(inputs, Some(&mut p)).context("running the compiled model")?;
+    }
+    println!("{}", p.render_table());
+    Ok(())
+}
+
+/// `--stats`: the family of every kernel, and what happened to it after the choice.
+fn print_families(r: &tilec::exec::Report) {
+    for (k, d) in &r.decisions {
+        println!("  kernel {k}: {}", d.summary());
+    }
+    for (k, note) in &r.notes {
+        println!("  note {k}: {note}");
+    }
+}
+
+/// `--json`: kernel name → family, parameters and where they came from.
+fn families_json(r: &tilec::exec::Report) -> serde_json::Value {
+    let m: serde_json::Map<String, serde_json::Value> = r
+        .decisions
+        .iter()
+        .map(|(k, d)| {
+            let v = serde_json::json!({
+                "family": d.family,
+                "params": d.params.to_string(),
+                "origin": d.origin.to_string(),
+                "rejected": tilec_tile::family::describe_rejections(&d.rejected),
+            });
+            (k.clone(), v)
+        })
+        .collect();
+    serde_json::Value::Object(m)
 }
 
 #[cfg(test)]

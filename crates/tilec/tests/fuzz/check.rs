@@ -109,7 +109,7 @@ fn compile_caught(g: &Graph, b: Build) -> Result<Compiled, String> {
 fn run_once(c: &mut Compiled, g: &Graph, ins: &[Tensor], st: &mut Stats) -> Result<(), String> {
     let want = catch_unwind(AssertUnwindSafe(|| tilec_ref::run(g, ins.to_vec())))
         .map_err(|p| format!("the interpreter panicked: {}", panic_text(p)))?;
-    c.poison();
+    c.poison().map_err(|e| format!("poisoning the arena: {e}"))?;
     let got = catch_unwind(AssertUnwindSafe(|| c.run(ins))).map_err(|p| format!("the compiled run panicked: {}", panic_text(p)))?;
     st.executions += 1;
     match (want, got) {

@@ -1,0 +1,280 @@
+//! The CUDA back end: kernels rendered to CUDA C++ (tile-IR schedules or family templates),
+//! compiled with NVRTC (parallel, cached) and launched on one stream with pointers into a
+//! device arena. Each run of device steps between host steps is captured into a CUDA graph on
+//! its first launch and replayed afterwards. Everything CUDA is loaded at run time.
+
+use std::time::Instant;
+
+use tilec_cuda::{CudaError, Device, DeviceBuffer, GpuKernel, GpuTarget, Stream};
+use tilec_ir::{DType, Tensor, ValueId};
+use tilec_opt::target::Target;
+use tilec_cuda::families::GpuBuilt;
+use tilec_tile::family::{Decision, Problem, Registry};
+use tilec_tile::{CheckSite, Kernel};
+
+use super::{Backend, Build, Executor, Report};
+use crate::cuda_families::FamilyInfo;
+use crate::Error;
+
+/// One GPU kernel of a prepared model.
+#[derive(Clone, Debug)]
+pub struct GpuKernelSource {
+    pub name: String,
+    /// The graph values of its parameters: inputs, then outputs.
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// The kernel as lowered (serial loops).
+    pub lowered: Kernel,
+    /// After its GPU schedule.
+    pub scheduled: Kernel,
+    /// The GPU schedule's name (`gemm`, `rows`, `elementwise`, `direct`, `block`, `serial`),
+    /// or the template family's (`sm90_tc_gemm`).
+    pub schedule: &'static str,
+    pub source: tilec_cuda::CudaSource,
+    /// The family decision, and a template family's plan and fallback (see `cuda_families`).
+    pub family: FamilyInfo,
+}
+
+/// Builds GPU kernels through the GPU families (`tilec_cuda::families`; no device needed).
+pub struct CudaBuild;
+
+/// The target of a device as the schedules see it (the H200 preset's other numbers).
+pub fn gpu_target(gpu: &GpuTarget) -> Target {
+    Target { units: gpu.sm_count as usize, gpu: *gpu, ..Target::cuda_h200() }
+}
+
+impl Build for CudaBuild {
+    type Family = GpuBuilt;
+    type Built = GpuKernelSource;
+
+    fn registry() -> &'static Registry<Target, GpuBuilt> {
+        tilec_cuda::families::registry()
+    }
+
+    fn finish(&self, p: &Problem, b: GpuBuilt, d: &Decision) -> GpuKernelSource {
+        GpuKernelSource {
+            name: p.name.clone(),
+            inputs: b.lowered.inputs,
+            outputs: b.lowered.outputs,
+            lowered: b.lowered.kernel,
+            scheduled: b.scheduled,
+            schedule: b.schedule,
+            source: b.source,
+            family: FamilyInfo { decision: d.clone(), plan: b.plan, fallback: b.fallback },
+        }
+    }
+
+    fn params(b: &GpuKernelSource) -> (&[ValueId], &[ValueId]) {
+        (&b.inputs, &b.outputs)
+    }
+
+    fn checks(b: &GpuKernelSource) -> &[CheckSite] {
+        &b.lowered.checks
+    }
+}
+
+fn cuda_err(what: &str) -> impl Fn(CudaError) -> Error + '_ {
+    move |e| Error::Compile(format!("{what}: {e}"))
+}
+
+/// Opens the device, or says why there is none.
+pub fn open_device(ordinal: usize) -> Result<Device, Error> {
+    if !tilec_cuda::is_available() {
+        let why = match tilec_cuda::device_count() {
+            Err(e) => e.to_string(),
+            Ok(0) => "the CUDA driver reports no device".to_string(),
+            Ok(_) => "no usable CUDA device".to_string(),
+        };
+        return Err(Error::Compile(format!("no CUDA GPU: {why} (the cuda target needs an NVIDIA driver and device)")));
+    }
+    Device::open(ordinal).map_err(cuda_err("opening the CUDA device"))
+}
+
+/// A CUDA device with its stream, arena and constants.
+pub struct Cuda {
+    /// The captured graph of each run of device steps, by run.
+    graphs: Vec<Option<tilec_cuda::Graph>>,
+    /// Use CUDA graphs (off: launch step by step, for debugging).
+    pub use_graphs: bool,
+    compiler: tilec_cuda::Compiler,
+    /// Kept alive: kernel arguments point into them.
+    consts: Vec<DeviceBuffer>,
+    // Dropped before the device context: the arena and the stream.
+    arena: Option<DeviceBuffer>,
+    stream: Stream,
+    device: Device,
+}
+
+impl Cuda {
+    /// The device `ordinal` with NVRTC, compiling for its architecture (cached in `cache_dir`,
+    /// else the back end's default directory).
+    pub fn open(ordinal: usize, cache_dir: Option<std::path::PathBuf>) -> Result<Cuda, Error> {
+        let device = open_device(ordinal)?;
+        let nvrtc = tilec_cuda::Nvrtc::load().map_err(|e| {
+            Error::Compile(format!("{e} (put CUDA's lib directory on LD_LIBRARY_PATH or set TILEC_NVRTC_LIB)"))
+        })?;
+        let cache = cache_dir.or_else(tilec_cuda::nvrtc::default_cache_dir);
+        let compiler = tilec_cuda::Compiler::new(nvrtc, &device.props().arch()).with_cache_dir(cache);
+        let stream = device.stream().map_err(cuda_err("creating a CUDA stream"))?;
+        Ok(Cuda { graphs: vec![], use_graphs: true, compiler, consts: vec![], arena: None, stream, device })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn arena(&self) -> Result<&DeviceBuffer, Error> {
+        self.arena.as_ref().ok_or_else(|| Error::Compile("the device arena is not allocated".into()))
+    }
+}
+
+impl Backend for Cuda {
+    type Build = CudaBuild;
+    type Loaded = GpuKernel;
+    type Bound = (GpuKernel, Vec<u64>);
+    const ALIGN: usize = 256;
+
+    fn load(&mut self, kernels: &[GpuKernelSource], report: &mut Report) -> Result<Vec<Result<GpuKernel, String>>, Error> {
+        let modules: Vec<(String, String)> = kernels.iter().map(|k| (k.name.clone(), k.source.source.clone())).collect();
+        let compiled = self.compiler.compile_many(&modules);
+        let mut out = vec![];
+        for (k, c) in kernels.iter().zip(compiled) {
+            let loaded =
+                crate::cuda_families::load_or_fallback(&self.device, &self.compiler, k, c, &mut report.notes);
+            if loaded.as_ref().is_ok_and(|g| g.cache_hit) {
+                report.cache_hits += 1;
+            }
+            out.push(loaded.map_err(|e| e.to_string()));
+        }
+        report.unique_kernels = kernels.len();
+        Ok(out)
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<(), Error> {
+        let a = self.device.alloc(bytes.max(Self::ALIGN)).map_err(cuda_err("allocating the device arena"))?;
+        self.arena = Some(a);
+        Ok(())
+    }
+
+    fn constant(&mut self, name: &str, t: &Tensor) -> Result<u64, Error> {
+        let b = self.device.upload(t).map_err(cuda_err(&format!("uploading constant '{name}'")))?;
+        let p = b.ptr();
+        self.consts.push(b);
+        Ok(p)
+    }
+
+    fn base(&self) -> u64 {
+        self.arena.as_ref().map_or(0, |a| a.ptr())
+    }
+
+    fn bind(&mut self, k: GpuKernel, name: &str, ptrs: Vec<u64>, _constant: &[bool]) -> Result<Self::Bound, Error> {
+        if ptrs.len() != k.params.len() {
+            return Err(Error::Compile(format!(
+                "kernel {name}: {} arguments planned, {} parameters",
+                ptrs.len(),
+                k.params.len()
+            )));
+        }
+        Ok((k, ptrs))
+    }
+
+    fn write(&self, offset: usize, t: &Tensor) -> Result<(), Error> {
+        self.arena()?.write(offset, &t.to_le_bytes()).map_err(cuda_err("uploading a value"))
+    }
+
+    fn read(&self, offset: usize, dtype: DType, shape: &[usize]) -> Result<Tensor, Error> {
+        self.arena()?.download(offset, dtype, shape).map_err(cuda_err("downloading a value"))
+    }
+
+    fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error> {
+        self.arena()?.fill(&self.stream, offset, len, byte).map_err(cuda_err("filling the device arena"))
+    }
+
+    fn launch(&self, (k, ptrs): &Self::Bound, name: &str) -> Result<(), Error> {
+        k.launch(&self.stream, ptrs).map_err(cuda_err(&format!("kernel {name}")))
+    }
+
+    fn launch_run<'a>(
+        &mut self,
+        run: usize,
+        steps: impl Iterator<Item = (&'a Self::Bound, &'a str)> + Clone,
+    ) -> Result<(), Error> {
+        if !self.use_graphs {
+            for (k, name) in steps {
+                self.launch(k, name)?;
+            }
+            return Ok(());
+        }
+        if self.graphs.len() <= run {
+            self.graphs.resize_with(run + 1, || None);
+        }
+        if self.graphs[run].is_none() {
+            let names: Vec<&str> = steps.clone().map(|s| s.1).collect();
+            let stream = &self.stream;
+            let g = stream
+                .capture(|_| {
+                    for ((k, ptrs), _) in steps {
+                        k.launch(stream, ptrs)?;
+                    }
+                    Ok(())
+                })
+                .map_err(cuda_err(&format!(
+                    "capturing kernels {}..{} into a CUDA graph",
+                    names.first().unwrap_or(&""),
+                    names.last().unwrap_or(&"")
+                )))?;
+            self.graphs[run] = Some(g);
+        }
+        match &self.graphs[run] {
+            Some(g) => g.launch(&self.stream).map_err(cuda_err("launching a CUDA graph")),
+            None => Ok(()),
+        }
+    }
+
+    fn sync(&self) -> Result<(), Error> {
+        self.stream.synchronize().map_err(cuda_err("waiting for the GPU"))
+    }
+}
+
+impl Executor<Cuda> {
+    /// The device's name and compute capability.
+    pub fn device_name(&self) -> String {
+        let p = self.backend.device.props();
+        format!("{} (sm_{}{})", p.name, p.compute_capability.0, p.compute_capability.1)
+    }
+
+    /// Launches step by step instead of through CUDA graphs (for debugging).
+    pub fn set_use_graphs(&mut self, on: bool) {
+        self.backend.use_graphs = on;
+    }
+
+    /// Runs the model `n` times and returns each run's device time in milliseconds, measured
+    /// with events around the device work (host steps included, the input upload before each
+    /// run not).
+    pub fn bench(&mut self, inputs: &[Tensor], n: usize) -> Result<Vec<f64>, Error> {
+        if self.interpreted {
+            let mut out = vec![];
+            for _ in 0..n {
+                let s = Instant::now();
+                tilec_ref::run(&self.graph, inputs.to_vec())?;
+                out.push(s.elapsed().as_secs_f64() * 1e3);
+            }
+            return Ok(out);
+        }
+        let start = self.backend.device.event().map_err(cuda_err("creating an event"))?;
+        let end = self.backend.device.event().map_err(cuda_err("creating an event"))?;
+        let mut out = vec![];
+        for _ in 0..n {
+            // The memory plan may reuse an input's storage once it is read, so every run gets
+            // its inputs again (uploaded before the first event, outside the timed region).
+            self.write_inputs(inputs)?;
+            start.record(&self.backend.stream).map_err(cuda_err("recording an event"))?;
+            self.exec()?;
+            end.record(&self.backend.stream).map_err(cuda_err("recording an event"))?;
+            self.backend.sync()?;
+            self.check_status()?;
+            out.push(end.elapsed_ms_since(&start).map_err(cuda_err("reading an event"))? as f64);
+        }
+        Ok(out)
+    }
+}
