@@ -13,7 +13,7 @@ use crate::error::Result;
 /// How many loops of the chain starting at `s` (outermost first) have provably independent
 /// iterations, counting from the top.
 fn parallel_prefix(k: &Kernel, s: &Stmt) -> usize {
-    let (loops, _) = chain(std::slice::from_ref(s));
+    let (loops, _) = row_nest(std::slice::from_ref(s));
     let mut n = 0;
     for l in loops {
         if l.kind != LoopKind::Serial || l.extent < 1 {
@@ -32,7 +32,7 @@ fn parallel_prefix(k: &Kernel, s: &Stmt) -> usize {
 /// Rewrites the first `p` loops of the chain `s` into `for it { let f = it*stride + base; if
 /// f < n { body } }` where `base` is the thread's flat index; returns the statements.
 fn flatten(out: &mut Kernel, s: &Stmt, p: usize, base: Expr, stride: i64) -> Vec<Stmt> {
-    let (loops, _) = chain(std::slice::from_ref(s));
+    let (loops, _) = row_nest(std::slice::from_ref(s));
     let loops = &loops[..p];
     let n: i64 = loops.iter().map(|l| l.extent).product();
     let inner = loops[p - 1].body.clone();
@@ -110,7 +110,7 @@ pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, 
     if let [s @ Stmt::For(_)] = k.body.as_slice() {
         let p = parallel_prefix(k, s);
         if p > 0 {
-            let (loops, _) = chain(std::slice::from_ref(s));
+            let (loops, _) = row_nest(std::slice::from_ref(s));
             let n: i64 = loops[..p].iter().map(|l| l.extent).product();
             let threads = if n >= 256 { 256 } else { ((n + 31) / 32 * 32).max(32) };
             let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);

@@ -210,7 +210,7 @@ pub fn fuse_scratch_epilogue(k: &Kernel) -> Option<Kernel> {
         return None;
     }
     // The nest: a perfect chain of serial loops covering L exactly once, in order.
-    let (loops, inner) = chain(std::slice::from_ref(nest));
+    let (loops, inner) = row_nest(std::slice::from_ref(nest));
     if loops.iter().any(|lp| lp.kind != LoopKind::Serial) || loops.iter().map(|lp| lp.extent).product::<i64>() != lbuf.numel() {
         return None;
     }

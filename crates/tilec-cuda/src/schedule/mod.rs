@@ -58,7 +58,8 @@ pub(crate) fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64
     k.buffer(name, dtype, shape, scope)
 }
 
-/// The outer loops of a nest down to the first body that is not a single loop.
+/// The chain of loops from the top of `body` down to the first body that is not a single loop
+/// (a nest's outer loops).
 pub(crate) fn row_nest(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
     let mut loops = vec![];
     let mut cur = body;
@@ -190,17 +191,6 @@ pub(crate) fn zero_of(d: DType) -> Expr {
     } else {
         Expr::Lit(Lit::UInt(0, d))
     }
-}
-
-/// The chain of loops from the top of `body` down to the first body that is not a single loop.
-pub(crate) fn chain(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
-    let mut loops = vec![];
-    let mut cur = body;
-    while let [Stmt::For(l)] = cur {
-        loops.push(l);
-        cur = &l.body;
-    }
-    (loops, cur)
 }
 
 /// Calls `f` on every expression of `s` and its sub-expressions (loads' indices included).
