@@ -50,6 +50,10 @@ pub struct OptArgs {
     /// Print each pass run with its time and node counts.
     #[arg(long = "time-passes")]
     pub time_passes: bool,
+    /// Force a kernel family for an op (`conv`, `matmul`, ...), a kernel name or `*`, e.g.
+    /// --family conv=cpu.direct (repeatable).
+    #[arg(long = "family", value_name = "OP=NAME", value_parser = super::parse_family)]
+    pub families: Vec<(String, String)>,
 }
 
 fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
@@ -112,35 +116,48 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
         Some("schedule") => (false, true),
         _ => return Ok(()),
     };
-    let t = partition::Target::preset(args.target.kind());
-    let p = partition::partition(&g, &t);
-    let cpu = tilec_tile::schedule::CpuTarget::host();
-    let lopts = match args.target.kind() {
-        partition::TargetKind::Cpu => tilec_tile::lower::LowerOptions::default(),
-        _ => tilec_tile::lower::LowerOptions::default(),
+    // The kernels as the target's executor builds them (the graph is optimized already: level
+    // 0 keeps it as it is), each with its family and the schedule that family applied.
+    let family_line = |name: &str, decisions: &[(String, tilec_tile::family::Decision)]| {
+        if let Some((_, d)) = decisions.iter().find(|(k, _)| k == name) {
+            println!("// family: {}", d.summary());
+        }
     };
-    for grp in &p.groups {
-        let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
-        match tilec_tile::lower::lower_group_with(&g, grp, &name, lopts) {
-            Ok(l) => {
-                if lower {
-                    println!("// ----- tile IR after lower: {name} -----");
-                    print!("{}", l.kernel);
-                }
-                if sched {
-                    let s = tilec_tile::schedule::default_cpu(&l.kernel, &cpu);
-                    let mut k = l.kernel.clone();
-                    println!("// ----- tile IR after schedule: {name} -----");
-                    for line in s.to_string().lines() {
-                        println!("// schedule: {line}");
-                    }
-                    match tilec_tile::schedule::apply(&mut k, &s) {
-                        Ok(()) => print!("{k}"),
-                        Err(e) => println!("// schedule not applied: {e}"),
-                    }
-                }
+    let print = |name: &str, lowered: &tilec_tile::Kernel, schedule: &[String], scheduled: &tilec_tile::Kernel| {
+        if lower {
+            println!("// ----- tile IR after lower: {name} -----");
+            print!("{lowered}");
+        }
+        if sched {
+            println!("// ----- tile IR after schedule: {name} -----");
+            for line in schedule {
+                println!("// schedule: {line}");
             }
-            Err(e) => println!("// ----- {name}: not lowered ({e}); its nodes run one by one -----"),
+            print!("{scheduled}");
+        }
+    };
+    match args.target.kind() {
+        partition::TargetKind::Cpu => {
+            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let prep = tilec::compiled::prepare(&g, &opts)?;
+            for k in prep.kernels() {
+                let name = &k.kernel.name;
+                let steps: Vec<String> = k.schedule.to_string().lines().map(str::to_string).collect();
+                family_line(name, &prep.report.decisions);
+                print(name, &k.lowered.kernel, &steps, &k.kernel);
+            }
+        }
+        partition::TargetKind::Cuda => {
+            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let prep = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())?;
+            for k in prep.kernels() {
+                let mut steps = vec![format!("{} ({})", k.schedule, k.family.decision.summary())];
+                if let Some(p) = &k.family.plan {
+                    steps.push(format!("template: {}; the tile-IR fallback below", p.describe()));
+                }
+                family_line(&k.name, &prep.report.decisions);
+                print(&k.name, &k.lowered, &steps, &k.scheduled);
+            }
         }
     }
     Ok(())
@@ -150,10 +167,6 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
 pub struct ExplainArgs {
     #[command(flatten)]
     pub opt: OptArgs,
-    /// Force a kernel family for an op (`conv`, `matmul`, ...), a kernel name or `*`, e.g.
-    /// --family conv=cpu.direct (repeatable).
-    #[arg(long = "family", value_name = "OP=NAME", value_parser = super::parse_family)]
-    pub families: Vec<(String, String)>,
 }
 
 /// `tilec explain`: kernel groups with their costs, every rejected fusion with why, and the
@@ -169,12 +182,12 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
     // The graph is already optimized; level 0 keeps it as it is.
     let (title, prepared) = match a.target.kind() {
         TargetKind::Cpu => {
-            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
             let p = tilec::compiled::prepare(&g, &opts).context("building the kernels")?;
             ("kernels (families for this CPU):", (p.interpreted(), p.report))
         }
         TargetKind::Cuda => {
-            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
             let p = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())
                 .context("building the kernels")?;
             ("kernels (families for sm_90, 132 SMs):", (p.interpreted(), p.report))
