@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use std::fmt::Write;
 
 use tilec_ir::DType;
+use tilec_tile::cexpr::{self, CStyle, CTarget, IntFn};
 use tilec_tile::ir::*;
 
 use crate::cpuinfo::CpuInfo;
@@ -200,84 +201,17 @@ pub fn storage_type(d: DType) -> &'static str {
 
 /// The C type a scalar of type `t` is computed in.
 pub fn value_type(t: Ty) -> &'static str {
-    match t {
-        Ty::Index => "int64_t",
-        Ty::Elem(d) => match d {
-            DType::F64 => "double",
-            DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "float",
-            d => storage_type(d),
-        },
-    }
+    cexpr::value_ty(&C, t)
 }
 
 fn is_lowp(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2)
 }
 
-fn is_float(t: Ty) -> bool {
-    matches!(t, Ty::Elem(d) if d.is_float())
-}
-
-fn is_unsigned(t: Ty) -> bool {
-    matches!(
-        t,
-        Ty::Elem(DType::U8 | DType::U16 | DType::U32 | DType::U64)
-    )
-}
-
-/// Rounds a `float` holding a computed value to the precision of a low-precision dtype.
-fn round_lowp(d: DType, code: String) -> String {
-    match d {
-        DType::F16 => format!("tc_rnd_f16({code})"),
-        DType::BF16 => format!("tc_rnd_bf16({code})"),
-        DType::F8E4M3 => format!("tc_rnd_e4m3({code})"),
-        DType::F8E5M2 => format!("tc_rnd_e5m2({code})"),
-        _ => code,
-    }
-}
-
 /// Code converting the value `code` of type `from` to type `to` (the interpreter's
 /// `Val::convert` semantics).
 pub(crate) fn convert(code: &str, from: Ty, to: Ty) -> String {
-    if from == to {
-        return code.to_string();
-    }
-    match to {
-        Ty::Index => match from {
-            Ty::Elem(d) if d.is_float() => format!("tc_f2i64((double)({code}))"),
-            _ => format!("((int64_t)({code}))"),
-        },
-        Ty::Elem(DType::Bool) => format!("((uint8_t)(({code}) != 0))"),
-        Ty::Elem(d) if d.is_float() => {
-            if d == DType::F64 {
-                return format!("((double)({code}))");
-            }
-            let from_f32 = matches!(from, Ty::Elem(s) if s.is_float() && s != DType::F64);
-            let src = if from_f32 {
-                format!("((float)({code}))")
-            } else if d == DType::F32 {
-                // Integers and f64 round once, like the interpreter (via f64).
-                format!("((float)(double)({code}))")
-            } else {
-                // To a narrow format: round to odd first so that the second rounding is exact.
-                format!("tc_d2f_odd((double)({code}))")
-            };
-            round_lowp(d, src)
-        }
-        Ty::Elem(d) => {
-            let t = storage_type(d);
-            match from {
-                Ty::Elem(s) if s.is_float() => {
-                    if is_unsigned(to) {
-                        format!("(({t})tc_f2u64((double)({code})))")
-                    } else {
-                        format!("(({t})tc_f2i64((double)({code})))")
-                    }
-                }
-                _ => format!("(({t})({code}))"),
-            }
-        }
-    }
+    cexpr::convert(&C, code, from, to)
 }
 
 /// Loads an element of storage type into its value type.
@@ -302,36 +236,6 @@ fn store_conv(d: DType, code: String) -> String {
     }
 }
 
-fn float_lit(x: f64, d: DType) -> String {
-    if d == DType::F64 {
-        if x.is_nan() {
-            "((double)NAN)".into()
-        } else if x.is_infinite() {
-            if x > 0.0 {
-                "((double)INFINITY)".into()
-            } else {
-                "(-(double)INFINITY)".into()
-            }
-        } else {
-            format!("({x:.17e})")
-        }
-    } else {
-        let f = x as f32;
-        let s = if f.is_nan() {
-            "NAN".to_string()
-        } else if f.is_infinite() {
-            if f > 0.0 {
-                "INFINITY".into()
-            } else {
-                "(-INFINITY)".into()
-            }
-        } else {
-            format!("({f:.9e}f)")
-        };
-        round_lowp(d, s)
-    }
-}
-
 fn int_lit(x: i64) -> String {
     if x == i64::MIN {
         "(-9223372036854775807LL - 1)".into()
@@ -339,6 +243,95 @@ fn int_lit(x: i64) -> String {
         format!("({x}LL)")
     } else {
         format!("{x}LL")
+    }
+}
+
+/// How C spells expressions (see [`cexpr`]): indices are `int64_t`, booleans `uint8_t`, math
+/// on `float` goes through the prelude's vectorizable functions.
+pub(crate) struct C;
+
+impl CStyle for C {
+    fn index_ty(&self) -> &'static str {
+        "int64_t"
+    }
+    fn i64_ty(&self) -> &'static str {
+        "int64_t"
+    }
+    fn u64_ty(&self) -> &'static str {
+        "uint64_t"
+    }
+    fn storage_ty(&self, d: DType) -> &'static str {
+        storage_type(d)
+    }
+    fn value_ty(&self, d: DType) -> &'static str {
+        match d {
+            DType::F64 => "double",
+            DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "float",
+            d => storage_type(d),
+        }
+    }
+    fn prefix(&self) -> &'static str {
+        "tc_"
+    }
+    fn truth(&self, c: String) -> String {
+        format!("((uint8_t)({c}))")
+    }
+    fn bool_lit(&self, b: bool) -> String {
+        format!("((uint8_t){})", b as u8)
+    }
+    fn index_lit(&self, x: i64) -> String {
+        int_lit(x)
+    }
+    fn nonfinite(&self, x: f64, dbl: bool) -> String {
+        let t = if dbl { "(double)" } else { "" };
+        if x.is_nan() {
+            format!("({t}NAN)")
+        } else if x > 0.0 {
+            format!("({t}INFINITY)")
+        } else {
+            format!("(-{t}INFINITY)")
+        }
+    }
+    fn round(&self, d: DType, code: String) -> String {
+        match d {
+            DType::F16 => format!("tc_rnd_f16({code})"),
+            DType::BF16 => format!("tc_rnd_bf16({code})"),
+            DType::F8E4M3 => format!("tc_rnd_e4m3({code})"),
+            DType::F8E5M2 => format!("tc_rnd_e5m2({code})"),
+            _ => code,
+        }
+    }
+    fn short_circuit(&self) -> bool {
+        false
+    }
+    fn int_fn(&self, f: IntFn, ct: &str, a: &str, b: &str) -> String {
+        match f {
+            IntFn::Min => format!("({{ {ct} _a = ({a}), _b = ({b}); _a < _b ? _a : _b; }})"),
+            IntFn::Max => format!("({{ {ct} _a = ({a}), _b = ({b}); _a > _b ? _a : _b; }})"),
+            IntFn::Abs => format!(
+                "({{ {ct} _a = ({a}); ({ct})(_a < 0 ? 0 - (uint64_t)_a : (uint64_t)_a); }})"
+            ),
+            IntFn::Sign => format!("({{ {ct} _a = ({a}); ({ct})((_a > 0) - (_a < 0)); }})"),
+            IntFn::FloorDiv => format!("tc_ifloordiv({a}, {b})"),
+            IntFn::FloorMod => format!("tc_ifloormod({a}, {b})"),
+        }
+    }
+    fn math(&self, op: UnOp, d: DType, a: &str) -> Option<String> {
+        let dbl = d == DType::F64;
+        let (one, ft) = if dbl { ("1.0", "double") } else { ("1.0f", "float") };
+        Some(match op {
+            UnOp::Exp if !dbl => format!("tc_expf({a})"),
+            UnOp::Tanh if !dbl => format!("tc_tanhf({a})"),
+            UnOp::Erf if !dbl => format!("tc_erff({a})"),
+            UnOp::Round if dbl => format!("__builtin_rint({a})"),
+            UnOp::Round => format!("__builtin_rintf({a})"),
+            UnOp::Sign => format!("({{ {ft} _a = ({a}); _a > 0 ? {one} : (_a < 0 ? -{one} : _a); }})"),
+            UnOp::Sigmoid if dbl => format!("tc_sigmoid({a})"),
+            UnOp::Sigmoid => format!("tc_sigmoidf({a})"),
+            UnOp::IsNan => format!("__builtin_isnan({a})"),
+            UnOp::IsInf => format!("__builtin_isinf({a})"),
+            _ => return None,
+        })
     }
 }
 
@@ -660,305 +653,36 @@ impl<'a> Renderer<'a> {
 
     /// Renders an expression: its C code and its type.
     pub fn expr(&mut self, e: &Expr) -> Result<(String, Ty), RenderError> {
-        Ok(match e {
-            Expr::Int(x) => (int_lit(*x), Ty::Index),
-            Expr::Lit(l) => {
-                let d = l.dtype();
-                let t = Ty::Elem(d);
-                let code = match *l {
-                    Lit::Float(x, d) if d.is_float() => float_lit(x, d),
-                    Lit::Float(x, _) => convert(&float_lit(x, DType::F64), Ty::Elem(DType::F64), t),
-                    Lit::Int(x, _) => convert(&int_lit(x), Ty::Index, t),
-                    Lit::UInt(x, _) => convert(&format!("{x}ULL"), Ty::Elem(DType::U64), t),
-                    Lit::Bool(b) => format!("((uint8_t){})", b as u8),
-                };
-                (code, t)
-            }
-            Expr::Var(v) => {
-                if !self.is_declared(*v) {
-                    return Err(self.err(format!(
-                        "variable {} read before it is set",
-                        self.k.var_info(*v).name
-                    )));
-                }
-                (self.var_name(*v), self.k.var_info(*v).ty)
-            }
-            Expr::Load(b, idx) => {
-                let off = self.offset(*b, idx)?;
-                let d = self.k.buf(*b).dtype;
-                (load_conv(d, format!("buf{}[{off}]", b.0)), Ty::Elem(d))
-            }
-            Expr::Cast(d, a) => {
-                let (c, t) = self.expr(a)?;
-                (convert(&c, t, Ty::Elem(*d)), Ty::Elem(*d))
-            }
-            Expr::ToIndex(a) => {
-                let (c, t) = self.expr(a)?;
-                (convert(&c, t, Ty::Index), Ty::Index)
-            }
-            Expr::CheckIndex(a, ck) => {
-                if ck.len < 1 || ck.site as usize >= self.k.checks.len() {
-                    return Err(self.err(format!(
-                        "index check of length {} at unknown site {}",
-                        ck.len, ck.site
-                    )));
-                }
-                let (c, t) = self.expr(a)?;
-                (
-                    format!(
-                        "tc_index(tc_st, {}, {}, {}, {})",
-                        ck.site,
-                        convert(&c, t, Ty::Index),
-                        int_lit(ck.len),
-                        ck.wrap as i32
-                    ),
-                    Ty::Index,
-                )
-            }
-            Expr::Select(c, a, b) => {
-                let (cc, _) = self.expr(c)?;
-                let (ac, at) = self.expr(a)?;
-                let (bc, bt) = self.expr(b)?;
-                let t = if at == Ty::Index { bt } else { at };
-                (
-                    format!(
-                        "(({cc}) ? {} : {})",
-                        convert(&ac, at, t),
-                        convert(&bc, bt, t)
-                    ),
-                    t,
-                )
-            }
-            Expr::Unary(op, a) => {
-                let (c, t) = self.expr(a)?;
-                self.unary(*op, c, t)?
-            }
-            Expr::Binary(op, a, b) => {
-                let (ac, at) = self.expr(a)?;
-                let (bc, bt) = self.expr(b)?;
-                let t = if at == Ty::Index { bt } else { at };
-                let ac = convert(&ac, at, t);
-                let bc = convert(&bc, bt, t);
-                self.binary(*op, ac, bc, t, b)?
-            }
-        })
-    }
-
-    fn unary(&self, op: UnOp, a: String, t: Ty) -> Result<(String, Ty), RenderError> {
-        use UnOp::*;
-        let boolean = Ty::Elem(DType::Bool);
-        if !is_float(t) {
-            let ct = value_type(t);
-            let signed = !is_unsigned(t) && t != boolean;
-            let code = match op {
-                Not => return Ok((format!("((uint8_t)!({a}))"), boolean)),
-                IsNan | IsInf => return Ok(("((uint8_t)0)".into(), boolean)),
-                Neg if t != boolean => format!("(({ct})(0 - (uint64_t)({a})))"),
-                Abs if signed => format!(
-                    "({{ {ct} _a = ({a}); ({ct})(_a < 0 ? 0 - (uint64_t)_a : (uint64_t)_a); }})"
-                ),
-                BitNot if t != boolean => format!("(({ct})~({a}))"),
-                Sign if signed => format!("({{ {ct} _a = ({a}); ({ct})((_a > 0) - (_a < 0)); }})"),
-                Sign if t != boolean => format!("(({ct})(({a}) != 0))"),
-                _ => a,
-            };
-            return Ok((code, t));
-        }
-        let Ty::Elem(d) = t else { unreachable!() };
-        let dbl = d == DType::F64;
-        let f = |name: &str| {
-            if dbl {
-                format!("{name}({a})")
-            } else {
-                format!("{name}f({a})")
-            }
-        };
-        let one = if dbl { "1.0" } else { "1.0f" };
-        let code = match op {
-            Neg => format!("(-({a}))"),
-            Not => return Ok((format!("((uint8_t)(({a}) == 0))"), boolean)),
-            BitNot => a.clone(),
-            IsNan => return Ok((format!("((uint8_t)__builtin_isnan({a}))"), boolean)),
-            IsInf => return Ok((format!("((uint8_t)__builtin_isinf({a}))"), boolean)),
-            Abs => f("fabs"),
-            Sqrt => f("sqrt"),
-            Rsqrt => format!("({one} / {})", f("sqrt")),
-            Recip => format!("({one} / ({a}))"),
-            Exp => {
-                if dbl {
-                    f("exp")
-                } else {
-                    format!("tc_expf({a})")
-                }
-            }
-            Log => f("log"),
-            Sin => f("sin"),
-            Cos => f("cos"),
-            Tan => f("tan"),
-            Asin => f("asin"),
-            Acos => f("acos"),
-            Atan => f("atan"),
-            Sinh => f("sinh"),
-            Cosh => f("cosh"),
-            Tanh => {
-                if dbl {
-                    f("tanh")
-                } else {
-                    format!("tc_tanhf({a})")
-                }
-            }
-            Asinh => f("asinh"),
-            Acosh => f("acosh"),
-            Atanh => f("atanh"),
-            Erf => {
-                if dbl {
-                    f("erf")
-                } else {
-                    format!("tc_erff({a})")
-                }
-            }
-            Floor => f("floor"),
-            Ceil => f("ceil"),
-            Round => {
-                if dbl {
-                    format!("__builtin_rint({a})")
-                } else {
-                    format!("__builtin_rintf({a})")
-                }
-            }
-            Trunc => f("trunc"),
-            Sign => {
-                let m = if dbl { "-1.0" } else { "-1.0f" };
-                let ft = if dbl { "double" } else { "float" };
-                format!("({{ {ft} _a = ({a}); _a > 0 ? {one} : (_a < 0 ? {m} : _a); }})")
-            }
-            Sigmoid => {
-                if dbl {
-                    format!("tc_sigmoid({a})")
-                } else {
-                    format!("tc_sigmoidf({a})")
-                }
-            }
-        };
-        Ok((round_lowp(d, code), t))
-    }
-
-    fn binary(
-        &self,
-        op: BinOp,
-        a: String,
-        b: String,
-        t: Ty,
-        b_expr: &Expr,
-    ) -> Result<(String, Ty), RenderError> {
-        use BinOp::*;
-        let boolean = Ty::Elem(DType::Bool);
-        if op.is_logical() {
-            let o = match op {
-                And => "&",
-                Or => "|",
-                _ => "^",
-            };
-            return Ok((
-                format!("((uint8_t)((({a}) != 0) {o} (({b}) != 0)))"),
-                boolean,
-            ));
-        }
-        if op.is_compare() {
-            let o = match op {
-                Lt => "<",
-                Le => "<=",
-                Gt => ">",
-                Ge => ">=",
-                Eq => "==",
-                _ => "!=",
-            };
-            return Ok((format!("((uint8_t)(({a}) {o} ({b})))"), boolean));
-        }
-        if is_float(t) {
-            let Ty::Elem(d) = t else { unreachable!() };
-            let dbl = d == DType::F64;
-            let sfx = if dbl { "" } else { "f" };
-            let code = match op {
-                Add => format!("(({a}) + ({b}))"),
-                Sub => format!("(({a}) - ({b}))"),
-                Mul => format!("(({a}) * ({b}))"),
-                Div => format!("(({a}) / ({b}))"),
-                Rem => format!("fmod{sfx}({a}, {b})"),
-                // In double like the interpreter: the floor of a quotient rounded to float can
-                // differ by one.
-                FloorDiv if dbl => format!("floor(({a}) / ({b}))"),
-                FloorDiv => format!("((float)floor((double)({a}) / (double)({b})))"),
-                FloorMod => {
-                    let ft = if dbl { "double" } else { "float" };
-                    format!(
-                        "({{ double _a = ({a}), _b = ({b}); ({ft})(_a - _b * floor(_a / _b)); }})"
-                    )
-                }
-                Min => format!("tc_fmin{sfx}({a}, {b})"),
-                Max => format!("tc_fmax{sfx}({a}, {b})"),
-                Pow => format!("pow{sfx}({a}, {b})"),
-                Atan2 => format!("atan2{sfx}({a}, {b})"),
-                _ => return Err(self.err(format!("{op:?} is not defined on floats"))),
-            };
-            return Ok((round_lowp(d, code), t));
-        }
-        let ct = value_type(t);
-        let positive_const = matches!(b_expr, Expr::Int(c) if *c > 0);
-        if t == Ty::Index {
-            // Index arithmetic: plain C (loop analysis relies on it), safe division.
-            let code = match op {
-                Add => format!("(({a}) + ({b}))"),
-                Sub => format!("(({a}) - ({b}))"),
-                Mul => format!("(({a}) * ({b}))"),
-                Div if positive_const => format!("(({a}) / ({b}))"),
-                Rem if positive_const => format!("(({a}) % ({b}))"),
-                Div => format!("tc_sdiv({a}, {b})"),
-                Rem => format!("tc_srem({a}, {b})"),
-                FloorDiv => format!("tc_ifloordiv({a}, {b})"),
-                FloorMod => format!("tc_ifloormod({a}, {b})"),
-                Min => format!("({{ {ct} _a = ({a}), _b = ({b}); _a < _b ? _a : _b; }})"),
-                Max => format!("({{ {ct} _a = ({a}), _b = ({b}); _a > _b ? _a : _b; }})"),
-                Pow => format!("tc_spow({a}, {b})"),
-                BitAnd => format!("(({a}) & ({b}))"),
-                BitOr => format!("(({a}) | ({b}))"),
-                BitXor => format!("(({a}) ^ ({b}))"),
-                Shl => format!("tc_sshl({a}, {b})"),
-                Shr => format!("tc_sshr({a}, {b})"),
-                _ => return Err(self.err(format!("{op:?} is not defined on indices"))),
-            };
-            return Ok((code, t));
-        }
-        let unsigned = is_unsigned(t);
-        let w = if unsigned { "uint64_t" } else { "int64_t" };
-        let p = if unsigned { "u" } else { "s" };
-        let code = match op {
-            Add => format!("(({ct})((uint64_t)({a}) + (uint64_t)({b})))"),
-            Sub => format!("(({ct})((uint64_t)({a}) - (uint64_t)({b})))"),
-            Mul => format!("(({ct})((uint64_t)({a}) * (uint64_t)({b})))"),
-            Div => format!("(({ct})tc_{p}div(({w})({a}), ({w})({b})))"),
-            Rem => format!("(({ct})tc_{p}rem(({w})({a}), ({w})({b})))"),
-            FloorDiv if unsigned => format!("(({ct})tc_udiv(({w})({a}), ({w})({b})))"),
-            FloorMod if unsigned => format!("(({ct})tc_urem(({w})({a}), ({w})({b})))"),
-            FloorDiv => format!("(({ct})tc_sfloordiv(({w})({a}), ({w})({b})))"),
-            FloorMod => format!("(({ct})tc_sfloormod(({w})({a}), ({w})({b})))"),
-            Min => format!("({{ {ct} _a = ({a}), _b = ({b}); _a < _b ? _a : _b; }})"),
-            Max => format!("({{ {ct} _a = ({a}), _b = ({b}); _a > _b ? _a : _b; }})"),
-            Pow if unsigned => format!("(({ct})tc_upow(({w})({a}), (uint32_t)({b})))"),
-            Pow => format!("(({ct})tc_spow(({w})({a}), ({w})({b})))"),
-            BitAnd => format!("(({ct})(({a}) & ({b})))"),
-            BitOr => format!("(({ct})(({a}) | ({b})))"),
-            BitXor => format!("(({ct})(({a}) ^ ({b})))"),
-            Shl => format!("(({ct})tc_{p}shl(({w})({a}), ({w})({b})))"),
-            Shr => format!("(({ct})tc_{p}shr(({w})({a}), ({w})({b})))"),
-            _ => return Err(self.err(format!("{op:?} is not defined on integers"))),
-        };
-        let code = if t == boolean {
-            format!("((uint8_t)(({code}) != 0))")
-        } else {
-            code
-        };
-        Ok((code, t))
+        cexpr::expr(self, e)
     }
 }
 
+impl CTarget for Renderer<'_> {
+    type Style = C;
+    type Error = RenderError;
+    fn style(&self) -> &C {
+        &C
+    }
+    fn error(&self, msg: String) -> RenderError {
+        self.err(msg)
+    }
+    fn kernel(&self) -> &Kernel {
+        self.k
+    }
+    fn var(&mut self, v: VarId) -> Result<String, RenderError> {
+        if !self.is_declared(v) {
+            return Err(self.err(format!(
+                "variable {} read before it is set",
+                self.k.var_info(v).name
+            )));
+        }
+        Ok(self.var_name(v))
+    }
+    fn load(&mut self, b: BufId, idx: &[Expr]) -> Result<String, RenderError> {
+        let off = self.offset(b, idx)?;
+        Ok(load_conv(self.k.buf(b).dtype, format!("buf{}[{off}]", b.0)))
+    }
+    fn check_index(&mut self, c: IndexCheck, i: String) -> String {
+        format!("tc_index(tc_st, {}, {i}, {}, {})", c.site, int_lit(c.len), c.wrap as i32)
+    }
+}

@@ -216,25 +216,91 @@ __device__ __forceinline__ float tl_sign(float x) { return x > 0.0f ? 1.0f : (x 
 __device__ __forceinline__ double tl_sign(double x) { return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : x); }
 template <typename T> __device__ __forceinline__ T tl_isign(T x) { return (T)((x > 0) - (x < 0)); }
 
-// Integer floor division and modulo (index arithmetic with negative operands).
-template <typename T> __device__ __forceinline__ T tl_floordiv(T a, T b) {
-  T q = a / b;
-  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+template <typename T> __device__ __forceinline__ T tl_iabs(T x) { return x < 0 ? (T)(0ull - (unsigned long long)x) : x; }
+
+// NaN-propagating minimum and maximum under the names the expression printer uses.
+__device__ __forceinline__ float tl_fminf(float a, float b) { return tl_min(a, b); }
+__device__ __forceinline__ float tl_fmaxf(float a, float b) { return tl_max(a, b); }
+__device__ __forceinline__ double tl_fmin(double a, double b) { return tl_min(a, b); }
+__device__ __forceinline__ double tl_fmax(double a, double b) { return tl_max(a, b); }
+__device__ __forceinline__ double tl_ffloormod(double a, double b) { return a - b * floor(a / b); }
+
+// Conversions without undefined behaviour: float to 64-bit integers saturating (NaN to 0);
+// double to float rounding to odd (a second rounding to a narrower float is then exact).
+__device__ __forceinline__ long long tl_f2i64(double x) {
+  if (x != x) return 0;
+  if (x >= 9223372036854775808.0) return 0x7fffffffffffffffLL;
+  if (x <= -9223372036854775808.0) return -0x7fffffffffffffffLL - 1;
+  return (long long)x;
 }
-template <typename T> __device__ __forceinline__ T tl_floormod(T a, T b) {
-  T r = a % b;
+__device__ __forceinline__ unsigned long long tl_f2u64(double x) {
+  if (!(x > -1.0)) return 0;
+  if (x >= 18446744073709551616.0) return 0xffffffffffffffffULL;
+  return (unsigned long long)x;
+}
+__device__ __forceinline__ float tl_d2f_odd(double x) {
+  float f = (float)x;
+  if ((double)f == x || f != f) return f;
+  unsigned int b = __float_as_uint(f);
+  if (fabs((double)f) > fabs(x)) b -= 1u;
+  return __uint_as_float(b | 1u);
+}
+
+// 64-bit integer arithmetic without undefined behaviour (the interpreter's): division and
+// remainder by 0 give 0, by -1 wrapping negation and 0; shifts by 64 or more give 0.
+__device__ __forceinline__ long long tl_sdiv(long long a, long long b) {
+  if (b == 0) return 0;
+  if (b == -1) return (long long)(0ull - (unsigned long long)a);
+  return a / b;
+}
+__device__ __forceinline__ long long tl_srem(long long a, long long b) { return (b == 0 || b == -1) ? 0 : a % b; }
+__device__ __forceinline__ long long tl_sfloordiv(long long a, long long b) {
+  if (b == 0) return 0;
+  if (b == -1) return (long long)(0ull - (unsigned long long)a);
+  long long q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ long long tl_sfloormod(long long a, long long b) {
+  if (b == 0 || b == -1) return 0;
+  long long r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
-// Shifts by 64 or more give 0 (computed on 64 bits, like the interpreter).
-__device__ __forceinline__ long long tl_shl(long long a, long long b) { return (b >= 0 && b < 64) ? (long long)((unsigned long long)a << b) : 0; }
-__device__ __forceinline__ long long tl_shr(long long a, long long b) { return (b >= 0 && b < 64) ? (a >> b) : 0; }
-__device__ __forceinline__ unsigned long long tl_shl(unsigned long long a, unsigned long long b) { return b < 64 ? a << b : 0; }
-__device__ __forceinline__ unsigned long long tl_shr(unsigned long long a, unsigned long long b) { return b < 64 ? a >> b : 0; }
-template <typename T> __device__ __forceinline__ T tl_ipow(T a, T b) {
-  if (b < 0) return 0;
-  T r = 1;
-  while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; }
+__device__ __forceinline__ unsigned long long tl_udiv(unsigned long long a, unsigned long long b) { return b ? a / b : 0; }
+__device__ __forceinline__ unsigned long long tl_urem(unsigned long long a, unsigned long long b) { return b ? a % b : 0; }
+__device__ __forceinline__ unsigned long long tl_upow(unsigned long long a, unsigned long long e) {
+  unsigned long long r = 1;
+  while (e) { if (e & 1ull) r *= a; a *= a; e >>= 1; }
   return r;
+}
+__device__ __forceinline__ long long tl_spow(long long a, long long e) {
+  if (e < 0) return 0;
+  if (e > 4294967295LL) e = 4294967295LL;
+  return (long long)tl_upow((unsigned long long)a, (unsigned long long)e);
+}
+__device__ __forceinline__ long long tl_sshl(long long a, long long b) {
+  unsigned int s = (unsigned int)b;
+  return s >= 64 ? 0 : (long long)((unsigned long long)a << s);
+}
+__device__ __forceinline__ long long tl_sshr(long long a, long long b) {
+  unsigned int s = (unsigned int)b;
+  return s >= 64 ? 0 : a >> s;
+}
+__device__ __forceinline__ unsigned long long tl_ushl(unsigned long long a, unsigned long long b) {
+  unsigned int s = (unsigned int)b;
+  return s >= 64 ? 0 : a << s;
+}
+__device__ __forceinline__ unsigned long long tl_ushr(unsigned long long a, unsigned long long b) {
+  unsigned int s = (unsigned int)b;
+  return s >= 64 ? 0 : a >> s;
+}
+// Index floor division and modulo: plain for a positive divisor, else as above.
+template <typename T> __device__ __forceinline__ T tl_ifloordiv(T a, T b) {
+  if (b > 0) { T q = a / b; return q - ((a % b) < 0); }
+  return (T)tl_sfloordiv((long long)a, (long long)b);
+}
+template <typename T> __device__ __forceinline__ T tl_ifloormod(T a, T b) {
+  if (b > 0) { T r = a % b; return r < 0 ? r + b : r; }
+  return (T)tl_sfloormod((long long)a, (long long)b);
 }
 
 // Block-wide all-reduce over the threads of a one-dimensional block of NT threads (a multiple

@@ -26,6 +26,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 use tilec_ir::DType;
+use tilec_tile::affine::linear_offset;
+use tilec_tile::cexpr::{self, CStyle, CTarget, IntFn};
 use tilec_tile::*;
 
 use crate::driver::LaunchConfig;
@@ -82,7 +84,8 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
         out: String::new(),
         indent: 1,
         thread_depth: 0,
-        vec_subst: HashMap::new(),
+        vec_subst: vec![],
+        style: Cuda { narrow: narrow_outputs(k) },
         bound: HashMap::new(),
         red_types: HashSet::new(),
         vec_count: 0,
@@ -192,7 +195,8 @@ pub fn render_gemm_epilogue_fn(k: &Kernel, g: &Gemm, fn_name: &str) -> Result<St
         out: String::new(),
         indent: 1,
         thread_depth: 1,
-        vec_subst: HashMap::new(),
+        vec_subst: vec![],
+        style: Cuda { narrow: narrow_outputs(k) },
         bound: HashMap::new(),
         red_types: HashSet::new(),
         vec_count: 0,
@@ -290,21 +294,6 @@ fn load_conv(d: DType, s: String) -> String {
         DType::Bool => format!("({s} != 0)"),
         _ => s,
     }
-}
-
-/// Marks a rendered value that is already in storage form.
-const RAW: &str = "\u{1}raw:";
-
-/// The storage-form expression of a rendered load of dtype `d` (strips the load conversion).
-fn raw_of(d: DType, rendered: String) -> Option<String> {
-    let inner = match d {
-        DType::F16 => rendered.strip_prefix("tl_ld_f16(")?.strip_suffix(')')?,
-        DType::BF16 => rendered.strip_prefix("tl_ld_bf16(")?.strip_suffix(')')?,
-        DType::F8E4M3 => rendered.strip_prefix("tl_ld_f8e4m3(")?.strip_suffix(')')?,
-        DType::F8E5M2 => rendered.strip_prefix("tl_ld_f8e5m2(")?.strip_suffix(')')?,
-        _ => rendered.as_str(),
-    };
-    Some(format!("{RAW}{inner}"))
 }
 
 /// Computed value → stored value.
@@ -583,61 +572,6 @@ fn register_dims_to_drop(k: &Kernel) -> HashMap<BufId, Vec<bool>> {
         .collect()
 }
 
-/// An affine form over "atoms" (variables or opaque sub-expressions): `sum c_i * atom_i + k`.
-#[derive(Clone, Debug, Default)]
-struct Affine {
-    terms: Vec<(Expr, i64)>,
-    konst: i64,
-}
-
-impl Affine {
-    fn add(mut self, o: Affine, sign: i64) -> Affine {
-        for (a, c) in o.terms {
-            if let Some(t) = self.terms.iter_mut().find(|t| t.0 == a) {
-                t.1 += sign * c;
-            } else {
-                self.terms.push((a, sign * c));
-            }
-        }
-        self.konst += sign * o.konst;
-        self
-    }
-    fn scale(mut self, s: i64) -> Affine {
-        self.terms.iter_mut().for_each(|t| t.1 *= s);
-        self.konst *= s;
-        self
-    }
-    fn coef(&self, v: VarId) -> i64 {
-        self.terms
-            .iter()
-            .filter(|t| t.0 == Expr::Var(v))
-            .map(|t| t.1)
-            .sum()
-    }
-}
-
-fn affine(e: &Expr) -> Affine {
-    match e {
-        Expr::Int(c) => Affine {
-            terms: vec![],
-            konst: *c,
-        },
-        Expr::Binary(BinOp::Add, a, b) => affine(a).add(affine(b), 1),
-        Expr::Binary(BinOp::Sub, a, b) => affine(a).add(affine(b), -1),
-        Expr::Binary(BinOp::Mul, a, b) => match (a.as_ref(), b.as_ref()) {
-            (Expr::Int(c), x) | (x, Expr::Int(c)) => affine(x).scale(*c),
-            _ => Affine {
-                terms: vec![(e.clone(), 1)],
-                konst: 0,
-            },
-        },
-        e => Affine {
-            terms: vec![(e.clone(), 1)],
-            konst: 0,
-        },
-    }
-}
-
 /// A vectorized access found in a vectorized loop.
 #[derive(Clone, Debug)]
 struct VecAccess {
@@ -656,8 +590,10 @@ struct R<'a> {
     indent: usize,
     /// Number of enclosing thread-bound loops.
     thread_depth: usize,
-    /// Inside a vectorized loop: (buffer, flat index expression) → lane array of the loop.
-    vec_subst: HashMap<(BufId, String), String>,
+    /// Inside a vectorized loop: (buffer, flat index) → the lane of the loop's array.
+    vec_subst: Vec<((BufId, Expr), String)>,
+    /// How expressions are spelled.
+    style: Cuda,
     /// Bound loop variables in scope.
     bound: HashMap<VarId, GpuAxis>,
     /// Compute types used by block reductions (each gets a shared scratch array).
@@ -750,10 +686,43 @@ impl R<'_> {
             .max(1)
     }
 
-    fn access(&mut self, b: BufId, index: &[Expr]) -> Result<(String, String)> {
+    /// The lane of the enclosing vectorized loop's array that holds an access, if any.
+    fn lane(&self, b: BufId, flat: &Expr) -> Option<String> {
+        self.vec_subst.iter().find(|((x, f), _)| *x == b && f == flat).map(|(_, l)| l.clone())
+    }
+
+    /// An element of `b` at `index` in its stored form (no conversion).
+    fn raw_load(&mut self, b: BufId, index: &[Expr]) -> Result<String> {
         let flat = self.flat_index(b, index)?;
+        if let Some(lane) = self.lane(b, &flat) {
+            return Ok(lane);
+        }
         let idx = self.expr(&flat)?;
-        Ok((buf_name(self.k, b), idx))
+        Ok(format!("{}[{idx}]", buf_name(self.k, b)))
+    }
+
+    /// The stored form of `value` for a buffer of dtype `d`.
+    fn stored_value(&mut self, d: DType, value: &Expr) -> Result<String> {
+        match value {
+            // A copy between buffers of one dtype moves the stored bits.
+            Expr::Load(src, idx) if d != DType::Bool && self.k.buffers.get(src.0 as usize).is_some_and(|b| b.dtype == d) => {
+                return self.raw_load(*src, idx)
+            }
+            // A store of a cast to the buffer's own 16-bit type rounds once, not twice; a native
+            // 16-bit chain stores its bits.
+            Expr::Cast(cd, inner) if *cd == d && matches!(d, DType::F16 | DType::BF16) => {
+                if let Some(bits) = self.bits16(value)? {
+                    let t = if d == DType::BF16 { "bf16" } else { "f16" };
+                    return Ok(format!("tl_mk_{t}({bits})"));
+                }
+                if self.k.type_of(inner) == Ty::Elem(DType::F32) {
+                    return Ok(store_conv(d, self.expr(inner)?));
+                }
+            }
+            _ => {}
+        }
+        let (v, t) = cexpr::expr(self, value)?;
+        Ok(store_conv(d, cexpr::convert(&self.style, &v, t, Ty::Elem(d))))
     }
 
     fn stmt(&mut self, s: &Stmt) -> Result<()> {
@@ -761,54 +730,15 @@ impl R<'_> {
             Stmt::For(l) => self.for_(l)?,
             Stmt::Store { buf, index, value } => {
                 self.check_buf(*buf)?;
-                // A store of a cast to the buffer's own 16-bit type rounds once, not twice; a
-                // native 16-bit chain stores its bits.
-                let native = match value {
-                    Expr::Cast(cd, _) if *cd == self.k.buf(*buf).dtype => self.bits16(value)?,
-                    _ => None,
-                };
-                let v = match value {
-                    _ if native.is_some() => {
-                        let t = if self.k.buf(*buf).dtype == DType::BF16 { "bf16" } else { "f16" };
-                        format!("{RAW}tl_mk_{t}({})", native.unwrap_or_default())
-                    }
-                    Expr::Cast(cd, inner)
-                        if *cd == self.k.buf(*buf).dtype
-                            && matches!(cd, DType::F16 | DType::BF16)
-                            && self.k.type_of(inner) == Ty::Elem(DType::F32) =>
-                    {
-                        self.expr(inner)?
-                    }
-                    _ => self.expr(value)?,
-                };
+                let v = self.stored_value(self.k.buf(*buf).dtype, value)?;
                 let flat = self.flat_index(*buf, index)?;
-                let fidx = self.expr(&flat)?;
-                let d = self.k.buf(*buf).dtype;
-                // A copy between buffers of one dtype moves the stored bits.
-                let v = match value {
-                    Expr::Load(src, _)
-                        if self
-                            .k
-                            .buffers
-                            .get(src.0 as usize)
-                            .is_some_and(|b| b.dtype == d)
-                            && d != DType::Bool =>
-                    {
-                        let lanes = self.expr(value)?;
-                        raw_of(d, lanes).unwrap_or(v)
-                    }
-                    _ => v,
-                };
-                let conv = |v: String| match v.strip_prefix(RAW) {
-                    Some(raw) => raw.to_string(),
-                    None => store_conv(d, v),
-                };
-                if let Some(lanes) = self.vec_subst.get(&(*buf, fidx.clone())).cloned() {
-                    let t = format!("{lanes} = {};", conv(v));
+                if let Some(lane) = self.lane(*buf, &flat) {
+                    let t = format!("{lane} = {v};");
                     self.line(&t);
                     return Ok(());
                 }
-                let t = format!("{}[{fidx}] = {};", buf_name(self.k, *buf), conv(v));
+                let fidx = self.expr(&flat)?;
+                let t = format!("{}[{fidx}] = {v};", buf_name(self.k, *buf));
                 let scope = self.k.buf(*buf).scope;
                 // One thread writes a value computed alike by threads that no enclosing loop
                 // tells apart.
@@ -827,8 +757,8 @@ impl R<'_> {
             }
             Stmt::Let { var, value } => {
                 let info = self.k.var_info(*var).clone();
-                let v = self.expr(value)?;
-                let v = self.coerce(info.ty, value, v);
+                let (v, t) = cexpr::expr(self, value)?;
+                let v = cexpr::convert(&self.style, &v, t, info.ty);
                 let c = if info.mutable { "" } else { "const " };
                 let t = format!("{c}{} {} = {v};", ty_c(info.ty), self.var(*var)?);
                 self.line(&t);
@@ -841,8 +771,8 @@ impl R<'_> {
                         format!("assignment to immutable variable {}", info.name),
                     ));
                 }
-                let v = self.expr(value)?;
-                let v = self.coerce(info.ty, value, v);
+                let (v, t) = cexpr::expr(self, value)?;
+                let v = cexpr::convert(&self.style, &v, t, info.ty);
                 let t = format!("{} = {v};", self.var(*var)?);
                 self.line(&t);
             }
@@ -944,19 +874,6 @@ impl R<'_> {
         Ok(())
     }
 
-    /// Converts a value of expression `e` to the C type of `ty` where C would not.
-    fn coerce(&self, ty: Ty, e: &Expr, v: String) -> String {
-        match (ty, self.k.type_of(e)) {
-            (Ty::Elem(d), Ty::Elem(s)) if d != s => {
-                // Cast semantics, as Expr::Cast.
-                cast_expr(s, d, v)
-            }
-            (Ty::Elem(d), Ty::Index) => round_to(d, format!("({})({v})", compute_ty(d))),
-            (Ty::Index, Ty::Elem(s)) if s.is_float() => format!("(idx_t)(long long)({v})"),
-            _ => v,
-        }
-    }
-
     fn for_(&mut self, l: &Loop) -> Result<()> {
         let v = self.var(l.var)?;
         if let LoopKind::Bound(a) = l.kind {
@@ -1029,11 +946,11 @@ impl R<'_> {
                 );
             }
         }
-        // Map the rendered index text of each access in the body to its lane array.
-        let mut text_subst = HashMap::new();
+        // The accesses of the body that read or write the lane arrays.
+        let mut subst = vec![];
         for acc in loads.iter().chain(stores.iter()) {
-            for idx_text in &self.vector_index_texts(l, acc)? {
-                text_subst.insert((acc.buf, idx_text.clone()), format!("{}[{v}]", acc.name));
+            for flat in self.vector_indices(l, acc)? {
+                subst.push(((acc.buf, flat), format!("{}[{v}]", acc.name)));
             }
         }
         self.line("#pragma unroll");
@@ -1042,7 +959,7 @@ impl R<'_> {
             l.extent
         ));
         self.indent += 1;
-        self.vec_subst = text_subst;
+        self.vec_subst = subst;
         let r = self.block(&l.body);
         self.vec_subst.clear();
         r?;
@@ -1096,9 +1013,8 @@ impl R<'_> {
         }
     }
 
-    /// The rendered flat-index texts under which the body refers to an access (the body
-    /// renders indices the same way, so text equality identifies the access).
-    fn vector_index_texts(&mut self, l: &Loop, acc: &VecAccess) -> Result<Vec<String>> {
+    /// The flat indices under which the body refers to an access.
+    fn vector_indices(&mut self, l: &Loop, acc: &VecAccess) -> Result<Vec<Expr>> {
         let mut out = vec![];
         let mut idxs: Vec<Vec<Expr>> = vec![];
         for s in &l.body {
@@ -1119,9 +1035,8 @@ impl R<'_> {
         }
         for idx in idxs {
             let flat = self.flat_index(acc.buf, &idx)?;
-            if flat.substitute(l.var, &Expr::Int(0)) == acc.base {
-                let t = self.expr(&self.flat_index(acc.buf, &idx)?)?;
-                out.push(t);
+            if flat.clone().substitute(l.var, &Expr::Int(0)) == acc.base {
+                out.push(flat);
             }
         }
         Ok(out)
@@ -1180,19 +1095,16 @@ impl R<'_> {
             if uses_inner {
                 return Ok(None);
             }
-            let a = affine(&flat);
-            if a.coef(l.var) != 1 {
+            let Some((atoms, konst)) = linear_offset(&[(flat.clone(), 1)]) else {
                 return Ok(None);
-            }
-            for (atom, c) in &a.terms {
-                if *atom == Expr::Var(l.var) {
-                    continue;
-                }
-                if atom.uses_var(l.var) || c % elems != 0 {
-                    return Ok(None);
-                }
-            }
-            if a.konst % elems != 0 {
+            };
+            let lane = Expr::Var(l.var);
+            let unit = atoms.iter().any(|(c, a)| *c == 1 && *a == lane);
+            let rest_aligned = atoms
+                .iter()
+                .filter(|(_, a)| *a != lane)
+                .all(|(c, a)| !a.uses_var(l.var) && c % elems == 0);
+            if !unit || !rest_aligned || konst % elems != 0 {
                 return Ok(None);
             }
             Ok(Some(flat.substitute(l.var, &Expr::Int(0))))
@@ -1311,125 +1223,7 @@ impl R<'_> {
     }
 
     fn expr(&mut self, e: &Expr) -> Result<String> {
-        Ok(match e {
-            Expr::Int(x) => {
-                if *x >= i32::MIN as i64 && *x <= i32::MAX as i64 {
-                    format!("{x}")
-                } else {
-                    format!("{x}LL")
-                }
-            }
-            Expr::Lit(l) => lit(*l),
-            Expr::Var(v) => self.var(*v)?,
-            Expr::Load(b, idx) => {
-                let (name, i) = self.access(*b, idx)?;
-                let d = self.k.buf(*b).dtype;
-                if let Some(lanes) = self.vec_subst.get(&(*b, i.clone())) {
-                    load_conv(d, lanes.clone())
-                } else {
-                    load_conv(d, format!("{name}[{i}]"))
-                }
-            }
-            Expr::Cast(DType::F32, a)
-                if matches!(self.k.type_of(a), Ty::Elem(DType::BF16 | DType::F16))
-                    && matches!(a.as_ref(), Expr::Cast(..))
-                    && self.bits16(a)?.is_some() =>
-            {
-                let t = if self.k.type_of(a) == Ty::Elem(DType::BF16) { "bf16" } else { "f16" };
-                let bits = self.bits16(a)?.unwrap_or_default();
-                format!("tl_bits_{t}({bits})")
-            }
-            Expr::Cast(d, a) => {
-                let s = self.expr(a)?;
-                match self.k.type_of(a) {
-                    Ty::Elem(from) => cast_expr(from, *d, s),
-                    Ty::Index => {
-                        if *d == DType::Bool {
-                            format!("(({s}) != 0)")
-                        } else {
-                            round_to(*d, format!("({})({s})", compute_ty(*d)))
-                        }
-                    }
-                }
-            }
-            Expr::ToIndex(a) => {
-                let s = self.expr(a)?;
-                match self.k.type_of(a) {
-                    Ty::Elem(d) if d.is_float() => format!("(idx_t)(long long)({s})"),
-                    _ => format!("(idx_t)({s})"),
-                }
-            }
-            Expr::CheckIndex(a, c) => {
-                if c.len < 1 || c.site as usize >= self.k.checks.len() {
-                    return Err(err(
-                        self.k,
-                        format!("index check of length {} at unknown site {}", c.len, c.site),
-                    ));
-                }
-                // The index is checked at 64 bits: narrowing it to `idx_t` first could wrap
-                // an out-of-range value into range.
-                let s = match a.as_ref() {
-                    Expr::ToIndex(x) => self.expr(x)?,
-                    a => self.expr(a)?,
-                };
-                format!(
-                    "(idx_t)tl_index(tl_st, {}, (long long)({s}), {}LL, {})",
-                    c.site,
-                    c.len,
-                    c.wrap
-                )
-            }
-            Expr::Select(c, a, b) => {
-                let ty = self.k.type_of(e);
-                let (cs, as_, bs) = (self.expr(c)?, self.expr(a)?, self.expr(b)?);
-                format!("(({cs}) ? ({})({as_}) : ({})({bs}))", ty_c(ty), ty_c(ty))
-            }
-            Expr::Unary(op, a) => {
-                let ty = self.k.type_of(e);
-                let s = self.expr(a)?;
-                self.unary(*op, ty, s)
-            }
-            Expr::Binary(BinOp::Mul, _, _)
-                if self.k.type_of(e) == Ty::Elem(DType::F32)
-                    && self.narrow_outputs()
-                    && gelu_erf_arg(e).is_some() =>
-            {
-                let x = gelu_erf_arg(e).unwrap_or(Expr::Int(0));
-                format!("tl_gelu_erf({})", self.expr(&x)?)
-            }
-            Expr::Binary(BinOp::Add, a, b)
-                if self.k.type_of(e) == Ty::Elem(DType::F32) && self.narrow_outputs() =>
-            {
-                // `1 + erf(x)` (the GELU form) through erfc, so that the negative tail keeps its
-                // relative accuracy and no branch diverges.
-                let one = |x: &Expr| matches!(x, Expr::Lit(Lit::Float(v, DType::F32)) if *v == 1.0);
-                let erf_arg = |x: &Expr| match x {
-                    Expr::Unary(UnOp::Erf, inner) => Some(inner.as_ref().clone()),
-                    _ => None,
-                };
-                let fused = match (one(a), one(b)) {
-                    (true, _) => erf_arg(b),
-                    (_, true) => erf_arg(a),
-                    _ => None,
-                };
-                if let Some(x) = fused {
-                    format!("tl_one_plus_erf({})", self.expr(&x)?)
-                } else {
-                    let (x, y) = (self.expr(a)?, self.expr(b)?);
-                    self.binary(BinOp::Add, Ty::Elem(DType::F32), x, y)?
-                }
-            }
-            Expr::Binary(op, a, b) => {
-                let ty = self.k.type_of(a);
-                let ty = if ty == Ty::Index {
-                    self.k.type_of(b)
-                } else {
-                    ty
-                };
-                let (x, y) = (self.expr(a)?, self.expr(b)?);
-                self.binary(*op, ty, x, y)?
-            }
-        })
+        Ok(cexpr::expr(self, e)?.0)
     }
 
     /// The raw 16-bit pattern (`unsigned short`) of a bf16/f16 value that is a load, or an add,
@@ -1443,10 +1237,7 @@ impl R<'_> {
         };
         let t = if d == DType::BF16 { "bf16" } else { "f16" };
         match e {
-            Expr::Load(..) => {
-                let s = self.expr(e)?;
-                Ok(raw_of(d, s).map(|r| format!("({}).bits", r.trim_start_matches(RAW))))
-            }
+            Expr::Load(b, idx) => Ok(Some(format!("({}).bits", self.raw_load(*b, idx)?))),
             Expr::Cast(_, inner) => {
                 let Expr::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul), a, b) = inner.as_ref()
                 else {
@@ -1472,203 +1263,174 @@ impl R<'_> {
             _ => Ok(None),
         }
     }
+}
 
-    /// Whether every float parameter the kernel writes is f16 or bf16.
-    fn narrow_outputs(&self) -> bool {
-        let mut written = std::collections::HashSet::new();
-        for st in &self.k.body {
-            st.visit(&mut |s| {
-                if let tilec_tile::Stmt::Store { buf, .. } = s {
-                    written.insert(*buf);
-                }
-            });
-        }
-        let outs: Vec<DType> = self
-            .k
-            .params
-            .iter()
-            .filter(|b| written.contains(*b))
-            .map(|&b| self.k.buf(b).dtype)
-            .filter(|d| d.is_float())
-            .collect();
-        !outs.is_empty() && outs.iter().all(|d| matches!(d, DType::F16 | DType::BF16))
+impl CTarget for R<'_> {
+    type Style = Cuda;
+    type Error = CudaError;
+    fn style(&self) -> &Cuda {
+        &self.style
     }
-
-    fn unary(&self, op: UnOp, ty: Ty, s: String) -> String {
-        let d = match ty {
-            Ty::Elem(d) => d,
-            Ty::Index => DType::I64,
-        };
-        if !d.is_float() {
-            let c = ty_c(ty);
-            let r = match op {
-                UnOp::Neg => format!("({c})(-({s}))"),
-                UnOp::Not => format!("(!({s}))"),
-                UnOp::BitNot => format!("({c})(~({s}))"),
-                UnOp::Abs => {
-                    if d.is_signed_int() {
-                        format!("({c})(({s}) < 0 ? -({s}) : ({s}))")
-                    } else {
-                        s
-                    }
-                }
-                UnOp::Sign => {
-                    if d == DType::Bool {
-                        s
-                    } else {
-                        format!("tl_isign<{c}>({s})")
-                    }
-                }
-                UnOp::IsNan | UnOp::IsInf => "false".into(),
-                _ => s,
-            };
-            return r;
-        }
-        let dbl = d == DType::F64;
-        let f = |name: &str| -> String {
-            if dbl {
-                format!("{name}({s})")
-            } else {
-                format!("{name}f({s})")
+    fn error(&self, msg: String) -> CudaError {
+        err(self.k, msg)
+    }
+    fn kernel(&self) -> &Kernel {
+        self.k
+    }
+    fn var(&mut self, v: VarId) -> Result<String> {
+        R::var(self, v)
+    }
+    fn load(&mut self, b: BufId, idx: &[Expr]) -> Result<String> {
+        let raw = self.raw_load(b, idx)?;
+        Ok(load_conv(self.k.buf(b).dtype, raw))
+    }
+    fn check_index(&mut self, c: IndexCheck, i: String) -> String {
+        format!("(idx_t)tl_index(tl_st, {}, {i}, {}LL, {})", c.site, c.len, c.wrap)
+    }
+    fn special(&mut self, e: &Expr) -> Result<Option<(String, Ty)>> {
+        let f32 = Ty::Elem(DType::F32);
+        match e {
+            // A float read of a native 16-bit chain.
+            Expr::Cast(DType::F32, a) if matches!(a.as_ref(), Expr::Cast(..)) => {
+                let t = match self.k.type_of(a) {
+                    Ty::Elem(DType::BF16) => "bf16",
+                    Ty::Elem(DType::F16) => "f16",
+                    _ => return Ok(None),
+                };
+                Ok(self.bits16(a)?.map(|bits| (format!("tl_bits_{t}({bits})"), f32)))
             }
-        };
-        let one = if dbl { "1.0" } else { "1.0f" };
-        let r = match op {
-            UnOp::Neg => format!("(-({s}))"),
-            UnOp::Not => return format!("(({s}) == 0)"),
-            UnOp::BitNot => s.clone(),
-            UnOp::Abs => f("fabs"),
-            UnOp::Sqrt => f("sqrt"),
-            UnOp::Rsqrt => f("rsqrt"),
-            UnOp::Recip => format!("({one} / ({s}))"),
+            Expr::Binary(BinOp::Mul, _, _) if self.style.narrow && self.k.type_of(e) == f32 => {
+                match gelu_erf_arg(e) {
+                    Some(x) => Ok(Some((format!("tl_gelu_erf({})", self.expr(&x)?), f32))),
+                    None => Ok(None),
+                }
+            }
+            // `1 + erf(x)` (the GELU form) through erfc, so that the negative tail keeps its
+            // relative accuracy and no branch diverges.
+            Expr::Binary(BinOp::Add, a, b) if self.style.narrow && self.k.type_of(e) == f32 => {
+                let one = |x: &Expr| matches!(x, Expr::Lit(Lit::Float(v, DType::F32)) if *v == 1.0);
+                let erf_arg = |x: &Expr| match x {
+                    Expr::Unary(UnOp::Erf, inner) => Some(inner.as_ref().clone()),
+                    _ => None,
+                };
+                let fused = match (one(a), one(b)) {
+                    (true, _) => erf_arg(b),
+                    (_, true) => erf_arg(a),
+                    _ => None,
+                };
+                match fused {
+                    Some(x) => Ok(Some((format!("tl_one_plus_erf({})", self.expr(&x)?), f32))),
+                    None => Ok(None),
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Whether every float parameter the kernel writes is f16 or bf16.
+fn narrow_outputs(k: &Kernel) -> bool {
+    let written = k.stored_buffers();
+    let outs: Vec<DType> = k
+        .params
+        .iter()
+        .filter(|b| written.contains(*b))
+        .map(|&b| k.buf(b).dtype)
+        .filter(|d| d.is_float())
+        .collect();
+    !outs.is_empty() && outs.iter().all(|d| matches!(d, DType::F16 | DType::BF16))
+}
+
+/// How CUDA C++ spells expressions (see [`cexpr`]): indices are `idx_t` (32 bits where every
+/// buffer and loop allows), booleans `bool`, `float` math through the hardware's fast paths.
+struct Cuda {
+    /// Every float the kernel writes is 16-bit: cheaper approximations are exact enough.
+    narrow: bool,
+}
+
+impl CStyle for Cuda {
+    fn index_ty(&self) -> &'static str {
+        "idx_t"
+    }
+    fn i64_ty(&self) -> &'static str {
+        "long long"
+    }
+    fn u64_ty(&self) -> &'static str {
+        "unsigned long long"
+    }
+    fn storage_ty(&self, d: DType) -> &'static str {
+        storage_ty(d)
+    }
+    fn value_ty(&self, d: DType) -> &'static str {
+        compute_ty(d)
+    }
+    fn prefix(&self) -> &'static str {
+        "tl_"
+    }
+    fn truth(&self, c: String) -> String {
+        format!("({c})")
+    }
+    fn bool_lit(&self, b: bool) -> String {
+        (if b { "true" } else { "false" }).into()
+    }
+    fn index_lit(&self, x: i64) -> String {
+        if x == i64::MIN {
+            "(-9223372036854775807LL - 1)".into()
+        } else if x >= i32::MIN as i64 && x <= i32::MAX as i64 {
+            format!("{x}")
+        } else {
+            format!("{x}LL")
+        }
+    }
+    fn nonfinite(&self, x: f64, dbl: bool) -> String {
+        let (nan, inf) = if dbl { ("TL_NAN_D", "TL_INF_D") } else { ("TL_NAN_F", "TL_INF_F") };
+        if x.is_nan() {
+            nan.into()
+        } else if x > 0.0 {
+            inf.into()
+        } else {
+            format!("(-{inf})")
+        }
+    }
+    fn round(&self, d: DType, code: String) -> String {
+        match d {
+            DType::F16 => format!("tl_r_f16({code})"),
+            DType::BF16 => format!("tl_r_bf16({code})"),
+            DType::F8E4M3 => format!("tl_r_f8e4m3({code})"),
+            DType::F8E5M2 => format!("tl_r_f8e5m2({code})"),
+            _ => code,
+        }
+    }
+    fn short_circuit(&self) -> bool {
+        true
+    }
+    fn int_fn(&self, f: IntFn, ct: &str, a: &str, b: &str) -> String {
+        match f {
+            IntFn::Min => format!("tl_min<{ct}>({a}, {b})"),
+            IntFn::Max => format!("tl_max<{ct}>({a}, {b})"),
+            IntFn::Abs => format!("tl_iabs<{ct}>({a})"),
+            IntFn::Sign => format!("tl_isign<{ct}>({a})"),
+            IntFn::FloorDiv => format!("tl_ifloordiv<{ct}>({a}, {b})"),
+            IntFn::FloorMod => format!("tl_ifloormod<{ct}>({a}, {b})"),
+        }
+    }
+    fn math(&self, op: UnOp, d: DType, a: &str) -> Option<String> {
+        let dbl = d == DType::F64;
+        Some(match op {
             // The hardware exp2 path (a few ulp for the arguments softmax and activations see):
             // accurate expf costs more than the memory time of a bf16 row.
-            UnOp::Exp if !dbl => format!("__expf({s})"),
-            UnOp::Exp => f("exp"),
-            UnOp::Log => f("log"),
-            UnOp::Sin => f("sin"),
-            UnOp::Cos => f("cos"),
-            UnOp::Tan => f("tan"),
-            UnOp::Asin => f("asin"),
-            UnOp::Acos => f("acos"),
-            UnOp::Atan => f("atan"),
-            UnOp::Sinh => f("sinh"),
-            UnOp::Cosh => f("cosh"),
-            UnOp::Tanh => f("tanh"),
-            UnOp::Asinh => f("asinh"),
-            UnOp::Acosh => f("acosh"),
-            UnOp::Atanh => f("atanh"),
+            UnOp::Exp if !dbl => format!("__expf({a})"),
+            UnOp::Rsqrt if dbl => format!("rsqrt({a})"),
+            UnOp::Rsqrt => format!("rsqrtf({a})"),
             // A cheaper erf (about 2e-7 absolute) when every float the kernel writes is 16-bit:
             // its error is far below their rounding.
-            UnOp::Erf if !dbl && self.narrow_outputs() => format!("tl_erf_fast({s})"),
-            UnOp::Erf => f("erf"),
-            UnOp::Floor => f("floor"),
-            UnOp::Ceil => f("ceil"),
-            UnOp::Round => f("rint"),
-            UnOp::Trunc => f("trunc"),
-            UnOp::Sign => format!("tl_sign({s})"),
-            UnOp::Sigmoid => {
-                if dbl {
-                    format!("(1.0 / (1.0 + exp(-({s}))))")
-                } else {
-                    format!("(1.0f / (1.0f + __expf(-({s}))))")
-                }
-            }
-            UnOp::IsNan => return format!("isnan({s})"),
-            UnOp::IsInf => return format!("isinf({s})"),
-        };
-        round_to(d, r)
-    }
-
-    fn binary(&self, op: BinOp, ty: Ty, x: String, y: String) -> Result<String> {
-        use BinOp::*;
-        if op.is_logical() {
-            return Ok(match op {
-                And => format!("((bool)({x}) && (bool)({y}))"),
-                Or => format!("((bool)({x}) || (bool)({y}))"),
-                _ => format!("((bool)({x}) != (bool)({y}))"),
-            });
-        }
-        if op.is_compare() {
-            let sym = match op {
-                Lt => "<",
-                Le => "<=",
-                Gt => ">",
-                Ge => ">=",
-                Eq => "==",
-                _ => "!=",
-            };
-            return Ok(format!("(({x}) {sym} ({y}))"));
-        }
-        let d = match ty {
-            Ty::Elem(d) => d,
-            Ty::Index => DType::I64,
-        };
-        let c = ty_c(ty);
-        if d.is_float() {
-            let dbl = d == DType::F64;
-            let fs = if dbl { "" } else { "f" };
-            let r = match op {
-                Add => format!("(({x}) + ({y}))"),
-                Sub => format!("(({x}) - ({y}))"),
-                Mul => format!("(({x}) * ({y}))"),
-                Div => format!("(({x}) / ({y}))"),
-                Rem => format!("fmod{fs}({x}, {y})"),
-                FloorDiv => format!("floor{fs}(({x}) / ({y}))"),
-                FloorMod => {
-                    format!("(({c})({x}) - ({c})({y}) * floor{fs}(({c})({x}) / ({c})({y})))")
-                }
-                Min => format!("tl_min(({c})({x}), ({c})({y}))"),
-                Max => format!("tl_max(({c})({x}), ({c})({y}))"),
-                Pow => format!("pow{fs}({x}, {y})"),
-                Atan2 => format!("atan2{fs}({x}, {y})"),
-                other => return Err(err(self.k, format!("{other:?} is not defined on floats"))),
-            };
-            return Ok(round_to(d, r));
-        }
-        let unsigned = matches!(
-            d,
-            DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool
-        );
-        let wide = if unsigned {
-            "unsigned long long"
-        } else {
-            "long long"
-        };
-        let r = match op {
-            Add => format!("(({x}) + ({y}))"),
-            Sub => format!("(({x}) - ({y}))"),
-            Mul => format!("(({x}) * ({y}))"),
-            Div => format!("(({x}) / ({y}))"),
-            Rem => format!("(({x}) % ({y}))"),
-            FloorDiv => {
-                if unsigned {
-                    format!("(({x}) / ({y}))")
-                } else {
-                    format!("tl_floordiv<{c}>({x}, {y})")
-                }
-            }
-            FloorMod => {
-                if unsigned {
-                    format!("(({x}) % ({y}))")
-                } else {
-                    format!("tl_floormod<{c}>({x}, {y})")
-                }
-            }
-            Min => format!("tl_min<{c}>({x}, {y})"),
-            Max => format!("tl_max<{c}>({x}, {y})"),
-            Pow => format!("tl_ipow<{c}>({x}, {y})"),
-            BitAnd => format!("(({x}) & ({y}))"),
-            BitOr => format!("(({x}) | ({y}))"),
-            BitXor => format!("(({x}) ^ ({y}))"),
-            Shl => format!("tl_shl(({wide})({x}), ({wide})({y}))"),
-            Shr => format!("tl_shr(({wide})({x}), ({wide})({y}))"),
-            other => return Err(err(self.k, format!("{other:?} is not defined on integers"))),
-        };
-        Ok(if ty == Ty::Index {
-            r
-        } else {
-            format!("({c})({r})")
+            UnOp::Erf if !dbl && self.narrow => format!("tl_erf_fast({a})"),
+            UnOp::Sign => format!("tl_sign({a})"),
+            UnOp::Sigmoid if dbl => format!("(1.0 / (1.0 + exp(-({a}))))"),
+            UnOp::Sigmoid => format!("(1.0f / (1.0f + __expf(-({a}))))"),
+            UnOp::IsNan => format!("isnan({a})"),
+            UnOp::IsInf => format!("isinf({a})"),
+            _ => return None,
         })
     }
 }
@@ -1688,89 +1450,6 @@ fn visit_exprs(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
         }
         _ => {}
     });
-}
-
-/// A C expression converting a computed value of type `from` to type `to` (C conversion with
-/// rounding to 16-bit and fp8 types).
-fn cast_expr(from: DType, to: DType, s: String) -> String {
-    if from == to {
-        return s;
-    }
-    if to == DType::Bool {
-        return format!("(({s}) != 0)");
-    }
-    if to.is_float() {
-        return round_to(to, format!("({})({s})", compute_ty(to)));
-    }
-    // To an integer type: floats go through 64 bits (saturating, NaN to 0), then wrap.
-    if from.is_float() {
-        let wide = if to.is_signed_int() {
-            "long long"
-        } else {
-            "unsigned long long"
-        };
-        if to.is_signed_int() {
-            return format!("({})({wide})({s})", storage_ty(to));
-        }
-        // Negative floats to unsigned: through signed 64 bits and wrap, like C on the host.
-        return format!(
-            "({})(({s}) < 0 ? (unsigned long long)(long long)({s}) : ({wide})({s}))",
-            storage_ty(to)
-        );
-    }
-    format!("({})({s})", storage_ty(to))
-}
-
-fn lit(l: Lit) -> String {
-    match l {
-        Lit::Bool(b) => (if b { "true" } else { "false" }).into(),
-        Lit::Int(x, d) => {
-            if d.is_float() {
-                return lit(Lit::Float(x as f64, d));
-            }
-            if d == DType::Bool {
-                return (if x != 0 { "true" } else { "false" }).into();
-            }
-            if x == i64::MIN {
-                format!("({})(-9223372036854775807LL - 1)", storage_ty(d))
-            } else {
-                format!("({})({x}LL)", storage_ty(d))
-            }
-        }
-        Lit::UInt(x, d) => {
-            if d.is_float() {
-                return lit(Lit::Float(x as f64, d));
-            }
-            if d == DType::Bool {
-                return (if x != 0 { "true" } else { "false" }).into();
-            }
-            format!("({})({x}ULL)", storage_ty(d))
-        }
-        Lit::Float(x, d) => {
-            if d.is_float() {
-                float_lit(x, d == DType::F64)
-            } else if d == DType::Bool {
-                (if x != 0.0 { "true" } else { "false" }).into()
-            } else {
-                format!("({})({})", storage_ty(d), float_lit(x, true))
-            }
-        }
-    }
-}
-
-fn float_lit(x: f64, dbl: bool) -> String {
-    if x.is_nan() {
-        return (if dbl { "TL_NAN_D" } else { "TL_NAN_F" }).into();
-    }
-    if x.is_infinite() {
-        let s = if dbl { "TL_INF_D" } else { "TL_INF_F" };
-        return if x > 0.0 { s.into() } else { format!("(-{s})") };
-    }
-    if dbl {
-        format!("{x:e}")
-    } else {
-        format!("{:e}f", x as f32)
-    }
 }
 
 /// The x of `(0.5 * x) * (1 + erf(x * c))` with c = 1/sqrt(2) (operands in either order): the

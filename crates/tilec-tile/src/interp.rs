@@ -77,7 +77,7 @@ impl Val {
     }
 }
 
-fn round_to(x: f64, d: DType) -> f64 {
+pub(crate) fn round_to(x: f64, d: DType) -> f64 {
     match d {
         DType::F64 => x,
         DType::F32 => x as f32 as f64,

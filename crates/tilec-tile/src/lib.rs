@@ -8,6 +8,7 @@
 
 pub mod ir;
 pub mod affine;
+pub mod cexpr;
 pub mod family;
 pub mod indirect;
 pub mod interp;

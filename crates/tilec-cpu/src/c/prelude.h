@@ -265,6 +265,9 @@ TC_INLINE int64_t tc_ifloormod(int64_t a, int64_t b) {
     return tc_sfloormod(a, b);
 }
 
+/* Float floor modulo (sign of the divisor), in double like the interpreter. */
+TC_INLINE double tc_ffloormod(double a, double b) { return a - b * floor(a / b); }
+
 /* ---- NaN-propagating min / max ---- */
 /* Two selects rather than one on `a > b || a != a`: gcc 12 does not vectorize the combined mask
    (a window max then runs scalar), but does vectorize this form. Same result: a NaN `a` is
