@@ -95,6 +95,22 @@ __device__ __forceinline__ float tl_gelu_erf(float x) {
   return x * (x >= 0.0f ? 1.0f - h : h);
 }
 
+// The named activations where results are f32 or f64, in the operation order of their formulas.
+__device__ __forceinline__ float tl_gelu_erf_exact(float x) {
+  return (0.5f * x) * (1.0f + erff(x * 0.70710678118654752f));
+}
+__device__ __forceinline__ double tl_gelu_erf_d(double x) {
+  return (0.5 * x) * (1.0 + erf(x * 0.70710678118654752));
+}
+__device__ __forceinline__ float tl_gelu_tanh(float x) {
+  return (0.5f * x) * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * ((x * x) * x))));
+}
+__device__ __forceinline__ double tl_gelu_tanh_d(double x) {
+  return (0.5 * x) * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * ((x * x) * x))));
+}
+__device__ __forceinline__ float tl_silu(float x) { return x * (1.0f / (1.0f + __expf(-x))); }
+__device__ __forceinline__ double tl_silu_d(double x) { return x * (1.0 / (1.0 + exp(-x))); }
+
 // Native 16-bit add, subtract and multiply on raw bit patterns, each rounded once (fma with
 // 1.0 or -0.0 as the other operand); through float before sm_80 (f16 before sm_53).
 __device__ __forceinline__ float tl_bits_bf16(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }

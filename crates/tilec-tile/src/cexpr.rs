@@ -61,7 +61,8 @@ pub trait CStyle {
     /// An integer operation of C type `ct` on operands `a` (and `b`).
     fn int_fn(&self, f: IntFn, ct: &str, a: &str, b: &str) -> String;
     /// A float function of the target: `Some` where it has its own spelling, else `None` for
-    /// C's (`name`, or `namef` on `float`). Must answer for `Sign`, `Sigmoid`, `IsNan` and
+    /// C's (`name`, or `namef` on `float`). Must answer for `Sign`, `Sigmoid`, the named
+    /// activations (`GeluErf`, `GeluTanh`, `Silu`), `IsNan` and
     /// `IsInf` (a C truth value) and for the named functions.
     fn math(&self, op: UnOp, d: DType, a: &str) -> Option<String>;
 }
@@ -308,7 +309,7 @@ pub fn unary<S: CStyle + ?Sized>(t: &S, op: UnOp, a: String, ty: Ty) -> String {
         Ceil => f("ceil"),
         Round => f("rint"),
         Trunc => f("trunc"),
-        Sign | Sigmoid | IsNan | IsInf => unreachable!("the target spells {op:?}"),
+        Sign | Sigmoid | GeluErf | GeluTanh | Silu | IsNan | IsInf => unreachable!("the target spells {op:?}"),
     };
     t.round(d, code)
 }
@@ -466,7 +467,7 @@ mod tests {
             format!("{f:?}<{ct}>({a}, {b})")
         }
         fn math(&self, op: UnOp, _: DType, a: &str) -> Option<String> {
-            matches!(op, UnOp::Sign | UnOp::Sigmoid | UnOp::IsNan | UnOp::IsInf).then(|| format!("{op:?}({a})"))
+            matches!(op, UnOp::Sign | UnOp::Sigmoid | UnOp::GeluErf | UnOp::GeluTanh | UnOp::Silu | UnOp::IsNan | UnOp::IsInf).then(|| format!("{op:?}({a})"))
         }
     }
 

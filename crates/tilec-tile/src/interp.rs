@@ -397,6 +397,12 @@ fn unary(op: UnOp, v: Val, ty: Ty) -> Val {
             }
         }
         UnOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnOp::GeluErf => 0.5 * x * (1.0 + tilec_ref::kernels::elementwise::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+        UnOp::GeluTanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+        }
+        UnOp::Silu => x / (1.0 + (-x).exp()),
         UnOp::IsNan => return Val::B(x.is_nan()),
         UnOp::IsInf => return Val::B(x.is_infinite()),
     };

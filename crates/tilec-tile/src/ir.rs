@@ -118,6 +118,13 @@ pub enum UnOp {
     Trunc,
     Sign,
     Sigmoid,
+    /// GELU, `0.5 x (1 + erf(x / sqrt 2))`: a named function (the graph recognized it), so
+    /// that each back end computes it with one routine of its own.
+    GeluErf,
+    /// GELU's tanh form, `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
+    /// SiLU, `x sigmoid(x)`.
+    Silu,
     IsNan,
     /// True for +inf or -inf.
     IsInf,

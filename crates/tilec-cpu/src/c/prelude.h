@@ -352,3 +352,14 @@ TC_INLINE float tc_erff(float x) {
     return x != x ? x : y;
 }
 TC_INLINE double tc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+/* The named activations, in the operation order their formulas were lowered in before. */
+TC_INLINE float tc_gelu_erff(float x) { return (0.5f * x) * (1.0f + tc_erff(x * 0.70710678118654752f)); }
+TC_INLINE double tc_gelu_erf(double x) { return (0.5 * x) * (1.0 + erf(x * 0.70710678118654752)); }
+TC_INLINE float tc_gelu_tanhf(float x) {
+    return (0.5f * x) * (1.0f + tc_tanhf(0.79788456080286536f * (x + 0.044715f * ((x * x) * x))));
+}
+TC_INLINE double tc_gelu_tanh(double x) {
+    return (0.5 * x) * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * ((x * x) * x))));
+}
+TC_INLINE float tc_siluf(float x) { return x * tc_sigmoidf(x); }
+TC_INLINE double tc_silu(double x) { return x * tc_sigmoid(x); }

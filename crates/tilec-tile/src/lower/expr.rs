@@ -553,33 +553,8 @@ impl Lowerer<'_> {
                 let x = self.reuse(x, ct);
                 bin(BinOp::Mul, x.clone(), Expr::un(UnOp::Tanh, softplus(x, ct)))
             }
-            Gelu { tanh_approx: false } => {
-                let x = self.reuse(x, ct);
-                let e = Expr::un(
-                    UnOp::Erf,
-                    bin(BinOp::Mul, x.clone(), f(std::f64::consts::FRAC_1_SQRT_2)),
-                );
-                bin(
-                    BinOp::Mul,
-                    bin(BinOp::Mul, f(0.5), x),
-                    bin(BinOp::Add, f(1.0), e),
-                )
-            }
-            Gelu { tanh_approx: true } => {
-                let x = self.reuse(x, ct);
-                let k = (2.0 / std::f64::consts::PI).sqrt();
-                let x3 = bin(BinOp::Mul, bin(BinOp::Mul, x.clone(), x.clone()), x.clone());
-                let inner = bin(
-                    BinOp::Mul,
-                    f(k),
-                    bin(BinOp::Add, x.clone(), bin(BinOp::Mul, f(0.044715), x3)),
-                );
-                bin(
-                    BinOp::Mul,
-                    bin(BinOp::Mul, f(0.5), x),
-                    bin(BinOp::Add, f(1.0), Expr::un(UnOp::Tanh, inner)),
-                )
-            }
+            Gelu { tanh_approx: false } => Expr::un(UnOp::GeluErf, x),
+            Gelu { tanh_approx: true } => Expr::un(UnOp::GeluTanh, x),
             LeakyRelu { alpha } => {
                 let x = self.reuse(x, ct);
                 Expr::select(
@@ -663,6 +638,7 @@ impl Lowerer<'_> {
                     ),
                 )
             }
+            Swish { alpha } if *alpha == 1.0 => Expr::un(UnOp::Silu, x),
             Swish { alpha } => {
                 let x = self.reuse(x, ct);
                 bin(
