@@ -21,11 +21,9 @@
 //! loop), so the first loop is the one to parallelize and the innermost one runs along the
 //! contiguous dimension.
 
-mod anchors;
-mod attention_gemm;
+mod anchor;
 mod expr;
 pub mod simplify;
-mod winograd;
 
 use std::collections::{HashMap, HashSet};
 
@@ -381,6 +379,9 @@ impl<'g> Lowerer<'g> {
             .map(|d| d as i64)
             .collect()
     }
+    pub fn node(&self, n: NodeId) -> &'g tilec_ir::Node {
+        self.g.node(n)
+    }
     pub fn dtype(&self, v: ValueId) -> DType {
         self.g.value(v).ty.dtype
     }
@@ -509,7 +510,7 @@ impl<'g> Lowerer<'g> {
     }
 
     pub fn kind(&self, n: NodeId) -> Kind {
-        anchors::kind_of(&self.g.node(n).op)
+        anchor::kind_of(&self.g.node(n).op)
     }
 
     /// `idx` with the index of every size-1 dimension of `v` replaced by 0 (the only value it
@@ -560,7 +561,7 @@ impl<'g> Lowerer<'g> {
                 if !self.set.contains(&node) && !source {
                     return Ok(self.input_load(v, idx));
                 }
-                if self.kind(node) == Kind::Anchor && !anchors::inline_output(op, index) {
+                if self.kind(node) == Kind::Anchor && !anchor::inline_output(op, index) {
                     return Err(Fail::NeedMat(v));
                 }
                 let cse = self.cse_on && self.guard == 0 && self.multi_use(v);
@@ -628,11 +629,11 @@ impl<'g> Lowerer<'g> {
     fn run(&mut self) -> R<()> {
         // Every node must be lowerable before any code is built.
         for &n in &self.nodes.clone() {
-            anchors::check(self, n)?;
+            anchor::check(self, n)?;
         }
         for &n in &self.nodes.clone() {
             if self.kind(n) == Kind::Anchor {
-                let stmts = anchors::lower_anchor(self, n)?;
+                let stmts = anchor::lower(self, n)?;
                 self.body.extend(stmts);
                 self.emitted.insert(n);
             }

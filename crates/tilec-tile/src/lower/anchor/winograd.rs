@@ -26,7 +26,9 @@
 use tilec_ir::op::Window;
 use tilec_ir::{DType, NodeId};
 
-use super::{bin, lit, Lowerer, R};
+use super::common::val;
+use super::matmul::{gemm_params, gemm_vars};
+use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
 /// One variant F(m×m, 3×3): output tiles of `m × m` from input patches of `a × a`, `a = m + 2`,
@@ -276,7 +278,7 @@ pub(crate) fn conv(
     let input_nest = Lowerer::nest(&[(r1, rb), (x1, tw)], tile_lets);
 
     // The a² products: M[ab, t, m] = sum_c V[ab, t, c] * U[ab, c, m].
-    let gv = super::anchors::gemm_vars(l, a2, tb, m, c, f32);
+    let gv = gemm_vars(l, a2, tb, m, c, f32);
     let (vb, vi, vj, vk) = (Expr::Var(gv.b), Expr::Var(gv.i), Expr::Var(gv.j), Expr::Var(gv.k));
     let a_row = l.simp(bin(BinOp::Div, vb.clone(), Expr::Int(ta as i64)));
     let b_col = l.simp(bin(BinOp::Rem, vb.clone(), Expr::Int(ta as i64)));
@@ -311,7 +313,7 @@ pub(crate) fn conv(
         a: Expr::Load(vbuf, vec![vb.clone(), vi.clone(), vk]),
         b: u,
         epilogue: vec![Stmt::store(mbuf, vec![vb, vi, vj], Expr::Var(gv.acc))],
-        params: super::anchors::gemm_params(),
+        params: gemm_params(),
     }));
 
     // Output transform: Y = Aᵀ M A per tile and output channel, plus bias and epilogue.
@@ -346,7 +348,7 @@ pub(crate) fn conv(
             s[a][q] = Expr::Var(t);
         }
     }
-    let bv = super::anchors::val(l, bias, &[Expr::Var(m2)])?;
+    let bv = val(l, bias, &[Expr::Var(m2)])?;
     ob.extend(l.take_lets());
     // Each pixel of the tile runs the epilogue, which marks the outputs it writes as done:
     // every pixel starts from the same state.

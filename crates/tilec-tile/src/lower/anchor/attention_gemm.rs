@@ -1,7 +1,7 @@
 //! Attention as matrix products (CPU): per (batch, query head), `S = (Q·s)(K·s)ᵀ` plus the
 //! mask as a [`Gemm`] into scratch, a softmax along each row of `S` in place, and `Y = P·V`
 //! as a second [`Gemm`] whose epilogue writes the output (and whatever the group fuses after
-//! it). The direct lowering (`anchors.rs`) walks one query row at a time with a dot product per
+//! it). The direct lowering (`attention.rs`) walks one query row at a time with a dot product per
 //! key, which vectorizes only along the head dimension; here both products run on the GEMM
 //! template's register tiles.
 //!
@@ -13,8 +13,10 @@
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, NodeId, Op};
 
-use super::anchors::{att_geom, gemm_params, gemm_vars, head_idx, is_used, kv_at, mask_bias, neg_inf, val, Tensor1};
-use super::{bin, lit, Lowerer, R};
+use super::attention::{att_geom, head_idx, kv_at, mask_bias};
+use super::common::{is_used, neg_inf, round_to, val};
+use super::matmul::{gemm_params, gemm_vars};
+use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
 /// Lowers attention node `n` as two gemms if its form allows; `None` leaves it to the direct
@@ -55,7 +57,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     let t = a.skv;
     let reps = a.hq / a.hkv;
     let bsz = l.shape(q)[0];
-    let sc = Tensor1::round(f32, scale.map(|s| s as f64).unwrap_or(1.0 / (a.dh as f64).sqrt()).sqrt());
+    let sc = round_to(f32, scale.map(|s| s as f64).unwrap_or(1.0 / (a.dh as f64).sqrt()).sqrt());
 
     // One iteration per (batch, query head).
     let bh = l.loop_var("i", bsz * a.hq);
