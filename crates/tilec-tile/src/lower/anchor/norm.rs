@@ -1,292 +1,187 @@
-//! Row normalizations: per-row statistics, then each element from its input and them.
+//! Row normalizations as data. Each op is a [`RowOp`]: the rows it normalizes, the
+//! statistics of a row (each a fold over the row, or the position of its maximum) and the
+//! map from an input element and the statistics to the output element. [`lower_rows`]
+//! builds every one the same way: a nest over the rows, one pass over the row per
+//! statistic, then a loop over the row storing each element through the epilogue.
 
 use tilec_ir::op::NormOp;
 use tilec_ir::{DType, NodeId, Op, ValueId};
 
-use super::common::{acc_dtype, accumulate, is_used, neg_inf, outer_space, row_loop, val};
-use super::reduce::arg_better;
-use super::super::{bin, compute_dtype, lit, lit_i, unravel, Lowerer, R};
+use super::common::{acc_dtype, accumulate, is_used, outer_space, row_loop, val};
+use super::reduce::arg_pass;
+use super::super::{bin, lit, unravel, Lowerer, R};
 use crate::ir::*;
 
-pub(super) fn lower(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    match op {
-        Op::Norm(no) => norm(l, n, no),
-        _ => l.unsupported(n, "not a row normalization"),
-    }
-}
-
-/// Per-row statistics then an elementwise pass: the shape is `x`'s, `row` the reduced
-/// dimensions (with extents), `map` takes a virtual index to `x`'s index.
-struct RowNorm<'a> {
+/// A row normalization.
+struct RowOp {
+    node: NodeId,
+    x: ValueId,
+    y: ValueId,
+    /// The index space: `x`'s shape, or a view of it (see `groups`).
     shape: Vec<i64>,
+    /// The dimensions of `shape` a row spans, with their extents.
     row: Vec<(usize, i64)>,
-    map: &'a dyn Fn(&[Expr]) -> Vec<Expr>,
+    /// Group norm's view `[N, G, Cg * S]` of `x: [N, C, *S]`: (channels per group, `S`).
+    groups: Option<(i64, Vec<i64>)>,
+    stats: Vec<Stat>,
+    /// The output element, in the compute dtype (rounded to `y`'s), or directly in `y`'s
+    /// dtype when `exact`.
+    map: Ex,
+    exact: bool,
+    scale: Option<(ValueId, Param)>,
+    bias: Option<(ValueId, Param)>,
+    /// Statistics that are outputs too, stored once per row: (output, statistic).
+    stat_outputs: Vec<(ValueId, usize)>,
 }
 
-fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
-    let node = l.g.node(n);
-    let x = node.inputs[0];
-    let ins = node.inputs.clone();
-    let outs = node.outputs.clone();
+/// A statistic of a row.
+enum Stat {
+    /// The accumulator starts at `init` and becomes `step` at each element; the statistic is
+    /// `finish` of it.
+    Fold { init: f64, step: Ex, finish: Ex },
+    /// The position of the row's first maximum.
+    ArgMax,
+}
+
+/// Where a scale or bias is read for an element of `x`.
+#[derive(Copy, Clone)]
+enum Param {
+    /// Broadcast to `x` (numpy rules).
+    Broadcast,
+    /// Per channel (dimension 1).
+    Channel,
+}
+
+/// An expression of a description, evaluated at one element of a row.
+enum Ex {
+    /// The input element.
+    X,
+    /// The accumulator of the fold being built.
+    Acc,
+    /// An earlier statistic.
+    Stat(usize),
+    /// The number of elements of a row.
+    Count,
+    Lit(f64),
+    Scale,
+    Bias,
+    /// The element's position along the row (one axis), as an `i64`.
+    Pos,
+    /// The square of the operand, computed once.
+    Sq(Box<Ex>),
+    Un(UnOp, Box<Ex>),
+    Bin(BinOp, Box<Ex>, Box<Ex>),
+    Select(Box<Ex>, Box<Ex>, Box<Ex>),
+}
+
+fn un(op: UnOp, a: Ex) -> Ex {
+    Ex::Un(op, Box::new(a))
+}
+fn op2(op: BinOp, a: Ex, b: Ex) -> Ex {
+    Ex::Bin(op, Box::new(a), Box::new(b))
+}
+fn add(a: Ex, b: Ex) -> Ex {
+    op2(BinOp::Add, a, b)
+}
+fn sub(a: Ex, b: Ex) -> Ex {
+    op2(BinOp::Sub, a, b)
+}
+fn mul(a: Ex, b: Ex) -> Ex {
+    op2(BinOp::Mul, a, b)
+}
+fn div(a: Ex, b: Ex) -> Ex {
+    op2(BinOp::Div, a, b)
+}
+fn sq(a: Ex) -> Ex {
+    Ex::Sq(Box::new(a))
+}
+fn select(c: Ex, a: Ex, b: Ex) -> Ex {
+    Ex::Select(Box::new(c), Box::new(a), Box::new(b))
+}
+fn fold(init: f64, step: Ex, finish: Ex) -> Stat {
+    Stat::Fold { init, step, finish }
+}
+
+/// The mean of the row.
+fn mean() -> Stat {
+    fold(0.0, add(Ex::Acc, Ex::X), div(Ex::Acc, Ex::Count))
+}
+
+/// `1 / sqrt(variance + eps)` about the mean (statistic 0).
+fn inv_std(eps: f64) -> Stat {
+    let var = div(Ex::Acc, Ex::Count);
+    fold(0.0, add(Ex::Acc, sq(sub(Ex::X, Ex::Stat(0)))), un(UnOp::Rsqrt, add(var, Ex::Lit(eps))))
+}
+
+/// The softmax statistics: the maximum, then `finish` of the sum of `exp(x - max)`.
+fn softmax_stats(finish: UnOp) -> Vec<Stat> {
+    vec![
+        fold(f64::NEG_INFINITY, op2(BinOp::Max, Ex::Acc, Ex::X), Ex::Acc),
+        fold(0.0, add(Ex::Acc, un(UnOp::Exp, sub(Ex::X, Ex::Stat(0)))), un(finish, Ex::Acc)),
+    ]
+}
+
+/// The description of normalization `n`.
+fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
+    let node = l.node(n);
+    let (x, y) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
-    let r = xs.len();
-    let d = l.dtype(x);
-    let cd = compute_dtype(d);
-    let y = outs[0];
-    let ident = |i: &[Expr]| i.to_vec();
+    let axis_row = |a: usize| vec![(a, xs[a])];
+    let tail_row = |a: usize| (a..xs.len()).map(|d| (d, xs[d])).collect::<Vec<_>>();
+    let mut op = RowOp {
+        node: n,
+        x,
+        y,
+        shape: xs.clone(),
+        row: Vec::new(),
+        groups: None,
+        stats: Vec::new(),
+        map: Ex::X,
+        exact: false,
+        scale: None,
+        bias: None,
+        stat_outputs: Vec::new(),
+    };
+    // (x - mean) * inv_std * scale
+    let standardized = || mul(mul(sub(Ex::X, Ex::Stat(0)), Ex::Stat(1)), Ex::Scale);
     match no {
-        NormOp::Softmax { axis } | NormOp::LogSoftmax { axis } => {
-            let log = matches!(no, NormOp::LogSoftmax { .. });
-            let spec = RowNorm {
-                shape: xs.clone(),
-                row: vec![(*axis, xs[*axis])],
-                map: &ident,
-            };
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let (s1, a1) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, neg_inf(cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, i)?;
-                            Ok(vec![bin(BinOp::Max, a[0].clone(), v)])
-                        },
-                    )?;
-                    let mx = a1[0].clone();
-                    let m2 = mx.clone();
-                    let (s2, a2) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, i)?;
-                            Ok(vec![bin(
-                                BinOp::Add,
-                                a[0].clone(),
-                                Expr::un(UnOp::Exp, bin(BinOp::Sub, v, m2.clone())),
-                            )])
-                        },
-                    )?;
-                    let mut st = s1;
-                    st.extend(s2);
-                    let s = a2[0].clone();
-                    let stat = if log {
-                        Expr::un(UnOp::Log, s)
-                    } else {
-                        Expr::un(UnOp::Recip, s)
-                    };
-                    let stat = l.hoist(stat, cd);
-                    st.extend(l.take_lets());
-                    Ok((st, vec![mx, stat]))
-                },
-                &mut |l, i, stats| {
-                    let v = val(l, x, i)?;
-                    let dlt = bin(BinOp::Sub, v, stats[0].clone());
-                    let e = if log {
-                        bin(BinOp::Sub, dlt, stats[1].clone())
-                    } else {
-                        bin(BinOp::Mul, Expr::un(UnOp::Exp, dlt), stats[1].clone())
-                    };
-                    Ok(vec![(y, i.to_vec(), l.down(e, d))])
-                },
-            )
+        NormOp::Softmax { axis } => {
+            op.row = axis_row(*axis);
+            op.stats = softmax_stats(UnOp::Recip);
+            op.map = mul(un(UnOp::Exp, sub(Ex::X, Ex::Stat(0))), Ex::Stat(1));
+        }
+        NormOp::LogSoftmax { axis } => {
+            op.row = axis_row(*axis);
+            op.stats = softmax_stats(UnOp::Log);
+            op.map = sub(sub(Ex::X, Ex::Stat(0)), Ex::Stat(1));
         }
         NormOp::Hardmax { axis } => {
-            let float = d.is_float();
-            let ad = acc_dtype(d);
-            let spec = RowNorm {
-                shape: xs.clone(),
-                row: vec![(*axis, xs[*axis])],
-                map: &ident,
-            };
-            let a0 = *axis;
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let first = {
-                        let e = l.value_at(x, base)?;
-                        if float {
-                            l.up(e, d)
-                        } else {
-                            Expr::cast(ad, e)
-                        }
-                    };
-                    let (st, acc) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(ad, first), (DType::I64, lit_i(0, DType::I64))],
-                        &mut |l, i, a| {
-                            let v = l.value_at(x, i)?;
-                            let v = if float { l.up(v, d) } else { Expr::cast(ad, v) };
-                            let v = l.reuse(v, ad);
-                            let better = l.reuse(
-                                arg_better(v.clone(), a[0].clone(), float, true, false),
-                                DType::Bool,
-                            );
-                            Ok(vec![
-                                Expr::select(better.clone(), v, a[0].clone()),
-                                Expr::select(
-                                    better,
-                                    Expr::cast(DType::I64, i[a0].clone()),
-                                    a[1].clone(),
-                                ),
-                            ])
-                        },
-                    )?;
-                    Ok((st, vec![acc[1].clone()]))
-                },
-                &mut |_l, i, stats| {
-                    let k = Expr::cast(DType::I64, i[a0].clone());
-                    Ok(vec![(
-                        y,
-                        i.to_vec(),
-                        Expr::select(
-                            bin(BinOp::Eq, k, stats[0].clone()),
-                            lit(1.0, d),
-                            lit(0.0, d),
-                        ),
-                    )])
-                },
-            )
+            op.row = axis_row(*axis);
+            op.stats = vec![Stat::ArgMax];
+            op.map = select(op2(BinOp::Eq, Ex::Pos, Ex::Stat(0)), Ex::Lit(1.0), Ex::Lit(0.0));
+            op.exact = true;
         }
-        NormOp::LayerNorm {
-            axis,
-            epsilon,
-            stash,
-            has_bias,
-        } => {
-            let row: Vec<(usize, i64)> = (*axis..r).map(|a| (a, xs[a])).collect();
-            let cnt: i64 = xs[*axis..].iter().product();
-            let spec = RowNorm {
-                shape: xs.clone(),
-                row,
-                map: &ident,
-            };
-            let (scale, bias) = (ins[1], if *has_bias { Some(ins[2]) } else { None });
-            let (mean_out, inv_out) = (outs[1], outs[2]);
-            let (want_mean, want_inv) = (is_used(l, mean_out), is_used(l, inv_out));
-            let eps = *epsilon as f64;
-            let stash = *stash;
-            let axis = *axis;
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let (mut st, mean) = mean_pass(l, &spec.row, base, x, cd, cnt)?;
-                    let m2 = mean.clone();
-                    let (s2, var) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, i)?;
-                            let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
-                            Ok(vec![bin(
-                                BinOp::Add,
-                                a[0].clone(),
-                                bin(BinOp::Mul, dd.clone(), dd),
-                            )])
-                        },
-                    )?;
-                    st.extend(s2);
-                    let inv = Expr::un(
-                        UnOp::Rsqrt,
-                        bin(
-                            BinOp::Add,
-                            bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)),
-                            lit(eps, cd),
-                        ),
-                    );
-                    let inv = l.hoist(inv, cd);
-                    st.extend(l.take_lets());
-                    let mut sidx = base[..axis].to_vec();
-                    sidx.resize(r, Expr::Int(0));
-                    if want_mean {
-                        st.extend(l.epilogue(mean_out, &sidx, Expr::cast(stash, mean.clone()))?);
-                    }
-                    if want_inv {
-                        st.extend(l.epilogue(inv_out, &sidx, Expr::cast(stash, inv.clone()))?);
-                    }
-                    Ok((st, vec![mean, inv]))
-                },
-                &mut |l, i, stats| {
-                    let v = val(l, x, i)?;
-                    let sc = val(l, scale, &l.bcast_idx(scale, i))?;
-                    let mut e = bin(
-                        BinOp::Mul,
-                        bin(
-                            BinOp::Mul,
-                            bin(BinOp::Sub, v, stats[0].clone()),
-                            stats[1].clone(),
-                        ),
-                        sc,
-                    );
-                    if let Some(b) = bias {
-                        e = bin(BinOp::Add, e, val(l, b, &l.bcast_idx(b, i))?);
-                    }
-                    Ok(vec![(y, i.to_vec(), l.down(e, d))])
-                },
-            )
+        NormOp::LayerNorm { axis, epsilon, has_bias, .. } => {
+            op.row = tail_row(*axis);
+            op.stats = vec![mean(), inv_std(*epsilon as f64)];
+            op.scale = Some((node.inputs[1], Param::Broadcast));
+            op.map = standardized();
+            if *has_bias {
+                op.bias = Some((node.inputs[2], Param::Broadcast));
+                op.map = add(op.map, Ex::Bias);
+            }
+            for k in 0..2 {
+                if is_used(l, node.outputs[k + 1]) {
+                    op.stat_outputs.push((node.outputs[k + 1], k));
+                }
+            }
         }
         NormOp::RmsNorm { axis, epsilon } => {
-            let row: Vec<(usize, i64)> = (*axis..r).map(|a| (a, xs[a])).collect();
-            let cnt: i64 = xs[*axis..].iter().product();
-            let spec = RowNorm {
-                shape: xs.clone(),
-                row,
-                map: &ident,
-            };
-            let scale = ins[1];
-            let eps = *epsilon as f64;
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let (mut st, ss) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, i)?;
-                            let v = l.reuse(v, cd);
-                            Ok(vec![bin(
-                                BinOp::Add,
-                                a[0].clone(),
-                                bin(BinOp::Mul, v.clone(), v),
-                            )])
-                        },
-                    )?;
-                    let inv = Expr::un(
-                        UnOp::Rsqrt,
-                        bin(
-                            BinOp::Add,
-                            bin(BinOp::Div, ss[0].clone(), lit(cnt as f64, cd)),
-                            lit(eps, cd),
-                        ),
-                    );
-                    let inv = l.hoist(inv, cd);
-                    st.extend(l.take_lets());
-                    Ok((st, vec![inv]))
-                },
-                &mut |l, i, stats| {
-                    let v = val(l, x, i)?;
-                    let sc = val(l, scale, &l.bcast_idx(scale, i))?;
-                    Ok(vec![(
-                        y,
-                        i.to_vec(),
-                        l.down(bin(BinOp::Mul, bin(BinOp::Mul, v, stats[0].clone()), sc), d),
-                    )])
-                },
-            )
+            op.row = tail_row(*axis);
+            let ms = div(Ex::Acc, Ex::Count);
+            op.stats = vec![fold(0.0, add(Ex::Acc, sq(Ex::X)), un(UnOp::Rsqrt, add(ms, Ex::Lit(*epsilon as f64))))];
+            op.scale = Some((node.inputs[1], Param::Broadcast));
+            op.map = mul(mul(Ex::X, Ex::Stat(0)), Ex::Scale);
         }
         NormOp::InstanceNorm { epsilon } | NormOp::GroupNorm { epsilon, .. } => {
             let groups = match no {
@@ -297,250 +192,191 @@ fn norm(l: &mut Lowerer, n: NodeId, no: &NormOp) -> R<Vec<Stmt>> {
             if groups == 0 || c % groups != 0 {
                 return l.unsupported(n, "channels do not divide into groups");
             }
-            let cpg = c / groups;
-            let sp: Vec<i64> = xs[2..].to_vec();
+            let (cpg, sp) = (c / groups, xs[2..].to_vec());
             let spn: i64 = sp.iter().product();
-            // Virtual shape [N, G, Cg * S].
-            let vshape = vec![xs[0], groups, cpg * spn];
-            let map = move |i: &[Expr]| -> Vec<Expr> {
-                let ch = bin(
-                    BinOp::Add,
-                    bin(BinOp::Mul, i[1].clone(), Expr::Int(cpg)),
-                    bin(BinOp::Div, i[2].clone(), Expr::Int(spn)),
-                );
-                let mut v = vec![i[0].clone(), ch];
-                v.extend(unravel(bin(BinOp::Rem, i[2].clone(), Expr::Int(spn)), &sp));
-                v
-            };
-            let cnt = cpg * spn;
-            let spec = RowNorm {
-                shape: vshape,
-                row: vec![(2, cpg * spn)],
-                map: &map,
-            };
-            let (scale, bias) = (ins[1], ins[2]);
-            let eps = *epsilon as f64;
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let (mut st, mean) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, &(spec.map)(i))?;
-                            Ok(vec![bin(BinOp::Add, a[0].clone(), v)])
-                        },
-                    )?;
-                    let mean = l.hoist(bin(BinOp::Div, mean[0].clone(), lit(cnt as f64, cd)), cd);
-                    st.extend(l.take_lets());
-                    let m2 = mean.clone();
-                    let (s2, var) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, &(spec.map)(i))?;
-                            let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
-                            Ok(vec![bin(
-                                BinOp::Add,
-                                a[0].clone(),
-                                bin(BinOp::Mul, dd.clone(), dd),
-                            )])
-                        },
-                    )?;
-                    st.extend(s2);
-                    let inv = Expr::un(
-                        UnOp::Rsqrt,
-                        bin(
-                            BinOp::Add,
-                            bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)),
-                            lit(eps, cd),
-                        ),
-                    );
-                    let inv = l.hoist(inv, cd);
-                    st.extend(l.take_lets());
-                    Ok((st, vec![mean, inv]))
-                },
-                &mut |l, vi, stats| {
-                    let i = (spec.map)(vi);
-                    let i: Vec<Expr> = i.into_iter().map(|e| l.simp(e)).collect();
-                    let v = val(l, x, &i)?;
-                    let ch = vec![i[1].clone()];
-                    let sc = val(l, scale, &ch)?;
-                    let b = val(l, bias, &ch)?;
-                    let e = bin(
-                        BinOp::Add,
-                        bin(
-                            BinOp::Mul,
-                            bin(
-                                BinOp::Mul,
-                                bin(BinOp::Sub, v, stats[0].clone()),
-                                stats[1].clone(),
-                            ),
-                            sc,
-                        ),
-                        b,
-                    );
-                    Ok(vec![(y, i, l.down(e, d))])
-                },
-            )
+            op.shape = vec![xs[0], groups, cpg * spn];
+            op.row = vec![(2, cpg * spn)];
+            op.groups = Some((cpg, sp));
+            op.stats = vec![mean(), inv_std(*epsilon as f64)];
+            op.scale = Some((node.inputs[1], Param::Channel));
+            op.bias = Some((node.inputs[2], Param::Channel));
+            op.map = add(standardized(), Ex::Bias);
         }
         NormOp::LpNorm { axis, p } => {
-            let spec = RowNorm {
-                shape: xs.clone(),
-                row: vec![(*axis, xs[*axis])],
-                map: &ident,
-            };
-            let p = *p;
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let (mut st, s) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, i)?;
-                            let t = if p == 1 {
-                                Expr::un(UnOp::Abs, v)
-                            } else {
-                                let v = l.reuse(v, cd);
-                                bin(BinOp::Mul, v.clone(), v)
-                            };
-                            Ok(vec![bin(BinOp::Add, a[0].clone(), t)])
-                        },
-                    )?;
-                    let nrm = if p == 1 {
-                        s[0].clone()
-                    } else {
-                        Expr::un(UnOp::Sqrt, s[0].clone())
-                    };
-                    let nrm = l.hoist(nrm, cd);
-                    st.extend(l.take_lets());
-                    Ok((st, vec![nrm]))
-                },
-                &mut |l, i, stats| {
-                    let v = val(l, x, i)?;
-                    let z = lit(0.0, cd);
-                    let e = Expr::select(
-                        bin(BinOp::Eq, stats[0].clone(), z.clone()),
-                        z,
-                        bin(BinOp::Div, v, stats[0].clone()),
-                    );
-                    Ok(vec![(y, i.to_vec(), l.down(e, d))])
-                },
-            )
+            op.row = axis_row(*axis);
+            op.stats = vec![if *p == 1 {
+                fold(0.0, add(Ex::Acc, un(UnOp::Abs, Ex::X)), Ex::Acc)
+            } else {
+                fold(0.0, add(Ex::Acc, sq(Ex::X)), un(UnOp::Sqrt, Ex::Acc))
+            }];
+            // Zero norms give 0.
+            let zero = op2(BinOp::Eq, Ex::Stat(0), Ex::Lit(0.0));
+            op.map = select(zero, Ex::Lit(0.0), div(Ex::X, Ex::Stat(0)));
         }
         NormOp::MeanVarianceNorm { axes } => {
-            let row: Vec<(usize, i64)> = axes.iter().map(|&a| (a, xs[a])).collect();
-            let cnt: i64 = axes.iter().map(|&a| xs[a]).product();
-            let spec = RowNorm {
-                shape: xs.clone(),
-                row,
-                map: &ident,
-            };
-            row_norm(
-                l,
-                &spec,
-                &mut |l, base| {
-                    let (mut st, mean) = mean_pass(l, &spec.row, base, x, cd, cnt)?;
-                    let m2 = mean.clone();
-                    let (s2, var) = accumulate(
-                        l,
-                        &spec.row,
-                        base,
-                        vec![(cd, lit(0.0, cd))],
-                        &mut |l, i, a| {
-                            let v = val(l, x, i)?;
-                            let dd = l.reuse(bin(BinOp::Sub, v, m2.clone()), cd);
-                            Ok(vec![bin(
-                                BinOp::Add,
-                                a[0].clone(),
-                                bin(BinOp::Mul, dd.clone(), dd),
-                            )])
-                        },
-                    )?;
-                    st.extend(s2);
-                    let den = bin(
-                        BinOp::Add,
-                        Expr::un(
-                            UnOp::Sqrt,
-                            bin(BinOp::Div, var[0].clone(), lit(cnt as f64, cd)),
-                        ),
-                        lit(1e-9, cd),
-                    );
-                    let den = l.hoist(den, cd);
-                    st.extend(l.take_lets());
-                    Ok((st, vec![mean, den]))
-                },
-                &mut |l, i, stats| {
-                    let v = val(l, x, i)?;
-                    Ok(vec![(
-                        y,
-                        i.to_vec(),
-                        l.down(
-                            bin(
-                                BinOp::Div,
-                                bin(BinOp::Sub, v, stats[0].clone()),
-                                stats[1].clone(),
-                            ),
-                            d,
-                        ),
-                    )])
-                },
-            )
+            op.row = axes.iter().map(|&a| (a, xs[a])).collect();
+            let std = un(UnOp::Sqrt, div(Ex::Acc, Ex::Count));
+            op.stats = vec![mean(), fold(0.0, add(Ex::Acc, sq(sub(Ex::X, Ex::Stat(0)))), add(std, Ex::Lit(1e-9)))];
+            op.map = div(sub(Ex::X, Ex::Stat(0)), Ex::Stat(1));
         }
-        _ => l.unsupported(n, "not a row normalization"),
+        NormOp::BatchNorm { .. } | NormOp::Lrn { .. } | NormOp::NllLoss { .. } => {
+            return l.unsupported(n, "not a row normalization")
+        }
+    }
+    Ok(op)
+}
+
+pub(super) fn lower(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
+    let Op::Norm(no) = op else {
+        return l.unsupported(n, "not a row normalization");
+    };
+    let desc = describe(l, n, no)?;
+    lower_rows(l, &desc)
+}
+
+/// Where a description is evaluated: the index of `x` (and of the index space), the
+/// accumulator, the statistics so far, the dtype of literals.
+struct At<'a> {
+    xi: &'a [Expr],
+    vi: &'a [Expr],
+    acc: Option<&'a Expr>,
+    stats: &'a [Expr],
+    dt: DType,
+    /// The input element once read.
+    x: Option<Expr>,
+}
+
+impl RowOp {
+    /// The index of `x` at index `vi` of the index space.
+    fn x_index(&self, vi: &[Expr]) -> Vec<Expr> {
+        let Some((cpg, sp)) = &self.groups else {
+            return vi.to_vec();
+        };
+        let spn: i64 = sp.iter().product();
+        let ch = bin(
+            BinOp::Add,
+            bin(BinOp::Mul, vi[1].clone(), Expr::Int(*cpg)),
+            bin(BinOp::Div, vi[2].clone(), Expr::Int(spn)),
+        );
+        let mut v = vec![vi[0].clone(), ch];
+        v.extend(unravel(bin(BinOp::Rem, vi[2].clone(), Expr::Int(spn)), sp));
+        v
+    }
+
+    fn count(&self) -> i64 {
+        self.row.iter().map(|r| r.1).product()
+    }
+
+    fn param(&self, l: &mut Lowerer, p: Option<(ValueId, Param)>, xi: &[Expr]) -> R<Expr> {
+        let Some((v, how)) = p else {
+            return l.unsupported(self.node, "a row map reads a parameter the op lacks");
+        };
+        let idx = match how {
+            Param::Broadcast => l.bcast_idx(v, xi),
+            Param::Channel => vec![xi[1].clone()],
+        };
+        val(l, v, &idx)
+    }
+
+    fn eval(&self, l: &mut Lowerer, e: &Ex, at: &mut At) -> R<Expr> {
+        Ok(match e {
+            Ex::X => match &at.x {
+                Some(x) => x.clone(),
+                None => {
+                    let x = val(l, self.x, at.xi)?;
+                    at.x = Some(x.clone());
+                    x
+                }
+            },
+            Ex::Acc => match at.acc {
+                Some(a) => a.clone(),
+                None => return l.unsupported(self.node, "a row map reads an accumulator"),
+            },
+            Ex::Stat(k) => at.stats[*k].clone(),
+            Ex::Count => lit(self.count() as f64, at.dt),
+            Ex::Lit(v) => lit(*v, at.dt),
+            Ex::Scale => self.param(l, self.scale, at.xi)?,
+            Ex::Bias => self.param(l, self.bias, at.xi)?,
+            Ex::Pos => Expr::cast(DType::I64, at.vi[self.row[0].0].clone()),
+            Ex::Sq(a) => {
+                let v = self.eval(l, a, at)?;
+                let v = l.reuse(v, at.dt);
+                bin(BinOp::Mul, v.clone(), v)
+            }
+            Ex::Un(op, a) => Expr::un(*op, self.eval(l, a, at)?),
+            Ex::Bin(op, a, b) => {
+                let a = self.eval(l, a, at)?;
+                bin(*op, a, self.eval(l, b, at)?)
+            }
+            Ex::Select(c, a, b) => {
+                let c = self.eval(l, c, at)?;
+                let a = self.eval(l, a, at)?;
+                Expr::select(c, a, self.eval(l, b, at)?)
+            }
+        })
+    }
+
+    /// The passes over the row at `base` (row dimensions 0): their statements and the
+    /// statistics. Statistic outputs are stored here.
+    fn passes(&self, l: &mut Lowerer, base: &[Expr]) -> R<(Vec<Stmt>, Vec<Expr>)> {
+        let ad = acc_dtype(l.dtype(self.x));
+        let mut st = Vec::new();
+        let mut stats: Vec<Expr> = Vec::new();
+        for s in &self.stats {
+            match s {
+                Stat::Fold { init, step, finish } => {
+                    let (s1, acc) = accumulate(l, &self.row, base, vec![(ad, lit(*init, ad))], &mut |l, vi, a| {
+                        let xi = self.x_index(vi);
+                        let mut at = At { xi: &xi, vi, acc: Some(&a[0]), stats: &stats, dt: ad, x: None };
+                        Ok(vec![self.eval(l, step, &mut at)?])
+                    })?;
+                    st.extend(s1);
+                    let mut at = At { xi: base, vi: base, acc: Some(&acc[0]), stats: &stats, dt: ad, x: None };
+                    let f = self.eval(l, finish, &mut at)?;
+                    let f = l.hoist(f, ad);
+                    st.extend(l.take_lets());
+                    stats.push(f);
+                }
+                Stat::ArgMax => {
+                    let (axis, ext) = self.row[0];
+                    let (s1, acc) = arg_pass(l, self.x, axis, ext, base, true, false)?;
+                    st.extend(s1);
+                    stats.push(acc[1].clone());
+                }
+            }
+        }
+        for &(v, k) in &self.stat_outputs {
+            let e = Expr::cast(l.dtype(v), stats[k].clone());
+            st.extend(l.epilogue(v, base, e)?);
+        }
+        Ok((st, stats))
     }
 }
 
-fn mean_pass(
-    l: &mut Lowerer,
-    row: &[(usize, i64)],
-    base: &[Expr],
-    x: ValueId,
-    cd: DType,
-    cnt: i64,
-) -> R<(Vec<Stmt>, Expr)> {
-    let (mut st, s) = accumulate(l, row, base, vec![(cd, lit(0.0, cd))], &mut |l, i, a| {
-        let v = val(l, x, i)?;
-        Ok(vec![bin(BinOp::Add, a[0].clone(), v)])
-    })?;
-    let mean = l.hoist(bin(BinOp::Div, s[0].clone(), lit(cnt as f64, cd)), cd);
-    st.extend(l.take_lets());
-    Ok((st, mean))
-}
-
-/// A normalization: outer loops over the non-row dimensions of the virtual shape, the
-/// statistics passes, then a loop over the row storing each element through the epilogue.
-/// `elem` returns (value, index, element) triples for the anchor outputs at one element.
-fn row_norm(
-    l: &mut Lowerer,
-    spec: &RowNorm,
-    stats: &mut dyn FnMut(&mut Lowerer, &[Expr]) -> R<(Vec<Stmt>, Vec<Expr>)>,
-    elem: &mut dyn FnMut(&mut Lowerer, &[Expr], &[Expr]) -> R<Vec<(ValueId, Vec<Expr>, Expr)>>,
-) -> R<Vec<Stmt>> {
-    let row_dims: Vec<usize> = spec.row.iter().map(|r| r.0).collect();
-    let (loops, base) = outer_space(l, &spec.shape, &row_dims);
+/// The loop nest of a row normalization.
+fn lower_rows(l: &mut Lowerer, op: &RowOp) -> R<Vec<Stmt>> {
+    let row_dims: Vec<usize> = op.row.iter().map(|r| r.0).collect();
+    let (loops, base) = outer_space(l, &op.shape, &row_dims);
+    let d = l.dtype(op.x);
+    let cd = acc_dtype(d);
     let m = l.begin_block();
     let res = (|| -> R<Vec<Stmt>> {
-        let (mut body, st) = stats(l, &base)?;
+        let (mut body, stats) = op.passes(l, &base)?;
         body.extend(l.take_lets());
-        let final_loop = row_loop(l, &spec.row, &base, &mut |l, vi| {
-            let items = elem(l, vi, &st)?;
+        let elems = row_loop(l, &op.row, &base, &mut |l, vi| {
+            let xi = match op.groups {
+                Some(_) => op.x_index(vi).into_iter().map(|e| l.simp(e)).collect(),
+                None => vi.to_vec(),
+            };
+            let dt = if op.exact { d } else { cd };
+            let mut at = At { xi: &xi, vi, acc: None, stats: &stats, dt, x: None };
+            let e = op.eval(l, &op.map, &mut at)?;
+            let e = if op.exact { e } else { l.down(e, d) };
             let mut out = l.take_lets();
-            for (v, i, e) in items {
-                out.extend(l.epilogue(v, &i, e)?);
-            }
+            out.extend(l.epilogue(op.y, &xi, e)?);
             Ok(out)
         })?;
-        body.extend(final_loop);
+        body.extend(elems);
         Ok(body)
     })();
     let mut inner = l.end_block(m);

@@ -1,7 +1,7 @@
 //! Reductions (reduce ops, arg-max/min) and cumulative scans.
 
 use tilec_ir::op::{ReduceKind, ReduceOp, ScanKind};
-use tilec_ir::{DType, NodeId, Op};
+use tilec_ir::{DType, NodeId, Op, ValueId};
 
 use super::common::{acc_dtype, accumulate, int_bounds, neg_inf, outer_space, output_nest, val};
 use super::super::{bin, compute_dtype, lit, lit_i, Lowerer, R};
@@ -180,7 +180,7 @@ pub(super) fn reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
 }
 
 /// Whether candidate `c` replaces the best `b` (NaN counts as the extreme, as numpy).
-pub(super) fn arg_better(c: Expr, b: Expr, float: bool, max: bool, last: bool) -> Expr {
+fn arg_better(c: Expr, b: Expr, float: bool, max: bool, last: bool) -> Expr {
     let cmp = match (max, last) {
         (true, false) => BinOp::Gt,
         (true, true) => BinOp::Ge,
@@ -205,44 +205,32 @@ pub(super) fn arg_better(c: Expr, b: Expr, float: bool, max: bool, last: bool) -
     )
 }
 
-pub(super) fn arg_reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    let (axis, keepdims, last, max) = match op {
-        Op::Reduce(ReduceOp::ArgMax { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, true),
-        Op::Reduce(ReduceOp::ArgMin { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, false),
-        _ => return l.unsupported(n, "not an arg-reduction"),
-    };
-    let node = l.g.node(n);
-    let (x, out) = (node.inputs[0], node.outputs[0]);
-    let xs = l.shape(x);
-    if xs[axis] == 0 {
-        return l.unsupported(n, "arg-reduction over an empty axis");
-    }
+/// The pass of an arg-reduction of `x` along `axis` (extent `ext`) from index `base`: the
+/// best value so far (starting at the first element) and its position.
+pub(super) fn arg_pass(
+    l: &mut Lowerer,
+    x: ValueId,
+    axis: usize,
+    ext: i64,
+    base: &[Expr],
+    max: bool,
+    last: bool,
+) -> R<(Vec<Stmt>, Vec<Expr>)> {
     let d = l.dtype(x);
     let cd = acc_dtype(d);
     let float = d.is_float();
-    let (loops, base) = outer_space(l, &xs, &[axis]);
-    let oidx: Vec<Expr> = if keepdims {
-        base.clone()
-    } else {
-        base.iter()
-            .enumerate()
-            .filter(|(i, _)| *i != axis)
-            .map(|(_, e)| e.clone())
-            .collect()
-    };
-    let m = l.begin_block();
     let first = {
-        let e = l.value_at(x, &base)?;
+        let e = l.value_at(x, base)?;
         if float {
             l.up(e, d)
         } else {
             Expr::cast(cd, e)
         }
     };
-    let (st, acc) = accumulate(
+    accumulate(
         l,
-        &[(axis, xs[axis])],
-        &base,
+        &[(axis, ext)],
+        base,
         vec![(cd, first), (DType::I64, lit_i(0, DType::I64))],
         &mut |l, i, a| {
             let v = l.value_at(x, i)?;
@@ -256,7 +244,33 @@ pub(super) fn arg_reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
                 Expr::select(better, k, a[1].clone()),
             ])
         },
-    )?;
+    )
+}
+
+pub(super) fn arg_reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
+    let (axis, keepdims, last, max) = match op {
+        Op::Reduce(ReduceOp::ArgMax { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, true),
+        Op::Reduce(ReduceOp::ArgMin { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, false),
+        _ => return l.unsupported(n, "not an arg-reduction"),
+    };
+    let node = l.g.node(n);
+    let (x, out) = (node.inputs[0], node.outputs[0]);
+    let xs = l.shape(x);
+    if xs[axis] == 0 {
+        return l.unsupported(n, "arg-reduction over an empty axis");
+    }
+    let (loops, base) = outer_space(l, &xs, &[axis]);
+    let oidx: Vec<Expr> = if keepdims {
+        base.clone()
+    } else {
+        base.iter()
+            .enumerate()
+            .filter(|(i, _)| *i != axis)
+            .map(|(_, e)| e.clone())
+            .collect()
+    };
+    let m = l.begin_block();
+    let (st, acc) = arg_pass(l, x, axis, xs[axis], &base, max, last)?;
     let mut body = st;
     body.extend(l.take_lets());
     body.extend(l.epilogue(out, &oidx, acc[1].clone())?);
