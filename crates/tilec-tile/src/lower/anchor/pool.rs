@@ -314,12 +314,7 @@ pub(super) fn lrn(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         (alpha as f64, beta as f64, bias as f64, size as i64);
     output_nest(l, &xs, &mut |l, idx| {
         let ch = idx[cax].clone();
-        let (mut st, acc) =
-            accumulate(l, &[], idx, vec![(cd, lit(0.0, cd))], &mut |_l, _i, a| {
-                Ok(vec![a[0].clone()])
-            })?;
-        st.clear();
-        let _ = acc;
+        let mut st = Vec::new();
         // Window over channels ch - lo ..= ch + hi, clipped to 0..C.
         let wv = l.loop_var("r", lo + hi + 1);
         let a = l.elem_var("acc", cd, true);
