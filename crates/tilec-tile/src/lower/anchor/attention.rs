@@ -5,7 +5,7 @@
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, NodeId, Op, ValueId};
 
-use super::common::{is_used, neg_inf, round_to, val};
+use super::common::{neg_inf, round_to, val};
 use super::super::{bin, compute_dtype, lit, AttentionAlgo, Fail, Lowerer, R};
 use crate::ir::*;
 
@@ -31,7 +31,7 @@ pub(super) fn att_geom(l: &Lowerer, n: NodeId, op: &Op) -> R<Att> {
     else {
         return l.unsupported(n, "not attention");
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (qs, ks, vs) = (
         l.shape(node.inputs[0]),
         l.shape(node.inputs[1]),
@@ -92,7 +92,7 @@ pub(super) fn kv_at(
     let Op::Nn(NnOp::Attention { has_mask, .. }) = op else {
         return l.unsupported(n, "not attention");
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let cur = node.inputs[which];
     let dsz = if which == 1 { a.dh } else { a.dv };
     if a.past == 0 {
@@ -100,7 +100,7 @@ pub(super) fn kv_at(
     }
     let pv = node.inputs[3 + usize::from(*has_mask) + which - 1];
     let j = l.simp(j);
-    if let Some((lo, hi)) = super::super::simplify::expr_range(&j, &l.ranges) {
+    if let Some((lo, hi)) = l.range_of(&j) {
         if hi < a.past {
             return l.value_at(pv, &[b, kh, j, d]);
         }
@@ -109,20 +109,11 @@ pub(super) fn kv_at(
             return l.value_at(cur, &head_idx(a.rank3, dsz, b, kh, jj, d));
         }
     }
-    l.guard += 1;
-    let p = l.value_at(pv, &[b.clone(), kh.clone(), j.clone(), d.clone()]);
-    let c = l.value_at(
-        cur,
-        &head_idx(
-            a.rank3,
-            dsz,
-            b,
-            kh,
-            bin(BinOp::Sub, j.clone(), Expr::Int(a.past)),
-            d,
-        ),
-    );
-    l.guard -= 1;
+    let (p, c) = l.guarded(true, |l| {
+        let p = l.value_at(pv, &[b.clone(), kh.clone(), j.clone(), d.clone()]);
+        let jc = bin(BinOp::Sub, j.clone(), Expr::Int(a.past));
+        (p, l.value_at(cur, &head_idx(a.rank3, dsz, b, kh, jc, d)))
+    });
     Ok(Expr::select(bin(BinOp::Lt, j, Expr::Int(a.past)), p?, c?))
 }
 
@@ -138,14 +129,7 @@ pub(super) fn mask_bias(l: &mut Lowerer, mv: ValueId, bhij: [Expr; 4], t: i64, c
         .collect();
     let last = ms[ms.len() - 1];
     let guarded = last < t;
-    if guarded {
-        l.guard += 1;
-    }
-    let m = l.value_at(mv, &mi);
-    if guarded {
-        l.guard -= 1;
-    }
-    let m = m?;
+    let m = l.guarded(guarded, |l| l.value_at(mv, &mi))?;
     let mval = if l.dtype(mv) == DType::Bool {
         Expr::select(m, lit(0.0, cd), neg_inf(cd))
     } else {
@@ -160,7 +144,7 @@ pub(super) fn mask_bias(l: &mut Lowerer, mv: ValueId, bhij: [Expr; 4], t: i64, c
 
 /// present_key / present_value (outputs 1 and 2) at `idx` = [b, h, t, d].
 pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[Expr]) -> R<Expr> {
-    let op = l.g.node(n).op.clone();
+    let op = l.node(n).op.clone();
     let a = att_geom(l, n, &op)?;
     kv_at(
         l,
@@ -176,7 +160,7 @@ pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[E
 }
 
 pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    if l.opts.attention == AttentionAlgo::Gemm {
+    if l.opts().attention == AttentionAlgo::Gemm {
         return super::attention_gemm::attention(l, n, op)?.ok_or_else(|| {
             Fail::Unsupported(n, "attention as matrix products needs f32 attention without past, softcap, windows or a requested QK output".into())
         });
@@ -197,7 +181,7 @@ pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         return l.unsupported(n, "not attention");
     };
     let a = att_geom(l, n, op)?;
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (q, y) = (node.inputs[0], node.outputs[0]);
     let mask = if *has_mask {
         Some(node.inputs[3])
@@ -210,7 +194,7 @@ pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         None
     };
     let qk_out = node.outputs[3];
-    let qk_mode = if is_used(l, qk_out) {
+    let qk_mode = if l.is_used(qk_out) {
         Some(*qk_matmul_output_mode)
     } else {
         None

@@ -80,10 +80,7 @@ pub(super) fn accumulate(
     } else {
         let mut temps = Vec::new();
         for (k, e) in new.into_iter().enumerate() {
-            let d = match l.k.var_info(vars[k]).ty {
-                Ty::Elem(d) => d,
-                Ty::Index => DType::I64,
-            };
+            let d = l.var_dtype(vars[k]);
             let t = l.elem_var("t", d, false);
             inner.push(Stmt::Let { var: t, value: e });
             temps.push(t);
@@ -164,14 +161,6 @@ pub(super) fn output_nest(
 pub(super) fn val(l: &mut Lowerer, x: ValueId, idx: &[Expr]) -> R<Expr> {
     let e = l.value_at(x, idx)?;
     Ok(l.up(e, l.dtype(x)))
-}
-
-pub(super) fn is_used(l: &Lowerer, v: ValueId) -> bool {
-    l.outputs.contains(&v)
-        || l.uses[v.index()]
-            .by_node
-            .iter()
-            .any(|(c, _)| l.set.contains(c))
 }
 
 /// `x` rounded to the precision of dtype `d`.

@@ -15,7 +15,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         return l.unsupported(n, "not a convolution");
     };
     let (group, cl) = (*group, *channels_last);
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, wt, bias, out) = (
         node.inputs[0],
         node.inputs[1],
@@ -86,7 +86,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         v
     };
     let out_at = |n_: Expr, ch: Expr, o: Vec<Expr>| -> Vec<Expr> { x_at(n_, ch, o) };
-    let use_gemm = match l.opts.conv {
+    let use_gemm = match l.opts().conv {
         ConvAlgo::Auto => kk >= 16 && mg >= 4,
         ConvAlgo::Direct => false,
         ConvAlgo::Gemm => true,
@@ -119,13 +119,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             );
             let acc = l.elem_var("acc", cd, true);
             let m2 = l.begin_block();
-            if cond.is_some() {
-                l.guard += 1;
-            }
-            let xv = val(l, x, &x_at(n_.clone(), ch, coords));
-            if cond.is_some() {
-                l.guard -= 1;
-            }
+            let xv = l.guarded(cond.is_some(), |l| val(l, x, &x_at(n_.clone(), ch, coords)));
             let mut wi = vec![mch.clone(), Expr::Var(cv)];
             wi.extend(t.iter().cloned());
             let wv = val(l, wt, &wi);
@@ -191,10 +185,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), mloc);
     let xi = x_at(n_.clone(), ch, coords);
     let xe = operand(l, &mut |l| {
-        l.guard += 1;
-        let v = l.value_at(x, &xi);
-        l.guard -= 1;
-        let v = v?;
+        let v = l.guarded(true, |l| l.value_at(x, &xi))?;
         let v = l.up(v, l.dtype(x));
         Ok(match &cond {
             Some(c) => Expr::select(c.clone(), v, lit(0.0, cd)),
@@ -237,7 +228,7 @@ pub(super) fn conv_transpose(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>
         return l.unsupported(n, "not a transposed convolution");
     };
     let group = *group;
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, wt, bias, out) = (
         node.inputs[0],
         node.inputs[1],
@@ -306,9 +297,7 @@ pub(super) fn conv_transpose(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>
         let mut wi = vec![ch, mloc];
         wi.extend(t.iter().cloned());
         let m2 = l.begin_block();
-        l.guard += 1;
-        let xv = val(l, x, &xi);
-        l.guard -= 1;
+        let xv = l.guarded(true, |l| val(l, x, &xi));
         let wv = val(l, wt, &wi);
         let mut inner = l.end_block(m2);
         let upd = bin(BinOp::Add, Expr::Var(acc), bin(BinOp::Mul, xv?, wv?));

@@ -11,7 +11,7 @@ pub(super) fn nll_loss(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let Op::Norm(NormOp::NllLoss { reduction, .. }) = op else {
         return l.unsupported(n, "not an nll loss");
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let ins = node.inputs.clone();
     let y = node.outputs[0];
     let d = l.dtype(ins[0]);

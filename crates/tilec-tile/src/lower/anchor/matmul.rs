@@ -37,15 +37,11 @@ pub(super) fn gemm_vars(l: &mut Lowerer, batch: i64, m: i64, nn: i64, k: i64, ac
 
 /// Builds an operand expression without temporaries (GEMM operands are pure expressions).
 pub(super) fn operand(l: &mut Lowerer, f: &mut dyn FnMut(&mut Lowerer) -> R<Expr>) -> R<Expr> {
-    let saved = l.cse_on;
-    l.cse_on = false;
-    let r = f(l);
-    l.cse_on = saved;
-    r
+    l.without_cse(f)
 }
 
 pub(super) fn matmul(l: &mut Lowerer, n: NodeId, _: &Op) -> R<Vec<Stmt>> {
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (a, b, out) = (node.inputs[0], node.inputs[1], node.outputs[0]);
     let (sa, sb, so) = (l.shape(a), l.shape(b), l.shape(out));
     let (a1, b1) = (sa.len() == 1, sb.len() == 1);
@@ -166,7 +162,7 @@ pub(super) fn einsum(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let Op::Linalg(LinalgOp::Einsum { inputs: subs, output }) = op else {
         return l.unsupported(n, "not an einsum");
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let ins = node.inputs.clone();
     let out = node.outputs[0];
     let os = l.shape(out);

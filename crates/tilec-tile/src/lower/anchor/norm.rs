@@ -7,7 +7,7 @@
 use tilec_ir::op::NormOp;
 use tilec_ir::{DType, NodeId, Op, ValueId};
 
-use super::common::{acc_dtype, accumulate, is_used, outer_space, row_loop, val};
+use super::common::{acc_dtype, accumulate, outer_space, row_loop, val};
 use super::reduce::arg_pass;
 use super::super::{bin, lit, unravel, Lowerer, R};
 use crate::ir::*;
@@ -171,7 +171,7 @@ fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
                 op.map = add(op.map, Ex::Bias);
             }
             for k in 0..2 {
-                if is_used(l, node.outputs[k + 1]) {
+                if l.is_used(node.outputs[k + 1]) {
                     op.stat_outputs.push((node.outputs[k + 1], k));
                 }
             }

@@ -3,7 +3,7 @@
 use tilec_ir::op::{window_geometry, LinalgOp, NormOp, PoolKind, Window};
 use tilec_ir::{DType, NodeId, Op};
 
-use super::common::{accumulate, is_used, neg_inf, outer_space, output_nest, val};
+use super::common::{accumulate, neg_inf, outer_space, output_nest, val};
 use super::super::{bin, compute_dtype, lit, lit_i, Lowerer, R};
 use crate::ir::*;
 
@@ -30,7 +30,7 @@ pub(super) fn pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         return l.unsupported(n, "not a pool");
     };
     let (ceil, cl) = (*ceil_mode, *channels_last);
-    let node = l.g.node(n);
+    let node = l.node(n);
     let x = node.inputs[0];
     let outs = node.outputs.clone();
     let xs = l.shape(x);
@@ -47,7 +47,7 @@ pub(super) fn pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let geo = geometry(l, n, &sp, w, ceil)?;
     let want_idx = matches!(kind, PoolKind::Max { indices: true, .. })
         && outs.len() > 1
-        && is_used(l, outs[1]);
+        && l.is_used(outs[1]);
     let column_major = matches!(
         kind,
         PoolKind::Max {
@@ -129,9 +129,7 @@ pub(super) fn pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         let inside = inside.unwrap_or(Expr::Lit(Lit::Bool(true)));
         let in_pad = in_pad.unwrap_or(Expr::Lit(Lit::Bool(true)));
         let m = l.begin_block();
-        l.guard += 1;
-        let v = val(l, x, &xi);
-        l.guard -= 1;
+        let v = l.guarded(true, |l| val(l, x, &xi));
         let mut inner = l.end_block(m);
         let v = v?;
         let a0 = Expr::Var(vars[0]);
@@ -256,7 +254,7 @@ pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         return l.unsupported(n, "not a global pool");
     };
     let cl = *cl;
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let r = xs.len();
@@ -301,7 +299,7 @@ pub(super) fn lrn(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let Op::Norm(NormOp::Lrn { size, alpha, beta, bias, channels_last }) = *op else {
         return l.unsupported(n, "not a local response normalization");
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, y) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let d = l.dtype(x);
@@ -335,9 +333,7 @@ pub(super) fn lrn(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         let mut xi = idx.to_vec();
         xi[cax] = k;
         let m = l.begin_block();
-        l.guard += 1;
-        let v = val(l, x, &xi);
-        l.guard -= 1;
+        let v = l.guarded(true, |l| val(l, x, &xi));
         let lets = l.end_block(m);
         let v = v?;
         let sq = bin(BinOp::Mul, v.clone(), v);

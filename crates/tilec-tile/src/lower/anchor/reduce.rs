@@ -12,7 +12,7 @@ pub(super) fn reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         return l.unsupported(n, "not a reduction");
     };
     let (kind, keepdims) = (*kind, *keepdims);
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let d = l.dtype(x);
@@ -253,7 +253,7 @@ pub(super) fn arg_reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         Op::Reduce(ReduceOp::ArgMin { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, false),
         _ => return l.unsupported(n, "not an arg-reduction"),
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     if xs[axis] == 0 {
@@ -283,7 +283,7 @@ pub(super) fn scan(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let Op::Reduce(ReduceOp::Scan { kind, axis, exclusive, reverse }) = *op else {
         return l.unsupported(n, "not a scan");
     };
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let d = l.dtype(x);
