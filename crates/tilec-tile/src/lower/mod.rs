@@ -467,7 +467,8 @@ impl<'g> Lowerer<'g> {
 
     /// Whether `v` is a group output or read by a node of the group.
     pub fn is_used(&self, v: ValueId) -> bool {
-        self.grp.outputs.contains(&v) || self.grp.uses[v.index()].by_node.iter().any(|(c, _)| self.grp.set.contains(c))
+        let read = |(c, _): &(NodeId, usize)| self.grp.set.contains(c);
+        self.grp.outputs.contains(&v) || self.grp.uses[v.index()].by_node.iter().any(read)
     }
 
     /// The dtype of variable `v` (`I64` for an index).

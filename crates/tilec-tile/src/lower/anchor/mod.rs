@@ -36,10 +36,12 @@ use tilec_ir::{NodeId, Op};
 use super::{Fail, Kind, Lowerer, R};
 use crate::ir::Stmt;
 
+/// The loop nest of anchor `n` (whose op is the entry's), its epilogues included.
+type LowerFn = fn(&mut Lowerer, NodeId, &Op) -> R<Vec<Stmt>>;
+
 /// How an anchor op is lowered.
 pub(crate) struct Anchor {
-    /// The loop nest of node `n` (whose op is the entry's), its epilogues included.
-    lower: fn(&mut Lowerer, NodeId, &Op) -> R<Vec<Stmt>>,
+    lower: LowerFn,
     /// Why a node whose first input is not a float cannot be lowered (`None`: any dtype).
     float_only: Option<&'static str>,
     /// Outputs computed inline, element by element, rather than by the nest (attention's
@@ -56,17 +58,18 @@ pub(crate) enum Entry {
     No(Option<&'static str>),
 }
 
-const fn anchor(lower: fn(&mut Lowerer, NodeId, &Op) -> R<Vec<Stmt>>) -> Entry {
+const fn anchor(lower: LowerFn) -> Entry {
     Entry::Anchor(Anchor { lower, float_only: None, inline_outputs: &[] })
 }
 
-const fn float_anchor(lower: fn(&mut Lowerer, NodeId, &Op) -> R<Vec<Stmt>>, why: &'static str) -> Entry {
+const fn float_anchor(lower: LowerFn, why: &'static str) -> Entry {
     Entry::Anchor(Anchor { lower, float_only: Some(why), inline_outputs: &[] })
 }
 
 /// The anchor ops and their lowerings; every other op is inline (or not lowered).
 pub(crate) fn entry(op: &Op) -> Entry {
     const NON_FLOAT_NORM: &str = "normalization of a non-float tensor";
+    const INT_CONV: &str = "integer convolution";
     match op {
         Op::Reduce(ReduceOp::Reduce { .. }) => anchor(reduce::reduce),
         Op::Reduce(ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. }) => anchor(reduce::arg_reduce),
@@ -80,8 +83,8 @@ pub(crate) fn entry(op: &Op) -> Entry {
         Op::Norm(_) => float_anchor(norm::lower, NON_FLOAT_NORM),
         Op::Linalg(LinalgOp::MatMul) => anchor(matmul::matmul),
         Op::Linalg(LinalgOp::Einsum { .. }) => anchor(matmul::einsum),
-        Op::Linalg(LinalgOp::Conv { .. }) => float_anchor(conv::conv, "integer convolution"),
-        Op::Linalg(LinalgOp::ConvTranspose { .. }) => float_anchor(conv::conv_transpose, "integer convolution"),
+        Op::Linalg(LinalgOp::Conv { .. }) => float_anchor(conv::conv, INT_CONV),
+        Op::Linalg(LinalgOp::ConvTranspose { .. }) => float_anchor(conv::conv_transpose, INT_CONV),
         Op::Linalg(LinalgOp::Pool { .. }) => anchor(pool::pool),
         Op::Linalg(LinalgOp::GlobalPool { .. }) => anchor(pool::global_pool),
         Op::Linalg(_) => Entry::No(None),
@@ -121,7 +124,12 @@ pub(crate) fn check(l: &Lowerer, n: NodeId) -> R<()> {
         },
         Entry::No(why) => bad(why.map_or_else(|| format!("{} is not lowered", node.op.name()), String::from)),
         Entry::Inline => match &node.op {
-            Op::Index(IndexOp::Gather { .. } | IndexOp::GatherElements { .. } | IndexOp::GatherND { .. } | IndexOp::OneHot { .. }) => Ok(()),
+            Op::Index(
+                IndexOp::Gather { .. }
+                | IndexOp::GatherElements { .. }
+                | IndexOp::GatherND { .. }
+                | IndexOp::OneHot { .. },
+            ) => Ok(()),
             Op::Index(_) => bad(format!("{} has data-dependent writes or shapes", node.op.name())),
             Op::Norm(_) | Op::Nn(_) => Ok(()),
             _ => super::expr::check_inline(l, n),

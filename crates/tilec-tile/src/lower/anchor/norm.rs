@@ -178,8 +178,8 @@ fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
         }
         NormOp::RmsNorm { axis, epsilon } => {
             op.row = tail_row(*axis);
-            let ms = div(Ex::Acc, Ex::Count);
-            op.stats = vec![fold(0.0, add(Ex::Acc, sq(Ex::X)), un(UnOp::Rsqrt, add(ms, Ex::Lit(*epsilon as f64))))];
+            let inv_rms = un(UnOp::Rsqrt, add(div(Ex::Acc, Ex::Count), Ex::Lit(*epsilon as f64)));
+            op.stats = vec![fold(0.0, add(Ex::Acc, sq(Ex::X)), inv_rms)];
             op.scale = Some((node.inputs[1], Param::Broadcast));
             op.map = mul(mul(Ex::X, Ex::Stat(0)), Ex::Scale);
         }
@@ -216,7 +216,8 @@ fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
         NormOp::MeanVarianceNorm { axes } => {
             op.row = axes.iter().map(|&a| (a, xs[a])).collect();
             let std = un(UnOp::Sqrt, div(Ex::Acc, Ex::Count));
-            op.stats = vec![mean(), fold(0.0, add(Ex::Acc, sq(sub(Ex::X, Ex::Stat(0)))), add(std, Ex::Lit(1e-9)))];
+            let var_sum = add(Ex::Acc, sq(sub(Ex::X, Ex::Stat(0))));
+            op.stats = vec![mean(), fold(0.0, var_sum, add(std, Ex::Lit(1e-9)))];
             op.map = div(sub(Ex::X, Ex::Stat(0)), Ex::Stat(1));
         }
         NormOp::BatchNorm { .. } | NormOp::Lrn { .. } | NormOp::NllLoss { .. } => {
@@ -263,6 +264,14 @@ impl RowOp {
         v
     }
 
+    /// The axis of a row along one axis.
+    fn axis(&self, l: &Lowerer) -> R<usize> {
+        match self.row[..] {
+            [(axis, _)] => Ok(axis),
+            _ => l.unsupported(self.node, "a row position along several axes"),
+        }
+    }
+
     fn count(&self) -> i64 {
         self.row.iter().map(|r| r.1).product()
     }
@@ -292,12 +301,15 @@ impl RowOp {
                 Some(a) => a.clone(),
                 None => return l.unsupported(self.node, "a row map reads an accumulator"),
             },
-            Ex::Stat(k) => at.stats[*k].clone(),
+            Ex::Stat(k) => match at.stats.get(*k) {
+                Some(s) => s.clone(),
+                None => return l.unsupported(self.node, "a row statistic read before it is computed"),
+            },
             Ex::Count => lit(self.count() as f64, at.dt),
             Ex::Lit(v) => lit(*v, at.dt),
             Ex::Scale => self.param(l, self.scale, at.xi)?,
             Ex::Bias => self.param(l, self.bias, at.xi)?,
-            Ex::Pos => Expr::cast(DType::I64, at.vi[self.row[0].0].clone()),
+            Ex::Pos => Expr::cast(DType::I64, at.vi[self.axis(l)?].clone()),
             Ex::Sq(a) => {
                 let v = self.eval(l, a, at)?;
                 let v = l.reuse(v, at.dt);
@@ -325,20 +337,23 @@ impl RowOp {
         for s in &self.stats {
             match s {
                 Stat::Fold { init, step, finish } => {
-                    let (s1, acc) = accumulate(l, &self.row, base, vec![(ad, lit(*init, ad))], &mut |l, vi, a| {
+                    let init = vec![(ad, lit(*init, ad))];
+                    let (s1, acc) = accumulate(l, &self.row, base, init, &mut |l, vi, a| {
                         let xi = self.x_index(vi);
                         let mut at = At { xi: &xi, vi, acc: Some(&a[0]), stats: &stats, dt: ad, x: None };
                         Ok(vec![self.eval(l, step, &mut at)?])
                     })?;
                     st.extend(s1);
-                    let mut at = At { xi: base, vi: base, acc: Some(&acc[0]), stats: &stats, dt: ad, x: None };
+                    let acc = Some(&acc[0]);
+                    let mut at = At { xi: base, vi: base, acc, stats: &stats, dt: ad, x: None };
                     let f = self.eval(l, finish, &mut at)?;
                     let f = l.hoist(f, ad);
                     st.extend(l.take_lets());
                     stats.push(f);
                 }
                 Stat::ArgMax => {
-                    let (axis, ext) = self.row[0];
+                    let axis = self.axis(l)?;
+                    let ext = self.shape[axis];
                     let (s1, acc) = arg_pass(l, self.x, axis, ext, base, true, false)?;
                     st.extend(s1);
                     stats.push(acc[1].clone());

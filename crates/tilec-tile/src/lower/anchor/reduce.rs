@@ -248,9 +248,9 @@ pub(super) fn arg_pass(
 }
 
 pub(super) fn arg_reduce(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    let (axis, keepdims, last, max) = match op {
-        Op::Reduce(ReduceOp::ArgMax { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, true),
-        Op::Reduce(ReduceOp::ArgMin { axis, keepdims, select_last_index }) => (*axis, *keepdims, *select_last_index, false),
+    let (axis, keepdims, last, max) = match *op {
+        Op::Reduce(ReduceOp::ArgMax { axis, keepdims, select_last_index }) => (axis, keepdims, select_last_index, true),
+        Op::Reduce(ReduceOp::ArgMin { axis, keepdims, select_last_index }) => (axis, keepdims, select_last_index, false),
         _ => return l.unsupported(n, "not an arg-reduction"),
     };
     let node = l.node(n);
