@@ -272,7 +272,7 @@ impl Lowerer<'_> {
             Op::Layout(lo) => self.layout(n, lo, out, idx, &oshape),
             Op::Index(ix) => self.index(n, ix, idx),
             Op::Source(s) => self.source(n, s, idx, od),
-            Op::Nn(NnOp::Attention { .. }) => super::anchors::attention_present(self, n, out, idx),
+            Op::Nn(NnOp::Attention { .. }) => super::anchor::attention_present(self, n, out, idx),
             _ => self.unsupported(n, "not an inline op"),
         }
     }

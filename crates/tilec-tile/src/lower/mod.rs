@@ -21,11 +21,9 @@
 //! loop), so the first loop is the one to parallelize and the innermost one runs along the
 //! contiguous dimension.
 
-mod anchors;
-mod attention_gemm;
+mod anchor;
 mod expr;
 pub mod simplify;
-mod winograd;
 
 use std::collections::{HashMap, HashSet};
 
@@ -132,8 +130,7 @@ fn lower_set(g: &Graph, nodes: &[NodeId], name: &str, opts: LowerOptions) -> Res
     if let Some(n) = sorted.iter().find(|n| n.index() >= g.nodes().len()) {
         return Err(LowerError::Invalid(format!("node id {} out of range", n.0)));
     }
-    let mut l = Lowerer::new(g, sorted, name)?;
-    l.opts = opts;
+    let mut l = Lowerer::new(g, sorted, name, opts)?;
     l.run().map_err(|f| l.to_error(f))?;
     if let Some(f) = l.unevaluated().or_else(|| l.lost_check()) {
         return Err(l.to_error(f));
@@ -160,40 +157,62 @@ pub(crate) enum Kind {
 }
 
 pub(crate) struct Lowerer<'g> {
-    pub g: &'g Graph,
-    pub opts: LowerOptions,
-    pub k: Kernel,
-    pub nodes: Vec<NodeId>,
-    pub set: HashSet<NodeId>,
-    pub uses: Vec<Uses>,
-    /// Group outputs, in order.
-    pub outputs: Vec<ValueId>,
-    /// Group inputs in first-use order (the candidates for parameters).
-    pub input_order: Vec<ValueId>,
-    pub out_buf: HashMap<ValueId, BufId>,
-    pub in_buf: HashMap<ValueId, BufId>,
-    /// Anchor values stored in a buffer, readable by later nests.
-    pub mat: HashMap<ValueId, BufId>,
-    /// Anchor values available as scalars at one index.
-    pub bound: Vec<(ValueId, Vec<Expr>, Expr)>,
-    pub ranges: Ranges,
-    pub done: HashSet<ValueId>,
-    pub emitted: HashSet<NodeId>,
+    // The graph and the group (expression building in `expr.rs` reads `g` directly).
+    g: &'g Graph,
+    opts: LowerOptions,
+    grp: Group,
+    // The kernel under construction.
+    k: Kernel,
+    bufs: Buffers,
+    prog: Progress,
+    body: Vec<Stmt>,
+    // Expression building: names, index ranges, temporaries and guards.
     counters: HashMap<&'static str, usize>,
+    ranges: Ranges,
     /// Common subexpressions of the current block: (value, index) → temporary.
     cse: Vec<(ValueId, Vec<Expr>, VarId)>,
     lets: Vec<Stmt>,
-    pub cse_on: bool,
+    cse_on: bool,
     /// Inside a guarded branch (padding, concat): no hoisting of loads out of it.
-    pub guard: usize,
+    guard: usize,
     /// Nodes whose inline expression checks indices read from data (see `checked_index`).
-    pub checking: HashSet<NodeId>,
+    checking: HashSet<NodeId>,
     /// Temporaries that hold a checked index (not loop variables, whatever their range).
-    pub check_vars: HashSet<VarId>,
+    check_vars: HashSet<VarId>,
+}
+
+/// The group being lowered, fixed once built.
+struct Group {
+    nodes: Vec<NodeId>,
+    set: HashSet<NodeId>,
+    uses: Vec<Uses>,
+    /// Group outputs, in order.
+    outputs: Vec<ValueId>,
+}
+
+/// The kernel's buffers.
+struct Buffers {
+    /// Group inputs in first-use order (the candidates for parameters).
+    input_order: Vec<ValueId>,
+    inputs: HashMap<ValueId, BufId>,
+    outputs: HashMap<ValueId, BufId>,
+    /// Anchor values stored in a buffer, readable by later nests.
+    mat: HashMap<ValueId, BufId>,
+    /// Local buffers allocated at the top of the kernel.
+    locals: Vec<BufId>,
+}
+
+/// What has been produced so far.
+#[derive(Default)]
+struct Progress {
+    /// Anchor values available as scalars at one index.
+    bound: Vec<(ValueId, Vec<Expr>, Expr)>,
+    /// Group outputs stored.
+    done: HashSet<ValueId>,
+    /// Anchors whose nest is built.
+    emitted: HashSet<NodeId>,
     /// Inline nodes whose expression was built at least once (see `unevaluated`).
     evaluated: HashSet<NodeId>,
-    locals: Vec<BufId>,
-    pub body: Vec<Stmt>,
 }
 
 pub(crate) struct BlockMark {
@@ -270,7 +289,7 @@ pub(crate) fn unravel(flat: Expr, shape: &[i64]) -> Vec<Expr> {
 }
 
 impl<'g> Lowerer<'g> {
-    fn new(g: &'g Graph, nodes: Vec<NodeId>, name: &str) -> Result<Lowerer<'g>, LowerError> {
+    fn new(g: &'g Graph, nodes: Vec<NodeId>, name: &str, opts: LowerOptions) -> Result<Lowerer<'g>, LowerError> {
         let set: HashSet<NodeId> = nodes.iter().copied().collect();
         let uses = g.uses();
         let in_set = |v: ValueId| matches!(g.value(v).def, ValueDef::Node { node, .. } if set.contains(&node));
@@ -305,37 +324,38 @@ impl<'g> Lowerer<'g> {
         }
         let mut l = Lowerer {
             g,
-            opts: LowerOptions::default(),
+            opts,
+            grp: Group {
+                nodes,
+                set,
+                uses,
+                outputs: outputs.clone(),
+            },
             k: Kernel::new(name),
-            nodes,
-            set,
-            uses,
-            outputs: outputs.clone(),
-            input_order,
-            out_buf: HashMap::new(),
-            in_buf: HashMap::new(),
-            mat: HashMap::new(),
-            bound: Vec::new(),
-            ranges: Ranges::new(),
-            done: HashSet::new(),
-            emitted: HashSet::new(),
+            bufs: Buffers {
+                input_order,
+                inputs: HashMap::new(),
+                outputs: HashMap::new(),
+                mat: HashMap::new(),
+                locals: Vec::new(),
+            },
+            prog: Progress::default(),
+            body: Vec::new(),
             counters: HashMap::new(),
+            ranges: Ranges::new(),
             cse: Vec::new(),
             lets: Vec::new(),
             cse_on: true,
             guard: 0,
             checking: HashSet::new(),
             check_vars: HashSet::new(),
-            evaluated: HashSet::new(),
-            locals: Vec::new(),
-            body: Vec::new(),
         };
         for (i, &v) in outputs.iter().enumerate() {
             let ty = &g.value(v).ty;
             let shape = l.shape(v);
             let b =
                 l.k.buffer(format!("out{i}"), ty.dtype, shape, Scope::Global);
-            l.out_buf.insert(v, b);
+            l.bufs.outputs.insert(v, b);
         }
         Ok(l)
     }
@@ -381,6 +401,9 @@ impl<'g> Lowerer<'g> {
             .map(|d| d as i64)
             .collect()
     }
+    pub fn node(&self, n: NodeId) -> &'g tilec_ir::Node {
+        self.g.node(n)
+    }
     pub fn dtype(&self, v: ValueId) -> DType {
         self.g.value(v).ty.dtype
     }
@@ -416,7 +439,7 @@ impl<'g> Lowerer<'g> {
     pub fn local(&mut self, d: DType, shape: Vec<i64>) -> BufId {
         let name = self.fresh("loc");
         let b = self.k.buffer(name, d, shape, Scope::Local);
-        self.locals.push(b);
+        self.bufs.locals.push(b);
         b
     }
 
@@ -431,6 +454,68 @@ impl<'g> Lowerer<'g> {
             ValueDef::Node { node, index } => Some((node, index)),
             _ => None,
         }
+    }
+
+    pub fn opts(&self) -> LowerOptions {
+        self.opts
+    }
+
+    /// Whether node `n` is one of the group's.
+    pub fn in_group(&self, n: NodeId) -> bool {
+        self.grp.set.contains(&n)
+    }
+
+    /// Whether `v` is a group output or read by a node of the group.
+    pub fn is_used(&self, v: ValueId) -> bool {
+        let read = |(c, _): &(NodeId, usize)| self.grp.set.contains(c);
+        self.grp.outputs.contains(&v) || self.grp.uses[v.index()].by_node.iter().any(read)
+    }
+
+    /// The dtype of variable `v` (`I64` for an index).
+    pub fn var_dtype(&self, v: VarId) -> DType {
+        match self.k.var_info(v).ty {
+            Ty::Elem(d) => d,
+            Ty::Index => DType::I64,
+        }
+    }
+
+    /// A new index temporary (a `Let`, not a loop: it has no range).
+    pub fn index_temp(&mut self, prefix: &'static str) -> VarId {
+        let name = self.fresh(prefix);
+        self.k.index_var(name)
+    }
+
+    /// The range of values `e` takes as the enclosing loops run, when known.
+    pub fn range_of(&self, e: &Expr) -> Option<(i64, i64)> {
+        simplify::expr_range(e, &self.ranges)
+    }
+
+    /// `f` built inside a guarded branch when `on`: what it reads is not hoisted out of it.
+    pub fn guarded<T>(&mut self, on: bool, f: impl FnOnce(&mut Self) -> T) -> T {
+        let g = usize::from(on);
+        self.guard += g;
+        let r = f(self);
+        self.guard -= g;
+        r
+    }
+
+    /// `f` built without temporaries (a pure expression, such as a GEMM operand).
+    pub fn without_cse<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let saved = self.cse_on;
+        self.cse_on = false;
+        let r = f(self);
+        self.cse_on = saved;
+        r
+    }
+
+    /// The group outputs stored so far; with [`restore_stored`](Self::restore_stored), code
+    /// that runs the epilogue at several places starts each from the same state.
+    pub fn stored(&self) -> HashSet<ValueId> {
+        self.prog.done.clone()
+    }
+
+    pub fn restore_stored(&mut self, s: HashSet<ValueId>) {
+        self.prog.done = s;
     }
 
     pub fn unsupported<T>(&self, n: NodeId, why: impl Into<String>) -> R<T> {
@@ -499,17 +584,17 @@ impl<'g> Lowerer<'g> {
     }
 
     fn multi_use(&self, v: ValueId) -> bool {
-        let u = &self.uses[v.index()];
+        let u = &self.grp.uses[v.index()];
         let inside = u
             .by_node
             .iter()
-            .filter(|(n, _)| self.set.contains(n))
+            .filter(|(n, _)| self.grp.set.contains(n))
             .count();
-        inside + usize::from(self.outputs.contains(&v)) > 1
+        inside + usize::from(self.grp.outputs.contains(&v)) > 1
     }
 
     pub fn kind(&self, n: NodeId) -> Kind {
-        anchors::kind_of(&self.g.node(n).op)
+        anchor::kind_of(&self.g.node(n).op)
     }
 
     /// `idx` with the index of every size-1 dimension of `v` replaced by 0 (the only value it
@@ -526,16 +611,16 @@ impl<'g> Lowerer<'g> {
     /// The expression of element `idx` of value `v`.
     pub fn value_at(&mut self, v: ValueId, idx: &[Expr]) -> R<Expr> {
         let idx: Vec<Expr> = idx.iter().map(|e| self.simp(e.clone())).collect();
-        if self.bound.iter().any(|(bv, _, _)| *bv == v) {
+        if self.prog.bound.iter().any(|(bv, _, _)| *bv == v) {
             let key = self.unit_dims_zero(v, idx.clone());
-            if let Some((_, _, e)) = self.bound.iter().rev().find(|(bv, bi, _)| *bv == v && *bi == key) {
+            if let Some((_, _, e)) = self.prog.bound.iter().rev().find(|(bv, bi, _)| *bv == v && *bi == key) {
                 return Ok(e.clone());
             }
         }
-        if let Some(&b) = self.mat.get(&v) {
+        if let Some(&b) = self.bufs.mat.get(&v) {
             return Ok(Expr::Load(b, idx));
         }
-        if let Some(&b) = self.in_buf.get(&v) {
+        if let Some(&b) = self.bufs.inputs.get(&v) {
             return Ok(Expr::Load(b, idx));
         }
         match &self.g.value(v).def {
@@ -557,10 +642,10 @@ impl<'g> Lowerer<'g> {
                 let (node, index) = (*node, *index);
                 let op = &self.g.node(node).op;
                 let source = matches!(op, Op::Source(_));
-                if !self.set.contains(&node) && !source {
+                if !self.grp.set.contains(&node) && !source {
                     return Ok(self.input_load(v, idx));
                 }
-                if self.kind(node) == Kind::Anchor && !anchors::inline_output(op, index) {
+                if self.kind(node) == Kind::Anchor && !anchor::inline_output(op, index) {
                     return Err(Fail::NeedMat(v));
                 }
                 let cse = self.cse_on && self.guard == 0 && self.multi_use(v);
@@ -571,7 +656,7 @@ impl<'g> Lowerer<'g> {
                         return Ok(Expr::Var(*t));
                     }
                 }
-                self.evaluated.insert(node);
+                self.prog.evaluated.insert(node);
                 let e = self.inline(node, index, &idx)?;
                 if self.checking.contains(&node) && !self.covers(&idx, &self.shape(v)) {
                     // Only part of the value is read here, so only part of its indices would be
@@ -604,18 +689,18 @@ impl<'g> Lowerer<'g> {
     }
 
     fn input_load(&mut self, v: ValueId, idx: Vec<Expr>) -> Expr {
-        let b = match self.in_buf.get(&v) {
+        let b = match self.bufs.inputs.get(&v) {
             Some(&b) => b,
             None => {
-                let i = self.in_buf.len();
+                let i = self.bufs.inputs.len();
                 let ty = &self.g.value(v).ty;
                 let shape = self.shape(v);
                 let b = self
                     .k
                     .buffer(format!("in{i}"), ty.dtype, shape, Scope::Global);
-                self.in_buf.insert(v, b);
-                if !self.input_order.contains(&v) {
-                    self.input_order.push(v);
+                self.bufs.inputs.insert(v, b);
+                if !self.bufs.input_order.contains(&v) {
+                    self.bufs.input_order.push(v);
                 }
                 b
             }
@@ -627,22 +712,23 @@ impl<'g> Lowerer<'g> {
 
     fn run(&mut self) -> R<()> {
         // Every node must be lowerable before any code is built.
-        for &n in &self.nodes.clone() {
-            anchors::check(self, n)?;
+        for &n in &self.grp.nodes.clone() {
+            anchor::check(self, n)?;
         }
-        for &n in &self.nodes.clone() {
+        for &n in &self.grp.nodes.clone() {
             if self.kind(n) == Kind::Anchor {
-                let stmts = anchors::lower_anchor(self, n)?;
+                let stmts = anchor::lower(self, n)?;
                 self.body.extend(stmts);
-                self.emitted.insert(n);
+                self.prog.emitted.insert(n);
             }
         }
         // Outputs not written by an anchor's epilogue: one nest per distinct shape.
         let pending: Vec<ValueId> = self
+            .grp
             .outputs
             .iter()
             .copied()
-            .filter(|v| !self.done.contains(v))
+            .filter(|v| !self.prog.done.contains(v))
             .collect();
         let mut shapes: Vec<Vec<i64>> = Vec::new();
         for &v in &pending {
@@ -661,8 +747,8 @@ impl<'g> Lowerer<'g> {
                 }
                 let e = self.value_at(v, &idx)?;
                 inner.extend(self.take_lets());
-                inner.push(Stmt::store(self.out_buf[&v], idx.clone(), e));
-                self.done.insert(v);
+                inner.push(Stmt::store(self.bufs.outputs[&v], idx.clone(), e));
+                self.prog.done.insert(v);
             }
             self.end_block(m);
             self.body.extend(Self::nest(&loops, inner));
@@ -677,7 +763,7 @@ impl<'g> Lowerer<'g> {
     /// node runs in a kernel of its own, which computes each of its elements. Only graphs with
     /// empty values take this path.
     fn unevaluated(&self) -> Option<Fail> {
-        let n = self.nodes.iter().copied().find(|&n| self.kind(n) == Kind::Inline && !self.evaluated.contains(&n))?;
+        let n = self.grp.nodes.iter().copied().find(|&n| self.kind(n) == Kind::Inline && !self.prog.evaluated.contains(&n))?;
         Some(Fail::Unsupported(n, "no element of it is computed, so its indices would go unchecked".into()))
     }
 
@@ -700,7 +786,7 @@ impl<'g> Lowerer<'g> {
         }
         let lost = seen.iter().position(|f| !f)?;
         let site = &self.k.checks[lost];
-        let n = self.set.iter().copied().find(|&n| self.g.node(n).name == site.node)?;
+        let n = self.grp.set.iter().copied().find(|&n| self.g.node(n).name == site.node)?;
         Some(Fail::Unsupported(n, format!("the check of {} was lost in lowering", site.input)))
     }
 
@@ -733,13 +819,14 @@ impl<'g> Lowerer<'g> {
             });
         }
         let inputs: Vec<ValueId> = self
+            .bufs
             .input_order
             .iter()
             .copied()
-            .filter(|v| self.in_buf.get(v).is_some_and(|b| read.contains(b)))
+            .filter(|v| self.bufs.inputs.get(v).is_some_and(|b| read.contains(b)))
             .collect();
-        let mut params: Vec<BufId> = inputs.iter().map(|v| self.in_buf[v]).collect();
-        params.extend(self.outputs.iter().map(|v| self.out_buf[v]));
+        let mut params: Vec<BufId> = inputs.iter().map(|v| self.bufs.inputs[v]).collect();
+        params.extend(self.grp.outputs.iter().map(|v| self.bufs.outputs[v]));
         // Name parameters by position so that names follow the ABI order.
         for (i, &b) in params.iter().enumerate() {
             let is_in = i < inputs.len();
@@ -750,14 +837,15 @@ impl<'g> Lowerer<'g> {
             };
         }
         k.params = params;
-        let mut body: Vec<Stmt> = self.locals.iter().map(|&b| Stmt::Alloc(b)).collect();
+        let mut body: Vec<Stmt> = self.bufs.locals.iter().map(|&b| Stmt::Alloc(b)).collect();
         body.extend(self.body);
         k.body = body;
         // Buffers created for inputs that ended up unused are dropped from nothing: they stay
         // declared (global, not parameters) but are never referenced. Remove them so every
         // global buffer is a parameter.
         let unused: Vec<BufId> = self
-            .in_buf
+            .bufs
+            .inputs
             .values()
             .copied()
             .filter(|b| !read.contains(b))
@@ -768,7 +856,7 @@ impl<'g> Lowerer<'g> {
         Lowered {
             kernel: k,
             inputs,
-            outputs: self.outputs,
+            outputs: self.grp.outputs,
         }
     }
 
@@ -790,12 +878,13 @@ impl<'g> Lowerer<'g> {
             Expr::Var(t)
         };
         let key = self.unit_dims_zero(v, aidx.clone());
-        self.bound.push((v, key, val.clone()));
+        self.prog.bound.push((v, key, val.clone()));
         let cands: Vec<ValueId> = self
+            .grp
             .outputs
             .iter()
             .copied()
-            .filter(|o| !self.done.contains(o) && self.depends(*o, v))
+            .filter(|o| !self.prog.done.contains(o) && self.depends(*o, v))
             .collect();
         for o in cands {
             let Some(oidx) = self.forward_index(v, &aidx, o) else {
@@ -807,34 +896,34 @@ impl<'g> Lowerer<'g> {
                     let lets = self.end_block(m);
                     out.extend(lets);
                     let oidx = oidx.into_iter().map(|e| self.simp(e)).collect();
-                    out.push(Stmt::store(self.out_buf[&o], oidx, e));
-                    self.done.insert(o);
+                    out.push(Stmt::store(self.bufs.outputs[&o], oidx, e));
+                    self.prog.done.insert(o);
                 }
                 Err(Fail::NeedMat(_)) => {
                     self.end_block(m);
                 }
                 Err(e) => {
                     self.end_block(m);
-                    self.bound.pop();
+                    self.prog.bound.pop();
                     return Err(e);
                 }
             }
         }
         if self.needed_later(v) {
-            if self.done.contains(&v) {
-                self.mat.insert(v, self.out_buf[&v]);
+            if self.prog.done.contains(&v) {
+                self.bufs.mat.insert(v, self.bufs.outputs[&v]);
             } else {
                 // One buffer however many places produce elements of `v` (a Winograd tile's
                 // pixels each run the epilogue).
-                let b = match self.mat.get(&v) {
+                let b = match self.bufs.mat.get(&v) {
                     Some(&b) => b,
                     None => self.local(d, self.shape(v)),
                 };
                 out.push(Stmt::store(b, aidx, val));
-                self.mat.insert(v, b);
+                self.bufs.mat.insert(v, b);
             }
         }
-        self.bound.pop();
+        self.prog.bound.pop();
         Ok(out)
     }
 
@@ -846,7 +935,7 @@ impl<'g> Lowerer<'g> {
         let Some((n, _)) = self.node_of(o) else {
             return false;
         };
-        if !self.set.contains(&n) || self.kind(n) == Kind::Anchor {
+        if !self.grp.set.contains(&n) || self.kind(n) == Kind::Anchor {
             return false;
         }
         self.g.node(n).inputs.iter().any(|&x| self.depends(x, v))
@@ -854,15 +943,15 @@ impl<'g> Lowerer<'g> {
 
     /// Whether `v` is still read by something not yet produced.
     fn needed_later(&self, v: ValueId) -> bool {
-        if self.outputs.contains(&v) && !self.done.contains(&v) {
+        if self.grp.outputs.contains(&v) && !self.prog.done.contains(&v) {
             return true;
         }
-        for (n, _) in &self.uses[v.index()].by_node {
-            if !self.set.contains(n) {
+        for (n, _) in &self.grp.uses[v.index()].by_node {
+            if !self.grp.set.contains(n) {
                 continue;
             }
             if self.kind(*n) == Kind::Anchor {
-                if !self.emitted.contains(n) {
+                if !self.prog.emitted.contains(n) {
                     return true;
                 }
                 continue;

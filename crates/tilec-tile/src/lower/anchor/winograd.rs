@@ -26,7 +26,9 @@
 use tilec_ir::op::Window;
 use tilec_ir::{DType, NodeId};
 
-use super::{bin, lit, Lowerer, R};
+use super::common::val;
+use super::matmul::{gemm_params, gemm_vars};
+use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
 /// One variant F(m×m, 3×3): output tiles of `m × m` from input patches of `a × a`, `a = m + 2`,
@@ -153,7 +155,7 @@ pub(crate) fn conv(
     group: usize,
     geo: &[(i64, i64, i64)],
 ) -> R<Option<Vec<Stmt>>> {
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
     let (xs, ws) = (l.shape(x), l.shape(wt));
     let eligible = group == 1
@@ -169,7 +171,7 @@ pub(crate) fn conv(
         && ws[0] >= MIN_CHANNELS
         // The input is read at clamped coordinates: it must be a plain buffer, not an
         // expression of fused producers.
-        && !l.node_of(x).is_some_and(|(p, _)| l.set.contains(&p));
+        && !l.node_of(x).is_some_and(|(p, _)| l.in_group(p));
     if !eligible {
         return Ok(None);
     }
@@ -217,15 +219,13 @@ pub(crate) fn conv(
     let mut coord = |l: &mut Lowerer, base: &Expr, k: i64, pad: i64, size: i64, extra: Option<&Expr>| {
         let raw = l.simp(bin(BinOp::Sub, bin(BinOp::Add, bin(BinOp::Mul, base.clone(), Expr::Int(tm)), Expr::Int(k)), Expr::Int(pad)));
         let clamped = l.simp(bin(BinOp::Max, bin(BinOp::Min, raw.clone(), Expr::Int(size - 1)), Expr::Int(0)));
-        let name = l.fresh("t");
-        let cv = l.k.index_var(name);
+        let cv = l.index_temp("t");
         tile_lets.push(Stmt::Let { var: cv, value: clamped });
         let mut ok = bin(BinOp::And, bin(BinOp::Ge, raw.clone(), Expr::Int(0)), bin(BinOp::Lt, raw, Expr::Int(size)));
         if let Some(e) = extra {
             ok = bin(BinOp::And, e.clone(), ok);
         }
-        let name = l.fresh("t");
-        let ov = l.k.new_var(name, Ty::Elem(DType::Bool), false);
+        let ov = l.elem_var("t", DType::Bool, false);
         tile_lets.push(Stmt::Let { var: ov, value: l.simp(ok) });
         (Expr::Var(cv), Expr::Var(ov))
     };
@@ -276,7 +276,7 @@ pub(crate) fn conv(
     let input_nest = Lowerer::nest(&[(r1, rb), (x1, tw)], tile_lets);
 
     // The a² products: M[ab, t, m] = sum_c V[ab, t, c] * U[ab, c, m].
-    let gv = super::anchors::gemm_vars(l, a2, tb, m, c, f32);
+    let gv = gemm_vars(l, a2, tb, m, c, f32);
     let (vb, vi, vj, vk) = (Expr::Var(gv.b), Expr::Var(gv.i), Expr::Var(gv.j), Expr::Var(gv.k));
     let a_row = l.simp(bin(BinOp::Div, vb.clone(), Expr::Int(ta as i64)));
     let b_col = l.simp(bin(BinOp::Rem, vb.clone(), Expr::Int(ta as i64)));
@@ -311,7 +311,7 @@ pub(crate) fn conv(
         a: Expr::Load(vbuf, vec![vb.clone(), vi.clone(), vk]),
         b: u,
         epilogue: vec![Stmt::store(mbuf, vec![vb, vi, vj], Expr::Var(gv.acc))],
-        params: super::anchors::gemm_params(),
+        params: gemm_params(),
     }));
 
     // Output transform: Y = Aᵀ M A per tile and output channel, plus bias and epilogue.
@@ -346,14 +346,14 @@ pub(crate) fn conv(
             s[a][q] = Expr::Var(t);
         }
     }
-    let bv = super::anchors::val(l, bias, &[Expr::Var(m2)])?;
+    let bv = val(l, bias, &[Expr::Var(m2)])?;
     ob.extend(l.take_lets());
     // Each pixel of the tile runs the epilogue, which marks the outputs it writes as done:
     // every pixel starts from the same state.
-    let done = l.done.clone();
+    let stored = l.stored();
     for p in 0..v.m {
         for q in 0..v.m {
-            l.done = done.clone();
+            l.restore_stored(stored.clone());
             let y = lin(&(0..ta).map(|a| (v.at[p][a], s[a][q].clone())).collect::<Vec<_>>());
             let oy = l.simp(bin(BinOp::Add, bin(BinOp::Mul, ty2.clone(), Expr::Int(tm)), Expr::Int(p as i64)));
             let ox = l.simp(bin(BinOp::Add, bin(BinOp::Mul, tx2.clone(), Expr::Int(tm)), Expr::Int(q as i64)));

@@ -1,7 +1,7 @@
 //! Attention as matrix products (CPU): per (batch, query head), `S = (Q·s)(K·s)ᵀ` plus the
 //! mask as a [`Gemm`] into scratch, a softmax along each row of `S` in place, and `Y = P·V`
 //! as a second [`Gemm`] whose epilogue writes the output (and whatever the group fuses after
-//! it). The direct lowering (`anchors.rs`) walks one query row at a time with a dot product per
+//! it). The direct lowering (`attention.rs`) walks one query row at a time with a dot product per
 //! key, which vectorizes only along the head dimension; here both products run on the GEMM
 //! template's register tiles.
 //!
@@ -13,8 +13,10 @@
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, NodeId, Op};
 
-use super::anchors::{att_geom, gemm_params, gemm_vars, head_idx, is_used, kv_at, mask_bias, neg_inf, val, Tensor1};
-use super::{bin, lit, Lowerer, R};
+use super::attention::{att_geom, head_idx, kv_at, mask_bias};
+use super::common::{neg_inf, round_to, val};
+use super::matmul::{gemm_params, gemm_vars};
+use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
 /// Lowers attention node `n` as two gemms if its form allows; `None` leaves it to the direct
@@ -35,9 +37,9 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
         return Ok(None);
     };
     let a = att_geom(l, n, op)?;
-    let node = l.g.node(n);
+    let node = l.node(n);
     let (q, y) = (node.inputs[0], node.outputs[0]);
-    let extra_outputs = node.outputs[1..].iter().any(|&v| is_used(l, v));
+    let extra_outputs = node.outputs[1..].iter().any(|&v| l.is_used(v));
     if *softcap != 0.0
         || *left_window >= 0
         || *right_window >= 0
@@ -55,7 +57,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     let t = a.skv;
     let reps = a.hq / a.hkv;
     let bsz = l.shape(q)[0];
-    let sc = Tensor1::round(f32, scale.map(|s| s as f64).unwrap_or(1.0 / (a.dh as f64).sqrt()).sqrt());
+    let sc = round_to(f32, scale.map(|s| s as f64).unwrap_or(1.0 / (a.dh as f64).sqrt()).sqrt());
 
     // One iteration per (batch, query head).
     let bh = l.loop_var("i", bsz * a.hq);
@@ -68,11 +70,10 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     // S = (Q s)(K s)ᵀ + mask, blocked entries -inf.
     let g1 = gemm_vars(l, 1, a.sq, t, a.dh, f32);
     let (i1, j1, k1) = (Expr::Var(g1.i), Expr::Var(g1.j), Expr::Var(g1.k));
-    let saved = l.cse_on;
-    l.cse_on = false;
-    let qa = val(l, q, &head_idx(a.rank3, a.dh, b.clone(), h.clone(), i1.clone(), k1.clone()));
-    let kb = kv_at(l, n, op, &a, 1, b.clone(), kh.clone(), j1.clone(), k1.clone()).map(|e| l.up(e, f32));
-    l.cse_on = saved;
+    let (qa, kb) = l.without_cse(|l| {
+        let qa = val(l, q, &head_idx(a.rank3, a.dh, b.clone(), h.clone(), i1.clone(), k1.clone()));
+        (qa, kv_at(l, n, op, &a, 1, b.clone(), kh.clone(), j1.clone(), k1.clone()).map(|e| l.up(e, f32)))
+    });
     let (qa, kb) = (qa?, kb?);
     if !l.take_lets().is_empty() {
         return Ok(None);
@@ -162,10 +163,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     // Y = P V, written through the group's epilogue.
     let g2 = gemm_vars(l, 1, a.sq, a.dv, t, f32);
     let (i2, j2, k2) = (Expr::Var(g2.i), Expr::Var(g2.j), Expr::Var(g2.k));
-    let saved = l.cse_on;
-    l.cse_on = false;
-    let vb = kv_at(l, n, op, &a, 2, b.clone(), kh, k2.clone(), j2.clone()).map(|e| l.up(e, f32));
-    l.cse_on = saved;
+    let vb = l.without_cse(|l| kv_at(l, n, op, &a, 2, b.clone(), kh, k2.clone(), j2.clone()).map(|e| l.up(e, f32)));
     let vb = vb?;
     if !l.take_lets().is_empty() {
         return Ok(None);

@@ -1,0 +1,361 @@
+//! Window kernels: pools over spatial windows, global pools, and LRN's window over channels.
+
+use tilec_ir::op::{window_geometry, LinalgOp, NormOp, PoolKind, Window};
+use tilec_ir::{DType, NodeId, Op};
+
+use super::common::{accumulate, neg_inf, outer_space, output_nest, val};
+use super::super::{bin, compute_dtype, lit, lit_i, Lowerer, R};
+use crate::ir::*;
+
+/// Per spatial axis: (output length, pad begin, pad end).
+pub(super) fn geometry(
+    l: &Lowerer,
+    n: NodeId,
+    xs_sp: &[i64],
+    w: &Window,
+    ceil: bool,
+) -> R<Vec<(i64, i64, i64)>> {
+    let mut v = Vec::new();
+    for (i, &s) in xs_sp.iter().enumerate() {
+        match window_geometry(s as usize, w, i, ceil) {
+            Ok((o, pb, pe)) => v.push((o as i64, pb as i64, pe as i64)),
+            Err(e) => return l.unsupported(n, e),
+        }
+    }
+    Ok(v)
+}
+
+pub(super) fn pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
+    let Op::Linalg(LinalgOp::Pool { kind, window: w, ceil_mode, channels_last }) = op else {
+        return l.unsupported(n, "not a pool");
+    };
+    let (ceil, cl) = (*ceil_mode, *channels_last);
+    let node = l.node(n);
+    let x = node.inputs[0];
+    let outs = node.outputs.clone();
+    let xs = l.shape(x);
+    let r = xs.len();
+    let d = l.dtype(x);
+    let cd = compute_dtype(d);
+    let sp_axes: Vec<usize> = if cl {
+        (1..r - 1).collect()
+    } else {
+        (2..r).collect()
+    };
+    let c_axis = if cl { r - 1 } else { 1 };
+    let sp: Vec<i64> = sp_axes.iter().map(|&a| xs[a]).collect();
+    let geo = geometry(l, n, &sp, w, ceil)?;
+    let want_idx = matches!(kind, PoolKind::Max { indices: true, .. })
+        && outs.len() > 1
+        && l.is_used(outs[1]);
+    let column_major = matches!(
+        kind,
+        PoolKind::Max {
+            column_major: true,
+            ..
+        }
+    );
+    let oshape = l.shape(outs[0]);
+    let kernel: Vec<i64> = w.kernel.iter().map(|&k| k as i64).collect();
+    let kind = kind.clone();
+    output_nest(l, &oshape, &mut |l, oidx| {
+        // Accumulators: value (max or sum), count (avg) or best index (max with indices).
+        let mut accs = vec![(
+            cd,
+            match kind {
+                PoolKind::Max { .. } => neg_inf(cd),
+                _ => lit(0.0, cd),
+            },
+        )];
+        let count_acc = matches!(kind, PoolKind::Avg { .. });
+        if count_acc || want_idx {
+            accs.push((DType::I64, lit_i(if want_idx { -1 } else { 0 }, DType::I64)));
+        }
+        let mut rvars = Vec::new();
+        let mut loops = Vec::new();
+        for &k in &kernel {
+            let v = l.loop_var("r", k);
+            loops.push((v, k));
+            rvars.push(Expr::Var(v));
+        }
+        let mut vars = Vec::new();
+        let mut st = Vec::new();
+        for (dt, init) in accs {
+            let a = l.elem_var("acc", dt, true);
+            st.push(Stmt::Let {
+                var: a,
+                value: init,
+            });
+            vars.push(a);
+        }
+        // Tap coordinates.
+        let mut xi = oidx.to_vec();
+        let mut inside: Option<Expr> = None;
+        let mut in_pad: Option<Expr> = None;
+        let mut coords = Vec::new();
+        for (j, &a) in sp_axes.iter().enumerate() {
+            let (_, pb, pe) = geo[j];
+            let c = bin(
+                BinOp::Sub,
+                bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, oidx[a].clone(), Expr::Int(w.strides[j] as i64)),
+                    bin(
+                        BinOp::Mul,
+                        rvars[j].clone(),
+                        Expr::Int(w.dilations[j] as i64),
+                    ),
+                ),
+                Expr::Int(pb),
+            );
+            let c = l.simp(c);
+            let ok = bin(
+                BinOp::And,
+                bin(BinOp::Ge, c.clone(), Expr::Int(0)),
+                bin(BinOp::Lt, c.clone(), Expr::Int(sp[j])),
+            );
+            inside = Some(match inside {
+                None => ok,
+                Some(p) => bin(BinOp::And, p, ok),
+            });
+            let okp = bin(BinOp::Lt, c.clone(), Expr::Int(sp[j] + pe));
+            in_pad = Some(match in_pad {
+                None => okp,
+                Some(p) => bin(BinOp::And, p, okp),
+            });
+            xi[a] = c.clone();
+            coords.push(c);
+        }
+        let inside = inside.unwrap_or(Expr::Lit(Lit::Bool(true)));
+        let in_pad = in_pad.unwrap_or(Expr::Lit(Lit::Bool(true)));
+        let m = l.begin_block();
+        let v = l.guarded(true, |l| val(l, x, &xi));
+        let mut inner = l.end_block(m);
+        let v = v?;
+        let a0 = Expr::Var(vars[0]);
+        match kind {
+            PoolKind::Max { .. } if want_idx => {
+                let bi = Expr::Var(vars[1]);
+                // A select, not `and`: the load must not be evaluated outside the input.
+                let better = Expr::select(
+                    inside.clone(),
+                    bin(
+                        BinOp::Or,
+                        bin(BinOp::Lt, bi.clone(), lit_i(0, DType::I64)),
+                        bin(BinOp::Gt, v.clone(), a0.clone()),
+                    ),
+                    Expr::Lit(Lit::Bool(false)),
+                );
+                let t = l.elem_var("t", DType::Bool, false);
+                inner.push(Stmt::Let {
+                    var: t,
+                    value: better,
+                });
+                // Flat spatial index of the tap (row-major, or column-major spatial part).
+                let mut flat = Expr::Int(0);
+                if column_major {
+                    let mut stride = 1;
+                    for (j, c) in coords.iter().enumerate() {
+                        flat = bin(
+                            BinOp::Add,
+                            flat,
+                            bin(BinOp::Mul, c.clone(), Expr::Int(stride)),
+                        );
+                        stride *= sp[j];
+                    }
+                } else {
+                    for (j, c) in coords.iter().enumerate() {
+                        let stride: i64 = sp[j + 1..].iter().product();
+                        flat = bin(
+                            BinOp::Add,
+                            flat,
+                            bin(BinOp::Mul, c.clone(), Expr::Int(stride)),
+                        );
+                    }
+                }
+                let flat = l.simp(flat);
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(Expr::Var(t), v, a0.clone()),
+                });
+                inner.push(Stmt::Assign {
+                    var: vars[1],
+                    value: Expr::select(Expr::Var(t), Expr::cast(DType::I64, flat), bi),
+                });
+            }
+            PoolKind::Max { .. } => {
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(inside, bin(BinOp::Max, a0.clone(), v), a0.clone()),
+                });
+            }
+            PoolKind::Avg { count_include_pad } => {
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(inside.clone(), bin(BinOp::Add, a0.clone(), v), a0.clone()),
+                });
+                let cnt_if = if count_include_pad { in_pad } else { inside };
+                let c1 = Expr::Var(vars[1]);
+                inner.push(Stmt::Assign {
+                    var: vars[1],
+                    value: Expr::select(
+                        cnt_if,
+                        bin(BinOp::Add, c1.clone(), lit_i(1, DType::I64)),
+                        c1,
+                    ),
+                });
+            }
+            PoolKind::Lp { p } => {
+                let t = bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(p as f64, cd));
+                inner.push(Stmt::Assign {
+                    var: vars[0],
+                    value: Expr::select(inside, bin(BinOp::Add, a0.clone(), t), a0.clone()),
+                });
+            }
+        }
+        st.extend(Lowerer::nest(&loops, inner));
+        let res = match kind {
+            PoolKind::Max { .. } => a0.clone(),
+            PoolKind::Avg { count_include_pad } => {
+                let c = Expr::cast(cd, Expr::Var(vars[1]));
+                let c = if count_include_pad {
+                    bin(BinOp::Max, c, lit(1.0, cd))
+                } else {
+                    c
+                };
+                bin(BinOp::Div, a0.clone(), c)
+            }
+            PoolKind::Lp { p } => bin(BinOp::Pow, a0.clone(), lit(1.0 / p as f64, cd)),
+        };
+        st.extend(l.take_lets());
+        st.extend(l.epilogue(outs[0], oidx, l.down(res, d))?);
+        if want_idx {
+            // Plane offset: (n * C + c) * prod(spatial).
+            let spn: i64 = sp.iter().product();
+            let plane = bin(
+                BinOp::Add,
+                bin(BinOp::Mul, oidx[0].clone(), Expr::Int(xs[c_axis])),
+                oidx[c_axis].clone(),
+            );
+            let bi = bin(BinOp::Max, Expr::Var(vars[1]), lit_i(0, DType::I64));
+            let e = bin(
+                BinOp::Add,
+                Expr::cast(DType::I64, bin(BinOp::Mul, plane, Expr::Int(spn))),
+                bi,
+            );
+            st.extend(l.epilogue(outs[1], oidx, e)?);
+        }
+        Ok(st)
+    })
+}
+
+pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
+    let Op::Linalg(LinalgOp::GlobalPool { kind, channels_last: cl }) = op else {
+        return l.unsupported(n, "not a global pool");
+    };
+    let cl = *cl;
+    let node = l.node(n);
+    let (x, out) = (node.inputs[0], node.outputs[0]);
+    let xs = l.shape(x);
+    let r = xs.len();
+    let d = l.dtype(x);
+    let cd = compute_dtype(d);
+    let sp: Vec<usize> = if cl {
+        (1..r - 1).collect()
+    } else {
+        (2..r).collect()
+    };
+    let cnt: i64 = sp.iter().map(|&a| xs[a]).product();
+    let row: Vec<(usize, i64)> = sp.iter().map(|&a| (a, xs[a])).collect();
+    let (loops, base) = outer_space(l, &xs, &sp);
+    let m = l.begin_block();
+    let (init, op) = match kind {
+        PoolKind::Max { .. } => (neg_inf(cd), BinOp::Max),
+        _ => (lit(0.0, cd), BinOp::Add),
+    };
+    let kind2 = kind.clone();
+    let (mut body, acc) = accumulate(l, &row, &base, vec![(cd, init)], &mut |l, i, a| {
+        let v = val(l, x, i)?;
+        let t = match kind2 {
+            PoolKind::Lp { p } => bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(p as f64, cd)),
+            _ => v,
+        };
+        Ok(vec![bin(op, a[0].clone(), t)])
+    })?;
+    let res = match kind {
+        PoolKind::Max { .. } => acc[0].clone(),
+        PoolKind::Avg { .. } => bin(BinOp::Div, acc[0].clone(), lit(cnt as f64, cd)),
+        PoolKind::Lp { p } => bin(BinOp::Pow, acc[0].clone(), lit(1.0 / *p as f64, cd)),
+    };
+    body.extend(l.take_lets());
+    body.extend(l.epilogue(out, &base, l.down(res, d))?);
+    let mut inner = l.end_block(m);
+    inner.extend(body);
+    Ok(Lowerer::nest(&loops, inner))
+}
+
+/// Local response normalization: each element over a window of channels around its own.
+pub(super) fn lrn(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
+    let Op::Norm(NormOp::Lrn { size, alpha, beta, bias, channels_last }) = *op else {
+        return l.unsupported(n, "not a local response normalization");
+    };
+    let node = l.node(n);
+    let (x, y) = (node.inputs[0], node.outputs[0]);
+    let xs = l.shape(x);
+    let d = l.dtype(x);
+    let cd = compute_dtype(d);
+    // The channel axis: 1, or the last one when channels-last.
+    let cax = if channels_last { xs.len() - 1 } else { 1 };
+    let c = xs[cax];
+    let (lo, hi) = ((size as i64 - 1) / 2, (size as i64 - 1 + 1) / 2);
+    let (alpha, beta, bias, size) =
+        (alpha as f64, beta as f64, bias as f64, size as i64);
+    output_nest(l, &xs, &mut |l, idx| {
+        let ch = idx[cax].clone();
+        let mut st = Vec::new();
+        // Window over channels ch - lo ..= ch + hi, clipped to 0..C.
+        let wv = l.loop_var("r", lo + hi + 1);
+        let a = l.elem_var("acc", cd, true);
+        st.push(Stmt::Let {
+            var: a,
+            value: lit(0.0, cd),
+        });
+        let k = bin(
+            BinOp::Add,
+            bin(BinOp::Sub, ch.clone(), Expr::Int(lo)),
+            Expr::Var(wv),
+        );
+        let inside = bin(
+            BinOp::And,
+            bin(BinOp::Ge, k.clone(), Expr::Int(0)),
+            bin(BinOp::Lt, k.clone(), Expr::Int(c)),
+        );
+        let mut xi = idx.to_vec();
+        xi[cax] = k;
+        let m = l.begin_block();
+        let v = l.guarded(true, |l| val(l, x, &xi));
+        let lets = l.end_block(m);
+        let v = v?;
+        let sq = bin(BinOp::Mul, v.clone(), v);
+        let mut inner = lets;
+        inner.push(Stmt::Assign {
+            var: a,
+            value: Expr::select(inside, bin(BinOp::Add, Expr::Var(a), sq), Expr::Var(a)),
+        });
+        st.push(Stmt::for_(wv, lo + hi + 1, inner));
+        let xv = val(l, x, idx)?;
+        let den = bin(
+            BinOp::Pow,
+            bin(
+                BinOp::Add,
+                lit(bias, cd),
+                bin(BinOp::Mul, lit(alpha / size as f64, cd), Expr::Var(a)),
+            ),
+            lit(beta, cd),
+        );
+        let e = l.down(bin(BinOp::Div, xv, den), d);
+        st.extend(l.take_lets());
+        st.extend(l.epilogue(y, idx, e)?);
+        Ok(st)
+    })
+}
