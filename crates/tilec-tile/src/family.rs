@@ -17,7 +17,9 @@
 //! from the heuristic; the first family that applies and builds wins, and every family that
 //! did not is recorded with its reason ([`Decision`]), which `tilec explain` prints.
 
+use std::any::Any;
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::fmt;
 
 use tilec_ir::{Graph, NodeId, Op};
@@ -39,6 +41,8 @@ pub struct Problem<'g> {
     pub anchor: Option<NodeId>,
     /// Lowerings done so far, by options (families that lower alike share the work).
     lowered: RefCell<Vec<(LowerOptions, Result<Lowered, LowerError>)>>,
+    /// What families derived from the problem, by key (see [`Problem::memo`]).
+    derived: RefCell<Vec<(&'static str, Rc<dyn Any>)>>,
 }
 
 impl<'g> Problem<'g> {
@@ -51,6 +55,7 @@ impl<'g> Problem<'g> {
             kind: group.kind,
             anchor: group.anchor,
             lowered: RefCell::new(vec![]),
+            derived: RefCell::new(vec![]),
         }
     }
 
@@ -65,6 +70,7 @@ impl<'g> Problem<'g> {
             kind,
             anchor: class.is_anchor().then_some(node),
             lowered: RefCell::new(vec![]),
+            derived: RefCell::new(vec![]),
         }
     }
 
@@ -91,6 +97,20 @@ impl<'g> Problem<'g> {
         let r = lower_nodes_with(self.graph, &self.nodes, &self.name, opts);
         self.lowered.borrow_mut().push((opts, r.clone()));
         r
+    }
+
+    /// A value a family derives from the problem (a heuristic schedule, a template's plan),
+    /// computed once per key: `applies`, `heuristic`, `check` and `build` of one family often
+    /// need the same. Keys are the family's own (prefixed with its name).
+    pub fn memo<T: Clone + 'static>(&self, key: &'static str, f: impl FnOnce() -> T) -> T {
+        if let Some((_, v)) = self.derived.borrow().iter().find(|(k, _)| *k == key) {
+            if let Some(t) = v.downcast_ref::<T>() {
+                return t.clone();
+            }
+        }
+        let t = f();
+        self.derived.borrow_mut().push((key, Rc::new(t.clone())));
+        t
     }
 
     /// A key that identifies the problem across models for the tuning database: the ops of its

@@ -58,6 +58,12 @@ fn lanes(k: &Kernel, t: &Target) -> i64 {
     (t.cpu.vector_bytes as i64 / elem).max(1)
 }
 
+/// The default CPU schedule of the problem's GEMM lowering (computed once per problem: the
+/// heuristic reads its blocking, the build starts from it).
+fn default_schedule(p: &Problem, t: &Target) -> Option<Schedule> {
+    p.memo("cpu.blis_gemm.schedule", || p.lower(opts(p)).ok().map(|l| default_cpu(&l.kernel, &t.cpu)))
+}
+
 /// The blocking a schedule gives its (single) gemm.
 fn blocking_of(s: &Schedule) -> Option<[i64; 5]> {
     s.steps.iter().find_map(|p| match p {
@@ -135,11 +141,10 @@ impl Family for BlisGemm {
     }
 
     fn heuristic(&self, p: &Problem, t: &Target) -> Params {
-        let Ok(l) = p.lower(opts(p)) else { return Params::default() };
-        if the_gemm(&l.kernel).is_none() {
+        if p.lower(opts(p)).ok().and_then(|l| the_gemm(&l.kernel)).is_none() {
             return Params::default();
         }
-        match blocking_of(&default_cpu(&l.kernel, &t.cpu)) {
+        match default_schedule(p, t).as_ref().and_then(blocking_of) {
             Some(b) => Params(NAMES.iter().copied().zip(b).collect()),
             None => Params::default(),
         }
@@ -147,7 +152,7 @@ impl Family for BlisGemm {
 
     fn build(&self, p: &Problem, t: &Target, params: &Params) -> Result<CpuBuilt, String> {
         build_with(p, opts(p), |k| {
-            let mut s = default_cpu(k, &t.cpu);
+            let mut s = default_schedule(p, t).unwrap_or_else(|| default_cpu(k, &t.cpu));
             if let [Some(mr), Some(nr), Some(kc), Some(mc), Some(nc)] = NAMES.map(|n| params.get(n)) {
                 for step in &mut s.steps {
                     if let Primitive::GemmBlocking { mr: a, nr: b, kc: c, mc: d, nc: e, .. } = step {

@@ -530,8 +530,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
 
 /// The plan for a problem's kernel (the fused GEMM kernel, its heuristic parameters).
 fn plan_of(p: &FProblem, t: &Target) -> std::result::Result<FamilyPlan, String> {
-    let l = super::lowered(p)?;
-    hopper_gemm(&l.kernel, &t.gpu)
+    p.memo("sm90_tc_gemm.plan", || hopper_gemm(&super::lowered(p)?.kernel, &t.gpu))
 }
 
 impl Family for Sm90TcGemm {
