@@ -228,16 +228,7 @@ pub fn gelu_bias(rows: i64, cols: i64, d: DType) -> Kernel {
         ld(&k, b, vec![v(i1)]),
     );
     let (t, let_t) = let_(&mut k, "t", t_val);
-    let gelu = mul(
-        mul(Expr::f32(0.5), v(t)),
-        add(
-            Expr::f32(1.0),
-            Expr::un(
-                UnOp::Erf,
-                mul(v(t), Expr::f32(std::f32::consts::FRAC_1_SQRT_2)),
-            ),
-        ),
-    );
+    let gelu = Expr::un(UnOp::GeluErf, v(t));
     let out = st(&k, y, vec![v(i0), v(i1)], gelu);
     k.body.push(Stmt::for_(
         i0,

@@ -534,28 +534,13 @@ fn register_dims_to_drop(k: &Kernel) -> HashMap<BufId, Vec<bool>> {
             };
         }
     };
-    fn exprs_of(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
-        s.visit(&mut |s| match s {
-            Stmt::Store { index, value, .. } => {
-                index.iter().for_each(|e| e.visit(&mut |x| f(x)));
-                value.visit(&mut |x| f(x));
-            }
-            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => value.visit(&mut |x| f(x)),
-            Stmt::If { cond, .. } => cond.visit(&mut |x| f(x)),
-            Stmt::Gemm(g) => {
-                g.a.visit(&mut |x| f(x));
-                g.b.visit(&mut |x| f(x));
-            }
-            _ => {}
-        });
-    }
     for s in &k.body {
         s.visit(&mut |s| {
             if let Stmt::Store { buf, index, .. } = s {
                 note(*buf, index);
             }
         });
-        exprs_of(s, &mut |e| {
+        crate::schedule::each_expr(s, &mut |e| {
             if let Expr::Load(b, idx) = e {
                 note(*b, idx);
             }
@@ -1025,7 +1010,7 @@ impl R<'_> {
                     }
                 }
             });
-            visit_exprs(s, &mut |e| {
+            crate::schedule::each_expr(s, &mut |e| {
                 if let Expr::Load(b, idx) = e {
                     if *b == acc.buf {
                         idxs.push(idx.clone());
@@ -1162,7 +1147,7 @@ impl R<'_> {
                 }
                 let mut read = false;
                 for s2 in &l.body {
-                    visit_exprs(s2, &mut |e| {
+                    crate::schedule::each_expr(s2, &mut |e| {
                         if e.reads(*buf) {
                             read = true
                         }
@@ -1298,12 +1283,6 @@ impl CTarget for R<'_> {
                     _ => return Ok(None),
                 };
                 Ok(self.bits16(a)?.map(|bits| (format!("tl_bits_{t}({bits})"), f32)))
-            }
-            Expr::Binary(BinOp::Mul, _, _) if self.style.narrow && self.k.type_of(e) == f32 => {
-                match gelu_erf_arg(e) {
-                    Some(x) => Ok(Some((format!("tl_gelu_erf({})", self.expr(&x)?), f32))),
-                    None => Ok(None),
-                }
             }
             // `1 + erf(x)` (the GELU form) through erfc, so that the negative tail keeps its
             // relative accuracy and no branch diverges.
@@ -1443,60 +1422,4 @@ impl CStyle for Cuda {
     }
 }
 
-/// Calls `f` on every expression (and sub-expression) held by `s` and nested statements.
-fn visit_exprs(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
-    s.visit(&mut |s| match s {
-        Stmt::Store { index, value, .. } => {
-            index.iter().for_each(|e| e.visit(&mut |x| f(x)));
-            value.visit(&mut |x| f(x));
-        }
-        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => value.visit(&mut |x| f(x)),
-        Stmt::If { cond, .. } => cond.visit(&mut |x| f(x)),
-        Stmt::Gemm(g) => {
-            g.a.visit(&mut |x| f(x));
-            g.b.visit(&mut |x| f(x));
-        }
-        _ => {}
-    });
-}
 
-/// The x of `(0.5 * x) * (1 + erf(x * c))` with c = 1/sqrt(2) (operands in either order): the
-/// erf form of GELU as the lowering spells it.
-fn gelu_erf_arg(e: &Expr) -> Option<Expr> {
-    let lit = |x: &Expr, want: f64, tol: f64| {
-        matches!(x, Expr::Lit(Lit::Float(v, DType::F32)) if (*v - want).abs() <= tol)
-    };
-    // `k * x` or `x * k` for the literal k: Some(x).
-    let scaled = |x: &Expr, k: f64, tol: f64| match x {
-        Expr::Binary(BinOp::Mul, a, b) if lit(a, k, tol) => Some(b.as_ref().clone()),
-        Expr::Binary(BinOp::Mul, a, b) if lit(b, k, tol) => Some(a.as_ref().clone()),
-        _ => None,
-    };
-    let one_plus_erf = |x: &Expr| match x {
-        Expr::Binary(BinOp::Add, a, b) => {
-            let erf = if lit(a, 1.0, 0.0) {
-                b
-            } else if lit(b, 1.0, 0.0) {
-                a
-            } else {
-                return None;
-            };
-            match erf.as_ref() {
-                Expr::Unary(UnOp::Erf, arg) => scaled(arg, std::f64::consts::FRAC_1_SQRT_2, 1e-6),
-                _ => None,
-            }
-        }
-        _ => None,
-    };
-    let Expr::Binary(BinOp::Mul, a, b) = e else {
-        return None;
-    };
-    for (h, q) in [(a, b), (b, a)] {
-        if let (Some(x), Some(y)) = (scaled(h, 0.5, 0.0), one_plus_erf(q)) {
-            if x == y {
-                return Some(x);
-            }
-        }
-    }
-    None
-}

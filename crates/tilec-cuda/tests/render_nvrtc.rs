@@ -43,7 +43,7 @@ fn benchmark_kernels_render_with_vector_accesses_and_shuffles() {
                 assert!(body.contains("#pragma unroll"), "{op} {d}\n{body}");
                 // 16-bit results take the branchless GELU; f32 keeps the accurate erff.
                 assert_eq!(body.contains("tl_gelu_erf("), d == DType::BF16, "{op} {d}\n{body}");
-                assert_eq!(body.contains("erff("), d == DType::F32, "{op} {d}\n{body}");
+                assert_eq!(body.contains("tl_gelu_erf_exact("), d == DType::F32, "{op} {d}\n{body}");
             }
             let st = if d == DType::BF16 {
                 "tl_bf16*"

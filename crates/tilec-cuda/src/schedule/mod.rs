@@ -107,6 +107,8 @@ pub(crate) fn global_dtypes(k: &Kernel, stmts: &[Stmt]) -> Vec<DType> {
     out
 }
 
+/// Calls `f` on every expression (and sub-expression) a statement and its nested statements
+/// hold: stored values and indices, lets, assignments, conditions, GEMM operands.
 pub(crate) fn each_expr(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
     s.visit(&mut |s| match s {
         Stmt::Store { index, value, .. } => {
