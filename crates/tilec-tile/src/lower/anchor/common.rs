@@ -57,17 +57,7 @@ pub(super) fn accumulate(
         vars.push(a);
     }
     let acc_exprs: Vec<Expr> = vars.iter().map(|&v| Expr::Var(v)).collect();
-    let mut loops = Vec::new();
-    let mut idx = base.to_vec();
-    for &(dim, ext) in row {
-        if ext == 1 {
-            idx[dim] = Expr::Int(0);
-        } else {
-            let v = l.loop_var("r", ext);
-            loops.push((v, ext));
-            idx[dim] = Expr::Var(v);
-        }
-    }
+    let (loops, idx) = row_index(l, row, base, "r");
     let m = l.begin_block();
     let new = update(l, &idx, &acc_exprs);
     let mut inner = l.end_block(m);
@@ -104,17 +94,7 @@ pub(super) fn row_loop(
     base: &[Expr],
     f: &mut dyn FnMut(&mut Lowerer, &[Expr]) -> R<Vec<Stmt>>,
 ) -> R<Vec<Stmt>> {
-    let mut loops = Vec::new();
-    let mut idx = base.to_vec();
-    for &(dim, ext) in row {
-        if ext == 1 {
-            idx[dim] = Expr::Int(0);
-        } else {
-            let v = l.loop_var("i", ext);
-            loops.push((v, ext));
-            idx[dim] = Expr::Var(v);
-        }
-    }
+    let (loops, idx) = row_index(l, row, base, "i");
     let m = l.begin_block();
     let body = f(l, &idx);
     let mut inner = l.end_block(m);
@@ -169,4 +149,21 @@ pub(super) fn round_to(d: DType, x: f64) -> f64 {
         Ok(t) => t.to_f64_vec()[0],
         Err(_) => x,
     }
+}
+
+/// Loops over the row's dimensions (named `name`; a dimension of extent 1 gets none) and the
+/// element index they give, `base` elsewhere.
+fn row_index(l: &mut Lowerer, row: &[(usize, i64)], base: &[Expr], name: &'static str) -> (Vec<(VarId, i64)>, Vec<Expr>) {
+    let mut loops = Vec::new();
+    let mut idx = base.to_vec();
+    for &(dim, ext) in row {
+        if ext == 1 {
+            idx[dim] = Expr::Int(0);
+        } else {
+            let v = l.loop_var(name, ext);
+            loops.push((v, ext));
+            idx[dim] = Expr::Var(v);
+        }
+    }
+    (loops, idx)
 }

@@ -123,26 +123,9 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             let mut wi = vec![mch.clone(), Expr::Var(cv)];
             wi.extend(t.iter().cloned());
             let wv = val(l, wt, &wi);
-            let mut inner = l.end_block(m2);
-            let prod = bin(BinOp::Mul, xv?, wv?);
-            let upd = bin(BinOp::Add, Expr::Var(acc), prod);
-            let upd = match cond {
-                Some(c) => Expr::select(c, upd, Expr::Var(acc)),
-                None => upd,
-            };
-            inner.push(Stmt::Assign {
-                var: acc,
-                value: upd,
-            });
-            let mut st = vec![Stmt::Let {
-                var: acc,
-                value: lit(0.0, cd),
-            }];
-            st.extend(Lowerer::nest(&loops, inner));
-            let bv = val(l, bias, &[mch])?;
-            st.extend(l.take_lets());
-            st.extend(l.epilogue(out, oidx, l.down(bin(BinOp::Add, Expr::Var(acc), bv), d))?);
-            Ok(st)
+            let inner = l.end_block(m2);
+            let sum = DirectSum { acc, cd, loops: &loops, cond };
+            sum.finish(l, inner, (xv?, wv?), (bias, mch), (out, oidx, d))
         });
     }
     // GEMM with an implicit im2col operand; batch over (n, group).
@@ -299,24 +282,44 @@ pub(super) fn conv_transpose(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>
         let m2 = l.begin_block();
         let xv = l.guarded(true, |l| val(l, x, &xi));
         let wv = val(l, wt, &wi);
-        let mut inner = l.end_block(m2);
-        let upd = bin(BinOp::Add, Expr::Var(acc), bin(BinOp::Mul, xv?, wv?));
-        let upd = match cond {
+        let inner = l.end_block(m2);
+        let sum = DirectSum { acc, cd, loops: &loops, cond };
+        sum.finish(l, inner, (xv?, wv?), (bias, mch), (out, oidx, d))
+    })
+}
+
+/// The reduction of a direct convolution: accumulator `acc` (type `cd`) summed over `loops`,
+/// each term counted where `cond` holds (padding, transposed strides).
+struct DirectSum<'a> {
+    acc: VarId,
+    cd: tilec_ir::DType,
+    loops: &'a [(VarId, i64)],
+    cond: Option<Expr>,
+}
+
+impl DirectSum<'_> {
+    /// `acc += x * w` at the end of the innermost body `inner`, the accumulator started at zero
+    /// around the nest, then `bias[mch]` added and the output's epilogue at `oidx`.
+    fn finish(
+        self,
+        l: &mut Lowerer,
+        mut inner: Vec<Stmt>,
+        (xv, wv): (Expr, Expr),
+        (bias, mch): (tilec_ir::ValueId, Expr),
+        (out, oidx, d): (tilec_ir::ValueId, &[Expr], tilec_ir::DType),
+    ) -> R<Vec<Stmt>> {
+        let acc = self.acc;
+        let upd = bin(BinOp::Add, Expr::Var(acc), bin(BinOp::Mul, xv, wv));
+        let upd = match self.cond {
             Some(c) => Expr::select(c, upd, Expr::Var(acc)),
             None => upd,
         };
-        inner.push(Stmt::Assign {
-            var: acc,
-            value: upd,
-        });
-        let mut st = vec![Stmt::Let {
-            var: acc,
-            value: lit(0.0, cd),
-        }];
-        st.extend(Lowerer::nest(&loops, inner));
+        inner.push(Stmt::Assign { var: acc, value: upd });
+        let mut st = vec![Stmt::Let { var: acc, value: lit(0.0, self.cd) }];
+        st.extend(Lowerer::nest(self.loops, inner));
         let bv = val(l, bias, &[mch])?;
         st.extend(l.take_lets());
         st.extend(l.epilogue(out, oidx, l.down(bin(BinOp::Add, Expr::Var(acc), bv), d))?);
         Ok(st)
-    })
+    }
 }
