@@ -59,7 +59,7 @@ impl GpuKernel {
     /// The loaded function (for attributes such as registers and occupancy).
     pub fn function(&self) -> &Function {
         match (&self.family, &self.func) {
-            (Some(f), _) => f.gemm().function(),
+            (Some(f), _) => f.function(),
             (None, Some(f)) => f,
             // `from_image` and `from_family` set one of the two.
             (None, None) => unreachable!("a GpuKernel without a function"),
@@ -138,11 +138,7 @@ impl GpuKernel {
             .collect();
         Ok(GpuKernel {
             name: k.name.clone(),
-            launch: LaunchConfig {
-                grid: (fk.gemm().resident_blocks(), 1, 1),
-                block: (plan.params.threads() as u32, 1, 1),
-                shared_mem_bytes: plan.params.smem_bytes() as u32,
-            },
+            launch: fk.launch_config(),
             params,
             // The family refuses kernels that check indices.
             checks: vec![],

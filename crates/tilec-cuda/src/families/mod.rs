@@ -9,9 +9,11 @@
 
 mod direct;
 mod elementwise;
+mod operands;
 mod rows;
 mod simt_gemm;
 mod sm90_tc_gemm;
+mod template;
 
 use std::sync::OnceLock;
 
@@ -23,7 +25,9 @@ use tilec_tile::Kernel;
 use crate::render::{render, CudaSource};
 use crate::schedule::GpuTarget;
 
-pub use sm90_tc_gemm::{has_gemm, hopper_gemm, FamilyKernel, FamilyPlan, OperandRef, HOPPER_GEMM};
+pub use operands::{gemm_view, has_gemm, GemmView};
+pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM};
+pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
 
 /// What a GPU family builds.
 #[derive(Clone, Debug)]

@@ -1,0 +1,141 @@
+//! Template families: kernels rendered from a family's own CUDA C++ template for a problem and
+//! parameters (not from the tile IR), keeping the ABI of the tile-IR kernel they replace: one
+//! device pointer per parameter, in `Kernel::params` order. A [`FamilyPlan`] is what a template
+//! family builds (no device needed); a [`FamilyKernel`] is the plan loaded on a device.
+//!
+//! Adding a template: a [`PlanKind`] variant with its parameters, its launch shape in
+//! [`FamilyPlan::launch`], and its loaded form in [`FamilyKernel`].
+
+use crate::driver::{Device, Function, LaunchConfig, Stream};
+use crate::error::Result;
+use crate::gemm::{self, Layout, Problem};
+
+use super::sm90_tc_gemm::Sm90Kernel;
+
+/// Where an operand starts: a kernel parameter and an offset into it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperandRef {
+    /// Index into `Kernel::params`.
+    pub param: usize,
+    pub offset_bytes: u64,
+}
+
+/// Which template, with its parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PlanKind {
+    /// The Hopper GEMM (`crate::gemm`): wgmma fed by TMA.
+    Sm90(gemm::Params),
+}
+
+/// A template family's plan for one kernel: what to compile and how to launch it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FamilyPlan {
+    pub family: &'static str,
+    pub problem: Problem,
+    pub kind: PlanKind,
+    pub a: OperandRef,
+    pub b: OperandRef,
+    /// The function the source defines.
+    pub entry: String,
+    /// CUDA C++ (prelude included).
+    pub source: String,
+}
+
+impl FamilyPlan {
+    /// The launch shape before the device is known (grid: one block per SM for persistent
+    /// kernels; the loaded kernel's [`FamilyKernel::launch_config`] is exact).
+    pub fn launch(&self, sm_count: u32) -> LaunchConfig {
+        match &self.kind {
+            PlanKind::Sm90(q) => LaunchConfig {
+                grid: (sm_count, 1, 1),
+                block: (q.threads() as u32, 1, 1),
+                shared_mem_bytes: q.smem_bytes() as u32,
+            },
+        }
+    }
+
+    /// One line for reports: shape, layouts and parameters.
+    pub fn describe(&self) -> String {
+        let p = &self.problem;
+        let l = |l: Layout| if l == Layout::RowMajor { "row" } else { "col" };
+        let mut rows = match p.custom.as_ref().and_then(|c| c.rows) {
+            Some(r) => format!(" ({} batches of {r} rows flattened)", p.m / r.max(1)),
+            None => String::new(),
+        };
+        if let Some(s) = p.a_split {
+            rows.push_str(&format!(
+                " (A read as {} groups of {} rows x {} slices of 64)",
+                p.m / s.rows.max(1),
+                s.rows,
+                p.k / 64
+            ));
+        }
+        let params = match &self.kind {
+            PlanKind::Sm90(q) => format!(
+                "tile {}x{}x{}, {} stages, {} consumer warpgroups, cluster {}, group {}",
+                q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m
+            ),
+        };
+        format!(
+            "{} {}x{}x{} batch {}{rows}, {} A {}-major, B {}-major, f32 accumulation; {params}",
+            self.family,
+            p.m,
+            p.n,
+            p.k,
+            p.batch,
+            p.in_dtype.name(),
+            l(p.a_layout),
+            l(p.b_layout),
+        )
+    }
+}
+
+/// A template family's kernel loaded on a device, launched with the tile-IR kernel's pointers.
+pub enum FamilyKernel {
+    Sm90(Sm90Kernel),
+}
+
+impl FamilyKernel {
+    /// Loads a plan's compiled image.
+    pub fn load(device: &Device, plan: &FamilyPlan, image: &[u8], cache_hit: bool) -> Result<FamilyKernel> {
+        match &plan.kind {
+            PlanKind::Sm90(_) => Sm90Kernel::load(device, plan, image, cache_hit).map(FamilyKernel::Sm90),
+        }
+    }
+
+    pub fn plan(&self) -> &FamilyPlan {
+        match self {
+            FamilyKernel::Sm90(k) => k.plan(),
+        }
+    }
+
+    /// The kernel function (for attributes such as registers).
+    pub fn function(&self) -> &Function {
+        match self {
+            FamilyKernel::Sm90(k) => k.gemm().function(),
+        }
+    }
+
+    /// The launch shape on this device.
+    pub fn launch_config(&self) -> LaunchConfig {
+        match self {
+            FamilyKernel::Sm90(k) => {
+                let q = match &k.plan().kind {
+                    PlanKind::Sm90(q) => *q,
+                };
+                LaunchConfig {
+                    grid: (k.gemm().resident_blocks(), 1, 1),
+                    block: (q.threads() as u32, 1, 1),
+                    shared_mem_bytes: q.smem_bytes() as u32,
+                }
+            }
+        }
+    }
+
+    /// Launches on `stream` with one device pointer per parameter of the tile-IR kernel.
+    pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
+        match self {
+            FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
+        }
+    }
+}
