@@ -13,6 +13,8 @@
 //! - [`schedule`]: GPU schedules (rows, elementwise, the block-tiled GEMM, direct nests) and
 //!   [`schedule_gpu`], which tries them in the families' order on a lowered kernel.
 //! - [`gemm`]: the Hopper tensor-core GEMM family (wgmma fed by TMA), rendered per parameters.
+//! - [`mma`]: the `mma.sync` tensor-core GEMM (sm_80 and later), also as an implicit-GEMM
+//!   convolution and with K split over blocks for skinny products.
 //! - [`families`]: the kernel families and their registry: the Hopper GEMM template, then the
 //!   tile-IR schedules.
 //! - [`tma`]: tensor maps for the bulk tensor copy engine.
@@ -22,6 +24,7 @@ pub mod error;
 pub mod families;
 pub mod gemm;
 pub mod handbuilt;
+pub mod mma;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
@@ -69,6 +72,15 @@ impl GpuKernel {
     /// The family running this kernel, if any.
     pub fn family(&self) -> Option<&families::FamilyKernel> {
         self.family.as_deref()
+    }
+
+    /// Prepares what a family kernel derives from its pointers (a convolution's repacked
+    /// weights): call once with the launch pointers, before launching or capturing.
+    pub fn bind(&self, stream: &Stream, args: &[u64]) -> Result<()> {
+        match &self.family {
+            Some(f) => f.bind(stream, args),
+            None => Ok(()),
+        }
     }
 
     /// Launches with one device pointer per parameter (16-byte aligned).

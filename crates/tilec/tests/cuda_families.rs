@@ -116,34 +116,61 @@ fn transposed_operands_and_batches_take_the_family() {
 #[test]
 fn other_matrix_products_fall_back_with_a_reason() {
     let h = GpuTarget::hopper();
-    let cases: [(Graph, GpuTarget, &str); 3] = [
-        (
-            linear(DType::F32, 1, 64, 256, 512),
-            h.clone(),
-            "is f32, not f16 or bf16",
-        ),
-        (
-            linear(DType::F16, 1, 64, 100, 512),
-            h.clone(),
-            "not a multiple of 8",
-        ),
-        (
-            linear(DType::F16, 1, 64, 256, 512),
-            GpuTarget {
-                compute_capability: (8, 0),
-                ..h.clone()
-            },
-            "compute capability 9.0",
-        ),
+    let ampere = GpuTarget { compute_capability: (8, 0), ..h.clone() };
+    let cases: [(Graph, GpuTarget, &str, &str); 3] = [
+        (linear(DType::F32, 1, 64, 256, 512), h.clone(), "gemm", "operands are f32, not f16 or bf16"),
+        (linear(DType::F16, 1, 64, 100, 512), h.clone(), "gemm", "not a multiple of 8"),
+        // Without wgmma, the mma.sync family takes it.
+        (linear(DType::F16, 1, 64, 256, 512), ampere, "sm80_mma_gemm", "compute capability 9.0"),
     ];
-    for (g, t, want) in cases {
+    for (g, t, family, want) in cases {
         let p = prepared(&g, &t);
         let f = families(&p);
         assert_eq!(f.len(), 1, "{f:?}");
-        assert_eq!(f[0].0, "gemm", "{f:?}");
+        assert_eq!(f[0].0, family, "{f:?}");
         let why = f[0].1.clone().unwrap_or_default();
         assert!(why.contains(want), "expected '{want}' in: {why}");
     }
+}
+
+/// Two convolutions with ReLUs over 16-bit `d`, NCHW as exported (two, so that the layout
+/// pass makes the region channels-last): `c -> o` with a `k x k` kernel, then `o -> o` 3x3.
+fn conv(d: DType, n: usize, c: usize, hw: usize, o: usize, k: usize, stride: usize, w_input: bool) -> Graph {
+    let mut g = Graph::new("conv");
+    let mut y = g.add_input("x", TensorType::fixed(d, &[n, c, hw, hw]));
+    for (i, (cin, k, stride)) in [(c, k, stride), (o, 3, 1)].into_iter().enumerate() {
+        let shape = [o, cin, k, k];
+        let w = if w_input { g.add_input(&format!("w{i}"), TensorType::fixed(d, &shape)) } else { konst(&mut g, &format!("w{i}"), d, &shape) };
+        let b = konst(&mut g, &format!("b{i}"), d, &[o]);
+        let window = tilec_ir::op::Window {
+            kernel: vec![k, k],
+            strides: vec![stride, stride],
+            dilations: vec![1, 1],
+            pads: tilec_ir::op::Padding::Explicit(vec![k / 2, k / 2, k / 2, k / 2]),
+        };
+        y = g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[y, w, b]).unwrap();
+        y = g.add(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+    }
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn sixteen_bit_convolutions_take_the_mma_family_as_implicit_gemms() {
+    for (c, k, stride) in [(64, 3, 1), (3, 7, 2), (64, 1, 2)] {
+        let p = prepared(&conv(DType::F16, 2, c, 16, 64, k, stride, false), &GpuTarget::hopper());
+        let convs: Vec<_> = p.kernels().iter().filter(|k| k.family.decision.family == "sm80_mma_gemm").collect();
+        let all: Vec<String> = p.kernels().iter().map(|k| format!("{} {}", k.name, k.family.describe())).collect();
+        assert_eq!(convs.len(), 2, "{all:#?}");
+        let why = convs[0].family.describe();
+        assert!(why.contains("implicit im2col") && why.contains(&format!("kernel {k}x{k}, stride {stride}x{stride}")), "{why}");
+        let src = &convs[0].source.source;
+        assert!(src.contains("mma.sync.aligned.m16n8k16") && src.contains("_repack("), "no mma or repack kernel");
+    }
+    // Weights that are graph inputs cannot be repacked once: the tile-IR GEMM keeps them.
+    let p = prepared(&conv(DType::F16, 2, 64, 16, 64, 3, 1, true), &GpuTarget::hopper());
+    let why: Vec<String> = p.kernels().iter().map(|k| k.family.describe()).collect();
+    assert!(why.iter().any(|w| w.contains("weights are not a constant")), "{why:#?}");
 }
 
 #[test]
@@ -172,6 +199,14 @@ fn family_kernels_compile_with_nvrtc() {
         }
     }
     assert_eq!(modules.len(), 3);
+    for (i, g) in [conv(DType::F16, 2, 64, 16, 64, 3, 1, false), conv(DType::BF16, 2, 3, 32, 64, 7, 2, false)].iter().enumerate() {
+        for k in prepared(g, &h).kernels() {
+            if k.schedule == "sm80_mma_gemm" {
+                modules.push((format!("c{i}_{}", k.name), k.source.source.clone()));
+            }
+        }
+    }
+    assert_eq!(modules.len(), 7);
     let c = tilec::cuda::Compiler::new(nv, "sm_90a");
     for ((name, _), r) in modules.iter().zip(c.compile_many(&modules)) {
         let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -236,8 +271,11 @@ fn f16_transformer_exports_dispatch_their_matrix_products() {
         let g = to_f16(&tilec::load(&path, &opts).unwrap_or_else(|e| panic!("{m}: {e}")));
         let p = prepared(&g, &GpuTarget::hopper());
         let f = families(&p);
-        let on: Vec<_> = f.iter().filter(|x| x.0 == "sm90_tc_gemm").collect();
-        let off: Vec<_> = f.iter().filter(|x| x.0 != "sm90_tc_gemm").collect();
+        // On a tensor-core family: the Hopper template, or the mma.sync one for the skinny
+        // products the Hopper template passes to it.
+        let tc = |s: &str| s == "sm90_tc_gemm" || s == "sm80_mma_gemm";
+        let on: Vec<_> = f.iter().filter(|x| tc(x.0)).collect();
+        let off: Vec<_> = f.iter().filter(|x| !tc(x.0)).collect();
         eprintln!(
             "{m} at length {seq}: {} matrix-product kernels, {} on the family",
             f.len(),
@@ -256,7 +294,7 @@ fn f16_transformer_exports_dispatch_their_matrix_products() {
             on.len()
         );
         assert!(off.len() <= off_max, "{m} at length {seq}: {off:?}");
-        for k in p.kernels().iter().filter(|k| k.schedule == "sm90_tc_gemm") {
+        for k in p.kernels().iter().filter(|k| tc(k.schedule)) {
             modules.push((format!("{m}{seq}_{}", k.name), k.source.source.clone()));
         }
     }
@@ -265,6 +303,67 @@ fn f16_transformer_exports_dispatch_their_matrix_products() {
         for ((name, _), r) in modules.iter().zip(c.compile_many(&modules)) {
             let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(r.image.starts_with(b"\x7fELF"), "{name}: not a cubin");
+        }
+    }
+}
+
+/// Random inputs for a graph's inputs (values in [-1, 1), fixed seed per input).
+fn random_inputs(g: &Graph) -> Vec<Tensor> {
+    g.inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let ty = &g.value(v).ty;
+            let shape = ty.fixed_shape().unwrap();
+            let n: usize = shape.iter().product();
+            let mut s = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1);
+            let vals: Vec<f64> = (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+                })
+                .collect();
+            Tensor::from_f64s(ty.dtype, shape, &vals).unwrap()
+        })
+        .collect()
+}
+
+/// On a GPU: the mma.sync family's matrix products (forced, with split-K on a skinny one) and
+/// implicit-GEMM convolutions (few channels read channels-first through a fused transpose,
+/// strided, 1x1, ragged output channels) match the reference interpreter, outputs poisoned
+/// first. Without a GPU, says so and passes.
+#[test]
+fn mma_family_kernels_match_the_reference_on_a_gpu() {
+    if !tilec::cuda::is_available() {
+        eprintln!("note: no CUDA GPU; the mma family's kernels were not run");
+        return;
+    }
+    let force = |op: &str| vec![(op.to_string(), "sm80_mma_gemm".to_string())];
+    let cases: Vec<(&str, Graph, Vec<(String, String)>)> = vec![
+        ("linear f16", linear(DType::F16, 2, 96, 256, 200), force("matmul")),
+        ("linear bf16 m16 split-K", linear(DType::BF16, 1, 16, 2048, 512), force("matmul")),
+        ("scores f16", scores(DType::F16), force("matmul")),
+        ("conv 3x3", conv(DType::F16, 2, 64, 16, 64, 3, 1, false), vec![]),
+        ("conv 7x7 s2 c3", conv(DType::F16, 2, 3, 32, 64, 7, 2, false), vec![]),
+        ("conv 1x1 s2", conv(DType::BF16, 2, 64, 15, 128, 1, 2, false), vec![]),
+        ("conv ragged", conv(DType::F16, 3, 24, 11, 40, 3, 1, false), vec![]),
+    ];
+    for (what, g, families) in cases {
+        let opts = CudaOptions { families, ..CudaOptions::default() };
+        let mut c = tilec::compiled_cuda::compile(&g, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let on = c.report.schedules.clone();
+        assert!(on.iter().any(|(s, n)| s == "sm80_mma_gemm" && *n > 0), "{what}: not on the family: {on:?}");
+        // A family kernel that failed to compile or load would run its fallback: not here.
+        assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
+        let inputs = random_inputs(&g);
+        let want = tilec::reference::run(&g, inputs.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        c.poison().unwrap();
+        let got = c.run(&inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (w, gt) in want.iter().zip(&got) {
+            let cmp = tilec::compare::compare(w, gt, 2e-2, 2e-2).unwrap();
+            assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches ({on:?})", cmp.max_abs, cmp.mismatches);
         }
     }
 }

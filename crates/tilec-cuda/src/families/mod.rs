@@ -12,6 +12,7 @@ mod elementwise;
 mod operands;
 mod rows;
 mod simt_gemm;
+mod sm80_mma_gemm;
 mod sm90_tc_gemm;
 mod template;
 
@@ -26,6 +27,7 @@ use crate::render::{render, CudaSource};
 use crate::schedule::GpuTarget;
 
 pub use operands::{gemm_view, has_gemm, GemmView};
+pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM};
 pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
 
@@ -52,7 +54,10 @@ pub struct GpuBuilt {
 pub fn registry() -> &'static Registry<Target, GpuBuilt> {
     static REG: OnceLock<Registry<Target, GpuBuilt>> = OnceLock::new();
     REG.get_or_init(|| {
-        let mut entries = vec![Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] }];
+        let mut entries = vec![
+            Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
+            Entry { family: &sm80_mma_gemm::SM80_MMA_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
+        ];
         entries.extend(TILE_IR_FAMILIES.iter().map(|f| Entry { family: f as FamilyRef<Target, GpuBuilt>, kinds: &[] }));
         Registry { entries }
     })

@@ -303,6 +303,18 @@ pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
         problem.batch_stride_a = 0;
         problem.batch_stride_c = problem.m * n;
     }
+    problem.custom = Some(epilogue_fn(k, g, rows)?);
+    let pos = |buf: BufId| k.params.iter().position(|&p| p == buf).unwrap_or(0);
+    Ok(GemmView {
+        a: OperandRef { param: pos(a.buf), offset_bytes: (a.konst * es) as u64 },
+        b: OperandRef { param: pos(b.buf), offset_bytes: (b.konst * es) as u64 },
+        problem,
+    })
+}
+
+/// The epilogue of `g` (a `Gemm` of kernel `k`) as the device function `tl_epi` a template
+/// calls per element of C; `rows`: the template passes flattened rows of batches this tall.
+pub fn epilogue_fn(k: &Kernel, g: &Gemm, rows: Option<usize>) -> Result<CustomEpilogue, String> {
     let entry_fn = "tl_epi";
     // Buffers renamed by position, so that the same epilogue in every layer of a model is the
     // same source (compiled once).
@@ -315,16 +327,10 @@ pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
             CudaError::Render { msg, .. } => format!("epilogue not renderable: {msg}"),
             e => format!("epilogue not renderable: {e}"),
         })?;
-    problem.custom = Some(CustomEpilogue {
+    Ok(CustomEpilogue {
         name: entry_fn.into(),
         source,
         params: crate::render::param_list(&plain),
         rows,
-    });
-    let pos = |buf: BufId| k.params.iter().position(|&p| p == buf).unwrap_or(0);
-    Ok(GemmView {
-        a: OperandRef { param: pos(a.buf), offset_bytes: (a.konst * es) as u64 },
-        b: OperandRef { param: pos(b.buf), offset_bytes: (b.konst * es) as u64 },
-        problem,
     })
 }

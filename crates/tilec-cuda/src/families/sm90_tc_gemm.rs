@@ -40,6 +40,18 @@ pub fn hopper_gemm(k: &Kernel, target: &GpuTarget) -> std::result::Result<Family
         return Err(format!("operands are {}, not f16 or bf16", problem.in_dtype.name()));
     }
     let mut params = gemm::heuristic(&problem, target.sm_count as usize);
+    // Skinny products (decode-shaped: a few rows against a large B) are bound by reading B;
+    // with fewer tiles than SMs this persistent kernel leaves SMs idle, where the mma.sync
+    // family splits K over blocks and streams B from all of them.
+    let tiles = problem.m.div_ceil(params.tile_m) * problem.n.div_ceil(params.tile_n) * problem.batch;
+    if problem.m <= 64 && problem.a_split.is_none() && problem.k >= 1024 && tiles < target.sm_count as usize {
+        return Err(format!(
+            "a skinny product ({} rows, {tiles} tiles for {} SMs): the split-K {} streams B faster",
+            problem.m,
+            target.sm_count,
+            super::MMA_GEMM
+        ));
+    }
     // A split A's row groups must hold whole tiles: 64-row tiles where 128 do not fit.
     if problem
         .a_split

@@ -9,6 +9,7 @@
 use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::Result;
 use crate::gemm::{self, Layout, Problem};
+use crate::mma::{self, MmaKernel, MmaProblem};
 
 use super::sm90_tc_gemm::Sm90Kernel;
 
@@ -25,6 +26,9 @@ pub struct OperandRef {
 pub enum PlanKind {
     /// The Hopper GEMM (`crate::gemm`): wgmma fed by TMA.
     Sm90(gemm::Params),
+    /// The `mma.sync` GEMM (`crate::mma`), with a convolution's geometry when A is an implicit
+    /// im2col.
+    Mma(mma::Params, Option<mma::ConvGeom>),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -48,6 +52,11 @@ impl FamilyPlan {
         match &self.kind {
             PlanKind::Sm90(q) => LaunchConfig {
                 grid: (sm_count, 1, 1),
+                block: (q.threads() as u32, 1, 1),
+                shared_mem_bytes: q.smem_bytes() as u32,
+            },
+            PlanKind::Mma(q, _) => LaunchConfig {
+                grid: (mma::tiles(&self.problem, q) as u32, 1, (self.problem.batch * q.split_k) as u32),
                 block: (q.threads() as u32, 1, 1),
                 shared_mem_bytes: q.smem_bytes() as u32,
             },
@@ -75,6 +84,18 @@ impl FamilyPlan {
                 "tile {}x{}x{}, {} stages, {} consumer warpgroups, cluster {}, group {}",
                 q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m
             ),
+            PlanKind::Mma(q, conv) => {
+                let im2col = conv.map_or(String::new(), |c| {
+                    format!(
+                        "A an implicit im2col of {}x{}x{}x{} (kernel {}x{}, stride {}x{}), weights repacked; ",
+                        c.n, c.h, c.w, c.c, c.kh, c.kw, c.stride.0, c.stride.1
+                    )
+                });
+                format!(
+                    "{im2col}tile {}x{}x{}, {}x{} warps, {} stages, split-K {}",
+                    q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k
+                )
+            }
         };
         format!(
             "{} {}x{}x{} batch {}{rows}, {} A {}-major, B {}-major, f32 accumulation; {params}",
@@ -93,6 +114,7 @@ impl FamilyPlan {
 /// A template family's kernel loaded on a device, launched with the tile-IR kernel's pointers.
 pub enum FamilyKernel {
     Sm90(Sm90Kernel),
+    Mma(MmaKernel, FamilyPlan),
 }
 
 impl FamilyKernel {
@@ -100,12 +122,18 @@ impl FamilyKernel {
     pub fn load(device: &Device, plan: &FamilyPlan, image: &[u8], cache_hit: bool) -> Result<FamilyKernel> {
         match &plan.kind {
             PlanKind::Sm90(_) => Sm90Kernel::load(device, plan, image, cache_hit).map(FamilyKernel::Sm90),
+            PlanKind::Mma(q, conv) => {
+                let problem = MmaProblem { gemm: plan.problem.clone(), conv: *conv };
+                let k = MmaKernel::from_image(device, &problem, q, &plan.a, &plan.b, image, cache_hit)?;
+                Ok(FamilyKernel::Mma(k, plan.clone()))
+            }
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
+            FamilyKernel::Mma(_, plan) => plan,
         }
     }
 
@@ -113,6 +141,7 @@ impl FamilyKernel {
     pub fn function(&self) -> &Function {
         match self {
             FamilyKernel::Sm90(k) => k.gemm().function(),
+            FamilyKernel::Mma(k, _) => k.function(),
         }
     }
 
@@ -122,6 +151,7 @@ impl FamilyKernel {
             FamilyKernel::Sm90(k) => {
                 let q = match &k.plan().kind {
                     PlanKind::Sm90(q) => *q,
+                    _ => gemm::Params::default(),
                 };
                 LaunchConfig {
                     grid: (k.gemm().resident_blocks(), 1, 1),
@@ -129,6 +159,16 @@ impl FamilyKernel {
                     shared_mem_bytes: q.smem_bytes() as u32,
                 }
             }
+            FamilyKernel::Mma(k, _) => k.launch_config(),
+        }
+    }
+
+    /// Prepares what depends on the pointers (a convolution's repacked weights): once, before
+    /// the first launch and outside graph capture.
+    pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
+        match self {
+            FamilyKernel::Sm90(_) => Ok(()),
+            FamilyKernel::Mma(k, _) => k.bind(stream, ptrs),
         }
     }
 
@@ -136,6 +176,7 @@ impl FamilyKernel {
     pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
             FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
+            FamilyKernel::Mma(k, _) => k.launch(stream, ptrs),
         }
     }
 }

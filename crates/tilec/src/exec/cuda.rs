@@ -175,6 +175,7 @@ impl Backend for Cuda {
                 k.params.len()
             )));
         }
+        k.bind(&self.stream, &ptrs).map_err(cuda_err(&format!("binding kernel {name}")))?;
         Ok((k, ptrs))
     }
 

@@ -1,0 +1,443 @@
+//! Checks and times the `mma.sync` GEMM family (matrix products and implicit-GEMM
+//! convolutions) on a GPU.
+//!
+//! Usage: `mma_bench check|bench [--iters N] [--only SUBSTRING] [--dump DIR]`
+//! - `check`: small and ragged shapes over the layouts, batching, split-K, and convolutions
+//!   (strides, padding, dilation, few channels): fresh random inputs, the output poisoned with
+//!   NaN first, compared with an f64 reference on the CPU (every element of small problems,
+//!   samples of large ones).
+//! - `bench`: decode-shaped and LLM products and the 53 convolutions of ResNet-50 at batch 64
+//!   (channels-last, f16), timed (median of `--iters` runs, CUDA events) and checked on samples.
+//!
+//! Prints one JSON object per line.
+
+use half::{bf16, f16};
+use serde_json::json;
+use tilec_cuda::families::OperandRef;
+use tilec_cuda::gemm::{CustomEpilogue, Layout, Problem};
+use tilec_cuda::mma::{self, ConvGeom, MmaKernel, MmaProblem, Params};
+use tilec_cuda::*;
+use tilec_ir::DType;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn to_bits(d: DType, x: f32) -> u16 {
+    match d {
+        DType::BF16 => bf16::from_f32(x).to_bits(),
+        _ => f16::from_f32(x).to_bits(),
+    }
+}
+fn from_bits(d: DType, b: u16) -> f64 {
+    match d {
+        DType::BF16 => bf16::from_bits(b).to_f64(),
+        _ => f16::from_bits(b).to_f64(),
+    }
+}
+
+#[derive(Clone)]
+enum Shape {
+    /// m, n, k, batch, layouts, padded leading dimensions.
+    Gemm { m: usize, n: usize, k: usize, batch: usize, a: Layout, b: Layout, lda: usize, ldb: usize },
+    Conv { g: ConvGeom, o: usize },
+}
+
+struct Case {
+    label: String,
+    dtype: DType,
+    out: DType,
+    shape: Shape,
+    params: Option<Params>,
+    time: bool,
+}
+
+use Layout::{ColMajor as C, RowMajor as R};
+
+fn gemm(m: usize, n: usize, k: usize, batch: usize, a: Layout, b: Layout) -> Shape {
+    let lda = if a == R { k.next_multiple_of(8) } else { m.next_multiple_of(8) };
+    let ldb = if b == R { n.next_multiple_of(8) } else { k.next_multiple_of(8) };
+    Shape::Gemm { m, n, k, batch, a, b, lda, ldb }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv(n: usize, h: usize, c: usize, o: usize, kk: usize, s: usize, p: usize, d: usize) -> Shape {
+    let oh = (h + 2 * p - d * (kk - 1) - 1) / s + 1;
+    Shape::Conv { g: ConvGeom { n, h, w: h, c, kh: kk, kw: kk, oh, ow: oh, stride: (s, s), pad: (p, p), dil: (d, d), nchw_input: false }, o }
+}
+
+fn check_cases() -> Vec<Case> {
+    let mut v = vec![];
+    let mut add = |label: &str, dtype: DType, shape: Shape, params: Option<Params>| {
+        v.push(Case { label: label.into(), dtype, out: DType::F32, shape, params, time: false })
+    };
+    for (a, b) in [(R, C), (R, R), (C, C), (C, R)] {
+        add("layouts", DType::BF16, gemm(296, 200, 136, 1, a, b), None);
+        add("ragged", DType::F16, gemm(291, 203, 130, 1, a, b), None);
+    }
+    add("batched", DType::BF16, gemm(72, 136, 200, 3, R, R), None);
+    add("batched_cc", DType::F16, gemm(100, 64, 96, 2, C, C), None);
+    add("m16_split", DType::BF16, gemm(16, 1000, 2048, 1, R, C), Some(Params { tile_m: 16, tile_n: 128, warps_m: 1, warps_n: 4, stages: 6, split_k: 4, ..Params::default() }));
+    add("m5_split_rr", DType::BF16, gemm(5, 520, 1000, 1, R, R), Some(Params { tile_m: 16, tile_n: 128, warps_m: 1, warps_n: 4, stages: 4, split_k: 5, ..Params::default() }));
+    add("m1", DType::F16, gemm(1, 777, 512, 1, R, C), None);
+    add("heuristic_skinny", DType::BF16, gemm(16, 4096, 4096, 1, R, C), None);
+    add("big_tile", DType::BF16, gemm(300, 520, 264, 1, R, C), Some(Params { tile_n: 256, stages: 3, ..Params::default() }));
+    add("tile_64", DType::F16, gemm(300, 520, 264, 1, C, R), Some(Params { tile_m: 64, tile_n: 64, warps_m: 2, warps_n: 2, stages: 5, ..Params::default() }));
+    add("conv3x3", DType::F16, conv(2, 9, 16, 32, 3, 1, 1, 1), None);
+    add("conv3x3_s2", DType::BF16, conv(3, 15, 8, 64, 3, 2, 1, 1), None);
+    add("conv_stem_c3", DType::F16, conv(2, 23, 3, 64, 7, 2, 3, 1), None);
+    add("conv1x1_s2", DType::F16, conv(2, 14, 64, 128, 1, 2, 0, 1), None);
+    add("conv_dil2", DType::BF16, conv(1, 17, 24, 40, 3, 1, 2, 2), None);
+    add("conv_ragged", DType::F16, conv(3, 11, 40, 72, 3, 1, 0, 1), Some(Params { tile_m: 64, tile_n: 64, warps_m: 2, warps_n: 2, ..Params::default() }));
+    if let Shape::Conv { g, o } = conv(2, 12, 16, 32, 3, 1, 1, 1) {
+        add("conv_nchw_input", DType::F16, Shape::Conv { g: ConvGeom { nchw_input: true, ..g }, o }, None);
+    }
+    add("conv_split", DType::F16, conv(1, 7, 512, 512, 3, 1, 1, 1), Some(Params { tile_m: 64, tile_n: 128, warps_m: 2, warps_n: 2, split_k: 6, ..Params::default() }));
+    v
+}
+
+/// The 53 convolutions of ResNet-50 (torchvision): (input size, in, out, kernel, stride).
+fn resnet50_convs() -> Vec<(usize, usize, usize, usize, usize)> {
+    let mut v = vec![(224, 3, 64, 7, 2)];
+    let mut cin = 64;
+    for (blocks, width, size, stride) in [(3, 64, 56, 1), (4, 128, 56, 2), (6, 256, 28, 2), (3, 512, 14, 2)] {
+        let out = width * 4;
+        for b in 0..blocks {
+            let (s, at) = if b == 0 { (stride, size) } else { (1, size / stride) };
+            v.push((at, cin, width, 1, 1));
+            v.push((at, width, width, 3, s));
+            v.push((at / s, width, out, 1, 1));
+            if b == 0 {
+                v.push((at, cin, out, 1, s));
+            }
+            cin = out;
+        }
+    }
+    v
+}
+
+fn bench_cases() -> Vec<Case> {
+    let mut v = vec![];
+    let mut add = |label: String, dtype: DType, shape: Shape| v.push(Case { label, dtype, out: dtype, shape, params: None, time: true });
+    add("gemv_bf16_16x8192x8192".into(), DType::BF16, gemm(16, 8192, 8192, 1, R, C));
+    add("gemv_bf16_16x8192x8192_rr".into(), DType::BF16, gemm(16, 8192, 8192, 1, R, R));
+    for m in [1, 16] {
+        for (n, k) in [(4096, 4096), (14336, 4096), (4096, 14336)] {
+            add(format!("llm_bf16_{m}x{n}x{k}"), DType::BF16, gemm(m, n, k, 1, R, C));
+        }
+    }
+    add("gemm_bf16_8192_mma".into(), DType::BF16, gemm(8192, 8192, 8192, 1, R, R));
+    for (i, (h, c, o, k, s)) in resnet50_convs().into_iter().enumerate() {
+        add(format!("resnet50_conv{i:02}_{h}x{c}x{o}_k{k}s{s}"), DType::F16, conv(64, h, c, o, k, s, k / 2, 1));
+    }
+    v
+}
+
+fn store(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "tl_acc",
+        DType::F16 => "tl_st_f16(tl_acc)",
+        _ => "tl_st_bf16(tl_acc)",
+    }
+}
+fn storage(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F16 => "tl_f16",
+        _ => "tl_bf16",
+    }
+}
+
+/// The problem with an epilogue storing C densely (`[batch][m][n]`, or NHWC for a
+/// convolution).
+fn problem(case: &Case) -> MmaProblem {
+    let (dt, od) = (case.dtype, case.out);
+    let params = vec![
+        format!("const {}* __restrict__ a", storage(dt)),
+        format!("const {}* __restrict__ b", storage(dt)),
+        format!("{}* __restrict__ c", storage(od)),
+    ];
+    let (mut gp, conv, rows, index) = match &case.shape {
+        Shape::Gemm { m, n, k, batch, a, b, lda, ldb } => {
+            let mut p = Problem::new(*m, *n, *k, dt).with_layouts(*a, *b);
+            p.lda = Some(*lda);
+            p.ldb = Some(*ldb);
+            p.batch = *batch;
+            p.batch_stride_a = lda * if *a == R { *m } else { *k };
+            p.batch_stride_b = ldb * if *b == R { *k } else { *n };
+            (p, None, None, format!("tl_b * {} + tl_i * {n} + tl_j", m * n))
+        }
+        Shape::Conv { g, o } => {
+            let mut p = Problem::new(g.n * g.oh * g.ow, *o, g.k(), dt).with_layouts(R, C);
+            p.lda = Some(g.c);
+            p.ldb = Some(g.k_padded());
+            p.batch_stride_a = 0;
+            p.batch_stride_b = 0;
+            (p, Some(*g), Some(g.oh * g.ow), format!("(tl_b * {} + tl_i) * {o} + tl_j", g.oh * g.ow))
+        }
+    };
+    let source = format!(
+        "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ c[{index}] = {}; }}\n",
+        params.join(", "),
+        store(od)
+    );
+    gp.out_dtype = od;
+    gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows });
+    MmaProblem { gemm: gp, conv }
+}
+
+/// The case's parameters, else `MMA_PARAMS=tile_m,tile_n,warps_m,warps_n,stages,split_k[,prefetch]`
+/// (for sweeps), else the heuristic's.
+fn params_of(case: &Case, p: &MmaProblem, sms: usize) -> Params {
+    if let Some(q) = case.params {
+        return q;
+    }
+    let env: Vec<usize> = std::env::var("MMA_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
+    match env[..] {
+        [tile_m, tile_n, warps_m, warps_n, stages, split_k] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, ..Params::default() },
+        [tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, ..Params::default() },
+        _ => mma::heuristic(p, sms),
+    }
+}
+
+const A: OperandRef = OperandRef { param: 0, offset_bytes: 0 };
+const B: OperandRef = OperandRef { param: 1, offset_bytes: 0 };
+
+fn median(mut v: Vec<f32>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2] as f64
+}
+
+struct Data {
+    a: Vec<u16>,
+    b: Vec<u16>,
+    da: DeviceBuffer,
+    db: DeviceBuffer,
+}
+
+/// Operand sizes in elements (A or the convolution input, B or the weights, C).
+fn sizes(case: &Case) -> (usize, usize, usize) {
+    match &case.shape {
+        Shape::Gemm { m, n, k, batch, a, b, lda, ldb } => (
+            batch * lda * if *a == R { *m } else { *k },
+            batch * ldb * if *b == R { *k } else { *n },
+            batch * m * n,
+        ),
+        Shape::Conv { g, o } => (g.n * g.h * g.w * g.c, o * g.c * g.kh * g.kw, g.n * g.oh * g.ow * o),
+    }
+}
+
+/// The reference value of output element `idx` (dense C).
+fn reference(case: &Case, d: &Data, idx: usize) -> f64 {
+    let dt = case.dtype;
+    match &case.shape {
+        Shape::Gemm { m, n, k, a, b, lda, ldb, .. } => {
+            let (bb, i, j) = (idx / (m * n), idx % (m * n) / n, idx % n);
+            let sa = lda * if *a == R { *m } else { *k };
+            let sb = ldb * if *b == R { *k } else { *n };
+            (0..*k)
+                .map(|kk| {
+                    let ai = bb * sa + if *a == R { i * lda + kk } else { kk * lda + i };
+                    let bi = bb * sb + if *b == R { kk * ldb + j } else { j * ldb + kk };
+                    from_bits(dt, d.a[ai]) * from_bits(dt, d.b[bi])
+                })
+                .sum()
+        }
+        Shape::Conv { g, o } => {
+            let p = g.oh * g.ow;
+            let (img, pix, oc) = (idx / (p * o), idx % (p * o) / o, idx % o);
+            let (oh, ow) = (pix / g.ow, pix % g.ow);
+            let mut s = 0f64;
+            for th in 0..g.kh {
+                for tw in 0..g.kw {
+                    let ih = (oh * g.stride.0 + th * g.dil.0) as isize - g.pad.0 as isize;
+                    let iw = (ow * g.stride.1 + tw * g.dil.1) as isize - g.pad.1 as isize;
+                    if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
+                        continue;
+                    }
+                    for c in 0..g.c {
+                        let (sh, sw, sc) = g.input_strides();
+                        let x = d.a[img * g.h * g.w * g.c + ih as usize * sh + iw as usize * sw + c * sc];
+                        let w = d.b[((oc * g.c + c) * g.kh + th) * g.kw + tw];
+                        s += from_bits(dt, x) * from_bits(dt, w);
+                    }
+                }
+            }
+            s
+        }
+    }
+}
+
+fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, case: &Case, iters: usize, dump: Option<&str>, rng: &mut Rng) -> Result<serde_json::Value, String> {
+    let s = |e: CudaError| e.to_string();
+    let p = problem(case);
+    let sms = dev.props().sm_count as usize;
+    let q = params_of(case, &p, sms);
+    mma::applies(&p, &q, dev.props().compute_capability)?;
+    let name = mma::kernel_name(&p, &q, &A, &B);
+    let source = mma::render(&p, &q, &A, &B);
+    if let Some(dir) = dump {
+        let _ = std::fs::write(format!("{dir}/{name}.cu"), &source);
+    }
+    let t0 = std::time::Instant::now();
+    let compiled = comp.compile(&name, &source).map_err(s)?;
+    let compile_s = t0.elapsed().as_secs_f64();
+    let kern = MmaKernel::from_image(dev, &p, &q, &A, &B, &compiled.image, compiled.cache_hit).map_err(s)?;
+    let (ea, eb, ec) = sizes(case);
+    let up = |v: &[u16]| -> Result<DeviceBuffer> {
+        let buf = dev.alloc(v.len().max(1) * 2)?;
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        buf.write(0, &bytes)?;
+        Ok(buf)
+    };
+    let a: Vec<u16> = (0..ea).map(|_| to_bits(case.dtype, rng.unit())).collect();
+    let b: Vec<u16> = (0..eb).map(|_| to_bits(case.dtype, rng.unit())).collect();
+    let (da, db) = (up(&a).map_err(s)?, up(&b).map_err(s)?);
+    let d = Data { a, b, da, db };
+    let osz = case.out.size_bytes();
+    let dc = dev.alloc(ec * osz).map_err(s)?;
+    let ptrs = [d.da.ptr(), d.db.ptr(), dc.ptr()];
+    kern.bind(stream, &ptrs).map_err(s)?;
+    dc.fill_u32(stream, 0xffff_ffff).map_err(s)?;
+    kern.launch(stream, &ptrs).map_err(s)?;
+    // Twice: the split-K counters must be back at zero after a launch.
+    kern.launch(stream, &ptrs).map_err(s)?;
+    stream.synchronize().map_err(s)?;
+    let mut raw = vec![0u8; ec * osz];
+    dc.read(0, &mut raw).map_err(s)?;
+    let out: Vec<f64> = match case.out {
+        DType::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        o => raw.chunks_exact(2).map(|c| from_bits(o, u16::from_le_bytes([c[0], c[1]]))).collect(),
+    };
+    let nan = out.iter().filter(|x| !x.is_finite()).count();
+    let mut points: Vec<usize> = if ec <= 1 << 16 { (0..ec).collect() } else { (0..2000).map(|_| (rng.next() % ec as u64) as usize).collect() };
+    points.extend([0, ec - 1]);
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let chunk = points.len().div_ceil(threads).max(1);
+    let parts: Vec<(f64, f64)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = points
+            .chunks(chunk)
+            .map(|c| {
+                let d = &d;
+                let out = &out;
+                sc.spawn(move || {
+                    let (mut me, mut mr) = (0f64, 0f64);
+                    for &i in c {
+                        let r = reference(case, d, i);
+                        me = me.max((out[i] - r).abs());
+                        mr = mr.max(r.abs());
+                    }
+                    (me, mr)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or((f64::NAN, 0.0))).collect()
+    });
+    let max_err = parts.iter().map(|p| p.0).fold(0f64, f64::max) / parts.iter().map(|p| p.1).fold(1e-30, f64::max);
+    let tol = match case.out {
+        DType::BF16 => 1e-2,
+        DType::F16 => 3e-3,
+        _ => 1e-4,
+    };
+    let ok = nan == 0 && max_err < tol;
+    let g = &p.gemm;
+    let f = kern.function();
+    let cfg = kern.launch_config();
+    let mut j = json!({
+        "kind": if case.time { "bench" } else { "check" },
+        "label": case.label, "kernel": name,
+        "m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "dtype": case.dtype.name(), "out": case.out.name(),
+        "layouts": format!("{:?}{:?}", g.a_layout, g.b_layout), "conv": p.conv.is_some(),
+        "params": format!("{}x{}x{} w{}x{} s{} k{}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k),
+        "ok": ok, "max_err": max_err, "nan": nan, "checked": points.len(),
+        "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
+        "compile_s": compile_s, "grid": [cfg.grid.0, cfg.grid.2], "smem": cfg.shared_mem_bytes,
+    });
+    if case.time && ok {
+        for _ in 0..5 {
+            kern.launch(stream, &ptrs).map_err(s)?;
+        }
+        let events: Vec<(Event, Event)> = (0..iters).map(|_| Ok((dev.event()?, dev.event()?))).collect::<Result<_>>().map_err(s)?;
+        for (e0, e1) in &events {
+            e0.record(stream).map_err(s)?;
+            kern.launch(stream, &ptrs).map_err(s)?;
+            e1.record(stream).map_err(s)?;
+        }
+        stream.synchronize().map_err(s)?;
+        let times: Vec<f32> = events.iter().map(|(e0, e1)| e1.elapsed_ms_since(e0)).collect::<Result<_>>().map_err(s)?;
+        let ms = median(times);
+        let bytes = (ea + eb) * 2 + ec * osz;
+        j["ms"] = json!(ms);
+        j["tflops"] = json!(2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch as f64 / ms / 1e9);
+        j["tb_s"] = json!(bytes as f64 / ms / 1e9);
+    }
+    Ok(j)
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let phase = argv.first().cloned().unwrap_or_else(|| "check".into());
+    let opt = |name: &str| argv.iter().position(|a| a == name).and_then(|i| argv.get(i + 1).cloned());
+    let iters: usize = opt("--iters").and_then(|v| v.parse().ok()).unwrap_or(30);
+    let dump = opt("--dump");
+    let only = opt("--only");
+    let fail = |e: String| -> ! {
+        eprintln!("mma_bench: {e}");
+        std::process::exit(1)
+    };
+    let dev = Device::open(0).unwrap_or_else(|e| fail(e.to_string()));
+    let nv = Nvrtc::load().unwrap_or_else(|e| fail(e.to_string()));
+    let props = dev.props().clone();
+    println!("{}", json!({"device": props.name, "sms": props.sm_count, "arch": props.arch(), "nvrtc": format!("{:?}", nv.version())}));
+    let comp = Compiler::new(nv, &props.arch());
+    let stream = dev.stream().unwrap_or_else(|e| fail(e.to_string()));
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+    let mut rng = Rng(seed);
+    let cases: Vec<Case> = if phase == "bench" { bench_cases() } else { check_cases() };
+    let cases: Vec<Case> = cases.into_iter().filter(|c| only.as_ref().is_none_or(|o| c.label.contains(o.as_str()))).collect();
+    // Compile every kernel first, in parallel (the runs then hit the compiler's cache).
+    let sms = props.sm_count as usize;
+    let modules: Vec<(String, String)> = cases
+        .iter()
+        .filter_map(|c| {
+            let p = problem(c);
+            let q = params_of(c, &p, sms);
+            mma::applies(&p, &q, props.compute_capability).ok()?;
+            Some((mma::kernel_name(&p, &q, &A, &B), mma::render(&p, &q, &A, &B)))
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    let compiled = comp.compile_many(&modules);
+    for (r, (name, _)) in compiled.iter().zip(&modules) {
+        if let Err(e) = r {
+            println!("{}", json!({"compile_error": name, "error": e.to_string()}));
+        }
+    }
+    println!("{}", json!({"compiled": modules.len(), "seconds": t0.elapsed().as_secs_f64()}));
+    let mut failed = 0;
+    for c in &cases {
+        match run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng) {
+            Ok(j) => {
+                if j["ok"] != json!(true) {
+                    failed += 1;
+                }
+                println!("{j}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{}", json!({"label": c.label, "error": e}));
+            }
+        }
+    }
+    println!("{}", json!({"cases": cases.len(), "failed": failed}));
+}

@@ -1,0 +1,543 @@
+//! CUDA C++ source of the `mma.sync` GEMM for one problem and parameter set.
+//!
+//! Shared memory holds `stages` slots, each an A tile then a B tile of 16-bit elements. A tile
+//! is stored as rows of 16-byte chunks: K-contiguous operands as `rows x 64` (8 chunks a
+//! row: 128 bytes), M- or N-contiguous ones as `64 x cols`. Chunk `c` of row `r` sits at
+//! chunk `c ^ (r & 7)` of its row, so the eight rows an `ldmatrix` reads at one chunk column
+//! fall in eight different bank groups.
+//!
+//! Iteration `i` of a block's K loop waits for slot `i % stages`, then issues the copy of
+//! K-block `i + stages - 1` into the slot computed in iteration `i - 1` (every thread is past
+//! it: the barrier), then multiplies.
+
+use std::fmt::Write;
+
+use tilec_ir::DType;
+
+use super::{MmaProblem, Params};
+use crate::families::OperandRef;
+use crate::gemm::Layout;
+use crate::render::PRELUDE;
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn short(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bf16",
+        _ => "f16",
+    }
+}
+
+/// The name of a parameter as declared (`const tl_f16* __restrict__ t3` → `t3`).
+fn param_name(decl: &str) -> &str {
+    decl.rsplit([' ', '*']).next().unwrap_or("")
+}
+
+/// The kernel's name: its shape class and parameters, then a hash of everything else the
+/// source depends on.
+pub fn kernel_name(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef) -> String {
+    let body = render_body(p, q, a, b, "tl_mma");
+    let g = &p.gemm;
+    let l = |l: Layout| if l == Layout::RowMajor { 'r' } else { 'c' };
+    let kind = if p.conv.is_some() { "conv".to_string() } else { format!("{}{}", l(g.a_layout), l(g.b_layout)) };
+    format!(
+        "tl_mma_{}_{kind}_{}x{}_w{}x{}_s{}_k{}_{:012x}",
+        short(g.in_dtype),
+        q.tile_m,
+        q.tile_n,
+        q.warps_m,
+        q.warps_n,
+        q.stages,
+        q.split_k,
+        fnv(&body) & 0xffff_ffff_ffff
+    )
+}
+
+/// The whole source: prelude, the epilogue function, the kernel (and for a convolution the
+/// weight repacking kernel, `<name>_repack`).
+pub fn render(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef) -> String {
+    let name = kernel_name(p, q, a, b);
+    let mut s = String::from(PRELUDE);
+    if let Some(c) = &p.gemm.custom {
+        s.push_str(&c.source);
+    }
+    s.push_str(&render_body(p, q, a, b, &name));
+    s
+}
+
+const HELPERS: &str = r#"
+__device__ __forceinline__ unsigned tl_mma_saddr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void tl_cp16(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.cg.shared.global" TL_L2_HINT " [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tl_ldm4(unsigned addr, unsigned* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void tl_ldm4t(unsigned addr, unsigned* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+"#;
+
+fn mma_fn(dt: &str) -> String {
+    format!(
+        r#"__device__ __forceinline__ void tl_mma16816(float* d, const unsigned* a, const unsigned* b) {{
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{dt}.{dt}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}}
+"#
+    )
+}
+
+/// The copy of one K-block of A into a stage (`sa`: the stage's A tile, shared address).
+fn load_a(p: &MmaProblem, q: &Params) -> String {
+    let g = &p.gemm;
+    let t = q.threads();
+    let mut s = String::new();
+    if let Some(c) = &p.conv {
+        let chunks = q.tile_m * 8;
+        let _ = write!(
+            s,
+            r#"#pragma unroll
+    for (int it = 0; it < {iters}; ++it) {{
+      const int idx = tid + it * {t};
+      if ({full} || idx < {chunks}) {{
+        const int r = idx >> 3, ch = idx & 7;
+        const int gk = k0 + ch * 8;
+        const unsigned dst = sa + r * 128 + ((ch ^ (r & 7)) << 4);
+"#,
+            iters = chunks.div_ceil(t),
+            full = chunks % t == 0,
+        );
+        if c.vector() {
+            let _ = write!(
+                s,
+                r#"        const int tap = gk / {cc}, cch = gk - tap * {cc};
+        const int th = tap / {kw}, tw = tap - th * {kw};
+        const int ih = a_ih[it] + th * {dh}, iw = a_iw[it] + tw * {dw};
+        const bool ok = gk < {k} && (unsigned)ih < {h}u && (unsigned)iw < {w}u;
+        const unsigned short* src = ok ? A + a_base[it] + ((long long)ih * {w} + iw) * {cc} + cch : A;
+        tl_cp16(dst, src, ok ? 16u : 0u);
+      }}
+    }}
+"#,
+                cc = c.c,
+                kw = c.kw,
+                dh = c.dil.0,
+                dw = c.dil.1,
+                k = g.k,
+                h = c.h,
+                w = c.w,
+            );
+        } else {
+            let (sh, sw, sc) = c.input_strides();
+            let _ = write!(
+                s,
+                r#"        unsigned short v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {{
+          const int kk = gk + e;
+          const int tap = kk / {cc}, cch = kk - tap * {cc};
+          const int th = tap / {kw}, tw = tap - th * {kw};
+          const int ih = a_ih[it] + th * {dh}, iw = a_iw[it] + tw * {dw};
+          const bool ok = kk < {k} && (unsigned)ih < {h}u && (unsigned)iw < {w}u;
+          v[e] = ok ? A[a_base[it] + (long long)ih * {sh} + (long long)iw * {sw} + (long long)cch * {sc}] : (unsigned short)0;
+        }}
+        uint4 pk;
+        pk.x = v[0] | ((unsigned)v[1] << 16); pk.y = v[2] | ((unsigned)v[3] << 16);
+        pk.z = v[4] | ((unsigned)v[5] << 16); pk.w = v[6] | ((unsigned)v[7] << 16);
+        asm volatile("st.shared.v4.u32 [%0], {{%1, %2, %3, %4}};" :: "r"(dst), "r"(pk.x), "r"(pk.y), "r"(pk.z), "r"(pk.w) : "memory");
+      }}
+    }}
+"#,
+                cc = c.c,
+                kw = c.kw,
+                dh = c.dil.0,
+                dw = c.dil.1,
+                k = g.k,
+                h = c.h,
+                w = c.w,
+                sh = sh,
+                sw = sw,
+                sc = sc,
+            );
+        }
+        return s;
+    }
+    s.push_str(&load_tile("A", "sa", g.a_layout == Layout::RowMajor, q.tile_m, "m0", g.m, g.lda(), q));
+    s
+}
+
+/// The copy of a matrix operand's K-block: K-contiguous (`kmajor`: rows of the tile are M or
+/// N, 8 chunks each) or MN-contiguous (64 K rows of `side / 8` chunks).
+#[allow(clippy::too_many_arguments)]
+fn load_tile(op: &str, smem: &str, kmajor: bool, side: usize, base: &str, extent: usize, ld: usize, q: &Params) -> String {
+    let t = q.threads();
+    let (chunks, per_row) = if kmajor { (side * 8, 8) } else { (64 * side / 8, side / 8) };
+    let shift = per_row.trailing_zeros();
+    let k = "K_";
+    let (row_of, bytes, src) = if kmajor {
+        (
+            format!("const int gm = {base} + r; const int gk = k0 + ch * 8;"),
+            format!("gm < {extent} ? (unsigned)max(0, min(16, ({k} - gk) * 2)) : 0u"),
+            format!("{op} + (long long)gm * {ld} + gk"),
+        )
+    } else {
+        (
+            format!("const int gk = k0 + r; const int gm = {base} + ch * 8;"),
+            format!("gk < {k} ? (unsigned)max(0, min(16, ({extent} - gm) * 2)) : 0u"),
+            format!("{op} + (long long)gk * {ld} + gm"),
+        )
+    };
+    format!(
+        r#"#pragma unroll
+    for (int it = 0; it < {iters}; ++it) {{
+      const int idx = tid + it * {t};
+      if ({full} || idx < {chunks}) {{
+        const int r = idx >> {shift}, ch = idx & {mask};
+        {row_of}
+        const unsigned bytes = {bytes};
+        const unsigned dst = {smem} + r * {row_bytes} + ((ch ^ (r & 7)) << 4);
+        tl_cp16(dst, bytes ? (const void*)({src}) : (const void*){op}, bytes);
+      }}
+    }}
+"#,
+        iters = chunks.div_ceil(t),
+        full = chunks % t == 0,
+        mask = per_row - 1,
+        row_bytes = per_row * 16,
+    )
+}
+
+fn render_body(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef, name: &str) -> String {
+    let g = &p.gemm;
+    let c = g.custom.as_ref();
+    let decls: Vec<String> = c.map(|c| c.params.clone()).unwrap_or_default();
+    let names: Vec<&str> = decls.iter().map(|d| param_name(d)).collect();
+    let pname = |o: &OperandRef| names.get(o.param).copied().unwrap_or("tl_missing");
+    let args: String = names.iter().map(|n| format!("{n}, ")).collect();
+    let epi = c.map(|c| c.name.clone()).unwrap_or_else(|| "tl_missing".into());
+    let (bexpr, rexpr) = match c.and_then(|c| c.rows) {
+        Some(r) => (format!("(long long)row / {r}"), format!("(long long)row % {r}")),
+        None => ("(long long)bz".to_string(), "(long long)row".to_string()),
+    };
+    let (mi, ni) = (q.warp_m() / 16, q.warp_n() / 8);
+    let kblocks = g.k.div_ceil(q.tile_k);
+    let per_split = kblocks.div_ceil(q.split_k);
+    let a_kmajor = p.conv.is_some() || g.a_layout == Layout::RowMajor;
+    let b_kmajor = g.b_layout == Layout::ColMajor;
+    let a_bytes = q.tile_m * 128;
+    let hint = match q.prefetch {
+        128 => ".L2::128B",
+        256 => ".L2::256B",
+        _ => "",
+    };
+    let mut s = format!("#define TL_L2_HINT \"{hint}\"\n");
+    s.push_str(HELPERS);
+    s.push_str(&mma_fn(short(g.in_dtype)));
+    let mut params = decls.clone();
+    params.extend(["const unsigned short* __restrict__ tl_bpk", "float* __restrict__ tl_ws", "int* __restrict__ tl_cnt"].map(String::from));
+    let b_src = if p.conv.is_some() {
+        "tl_bpk".to_string()
+    } else {
+        format!("(const unsigned short*)((const char*){} + {})", pname(b), b.offset_bytes)
+    };
+    let _ = write!(
+        s,
+        r#"
+extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
+  extern __shared__ __align__(128) unsigned char tl_smem[];
+  const int K_ = {k};
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / {warps_n}, wn = warp % {warps_n};
+  // Tile order: groups of 8 tile rows, down a group's rows first (L2 reuse of B).
+  const int TM = {tm}, TN = {tn};
+  const int pid = blockIdx.x;
+  const int gsz = 8 * TN, grp = pid / gsz, first = grp * 8;
+  const int rows_in = min(TM - first, 8);
+  const int tm = first + (pid % gsz) % rows_in, tn = (pid % gsz) / rows_in;
+  const int m0 = tm * {bm}, n0 = tn * {bn};
+  const int bz = blockIdx.z / {split}, split = blockIdx.z % {split};
+  const unsigned short* A = (const unsigned short*)((const char*){a_name} + {a_off}) + (long long)bz * {sa};
+  const unsigned short* B = {b_src} + (long long)bz * {sb};
+  const unsigned smem0 = tl_mma_saddr(tl_smem);
+  const int kb0 = split * {per_split};
+  const int nk = max(0, min({kblocks}, kb0 + {per_split}) - kb0);
+"#,
+        threads = q.threads(),
+        params = params.join(",\n    "),
+        k = g.k,
+        warps_n = q.warps_n,
+        tm = g.m.div_ceil(q.tile_m),
+        tn = g.n.div_ceil(q.tile_n),
+        bm = q.tile_m,
+        bn = q.tile_n,
+        split = q.split_k,
+        a_name = pname(a),
+        a_off = a.offset_bytes,
+        sa = if p.conv.is_some() { 0 } else { g.batch_stride_a },
+        sb = if p.conv.is_some() { 0 } else { g.batch_stride_b },
+    );
+    if let Some(cv) = &p.conv {
+        let chunks = q.tile_m * 8;
+        let _ = write!(
+            s,
+            r#"  // The output pixels of this thread's A rows: image base and the first input row/column.
+  int a_base[{iters}], a_ih[{iters}], a_iw[{iters}];
+#pragma unroll
+  for (int it = 0; it < {iters}; ++it) {{
+    const int r = m0 + ((tid + it * {t}) >> 3);
+    const int img = r / {opix}, pix = r - img * {opix};
+    const int oh = pix / {ow}, ow_ = pix - oh * {ow};
+    const bool live = r < {m};
+    a_base[it] = live ? img * {img_elems} : 0;
+    a_ih[it] = live ? oh * {sh} - {ph} : -(1 << 28);
+    a_iw[it] = live ? ow_ * {sw} - {pw} : -(1 << 28);
+  }}
+"#,
+            iters = chunks.div_ceil(q.threads()),
+            t = q.threads(),
+            opix = cv.oh * cv.ow,
+            ow = cv.ow,
+            m = g.m,
+            img_elems = cv.h * cv.w * cv.c,
+            sh = cv.stride.0,
+            sw = cv.stride.1,
+            ph = cv.pad.0,
+            pw = cv.pad.1,
+        );
+    }
+    let b_tile = load_tile("B", "sb", b_kmajor, q.tile_n, "n0", g.n, g.ldb(), q);
+    let _ = write!(
+        s,
+        r#"  auto load_stage = [&](int slot, int kb) {{
+    const int k0 = kb * 64;
+    const unsigned sa = smem0 + slot * {stage_bytes};
+    const unsigned sb = sa + {a_bytes};
+    (void)sb; (void)sa;
+    {load_a}    {load_b}  }};
+  float acc[{mi}][{ni}][4];
+#pragma unroll
+  for (int i = 0; i < {mi}; ++i)
+#pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+#pragma unroll
+  for (int st = 0; st < {pre}; ++st) {{
+    if (st < nk) load_stage(st, kb0 + st);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }}
+  const int q8 = lane >> 3, r8 = lane & 7;
+  for (int i = 0; i < nk; ++i) {{
+    asm volatile("cp.async.wait_group {pre_wait};" ::: "memory");
+    __syncthreads();
+    if (i + {pre} < nk) load_stage((i + {pre}) % {stages}, kb0 + i + {pre});
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    const unsigned sa = smem0 + (i % {stages}) * {stage_bytes};
+    const unsigned sb = sa + {a_bytes};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {{
+      unsigned af[{mi}][4], bf[{ni}][2];
+#pragma unroll
+      for (int x = 0; x < {mi}; ++x) {{
+{a_frag}      }}
+#pragma unroll
+      for (int y = 0; y < {ni2}; ++y) {{
+        unsigned r4[4];
+{b_frag}        bf[2 * y][0] = r4[0]; bf[2 * y][1] = r4[1]; bf[2 * y + 1][0] = r4[2]; bf[2 * y + 1][1] = r4[3];
+      }}
+#pragma unroll
+      for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+        for (int y = 0; y < {ni}; ++y) tl_mma16816(acc[x][y], af[x], bf[y]);
+    }}
+  }}
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+"#,
+        stage_bytes = q.stage_bytes(),
+        load_a = load_a(p, q),
+        load_b = b_tile,
+        pre = q.stages - 1,
+        pre_wait = q.stages - 2,
+        stages = q.stages,
+        ni2 = ni / 2,
+        a_frag = if a_kmajor {
+            format!(
+                "        const int row = wm * {wm} + x * 16 + (q8 & 1) * 8 + r8, ch = kk * 2 + (q8 >> 1);\n        tl_ldm4(sa + row * 128 + ((ch ^ (row & 7)) << 4), af[x]);\n",
+                wm = q.warp_m()
+            )
+        } else {
+            format!(
+                "        const int row = kk * 16 + (q8 >> 1) * 8 + r8, ch = (wm * {wm} + x * 16) / 8 + (q8 & 1);\n        tl_ldm4t(sa + row * {rb} + ((ch ^ (row & 7)) << 4), af[x]);\n",
+                wm = q.warp_m(),
+                rb = q.tile_m * 2
+            )
+        },
+        b_frag = if b_kmajor {
+            format!(
+                "        const int row = wn * {wn} + y * 16 + (q8 >> 1) * 8 + r8, ch = kk * 2 + (q8 & 1);\n        tl_ldm4(sb + row * 128 + ((ch ^ (row & 7)) << 4), r4);\n",
+                wn = q.warp_n()
+            )
+        } else {
+            format!(
+                "        const int row = kk * 16 + (q8 & 1) * 8 + r8, ch = (wn * {wn} + y * 16) / 8 + (q8 >> 1);\n        tl_ldm4t(sb + row * {rb} + ((ch ^ (row & 7)) << 4), r4);\n",
+                wn = q.warp_n(),
+                rb = q.tile_n * 2
+            )
+        },
+    );
+    if q.split_k > 1 {
+        let per = mi * ni * 4;
+        let _ = write!(
+            s,
+            r#"  // Split K: park the partial tile; the last block of the tile adds all of them up, in
+  // split order (the same sum whichever block arrives last), then runs the epilogue.
+  {{
+    float* mine = tl_ws + ((long long)pid * {split} + split) * {per} * {threads};
+#pragma unroll
+    for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+      for (int y = 0; y < {ni}; ++y)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) __stcg(mine + ((x * {ni} + y) * 4 + e) * {threads} + tid, acc[x][y][e]);
+    __threadfence();
+    __syncthreads();
+    __shared__ int tl_last;
+    if (tid == 0) tl_last = atomicAdd(tl_cnt + pid, 1) == {split} - 1;
+    __syncthreads();
+    if (!tl_last) return;
+    __threadfence();
+#pragma unroll
+    for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+      for (int y = 0; y < {ni}; ++y)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[x][y][e] = 0.f;
+    for (int sp = 0; sp < {split}; ++sp) {{
+      const float* part = tl_ws + ((long long)pid * {split} + sp) * {per} * {threads};
+#pragma unroll
+      for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+        for (int y = 0; y < {ni}; ++y)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[x][y][e] += __ldcg(part + ((x * {ni} + y) * 4 + e) * {threads} + tid);
+    }}
+    if (tid == 0) tl_cnt[pid] = 0;
+  }}
+"#,
+            split = q.split_k,
+            threads = q.threads(),
+        );
+    }
+    // The epilogue through shared memory: the tile is parked row by row, then read back with
+    // consecutive threads on consecutive columns, so that the epilogue's loads and stores
+    // (whatever they index) are coalesced.
+    let _ = write!(
+        s,
+        r#"  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  float* ct = (float*)tl_smem;
+#pragma unroll
+  for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+    for (int y = 0; y < {ni}; ++y)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {{
+        const int r = wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
+        const int c = wn * {wn} + y * 8 + 2 * (lane & 3);
+        *(float2*)(ct + r * {ld} + c) = make_float2(acc[x][y][2 * h], acc[x][y][2 * h + 1]);
+      }}
+  __syncthreads();
+  for (int e = tid; e < {bm} * {bn}; e += {threads}) {{
+    const int r = e / {bn}, c = e % {bn};
+    const int row = m0 + r, col = n0 + c;
+    if (row < {m} && col < {n}) {{
+      const long long eb = {bexpr}, er = {rexpr};
+      {epi}({args}eb, er, col, ct[r * {ld} + c]);
+    }}
+  }}
+}}
+"#,
+        wm = q.warp_m(),
+        wn = q.warp_n(),
+        m = g.m,
+        n = g.n,
+        bm = q.tile_m,
+        bn = q.tile_n,
+        ld = q.tile_n + 4,
+        threads = q.threads(),
+    );
+    if let Some(cv) = &p.conv {
+        let _ = write!(
+            s,
+            r#"
+// Weights [O][C][KH*KW] to K-contiguous rows [O][KH*KW][C], each padded with zeros to {kp}.
+extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= {total}LL) return;
+  const int o = (int)(i / {kp}), k = (int)(i % {kp});
+  unsigned short v = 0;
+  if (k < {k}) {{
+    const int tap = k / {c}, ch = k % {c};
+    v = w[((long long)o * {c} + ch) * {taps} + tap];
+  }}
+  out[i] = v;
+}}
+"#,
+            kp = cv.k_padded(),
+            total = g.n * cv.k_padded(),
+            k = cv.k(),
+            c = cv.c,
+            taps = cv.kh * cv.kw,
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::{CustomEpilogue, Problem};
+
+    fn problem(a: Layout, b: Layout) -> MmaProblem {
+        let mut g = Problem::new(300, 200, 136, DType::BF16).with_layouts(a, b);
+        g.custom = Some(CustomEpilogue {
+            name: "tl_epi".into(),
+            source: String::new(),
+            params: vec!["const tl_bf16* __restrict__ a".into(), "const tl_bf16* __restrict__ b".into(), "float* __restrict__ c".into()],
+            rows: None,
+        });
+        MmaProblem { gemm: g, conv: None }
+    }
+
+    #[test]
+    fn sources_differ_by_layout_and_name_every_input() {
+        let ra = OperandRef { param: 0, offset_bytes: 0 };
+        let rb = OperandRef { param: 1, offset_bytes: 0 };
+        let q = Params::default();
+        let rc = render(&problem(Layout::RowMajor, Layout::ColMajor), &q, &ra, &rb);
+        let cr = render(&problem(Layout::ColMajor, Layout::RowMajor), &q, &ra, &rb);
+        assert!(rc.contains("tl_ldm4(sa +") && rc.contains("tl_ldm4(sb +"));
+        assert!(cr.contains("tl_ldm4t(sa +") && cr.contains("tl_ldm4t(sb +"));
+        assert!(rc.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+        assert!(rc.contains("tl_epi(a, b, c, eb, er, col, ct[r * 132 + c]);"), "{rc}");
+        let n1 = kernel_name(&problem(Layout::RowMajor, Layout::ColMajor), &q, &ra, &rb);
+        let moved = OperandRef { param: 0, offset_bytes: 32 };
+        assert_ne!(n1, kernel_name(&problem(Layout::RowMajor, Layout::ColMajor), &q, &moved, &rb));
+        assert!(rc.contains(&format!("void __launch_bounds__(256) {n1}(")));
+        let split = Params { split_k: 2, ..q };
+        assert!(render(&problem(Layout::RowMajor, Layout::ColMajor), &split, &ra, &rb).contains("atomicAdd(tl_cnt + pid, 1) == 2 - 1"));
+    }
+}
