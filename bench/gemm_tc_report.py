@@ -34,6 +34,8 @@ def main():
     peer_info = next((j for j in peer if "peer" in j), {})
     cublas = {j["label"]: j for j in peer if j.get("impl") == "cublas"}
     linear_gelu = {j["label"]: j for j in peer if j.get("impl") == "torch_linear_gelu"}
+    split_accum = {j["label"]: j for j in peer if j.get("impl") == "cublas_split_accum"}
+    peer_errors = [j for j in peer if "error" in j]
     checks = [j for j in check if "label" in j]
     rows = []
     for j in bench:
@@ -57,9 +59,14 @@ def main():
             r["vs_cublas"] = r["tflops"] / r["cublas_tflops"]
         if base in linear_gelu:
             r["torch_linear_gelu_tflops"] = linear_gelu[base]["tflops"]
+        if base in split_accum:
+            r["cublas_split_accum_tflops"] = split_accum[base]["tflops"]
         rows.append(r)
+    # Peer shapes with no tilec row here (gemm_f32_8192: exact f32, the SIMT GEMM's peer).
+    ours = {r["peer_label"] for r in rows}
+    peer_only = [j for j in peer if j.get("impl") == "cublas" and "tflops" in j and j["label"] not in ours]
     result = {"date": a.date, "device": device, "peer": peer_info, "command": a.command,
-              "checks": checks, "bench": rows}
+              "checks": checks, "bench": rows, "peer_only": peer_only, "peer_errors": peer_errors}
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, f"gemm-tc-{a.date}")
     with open(base + ".json", "w") as f:
@@ -85,6 +92,20 @@ def main():
             cb += f" ({r['cublas_tb_s']:.2f} TB/s)" if r.get("cublas_tb_s") else ""
         md.append(f"| {r['label']} | {r['m']}×{r['n']}×{r['k']} | {r['layouts']} | {r['params']} | {r['grid']} | "
                   f"{r['ok']} | {r['max_err']:.1e} | {tf} | {cb} | {vs} |")
+    for r in rows:
+        if r.get("cublas_split_accum_tflops"):
+            md.append("")
+            md.append(f"{r['label']}: the cuBLAS column is `torch._scaled_mm` with `use_fast_accum=True` (products "
+                      f"summed in the tensor cores' accumulator, as tilec's kernel does); without fast accumulation "
+                      f"(partial sums promoted to f32) it ran at {r['cublas_split_accum_tflops']:.0f} TFLOP/s.")
+    if peer_only:
+        md += ["", "Peer only (no tilec tensor-core row; exact f32 is the SIMT GEMM's peer):", "",
+               "| workload | impl | ms | TFLOP/s |", "| --- | --- | ---: | ---: |"]
+        for j in peer_only:
+            md.append(f"| {j['label']} | {j['impl']} | {j['ms']:.3f} | {j['tflops']:.1f} |")
+    for j in peer_errors:
+        md.append("")
+        md.append(f"peer {j.get('label')} ({j.get('impl')}) failed: {j['error']}")
     lg = [r for r in rows if r.get("torch_linear_gelu_tflops")]
     for r in lg:
         md.append("")
@@ -99,7 +120,12 @@ def main():
             md.append(f"| {c['label']} | {c.get('m')}×{c.get('n')}×{c.get('k')} | | {c.get('layouts')} | | "
                       f"{c.get('ok')} | {c.get('error', '')} | |")
             continue
-        md.append(f"| {c['label']} | {c['m']}×{c['n']}×{c['k']}×{c['batch']} | {c['dtype']} → {c['out']} | "
+        dt = c["dtype"]
+        if c.get("b_dtype") and c["b_dtype"] != dt and dt != "tf32":
+            dt += f"×{c['b_dtype']}"
+        if c.get("scales"):
+            dt += f" (scales {c['scales']})"
+        md.append(f"| {c['label']} | {c['m']}×{c['n']}×{c['k']}×{c['batch']} | {dt} → {c['out']} | "
                   f"{c['layouts']} | {c['params']} | {c['ok']} | {c['max_err']:.1e} | {c['rel_l2']:.1e} |")
     with open(base + ".md", "w") as f:
         f.write("\n".join(md) + "\n")

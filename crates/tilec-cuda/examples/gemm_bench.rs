@@ -1,18 +1,22 @@
 //! Checks and times the Hopper tensor-core GEMM family on a GPU.
 //!
-//! Usage: `gemm_bench check|bench [--iters N] [--dump DIR] [--only SUBSTRING]`
+//! Usage: `gemm_bench check|bench [--iters N] [--dump DIR] [--only SUBSTRING[,SUBSTRING...]]`
 //! - `check`: small and ragged shapes over every layout pair, dtype, epilogue, batching and a
 //!   few parameter sets: fresh random inputs, the output poisoned with NaN first, every output
 //!   element checked for NaN and compared (all of them on small problems, sampled rows and
-//!   columns plus the edges on large ones) with an f64 reference on the CPU.
+//!   columns plus the edges on large ones) with an f64 reference on the CPU. Inputs are drawn
+//!   in their own format (fp8 and tf32 rounded on the host first), so the reference multiplies
+//!   exactly the values the tensor cores see.
 //! - `bench`: the large shapes, timed (median of `--iters` runs after warm-ups, CUDA events),
 //!   each also checked on samples.
+//!
+//! - `compile`: no device: renders and compiles (NVRTC, sm_90a) every kernel of both phases.
 //!
 //! Prints one JSON object per line. `--dump DIR` writes each kernel's source and cubin there.
 
 use half::{bf16, f16};
 use serde_json::json;
-use tilec_cuda::gemm::{self, Activation, Epilogue, GemmKernel, Layout, Params, Problem};
+use tilec_cuda::gemm::{self, host, Activation, Epilogue, GemmKernel, Layout, Params, Problem};
 use tilec_cuda::*;
 use tilec_ir::DType;
 
@@ -169,7 +173,115 @@ fn check_cases() -> Vec<Case> {
         ep,
         Some(Params { tile_n: 128, ..cl }),
     );
+    narrow_check_cases(&mut add);
     v
+}
+
+/// An fp8 problem as `torch._scaled_mm` takes it: row-major A, column-major B, both scales.
+fn fp8(m: usize, n: usize, k: usize, d: DType, out: DType) -> Problem {
+    let mut p = pr(m, n, k, d, R, C);
+    p.out_dtype = out;
+    p.scale_a = true;
+    p.scale_b = true;
+    p
+}
+
+/// A tf32 problem: f32 operands (row-major A, column-major B) and output.
+fn tf32(m: usize, n: usize, k: usize) -> Problem {
+    let mut p = pr(m, n, k, DType::F32, R, C);
+    p.tf32 = true;
+    p
+}
+
+/// fp8 and tf32 cases (labels start with `fp8_` and `tf32_`): ragged M, N and K (K a multiple
+/// of 16 fp8 or 4 f32 elements, as TMA rows need, but not of the stage's K), epilogues, both
+/// outputs, parameter variants, batches.
+fn narrow_check_cases(add: &mut impl FnMut(&str, Problem, Option<Params>)) {
+    use DType::{BF16, F16, F32, F8E4M3 as E4, F8E5M2 as E5};
+    let bias = |mut p: Problem, b: DType, a: Activation| {
+        p.epilogue = Epilogue { bias: Some(b), activation: a };
+        p
+    };
+    add("fp8_e4m3_ragged_f32out", fp8(336, 520, 272, E4, F32), None);
+    add("fp8_e4m3_ragged_bf16out", fp8(336, 520, 272, E4, BF16), None);
+    add("fp8_e5m2_ragged_f32out", fp8(200, 517, 400, E5, F32), None);
+    add(
+        "fp8_e4m3_bias_gelu_bf16out",
+        bias(fp8(1000, 1000, 1008, E4, BF16), BF16, Activation::Gelu),
+        None,
+    );
+    add(
+        "fp8_e5m2_bias_relu_f32out",
+        bias(fp8(264, 776, 528, E5, F32), F32, Activation::Relu),
+        None,
+    );
+    add(
+        "fp8_e4m3_bias_gelu_f16out",
+        bias(fp8(384, 768, 1024, E4, F16), F32, Activation::Gelu),
+        None,
+    );
+    let mut mixed = fp8(264, 776, 528, E4, F32);
+    mixed.b_dtype = Some(E5);
+    mixed.scale_b = false;
+    add("fp8_e4m3_e5m2_scale_a_f32out", mixed, None);
+    let mut plain = fp8(300, 300, 256, E4, F32);
+    plain.scale_a = false;
+    plain.scale_b = false;
+    add("fp8_e4m3_no_scales", plain, None);
+    add("fp8_e4m3_m16", fp8(16, 4096, 4096, E4, BF16), None);
+    add("fp8_e4m3_m1", fp8(1, 1000, 512, E4, F32), None);
+    let mut bt = fp8(200, 136, 96, E4, F32);
+    bt.batch = 3;
+    bt.batch_stride_a = 200 * 96 + 64;
+    bt.batch_stride_b = 136 * 96 + 16;
+    bt.batch_stride_c = 200 * 136 + 5;
+    add("fp8_e4m3_batched", bt.clone(), None);
+    bt.batch_stride_b = 0;
+    add("fp8_e4m3_batched_bcast_b", bt, None);
+    for (tm, tn, st, c, k) in [
+        (128, 128, 6, 2, 1),
+        (64, 256, 4, 1, 1),
+        (128, 64, 8, 1, 1),
+        (128, 256, 4, 2, 2),
+        (256, 128, 4, 2, 2),
+    ] {
+        let q = Params {
+            tile_m: tm,
+            tile_n: tn,
+            tile_k: 128,
+            stages: st,
+            consumers: c,
+            cluster_m: k,
+            ..Params::default()
+        };
+        add(
+            &format!("fp8_params_{tm}x{tn}_s{st}_c{c}_k{k}"),
+            fp8(1000, 1000, 528, E4, BF16),
+            Some(q),
+        );
+    }
+    add("tf32_ragged", tf32(336, 520, 260), None);
+    add("tf32_odd_n", tf32(200, 517, 136), None);
+    add("tf32_bias_relu", bias(tf32(1000, 1000, 1000), F32, Activation::Relu), None);
+    let mut t = bias(tf32(384, 768, 1024), BF16, Activation::Gelu);
+    t.out_dtype = BF16;
+    add("tf32_bias_gelu_bf16out", t, None);
+    let mut t = tf32(300, 300, 200);
+    t.scale_a = true;
+    add("tf32_scale_a", t, None);
+    add("tf32_m1", tf32(1, 1000, 512), None);
+    for (tm, tn, st, c, k) in [(128, 128, 6, 2, 1), (64, 256, 4, 1, 1), (128, 256, 4, 2, 2)] {
+        let q = Params {
+            tile_m: tm,
+            tile_n: tn,
+            tile_k: 32,
+            stages: st,
+            consumers: c,
+            cluster_m: k,
+            ..Params::default()
+        };
+        add(&format!("tf32_params_{tm}x{tn}_s{st}_c{c}_k{k}"), tf32(1000, 1000, 520), Some(q));
+    }
 }
 
 fn bench_cases() -> Vec<Case> {
@@ -236,6 +348,12 @@ fn bench_cases() -> Vec<Case> {
             Some(q),
         );
     }
+    add(
+        "gemm_fp8_8192",
+        fp8(8192, 8192, 8192, DType::F8E4M3, DType::BF16),
+        None,
+    );
+    add("gemm_tf32_8192", tf32(8192, 8192, 8192), None);
     let q = Params {
         cluster_m: 2,
         ..Params::default()
@@ -282,8 +400,9 @@ struct Outcome {
 #[allow(clippy::too_many_arguments)]
 fn verify(
     p: &Problem,
-    a: &[u16],
-    b: &[u16],
+    a: &[f32],
+    b: &[f32],
+    scale: f64,
     bias: &[f64],
     out: &[f64],
     full_nan_scan: bool,
@@ -332,16 +451,11 @@ fn verify(
     let one = |&(bb, i, j): &(usize, usize, usize)| -> (f64, f64, bool) {
         let mut s = 0f64;
         for kk in 0..p.k {
-            let x = from_bits(
-                p.in_dtype,
-                a[at(p.a_layout, lda, p.batch_stride_a, bb, i, kk)],
-            );
-            let y = from_bits(
-                p.in_dtype,
-                b[at(p.b_layout, ldb, p.batch_stride_b, bb, kk, j)],
-            );
+            let x = f64::from(a[at(p.a_layout, lda, p.batch_stride_a, bb, i, kk)]);
+            let y = f64::from(b[at(p.b_layout, ldb, p.batch_stride_b, bb, kk, j)]);
             s += x * y;
         }
+        s *= scale;
         if !bias.is_empty() {
             s += bias[j];
         }
@@ -400,9 +514,9 @@ fn verify(
 }
 
 struct Operands {
-    key: (DType, usize, usize),
-    a: Vec<u16>,
-    b: Vec<u16>,
+    key: (DType, DType, usize, usize),
+    a: Vec<f32>,
+    b: Vec<f32>,
     da: DeviceBuffer,
     db: DeviceBuffer,
 }
@@ -412,8 +526,28 @@ fn median(mut v: Vec<f32>) -> f64 {
     v[v.len() / 2] as f64
 }
 
-fn random_bits(d: DType, n: usize, rng: &mut Rng) -> Vec<u16> {
-    (0..n).map(|_| to_bits(d, rng.unit())).collect()
+/// `n` random elements of `d` in [-1, 1) (fp8 rounded to nearest; f32 operands rounded to
+/// tf32 when `tf32`): their bytes as stored and their exact values.
+fn random_operand(d: DType, tf32: bool, n: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    match d {
+        DType::F8E4M3 | DType::F8E5M2 => {
+            let table = host::fp8_table(d);
+            let bits: Vec<u8> = (0..n).map(|_| host::fp8_bits(d, rng.unit())).collect();
+            let vals = bits.iter().map(|&b| table[b as usize]).collect();
+            (bits, vals)
+        }
+        DType::F32 => {
+            let vals: Vec<f32> = (0..n)
+                .map(|_| if tf32 { host::tf32_round(rng.unit()) } else { rng.unit() })
+                .collect();
+            (vals.iter().flat_map(|x| x.to_le_bytes()).collect(), vals)
+        }
+        _ => {
+            let bits: Vec<u16> = (0..n).map(|_| to_bits(d, rng.unit())).collect();
+            let vals = bits.iter().map(|&x| from_bits(d, x) as f32).collect();
+            (bits.iter().flat_map(|x| x.to_le_bytes()).collect(), vals)
+        }
+    }
 }
 
 fn run_case(
@@ -438,21 +572,20 @@ fn run_case(
         let _ = std::fs::write(format!("{dir}/{}.cu", kern.name), gemm::render(p, &q));
     }
     let (ea, eb, ec) = p.extents();
-    let key = (p.in_dtype, ea, eb);
+    let key = (p.in_dtype, p.b_dtype(), ea, eb);
     // Large operands are reused by the next case of the same size (timing variants); small
     // ones are drawn afresh for every case.
     if cache.as_ref().map(|c| c.key) != Some(key) || ea + eb < 1 << 24 {
         *cache = None;
-        let a = random_bits(p.in_dtype, ea, rng);
-        let b = random_bits(p.in_dtype, eb, rng);
-        let up16 = |v: &[u16]| -> Result<DeviceBuffer> {
-            let buf = dev.alloc(v.len() * 2)?;
-            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            buf.write(0, &bytes)?;
+        let (a_bytes, a) = random_operand(p.in_dtype, p.tf32, ea, rng);
+        let (b_bytes, b) = random_operand(p.b_dtype(), p.tf32, eb, rng);
+        let up = |bytes: &[u8]| -> Result<DeviceBuffer> {
+            let buf = dev.alloc(bytes.len())?;
+            buf.write(0, bytes)?;
             Ok(buf)
         };
-        let da = up16(&a).map_err(s)?;
-        let db = up16(&b).map_err(s)?;
+        let da = up(&a_bytes).map_err(s)?;
+        let db = up(&b_bytes).map_err(s)?;
         *cache = Some(Operands { key, a, b, da, db });
     }
     let ops = cache.as_ref().expect("filled above");
@@ -481,13 +614,30 @@ fn run_case(
         }
         None => (vec![], None),
     };
+    // Per-tensor scales: powers of two times a random factor, one f32 each on the device.
+    let mut scale = 1f64;
+    let mut scale_bufs = vec![];
+    for set in [p.scale_a, p.scale_b] {
+        if set {
+            let v = (0.5 + rng.unit().abs()) * 2f32.powi(rng.below(5) as i32 - 2);
+            scale *= f64::from(v);
+            let buf = dev.alloc(4).map_err(s)?;
+            buf.write(0, &v.to_le_bytes()).map_err(s)?;
+            scale_bufs.push(Some(buf));
+        } else {
+            scale_bufs.push(None);
+        }
+    }
+    let ptr = |b: &Option<DeviceBuffer>| b.as_ref().map(|x| x.ptr());
     let args = kern
-        .args(
+        .args_scaled(
             p,
             da.ptr(),
             db.ptr(),
             dc.ptr(),
             dbias.as_ref().map(|x| x.ptr()),
+            (ptr(&scale_bufs[0]), ptr(&scale_bufs[1])),
+            &[],
         )
         .map_err(s)?;
     dc.fill_u32(stream, 0xffff_ffff).map_err(s)?;
@@ -505,11 +655,18 @@ fn run_case(
             .map(|c| from_bits(d, u16::from_le_bytes([c[0], c[1]])))
             .collect(),
     };
-    let o = verify(p, a, b, &bias_f, &out, true, rng);
+    let o = verify(p, a, b, scale, &bias_f, &out, true, rng);
     let tol = match p.out_dtype {
         DType::BF16 => 1e-2,
         DType::F16 => 2e-3,
         _ => 1e-4,
+    };
+    // fp8 wgmma accumulates with fewer than f32's bits (reportedly about 14 kept: cuBLAS's
+    // fast-accumulation mode): a bound that grows with the accumulations, one per 32 of K.
+    let tol = if p.elem_bytes() == 1 {
+        f64::max(tol, 5e-3).max(p.k.div_ceil(32) as f64 * 2f64.powi(-14))
+    } else {
+        tol
     };
     let ok = o.nan == 0 && o.poison_kept && o.max_err < tol;
     let f = kern.function();
@@ -517,10 +674,12 @@ fn run_case(
         "kind": if case.time { "bench" } else { "check" },
         "label": case.label, "kernel": kern.name,
         "m": p.m, "n": p.n, "k": p.k, "batch": p.batch,
-        "dtype": p.in_dtype.name(), "out": p.out_dtype.name(),
+        "dtype": if p.tf32 { "tf32" } else { p.in_dtype.name() },
+        "b_dtype": p.b_dtype().name(), "scales": format!("{}{}", if p.scale_a { "a" } else { "" }, if p.scale_b { "b" } else { "" }),
+        "out": p.out_dtype.name(),
         "layouts": format!("{:?}{:?}", p.a_layout, p.b_layout),
         "params": format!("{}x{}x{} s{} c{} g{} k{}", q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.group_m, q.cluster_m),
-        "ok": ok, "max_err": o.max_err, "rel_l2": o.rel_l2, "nan": o.nan, "checked": o.checked,
+        "ok": ok, "tol": tol, "max_err": o.max_err, "rel_l2": o.rel_l2, "nan": o.nan, "checked": o.checked,
         "poison_kept": o.poison_kept,
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "compile_s": compile_s, "cache_hit": kern.cache_hit,
@@ -548,7 +707,7 @@ fn run_case(
             .map_err(s)?;
         let ms = median(times.clone());
         let best = times.iter().cloned().fold(f32::MAX, f32::min) as f64;
-        let bytes = (ea + eb) * 2 + ec * osz;
+        let bytes = (ea + eb) * p.elem_bytes() + ec * osz;
         j["ms"] = json!(ms);
         j["ms_min"] = json!(best);
         j["tflops"] = json!(p.flops() / ms / 1e9);
@@ -567,11 +726,42 @@ fn main() {
     };
     let iters: usize = opt("--iters").and_then(|v| v.parse().ok()).unwrap_or(30);
     let dump = opt("--dump");
-    let only = opt("--only");
+    // `--only a,b`: cases whose label contains any of the parts.
+    let only: Option<Vec<String>> =
+        opt("--only").map(|o| o.split(',').map(str::to_string).collect());
+    let selected = |label: &str| {
+        only.as_ref()
+            .is_none_or(|o| o.iter().any(|part| label.contains(part.as_str())))
+    };
     let fail = |e: String| -> ! {
         eprintln!("gemm_bench: {e}");
         std::process::exit(1)
     };
+    if phase == "compile" {
+        let nv = Nvrtc::load().unwrap_or_else(|e| fail(e.to_string()));
+        let comp = Compiler::new(nv, "sm_90a").with_cache_dir(None);
+        let mut modules: Vec<(String, String)> = vec![];
+        for c in check_cases().into_iter().chain(bench_cases()) {
+            let q = c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, 132));
+            if let Err(e) = gemm::applies(&c.problem, &q, (9, 0)) {
+                println!("{}", json!({"label": c.label, "error": e}));
+                continue;
+            }
+            let name = gemm::kernel_name(&c.problem, &q);
+            if selected(&c.label) && !modules.iter().any(|m| m.0 == name) {
+                modules.push((name, gemm::render(&c.problem, &q)));
+            }
+        }
+        let results = comp.compile_many(&modules);
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        for (r, (name, _)) in results.iter().zip(&modules) {
+            if let Err(e) = r {
+                println!("{}", json!({"compile_error": name, "error": e.to_string()}));
+            }
+        }
+        println!("{}", json!({"compiled": modules.len(), "failed": failed}));
+        std::process::exit(i32::from(failed > 0));
+    }
     let dev = Device::open(0).unwrap_or_else(|e| fail(e.to_string()));
     let nv = Nvrtc::load().unwrap_or_else(|e| fail(e.to_string()));
     let props = dev.props().clone();
@@ -596,7 +786,7 @@ fn main() {
     let sms = props.sm_count as usize;
     let modules: Vec<(String, String)> = cases
         .iter()
-        .filter(|c| only.as_ref().is_none_or(|o| c.label.contains(o.as_str())))
+        .filter(|c| selected(&c.label))
         .filter_map(|c| {
             let q = c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, sms));
             gemm::applies(&c.problem, &q, props.compute_capability).ok()?;
@@ -620,10 +810,8 @@ fn main() {
     let (mut pass, mut total) = (0, 0);
     let mut cache = None;
     for c in cases {
-        if let Some(o) = &only {
-            if !c.label.contains(o.as_str()) {
-                continue;
-            }
+        if !selected(&c.label) {
+            continue;
         }
         total += 1;
         match run_case(

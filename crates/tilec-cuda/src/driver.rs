@@ -128,6 +128,7 @@ impl DeviceProps {
             smem_per_block: self.shared_mem_per_block_optin,
             regs_per_sm: self.registers_per_sm,
             l2_bytes: self.l2_bytes,
+            allow_tf32: false,
         }
     }
 

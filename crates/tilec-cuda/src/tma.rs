@@ -15,11 +15,14 @@ pub enum TmaDType {
     F16,
     BF16,
     F32,
+    /// Bytes: fp8 operands (the copy engine moves bits; the consumer gives them a format).
+    U8,
 }
 
 impl TmaDType {
     pub fn size_bytes(self) -> usize {
         match self {
+            TmaDType::U8 => 1,
             TmaDType::F16 | TmaDType::BF16 => 2,
             TmaDType::F32 => 4,
         }
@@ -30,6 +33,7 @@ impl TmaDType {
             TmaDType::F16 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
             TmaDType::BF16 => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             TmaDType::F32 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            TmaDType::U8 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         }
     }
 }
@@ -201,5 +205,12 @@ mod tests {
         let mut m = map();
         m.address = 0x1008;
         assert!(m.validate().unwrap_err().contains("aligned"));
+        // 128 bytes of fp8 fill one 128-byte swizzle row; 256 do not.
+        let mut m = map();
+        m.dtype = TmaDType::U8;
+        m.box_dims[0] = 128;
+        assert!(m.validate().is_ok());
+        m.box_dims[0] = 256;
+        assert!(m.validate().unwrap_err().contains("swizzle"));
     }
 }

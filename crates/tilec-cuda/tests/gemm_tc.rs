@@ -63,6 +63,59 @@ fn classes() -> Vec<(Problem, Params)> {
     v
 }
 
+/// fp8 (e4m3, e5m2, mixed; scales; fused epilogues; clusters) and tf32 classes.
+fn narrow_classes() -> Vec<(Problem, Params)> {
+    use Layout::{ColMajor as C, RowMajor as R};
+    let mut v = vec![];
+    for (a, b, out) in [
+        (DType::F8E4M3, None, DType::BF16),
+        (DType::F8E5M2, None, DType::F32),
+        (DType::F8E4M3, Some(DType::F8E5M2), DType::F16),
+    ] {
+        let mut p = Problem::new(1000, 1000, 1024, a).with_layouts(R, C);
+        p.b_dtype = b;
+        p.out_dtype = out;
+        p.scale_a = true;
+        p.scale_b = b.is_none();
+        p.epilogue = Epilogue { bias: Some(DType::F32), activation: Activation::Gelu };
+        let q = gemm::heuristic(&p, 132);
+        v.push((p, q));
+    }
+    let p = Problem::new(8192, 8192, 8192, DType::F8E4M3).with_layouts(R, C);
+    let q = gemm::heuristic(&p, 132);
+    v.push((p.clone(), Params { cluster_m: 2, ..q }));
+    v.push((p, Params { tile_m: 64, tile_n: 256, consumers: 1, ..q }));
+    let mut t = Problem::new(1000, 1000, 1000, DType::F32).with_layouts(R, C);
+    t.tf32 = true;
+    let q = gemm::heuristic(&t, 132);
+    v.push((t.clone(), q));
+    t.out_dtype = DType::BF16;
+    t.epilogue = Epilogue { bias: Some(DType::BF16), activation: Activation::Relu };
+    v.push((t, Params { tile_n: 128, ..q }));
+    v
+}
+
+#[test]
+fn narrow_kernels_render_k_major_with_their_wgmma() {
+    for (p, q) in narrow_classes() {
+        assert_eq!(gemm::applies(&p, &q, (9, 0)), Ok(()), "{p:?} {q:?}");
+        let src = gemm::render(&p, &q);
+        let name = gemm::kernel_name(&p, &q);
+        let (k, ta, tb) = match (p.in_dtype, p.b_dtype()) {
+            (DType::F32, _) => (8, "tf32", "tf32"),
+            (a, b) => (32, if a == DType::F8E4M3 { "e4m3" } else { "e5m2" }, if b == DType::F8E4M3 { "e4m3" } else { "e5m2" }),
+        };
+        assert!(src.contains(&format!("m64n{}k{k}.f32.{ta}.{tb} {{", q.tile_n)), "{name}");
+        // No transpose operands; every copy is one K-major box per operand (per block share).
+        assert!(src.contains("p, 1, 1; }"), "{name}");
+        let copies = src.matches("tl_tma_load3(s").count() + src.matches("tl_tma_load3_mc(s").count();
+        assert_eq!(copies, 2, "{name}");
+        assert!(src.contains(&format!("BK = {}", 128 / p.in_dtype.size_bytes())), "{name}");
+        assert_eq!(src.contains("ab_scale"), p.scale_a || p.scale_b, "{name}");
+        assert_eq!(src.matches('{').count(), src.matches('}').count(), "{name}");
+    }
+}
+
 #[test]
 fn kernels_render_with_wgmma_tma_and_register_reallocation() {
     for (p, q) in classes() {
@@ -121,6 +174,7 @@ fn kernels_compile_with_nvrtc_for_sm_90a() {
     let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
     let modules: Vec<(String, String)> = classes()
         .iter()
+        .chain(narrow_classes().iter())
         .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
         .collect();
     for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
@@ -128,3 +182,52 @@ fn kernels_compile_with_nvrtc_for_sm_90a() {
         assert!(img.starts_with(b"\x7fELF"), "{name}");
     }
 }
+
+/// FNV-1a of a string: stable across runs and builds.
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The 16-bit problem classes render exactly the source they rendered before fp8 and tf32
+/// were added (hashes taken then), custom epilogues and split A included.
+#[test]
+fn sixteen_bit_sources_are_unchanged() {
+    let mut all = classes();
+    let mut p = Problem::new(1024, 768, 768, DType::F16);
+    p.lda = Some(64);
+    p.a_split = Some(gemm::ASplit { rows: 512, head_stride: 512 * 64, group_stride: 12 * 512 * 64 });
+    all.push((p, Params::default()));
+    let mut p = Problem::new(1024, 256, 64, DType::BF16).with_layouts(Layout::RowMajor, Layout::ColMajor);
+    p.custom = Some(gemm::CustomEpilogue {
+        name: "f".into(),
+        source: "__device__ void f(float* o, long long b, long long r, int c, float v) { o[r * 256 + c] = v; }\n".into(),
+        params: vec!["float* __restrict__ o".into()],
+        rows: Some(256),
+    });
+    all.push((p, Params { tile_n: 128, stages: 6, ..Params::default() }));
+    let got: Vec<String> = all
+        .iter()
+        .map(|(p, q)| format!("{:016x} {}", fnv(&gemm::render(p, q)), gemm::kernel_name(p, q)))
+        .collect();
+    let want = EXPECTED_HASHES.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>();
+    assert_eq!(got, want, "\n{}", got.join("\n"));
+}
+
+const EXPECTED_HASHES: &str = "
+8fe98bae8e0cb148 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232
+3cdb97c57228fec2 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232
+ef35322fd4f4a1ac tl_gemm_sm90_bf16cr_bf16_128x256x64_s4_c2_g8_r40x232
+81fec7beed6a7cfe tl_gemm_sm90_bf16cc_bf16_128x256x64_s4_c2_g8_r40x232
+8ffb264d31b75a8a tl_gemm_sm90_f16rc_f32_128x128x64_s6_c2_g8_r40x232_biasf32_relu
+cf7a53c5acd3e487 tl_gemm_sm90_bf16rr_bf16_256x128x64_s4_c2_g8_r40x232_biasbf16_gelu_bcb
+e2f964fb2569f761 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232_k2
+c4fd2ae8a2822244 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232_k2
+e3e1f65c2eab1a4b tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232
+f77a074fe26a0c97 tl_gemm_sm90_f16rr_f16_128x256x64_s4_c2_g8_r40x232_as
+7bb66be5ec406e65 tl_gemm_sm90_bf16rc_bf16_128x128x64_s6_c2_g8_r40x232_e9286d69871787cfb
+";

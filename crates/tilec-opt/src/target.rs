@@ -215,6 +215,9 @@ pub struct GpuTarget {
     pub regs_per_sm: u32,
     /// L2 cache, bytes.
     pub l2_bytes: usize,
+    /// Whether f32 matrix products may run on the tensor cores as tf32 (10-bit mantissas;
+    /// `--allow-tf32`). Off by default: f32 models stay exact f32, as in PyTorch.
+    pub allow_tf32: bool,
 }
 
 impl GpuTarget {
@@ -228,6 +231,7 @@ impl GpuTarget {
             smem_per_block: 227 * 1024,
             regs_per_sm: 64 * 1024,
             l2_bytes: 50 << 20,
+            allow_tf32: false,
         }
     }
 

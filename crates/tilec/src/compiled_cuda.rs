@@ -40,11 +40,13 @@ pub struct CudaOptions {
     pub cache_dir: Option<std::path::PathBuf>,
     /// Families forced per op or kernel name (`--family OP=NAME`).
     pub families: Vec<(String, String)>,
+    /// Let f32 matrix products run on the tensor cores as tf32 (`--allow-tf32`).
+    pub allow_tf32: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![] }
+        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![], allow_tf32: false }
     }
 }
 
@@ -53,7 +55,8 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     // `TILEC_CUDA_FAMILIES=off` keeps every kernel on the tile-IR schedules (for comparisons).
     let disabled: &[&str] = if crate::cuda_families::enabled() { &[] } else { &[tilec_cuda::families::HOPPER_GEMM, tilec_cuda::families::MMA_GEMM] };
     let choices = Choices { forced: &opts.families, disabled, tuned: None };
-    let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(target), &choices)?;
+    let target = GpuTarget { allow_tf32: target.allow_tf32 || opts.allow_tf32, ..*target };
+    let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(&target), &choices)?;
     let mut counts: Vec<(String, usize)> = vec![];
     for k in p.kernels() {
         match counts.iter_mut().find(|c| c.0 == k.schedule) {

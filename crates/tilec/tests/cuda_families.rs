@@ -118,7 +118,7 @@ fn other_matrix_products_fall_back_with_a_reason() {
     let h = GpuTarget::hopper();
     let ampere = GpuTarget { compute_capability: (8, 0), ..h.clone() };
     let cases: [(Graph, GpuTarget, &str, &str); 3] = [
-        (linear(DType::F32, 1, 64, 256, 512), h.clone(), "gemm", "operands are f32, not f16 or bf16"),
+        (linear(DType::F32, 1, 64, 256, 512), h.clone(), "gemm", "are f32, not f16, bf16 or fp8"),
         (linear(DType::F16, 1, 64, 100, 512), h.clone(), "gemm", "not a multiple of 8"),
         // Without wgmma, the mma.sync family takes it.
         (linear(DType::F16, 1, 64, 256, 512), ampere, "sm80_mma_gemm", "compute capability 9.0"),
@@ -188,17 +188,20 @@ fn family_kernels_compile_with_nvrtc() {
         linear(DType::F16, 4, 64, 256, 512),
         linear(DType::BF16, 1, 40, 64, 72),
         scores(DType::F16),
+        linear_kmajor(DType::F8E4M3, 256, 512, 384),
+        linear_kmajor(DType::F32, 200, 100, 72),
     ]
     .iter()
     .enumerate()
     {
-        for k in prepared(g, &h).kernels() {
+        let t = GpuTarget { allow_tf32: true, ..h };
+        for k in prepared(g, &t).kernels() {
             if k.schedule == "sm90_tc_gemm" {
                 modules.push((format!("m{i}_{}", k.name), k.source.source.clone()));
             }
         }
     }
-    assert_eq!(modules.len(), 3);
+    assert_eq!(modules.len(), 5);
     for (i, g) in [conv(DType::F16, 2, 64, 16, 64, 3, 1, false), conv(DType::BF16, 2, 3, 32, 64, 7, 2, false)].iter().enumerate() {
         for k in prepared(g, &h).kernels() {
             if k.schedule == "sm80_mma_gemm" {
@@ -206,7 +209,7 @@ fn family_kernels_compile_with_nvrtc() {
             }
         }
     }
-    assert_eq!(modules.len(), 7);
+    assert_eq!(modules.len(), 9);
     let c = tilec::cuda::Compiler::new(nv, "sm_90a");
     for ((name, _), r) in modules.iter().zip(c.compile_many(&modules)) {
         let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -365,5 +368,59 @@ fn mma_family_kernels_match_the_reference_on_a_gpu() {
             let cmp = tilec::compare::compare(w, gt, 2e-2, 2e-2).unwrap();
             assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches ({on:?})", cmp.max_abs, cmp.mismatches);
         }
+    }
+}
+
+/// `x [m, k] · transpose(w [n, k])`: a column-major B (the nn.Linear weight layout).
+fn linear_kmajor(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("linear_kmajor");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k]));
+    let w = g.add_input("w", TensorType::fixed(d, &[n, k]));
+    let wt = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0] }), &[w]).unwrap();
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[x, wt]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn f32_products_take_tf32_only_when_allowed_and_k_major() {
+    let h = GpuTarget::hopper();
+    let tf32 = GpuTarget { allow_tf32: true, ..h };
+    // Not allowed: exact f32 on the SIMT GEMM, with the reason.
+    let p = prepared(&linear_kmajor(DType::F32, 256, 512, 384), &h);
+    let f = families(&p);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_ne!(f[0].0, "sm90_tc_gemm", "{f:?}");
+    assert!(f[0].1.clone().unwrap_or_default().contains("--allow-tf32"), "{f:?}");
+    // Allowed and K-major: the tensor-core family, multiplying as tf32.
+    let p = prepared(&linear_kmajor(DType::F32, 256, 512, 384), &tf32);
+    let f = families(&p);
+    assert_eq!(f[0].0, "sm90_tc_gemm", "{f:?}");
+    assert!(p.kernels()[0].source.source.contains(".f32.tf32.tf32"), "no tf32 wgmma");
+    // Through the options as the CLI sets them.
+    let opts = CudaOptions { allow_tf32: true, ..CudaOptions::default() };
+    let p = prepare(&linear_kmajor(DType::F32, 256, 512, 384), &opts, &h).unwrap();
+    assert_eq!(families(&p)[0].0, "sm90_tc_gemm");
+    // Allowed but B row-major: refused (the tf32 wgmma has no transpose).
+    let p = prepared(&linear(DType::F32, 1, 64, 256, 512), &tf32);
+    let f = families(&p);
+    assert_ne!(f[0].0, "sm90_tc_gemm", "{f:?}");
+    assert!(f[0].1.clone().unwrap_or_default().contains("B column-major"), "{f:?}");
+}
+
+#[test]
+fn fp8_products_take_the_family_when_k_major() {
+    let h = GpuTarget::hopper();
+    for (d, t) in [(DType::F8E4M3, "e4m3"), (DType::F8E5M2, "e5m2")] {
+        let p = prepared(&linear_kmajor(d, 256, 512, 384), &h);
+        assert_eq!(families(&p)[0].0, "sm90_tc_gemm", "{:?}", families(&p));
+        let src = &p.kernels()[0].source.source;
+        assert!(src.contains(&format!("k32.f32.{t}.{t}")), "no fp8 wgmma");
+        assert!(!src.contains("ab_scale"), "an ONNX product has no scales");
+        // A row-major B: refused, with the layout rule.
+        let p = prepared(&linear(d, 1, 64, 256, 512), &h);
+        let f = families(&p);
+        assert_ne!(f[0].0, "sm90_tc_gemm", "{f:?}");
+        assert!(f[0].1.clone().unwrap_or_default().contains("B column-major"), "{f:?}");
     }
 }

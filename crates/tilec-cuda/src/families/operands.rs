@@ -232,7 +232,9 @@ pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
     };
     // A (M x K): row-major when K is contiguous, column-major when M is.
     let (ai, ak) = (a.coef(Atom::Plain(g.i_var)), a.coef(Atom::Plain(g.k_var)));
-    let pad8 = |x: usize| x.next_multiple_of(8);
+    // A leading dimension that is never stepped (one row or column) is any 16-byte multiple.
+    let row16 = 16 / a.dtype.size_bytes().max(1);
+    let pad8 = |x: usize| x.next_multiple_of(row16);
     let (a_layout, lda) = if let Some((_, lda, _, _)) = a_split {
         (Layout::RowMajor, lda)
     } else if ak == 1 || (kk == 1 && ai != 1) {

@@ -1,6 +1,7 @@
 //! `sm90_tc_gemm`: the Hopper tensor-core GEMM template of [`crate::gemm`] (wgmma fed by TMA,
-//! warp-specialized, persistent) for a kernel that is one `Gemm` over 16-bit operands read
-//! straight from buffers, with its epilogue rendered from the tile IR as a device function.
+//! warp-specialized, persistent) for a kernel that is one `Gemm` over 16-bit or fp8 operands
+//! (f32 ones as tf32 when the target allows it) read straight from buffers, with its epilogue
+//! rendered from the tile IR as a device function.
 //!
 //! A template kernel keeps the ABI of the tile-IR kernel it replaces (one device pointer per
 //! parameter, in `Kernel::params` order), so the executor launches it like any other; see
@@ -26,8 +27,11 @@ use super::template::{FamilyPlan, OperandRef, PlanKind};
 /// The Hopper tensor-core GEMM family's name.
 pub const HOPPER_GEMM: &str = "sm90_tc_gemm";
 
-/// The Hopper family: a kernel that is one `Gemm` over 16-bit operands read by TMA from their
-/// buffers (see [`gemm_view`]), any straight-line epilogue, on an sm_90 device.
+/// The Hopper family: a kernel that is one `Gemm` over f16/bf16 or fp8 operands (unscaled: an
+/// ONNX product has no per-tensor scales), or f32 ones multiplied as tf32 where
+/// `GpuTarget::allow_tf32` says so, read by TMA from their buffers (see [`gemm_view`]), any
+/// straight-line epilogue, on an sm_90 device. fp8 and tf32 need both operands K-major (A
+/// row-major, B column-major); [`gemm::applies`] says so otherwise.
 pub fn hopper_gemm(k: &Kernel, target: &GpuTarget) -> std::result::Result<FamilyPlan, String> {
     if target.compute_capability != (9, 0) {
         return Err(format!(
@@ -35,9 +39,18 @@ pub fn hopper_gemm(k: &Kernel, target: &GpuTarget) -> std::result::Result<Family
             target.compute_capability.0, target.compute_capability.1
         ));
     }
-    let GemmView { problem, a, b } = gemm_view(k)?;
-    if !matches!(problem.in_dtype, DType::F16 | DType::BF16) {
-        return Err(format!("operands are {}, not f16 or bf16", problem.in_dtype.name()));
+    let GemmView { mut problem, a, b } = gemm_view(k)?;
+    match problem.in_dtype {
+        DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => {}
+        DType::F32 if target.allow_tf32 => problem.tf32 = true,
+        DType::F32 => {
+            return Err(
+                "operands are f32, not f16, bf16 or fp8 (tf32 only with --allow-tf32: f32 stays exact \
+                 by default)"
+                    .into(),
+            )
+        }
+        d => return Err(format!("operands are {}, not f16, bf16, fp8 or f32", d.name())),
     }
     let mut params = gemm::heuristic(&problem, target.sm_count as usize);
     // Skinny products (decode-shaped: a few rows against a large B) are bound by reading B;
@@ -206,12 +219,14 @@ impl Family for Sm90TcGemm {
         plan_of(p, t).map(drop)
     }
 
-    fn space(&self, _p: &FProblem, _t: &Target) -> ParamSpace {
+    fn space(&self, p: &FProblem, t: &Target) -> ParamSpace {
+        // One 128-byte row of K per stage: 64 16-bit, 128 fp8 or 32 tf32 elements.
+        let tile_k = plan_of(p, t).map_or(64, |plan| plan.problem.tile_k() as i64);
         ParamSpace {
             axes: vec![
                 ("tile_m", vec![64, 128]),
                 ("tile_n", vec![64, 128, 192, 256]),
-                ("tile_k", vec![64]),
+                ("tile_k", vec![tile_k]),
                 ("stages", vec![2, 3, 4, 5, 6, 8]),
                 ("consumers", vec![1, 2]),
                 ("cluster_m", vec![1, 2]),

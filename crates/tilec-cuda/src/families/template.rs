@@ -104,7 +104,7 @@ impl FamilyPlan {
             p.n,
             p.k,
             p.batch,
-            p.in_dtype.name(),
+            if p.tf32 { "f32 (as tf32)" } else { p.in_dtype.name() },
             l(p.a_layout),
             l(p.b_layout),
         )

@@ -33,7 +33,9 @@ pub struct GemmArgs {
     dims: [i32; 4],
     ldc: i64,
     batch_stride_c: i64,
-    /// Pointers passed to a custom epilogue, after the fixed parameters.
+    /// The scales' addresses (those the problem has, A's first), after the fixed parameters.
+    scales: Vec<u64>,
+    /// Pointers passed to a custom epilogue, after the scales.
     extra: Vec<u64>,
     pub launch: LaunchConfig,
 }
@@ -43,6 +45,8 @@ fn tma_dtype(d: DType) -> Result<TmaDType> {
         DType::BF16 => Ok(TmaDType::BF16),
         DType::F16 => Ok(TmaDType::F16),
         DType::F32 => Ok(TmaDType::F32),
+        // The copy moves bytes; the wgmma gives them their format.
+        DType::F8E4M3 | DType::F8E5M2 => Ok(TmaDType::U8),
         d => Err(CudaError::Usage(format!("no tensor map for {}", d.name()))),
     }
 }
@@ -168,6 +172,31 @@ impl GemmKernel {
         bias: Option<u64>,
         extra: &[u64],
     ) -> Result<GemmArgs> {
+        self.args_scaled(problem, a, b, c, bias, (None, None), extra)
+    }
+
+    /// [`args_with`](Self::args_with) with the addresses of the per-tensor scales (one f32
+    /// each), given exactly for the scales the problem has.
+    #[allow(clippy::too_many_arguments)]
+    pub fn args_scaled(
+        &self,
+        problem: &Problem,
+        a: u64,
+        b: u64,
+        c: u64,
+        bias: Option<u64>,
+        scales: (Option<u64>, Option<u64>),
+        extra: &[u64],
+    ) -> Result<GemmArgs> {
+        if scales.0.is_some() != problem.scale_a || scales.1.is_some() != problem.scale_b {
+            return Err(CudaError::Usage(format!(
+                "scale pointers {:?} given for a problem with scale_a {} and scale_b {}",
+                scales, problem.scale_a, problem.scale_b
+            )));
+        }
+        if let Some(s) = [scales.0, scales.1].into_iter().flatten().find(|s| s % 4 != 0) {
+            return Err(CudaError::Usage(format!("a scale at {s:#x} is not 4-byte aligned")));
+        }
         let want = problem.custom.as_ref().map_or(0, |c| c.params.len());
         if extra.len() != want {
             return Err(CudaError::Usage(format!(
@@ -237,9 +266,10 @@ impl GemmKernel {
                 q.tile_k,
             )?,
         };
+        let b_dtype = p.b_dtype();
         let map_b = match p.b_layout {
             Layout::ColMajor => operand_map(
-                p.in_dtype,
+                b_dtype,
                 b,
                 p.k,
                 p.n,
@@ -250,7 +280,7 @@ impl GemmKernel {
                 q.tile_n / q.cluster_m,
             )?,
             Layout::RowMajor => operand_map(
-                p.in_dtype,
+                b_dtype,
                 b,
                 p.n,
                 p.k,
@@ -278,6 +308,7 @@ impl GemmKernel {
             } else {
                 0
             },
+            scales: [scales.0, scales.1].into_iter().flatten().collect(),
             extra: extra.to_vec(),
             launch: LaunchConfig {
                 grid: (grid, 1, 1),
@@ -296,6 +327,7 @@ impl GemmKernel {
         let [mut m, mut n, mut k, mut batch] = args.dims;
         let mut ldc = args.ldc;
         let mut bsc = args.batch_stride_c;
+        let mut scales = args.scales.clone();
         let mut extra = args.extra.clone();
         let mut params: Vec<*mut c_void> = vec![
             a.as_param(),
@@ -309,12 +341,12 @@ impl GemmKernel {
             &mut ldc as *mut i64 as *mut c_void,
             &mut bsc as *mut i64 as *mut c_void,
         ];
-        for e in extra.iter_mut() {
+        for e in scales.iter_mut().chain(extra.iter_mut()) {
             params.push(e as *mut u64 as *mut c_void);
         }
         // SAFETY: the values match the kernel's parameters in order, size and alignment (two
         // 128-byte tensor maps, two pointers, four ints, two 64-bit integers, then one pointer
-        // per custom epilogue parameter, checked in `args_with`).
+        // per scale and per custom epilogue parameter, checked in `args_scaled`).
         unsafe { self.func.launch_raw(stream, &args.launch, &mut params) }
     }
 }

@@ -1,8 +1,10 @@
 //! Tensor-core GEMM on Hopper (sm_90a): a kernel family rendered as CUDA C++ for given
 //! parameters, compiled with NVRTC and launched through the driver.
 //!
-//! `C[b] = act(A[b] · B[b] + bias)` for 16-bit inputs (bf16 or f16) with f32 accumulation,
-//! written as bf16, f16 or f32. The kernel is warp-specialized and persistent: one producer
+//! `C[b] = act(scale_a · scale_b · A[b] · B[b] + bias)` for bf16, f16, fp8 (e4m3, e5m2) or
+//! tf32 inputs with f32 accumulation, written as bf16, f16 or f32. Shared memory is laid out in
+//! bytes: a stage holds 128 bytes of K per row (64 16-bit, 128 fp8 or 32 tf32 elements), one
+//! 128-byte swizzle row, so the copies and descriptors are the same for every input type. The kernel is warp-specialized and persistent: one producer
 //! warpgroup streams K-slices of A and B into a ring of shared-memory stages with the bulk
 //! tensor copy engine (TMA, 128-byte swizzle, completion on mbarriers), and one or two consumer
 //! warpgroups multiply them with `wgmma.mma_async` from shared-memory descriptors, then apply
@@ -17,6 +19,7 @@
 //! Shapes (M, N, K, batch) are run-time arguments: one compiled kernel serves every shape with
 //! the same dtypes, layouts, epilogue and parameters ([`kernel_name`] is that key).
 
+pub mod host;
 mod launch;
 mod render;
 
@@ -107,6 +110,9 @@ impl CustomEpilogue {
     }
 }
 
+/// Bytes of K a pipeline stage holds per row of A or B: one 128-byte swizzle row.
+pub const K_BYTES: usize = 128;
+
 /// One GEMM: `C[b] (M x N) = A[b] (M x K) · B[b] (K x N)` for `b < batch`.
 ///
 /// Leading dimensions are in elements (`None`: dense); batch strides are in elements, 0 meaning
@@ -117,8 +123,19 @@ pub struct Problem {
     pub n: usize,
     pub k: usize,
     pub batch: usize,
-    /// Element type of A and B: bf16 or f16.
+    /// Element type of A (and of B unless `b_dtype` says otherwise): bf16, f16, fp8 (e4m3,
+    /// e5m2), or f32 with `tf32`.
     pub in_dtype: DType,
+    /// B's element type where it differs from A's: fp8 only (e4m3 with e5m2).
+    pub b_dtype: Option<DType>,
+    /// f32 operands multiplied as tf32 (the tensor cores drop the low 13 mantissa bits): the
+    /// caller's consent, without which f32 operands are refused.
+    pub tf32: bool,
+    /// Per-tensor scales: one f32 each in device memory (a kernel parameter each, passed at
+    /// launch), multiplied into the accumulators before the bias and activation, as
+    /// `torch._scaled_mm` does.
+    pub scale_a: bool,
+    pub scale_b: bool,
     /// Element type of C: bf16, f16 or f32.
     pub out_dtype: DType,
     pub a_layout: Layout,
@@ -137,7 +154,8 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A dense, unbatched problem: row-major A, B and C of one dtype, no epilogue.
+    /// A dense, unbatched problem: row-major A, B and C of one dtype (C bf16 for fp8 inputs),
+    /// no epilogue.
     pub fn new(m: usize, n: usize, k: usize, dtype: DType) -> Problem {
         Problem {
             m,
@@ -145,7 +163,14 @@ impl Problem {
             k,
             batch: 1,
             in_dtype: dtype,
-            out_dtype: dtype,
+            b_dtype: None,
+            tf32: false,
+            scale_a: false,
+            scale_b: false,
+            out_dtype: match dtype {
+                DType::F8E4M3 | DType::F8E5M2 => DType::BF16,
+                d => d,
+            },
             a_layout: Layout::RowMajor,
             b_layout: Layout::RowMajor,
             lda: None,
@@ -165,6 +190,26 @@ impl Problem {
         self.a_layout = a;
         self.b_layout = b;
         self
+    }
+
+    /// B's element type.
+    pub fn b_dtype(&self) -> DType {
+        self.b_dtype.unwrap_or(self.in_dtype)
+    }
+
+    /// Bytes of one operand element (A and B have the same size).
+    pub fn elem_bytes(&self) -> usize {
+        self.in_dtype.size_bytes()
+    }
+
+    /// K per pipeline stage, in elements: one 128-byte swizzle row.
+    pub fn tile_k(&self) -> usize {
+        K_BYTES / self.elem_bytes().max(1)
+    }
+
+    /// K of one wgmma instruction: 32 bytes of K (16 16-bit, 32 fp8 or 8 tf32 elements).
+    pub fn mma_k(&self) -> usize {
+        32 / self.elem_bytes().max(1)
     }
 
     /// A stored row-major B (K x N) is contiguous along N; column-major along K.
@@ -220,7 +265,8 @@ pub struct Params {
     pub tile_m: usize,
     /// Columns of C per block: a multiple of 64 up to 256 (the wgmma N).
     pub tile_n: usize,
-    /// K per pipeline stage: 64 (one 128-byte swizzle row of 16-bit elements).
+    /// K per pipeline stage, in elements: one 128-byte swizzle row ([`Problem::tile_k`]: 64 for
+    /// 16-bit inputs, 128 for fp8, 32 for tf32).
     pub tile_k: usize,
     /// Shared-memory stages in the ring.
     pub stages: usize,
@@ -260,9 +306,9 @@ impl Params {
     pub fn threads(&self) -> usize {
         128 * (self.consumers + 1)
     }
-    /// Bytes of one stage (A and B tiles).
+    /// Bytes of one stage (A and B tiles, each row one 128-byte swizzle row of K).
     pub fn stage_bytes(&self) -> usize {
-        (self.tile_m + self.tile_n) * self.tile_k * 2
+        (self.tile_m + self.tile_n) * K_BYTES
     }
     /// Dynamic shared memory: the stages, 1 KiB of alignment slack and the barriers.
     pub fn smem_bytes(&self) -> usize {
@@ -289,9 +335,9 @@ impl Params {
                 self.tile_n
             ));
         }
-        if self.tile_k != 64 {
+        if ![32, 64, 128].contains(&self.tile_k) {
             return Err(format!(
-                "tile_k {} (64: one 128-byte swizzle row)",
+                "tile_k {} (one 128-byte swizzle row: 64 16-bit, 128 fp8 or 32 tf32 elements)",
                 self.tile_k
             ));
         }
@@ -361,10 +407,23 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
     }
     params.validate()?;
     let p = problem;
-    if !matches!(p.in_dtype, DType::BF16 | DType::F16) {
+    check_input_dtypes(p)?;
+    if params.tile_k != p.tile_k() {
         return Err(format!(
-            "input dtype {} (bf16 or f16; fp8 and tf32 are not implemented)",
-            p.in_dtype.name()
+            "tile_k {} for {} operands (one 128-byte swizzle row is {} elements)",
+            params.tile_k,
+            p.in_dtype.name(),
+            p.tile_k()
+        ));
+    }
+    // fp8 and tf32 wgmma read shared memory K-major only (no transpose bits).
+    if p.elem_bytes() != 2 && (p.a_layout != Layout::RowMajor || p.b_layout != Layout::ColMajor) {
+        return Err(format!(
+            "{} operands need A row-major and B column-major (the fp8 and tf32 wgmma read both \
+             K-major from shared memory, with no transpose); A is {:?} and B {:?}",
+            if p.tf32 { "tf32" } else { p.in_dtype.name() },
+            p.a_layout,
+            p.b_layout
         ));
     }
     if !matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32) {
@@ -387,17 +446,19 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
     if p.m >= 1 << 31 || p.n >= 1 << 31 || p.k >= 1 << 31 || p.batch >= 1 << 31 {
         return Err("a dimension of 2^31 or more".into());
     }
-    // TMA reads rows whose byte stride is a multiple of 16: 8 elements of 16 bits.
+    // TMA reads rows whose byte stride is a multiple of 16: 8 elements of 16 bits, 16 of fp8,
+    // 4 of f32.
+    let align = 16 / p.elem_bytes();
     let tma_rule = |name: &str, ld: usize, inner: usize, inner_name: &str| {
         if ld < inner {
             Err(format!(
                 "{name}: leading dimension {ld} is smaller than its row of {inner} ({inner_name})"
             ))
-        } else if ld % 8 != 0 {
+        } else if ld % align != 0 {
             Err(format!(
-                "{name}: leading dimension {ld} is not a multiple of 8 elements; the bulk tensor \
-                 copy needs 16-byte row strides (pad {inner_name} to a multiple of 8 with zeros, \
-                 or store the operand with a padded leading dimension)"
+                "{name}: leading dimension {ld} is not a multiple of {align} elements; the bulk \
+                 tensor copy needs 16-byte row strides (pad {inner_name} to a multiple of {align} \
+                 with zeros, or store the operand with a padded leading dimension)"
             ))
         } else {
             Ok(())
@@ -424,6 +485,9 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
         }
     }
     if let Some(s) = p.a_split {
+        if p.elem_bytes() != 2 {
+            return Err("a split A is implemented for 16-bit operands only".into());
+        }
         if p.a_layout != Layout::RowMajor || p.batch != 1 {
             return Err("a split A must be row-major and unbatched".into());
         }
@@ -449,9 +513,9 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
     }
     if p.batch > 1 {
         for (name, s) in [("A", p.batch_stride_a), ("B", p.batch_stride_b)] {
-            if s % 8 != 0 {
+            if s % align != 0 {
                 return Err(format!(
-                    "{name}: batch stride {s} is not a multiple of 8 elements (16 bytes)"
+                    "{name}: batch stride {s} is not a multiple of {align} elements (16 bytes)"
                 ));
             }
         }
@@ -460,6 +524,41 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// The input dtypes the kernel multiplies: bf16 or f16 (A and B alike), fp8 (e4m3 and e5m2,
+/// mixed if wanted) or f32 as tf32 (with the caller's consent).
+fn check_input_dtypes(p: &Problem) -> Result<(), String> {
+    let fp8 = |d: DType| matches!(d, DType::F8E4M3 | DType::F8E5M2);
+    let (a, b) = (p.in_dtype, p.b_dtype());
+    match a {
+        DType::BF16 | DType::F16 | DType::F32 if b != a => Err(format!(
+            "operands of two dtypes ({} and {}): only fp8 formats mix",
+            a.name(),
+            b.name()
+        )),
+        DType::BF16 | DType::F16 if p.tf32 => {
+            Err(format!("tf32 is set for {} operands (it is for f32 ones)", a.name()))
+        }
+        DType::BF16 | DType::F16 => Ok(()),
+        DType::F8E4M3 | DType::F8E5M2 if !fp8(b) => Err(format!(
+            "operands of two dtypes ({} and {}): fp8 mixes only with fp8",
+            a.name(),
+            b.name()
+        )),
+        DType::F8E4M3 | DType::F8E5M2 if p.tf32 => Err("tf32 is set for fp8 operands".into()),
+        DType::F8E4M3 | DType::F8E5M2 => Ok(()),
+        DType::F32 if p.tf32 => Ok(()),
+        DType::F32 => Err(
+            "f32 operands: the tensor cores multiply them as tf32 (10-bit mantissas), which \
+             needs consent (Problem::tf32; --allow-tf32 for models)"
+                .into(),
+        ),
+        d => Err(format!(
+            "input dtype {} (bf16, f16, fp8 e4m3/e5m2, or f32 as tf32)",
+            d.name()
+        )),
+    }
 }
 
 /// Default parameters for a problem on a device with `sm_count` multiprocessors.
@@ -472,7 +571,10 @@ pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
     let tiles = |tm: usize, tn: usize| {
         problem.m.div_ceil(tm) * problem.n.div_ceil(tn) * problem.batch.max(1)
     };
-    let big = Params::default();
+    let big = Params {
+        tile_k: problem.tile_k(),
+        ..Params::default()
+    };
     if problem.m <= 64 {
         let tn = if tiles(64, 128) >= sm_count { 128 } else { 64 };
         return Params {
@@ -546,6 +648,89 @@ mod tests {
         p.epilogue = Epilogue::NONE;
         p.custom = Some(CustomEpilogue { rows: Some(300), ..c });
         assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("300"));
+    }
+
+    #[test]
+    fn fp8_and_tf32_are_checked() {
+        use Layout::{ColMajor as C, RowMajor as R};
+        let rc = |m, n, k, d| Problem::new(m, n, k, d).with_layouts(R, C);
+        // fp8: 128-element K stages (still 128 bytes), any fp8 mix, K-major only.
+        let mut p = rc(1000, 1000, 528, DType::F8E4M3);
+        p.out_dtype = DType::BF16;
+        p.scale_a = true;
+        p.scale_b = true;
+        let q = heuristic(&p, 132);
+        assert_eq!(q.tile_k, 128);
+        assert_eq!(q.stage_bytes(), Params { tile_k: 64, ..q }.stage_bytes());
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        assert!(applies(&p, &Params::default(), (9, 0)).unwrap_err().contains("tile_k 64"));
+        p.b_dtype = Some(DType::F8E5M2);
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        p.b_dtype = Some(DType::BF16);
+        assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("fp8 mixes only with fp8"));
+        p.b_dtype = None;
+        for (a, b) in [(R, R), (C, C), (C, R)] {
+            let e = applies(&p.clone().with_layouts(a, b), &q, (9, 0)).unwrap_err();
+            assert!(e.contains("A row-major and B column-major"), "{e}");
+        }
+        // 16-byte rows: 16 fp8 elements.
+        let mut odd = rc(100, 100, 520, DType::F8E5M2);
+        odd.out_dtype = DType::F32;
+        let e = applies(&odd, &heuristic(&odd, 132), (9, 0)).unwrap_err();
+        assert!(e.contains("multiple of 16 elements"), "{e}");
+        let mut split = rc(1024, 768, 768, DType::F8E4M3);
+        split.out_dtype = DType::F16;
+        split.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 0 });
+        assert!(applies(&split, &heuristic(&split, 132), (9, 0)).unwrap_err().contains("16-bit"));
+        // tf32: f32 operands only with consent; 32-element K stages; K-major only.
+        let mut t = rc(336, 520, 260, DType::F32);
+        let qt = heuristic(&t, 132);
+        assert_eq!(qt.tile_k, 32);
+        assert!(applies(&t, &qt, (9, 0)).unwrap_err().contains("consent"));
+        t.tf32 = true;
+        assert_eq!(applies(&t, &qt, (9, 0)), Ok(()));
+        let e = applies(&t.clone().with_layouts(R, R), &qt, (9, 0)).unwrap_err();
+        assert!(e.contains("tf32 operands need A row-major"), "{e}");
+        t.k = 258;
+        assert!(applies(&t, &qt, (9, 0)).unwrap_err().contains("multiple of 4 elements"));
+        let mut bf = rc(64, 64, 64, DType::BF16);
+        bf.tf32 = true;
+        assert!(applies(&bf, &Params::default(), (9, 0)).is_err());
+        // Names tell the classes apart.
+        let mut named = rc(64, 64, 128, DType::F8E4M3);
+        named.out_dtype = DType::F32;
+        named.b_dtype = Some(DType::F8E5M2);
+        named.scale_b = true;
+        let qn = heuristic(&named, 132);
+        assert!(kernel_name(&named, &qn).starts_with("tl_gemm_sm90_e4m3e5m2rc_f32_64x"), "{}", kernel_name(&named, &qn));
+        assert!(kernel_name(&named, &qn).contains("_sb"));
+        assert!(kernel_name(&t, &qt).starts_with("tl_gemm_sm90_tf32rc_f32_"));
+    }
+
+    #[test]
+    fn fp8_and_tf32_sources_use_their_wgmma_and_scales() {
+        let mut p = Problem::new(1000, 1000, 1024, DType::F8E4M3)
+            .with_layouts(Layout::RowMajor, Layout::ColMajor);
+        p.out_dtype = DType::BF16;
+        p.scale_a = true;
+        p.scale_b = true;
+        p.epilogue = Epilogue { bias: Some(DType::F32), activation: Activation::Gelu };
+        let q = heuristic(&p, 132);
+        let src = render(&p, &q);
+        assert!(src.contains(&format!("m64n{}k32.f32.e4m3.e4m3", q.tile_n)));
+        assert!(src.contains("for (int kk = 0; kk < BK / 32; ++kk)"));
+        assert!(src.contains("const float* __restrict__ scale_a,\n       const float* __restrict__ scale_b)"));
+        assert!(src.contains("const float ab_scale = __ldg(scale_a) * __ldg(scale_b);"));
+        assert!(src.contains("acc[0][4 * q + 2 * h] * ab_scale + bias0"));
+        let mut t = Problem::new(300, 200, 100, DType::F32)
+            .with_layouts(Layout::RowMajor, Layout::ColMajor);
+        t.tf32 = true;
+        let q = heuristic(&t, 132);
+        let src = render(&t, &q);
+        assert!(src.contains(&format!("m64n{}k8.f32.tf32.tf32", q.tile_n)));
+        assert!(src.contains("BK = 32"));
+        assert!(src.contains("kk < BK / 8;"));
+        assert!(!src.contains("ab_scale"));
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //!
 //! Shared memory holds `stages` slots, each an A tile then a B tile, every tile made of
 //! 1024-byte swizzle atoms as the bulk tensor copy writes them with the 128-byte swizzle:
-//! - a K-major operand (K contiguous in memory) is one box of 64 K-elements by `rows` rows:
-//!   row r at byte 128·r; a wgmma reads 8-row groups 1024 bytes apart (the stride offset) and
-//!   steps through K by moving its start 32 bytes;
+//! - a K-major operand (K contiguous in memory) is one box of 128 bytes of K (64 16-bit, 128
+//!   fp8 or 32 tf32 elements) by `rows` rows: row r at byte 128·r; a wgmma reads 8-row groups
+//!   1024 bytes apart (the stride offset) and steps through K by moving its start 32 bytes (its
+//!   K: 16, 32 or 8 elements);
 //! - an MN-major operand (M or N contiguous) is `rows / 64` boxes of 64 MN-elements by 64 K
 //!   rows, 8 KiB each: K row k of a box at byte 128·k; the wgmma reads 64-element MN chunks
 //!   8192 bytes apart (the leading offset) and 8-row K groups 1024 bytes apart, and steps
-//!   through K by moving its start 16 rows (2048 bytes).
+//!   through K by moving its start 16 rows (2048 bytes). 16-bit operands only: the fp8 and
+//!   tf32 wgmma have no transpose, so both their operands are K-major.
 //!
 //! Barriers: `full[s]` (one arrival, the producer's, plus the copy's transaction bytes) and
 //! `empty[s]` (one arrival per consumer warp). Iteration `i` of the flattened (tile, k-block)
@@ -27,8 +29,16 @@ fn short(d: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::F16 => "f16",
         DType::F32 => "f32",
+        DType::F8E4M3 => "e4m3",
+        DType::F8E5M2 => "e5m2",
         _ => "x",
     }
+}
+
+/// The wgmma type names of A and B (`tf32` for f32 operands).
+fn mma_types(p: &Problem) -> (&'static str, &'static str) {
+    let t = |d: DType| if d == DType::F32 && p.tf32 { "tf32" } else { short(d) };
+    (t(p.in_dtype), t(p.b_dtype()))
 }
 
 fn storage(d: DType) -> &'static str {
@@ -70,14 +80,22 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         .as_ref()
         .map(|c| format!("_e{:016x}", c.key()))
         .unwrap_or_default();
+    let scales = match (p.scale_a, p.scale_b) {
+        (false, false) => "",
+        (true, false) => "_sa",
+        (false, true) => "_sb",
+        (true, true) => "_sab",
+    };
+    let (ta, tb) = mma_types(p);
+    let ab = if ta == tb { ta.to_string() } else { format!("{ta}{tb}") };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
         String::new()
     };
     format!(
-        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{bias}{act}{bcast}{split}{custom}",
-        short(p.in_dtype),
+        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{scales}{bias}{act}{bcast}{split}{custom}",
+        ab,
         l(p.a_layout),
         l(p.b_layout),
         short(p.out_dtype),
@@ -169,8 +187,10 @@ template <int N> __device__ __forceinline__ void tl_wgmma_wait() {
 }
 "#;
 
-/// One `wgmma.mma_async` over accumulator array `acc` (n/2 registers per thread).
-fn wgmma_fn(name: &str, n: usize, ab: &str, trans_a: u32, trans_b: u32) -> String {
+/// One `wgmma.mma_async` of shape m64nNkK over accumulator array `acc` (n/2 registers per
+/// thread), A of type `ta` and B of `tb`; `trans` gives the transpose bits (16-bit types only:
+/// the fp8 and tf32 forms have none).
+fn wgmma_fn(name: &str, n: usize, k: usize, ta: &str, tb: &str, trans: Option<(u32, u32)>) -> String {
     let regs = n / 2;
     let mut s = String::new();
     let _ = writeln!(
@@ -183,9 +203,10 @@ fn wgmma_fn(name: &str, n: usize, ab: &str, trans_a: u32, trans_b: u32) -> Strin
         "  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{}, 0;\\n\"",
         regs + 2
     );
+    let trans = trans.map(|(a, b)| format!(", {a}, {b}")).unwrap_or_default();
     let _ = writeln!(
         s,
-        "    \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{}}}, %{}, %{}, p, 1, 1, {trans_a}, {trans_b}; }}\"",
+        "    \"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ta}.{tb} {{{}}}, %{}, %{}, p, 1, 1{trans}; }}\"",
         list.join(", "),
         regs,
         regs + 1
@@ -211,15 +232,17 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     let p = problem;
     let q = params;
     let name = kernel_name(p, q);
-    let ab = short(p.in_dtype);
+    let (ta, tb) = mma_types(p);
     let (bm, bn, bk) = (q.tile_m, q.tile_n, q.tile_k);
-    assert!(bk == 64 && bn % 64 == 0 && bm % 64 == 0, "{q:?}");
+    assert!(bk == p.tile_k() && bn % 64 == 0 && bm % 64 == 0, "{q:?}");
     let wm = q.warp_m();
     let mblocks = wm / 64;
     let a_kmajor = p.a_layout == Layout::RowMajor;
     let b_kmajor = p.b_layout == Layout::ColMajor;
-    let a_bytes = bm * bk * 2;
-    let b_bytes = bn * bk * 2;
+    let wide = p.elem_bytes() == 2;
+    assert!(wide || (a_kmajor && b_kmajor), "fp8 and tf32 operands are K-major");
+    let a_bytes = bm * super::K_BYTES;
+    let b_bytes = bn * super::K_BYTES;
     let stage = a_bytes + b_bytes;
     let threads = q.threads();
     let out_t = storage(p.out_dtype);
@@ -230,17 +253,24 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     s.push_str(&wgmma_fn(
         "tl_wgmma",
         bn,
-        ab,
-        u32::from(!a_kmajor),
-        u32::from(!b_kmajor),
+        p.mma_k(),
+        ta,
+        tb,
+        wide.then_some((u32::from(!a_kmajor), u32::from(!b_kmajor))),
     ));
 
     let bias_param = match p.epilogue.bias {
         Some(d) => format!("const {}* __restrict__ bias", storage(d)),
         None => "const void* __restrict__ bias_unused".to_string(),
     };
-    // A custom epilogue's parameters come last (after the fixed ones, as launches pass them).
+    // Scales follow the fixed parameters; a custom epilogue's parameters come last (as
+    // launches pass them).
     let mut extra_params = String::new();
+    for (set, name) in [(p.scale_a, "scale_a"), (p.scale_b, "scale_b")] {
+        if set {
+            let _ = write!(extra_params, ",\n       const float* __restrict__ {name}");
+        }
+    }
     if let Some(c) = &p.custom {
         s.push_str(&c.source);
         for param in &c.params {
@@ -303,7 +333,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
     }}
   }} else {{
     asm volatile("setmaxnreg.inc.sync.aligned.u32 {creg};");
-    const int cw = wg - 1;
+{scale_load}    const int cw = wg - 1;
     const int warp = tid / 32, lane = tid % 32;
     float acc[{mblocks}][{accn}];
 #pragma unroll
@@ -321,7 +351,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
         const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
         tl_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {{
+        for (int kk = 0; kk < BK / {mma_k}; ++kk) {{
           const unsigned long long db = tl_wgmma_desc(sb + {b_kstep}u * kk, {b_lbo}u, 1024u);
 {mmas}
         }}
@@ -382,6 +412,18 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
         preg = q.regs.0,
         creg = q.regs.1,
         accn = bn / 2,
+        mma_k = p.mma_k(),
+        scale_load = match (p.scale_a, p.scale_b) {
+            (false, false) => String::new(),
+            (a, b) => {
+                let f = |set: bool, n: &str| if set { format!("__ldg({n})") } else { "1.0f".into() };
+                format!(
+                    "    const float ab_scale = {} * {};\n",
+                    f(a, "scale_a"),
+                    f(b, "scale_b")
+                )
+            }
+        },
         loads = render_loads(p, q),
         b_kstep = if b_kmajor { 32 } else { 2048 },
         b_lbo = if b_kmajor { 16 } else { 8192 },
@@ -511,13 +553,22 @@ fn render_mmas(q: &Params, a_kmajor: bool) -> String {
     s
 }
 
+/// The factor applied to an accumulator before the epilogue (the per-tensor scales).
+fn scale_factor(p: &Problem) -> &'static str {
+    if p.scale_a || p.scale_b {
+        " * ab_scale"
+    } else {
+        ""
+    }
+}
+
 /// Registers to global memory: bias, activation and cast, stores guarded at the edges.
 ///
 /// Accumulator register `4 q + 2 h + e` of a 64-row block holds row `16 warp + lane / 4 + 8 h`,
 /// column `8 q + 2 (lane % 4) + e` of the block.
 fn render_epilogue(p: &Problem, q: &Params) -> String {
     if let Some(c) = &p.custom {
-        return render_custom_epilogue(c, q);
+        return render_custom_epilogue(p, c, q);
     }
     let mblocks = q.warp_m() / 64;
     let bn = q.tile_n;
@@ -577,7 +628,7 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
             for (int h = 0; h < 2; ++h) {{
               const int row = row0 + 8 * h;
               if (row < M && col < N) {{
-                const float x0 = acc[{j}][4 * q + 2 * h] + bias0, x1 = acc[{j}][4 * q + 2 * h + 1] + bias1;
+                const float x0 = acc[{j}][4 * q + 2 * h]{scale} + bias0, x1 = acc[{j}][4 * q + 2 * h + 1]{scale} + bias1;
                 const float v0 = {v0}, v1 = {v1};
                 {out_t}* dst = cb + (long long)row * ldc + col;
                 if (pairs && col + 1 < N) {{
@@ -593,6 +644,7 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
 "#,
             nt = bn / 8,
             out_t = storage(od),
+            scale = scale_factor(p),
             one0 = one_store[0],
             one1 = one_store[1],
         );
@@ -602,7 +654,7 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
 }
 
 /// The per-element calls of a custom epilogue (guarded at the edges).
-fn render_custom_epilogue(c: &super::CustomEpilogue, q: &Params) -> String {
+fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) -> String {
     let mblocks = q.warp_m() / 64;
     let args: String = c
         .params
@@ -630,8 +682,8 @@ fn render_custom_epilogue(c: &super::CustomEpilogue, q: &Params) -> String {
               const int row = row0 + 8 * h;
               if (row < M && col < N) {{
                 const long long eb = {bexpr}, er = {rexpr};
-                {f}({args}eb, er, col, acc[{j}][4 * q + 2 * h]);
-                if (col + 1 < N) {f}({args}eb, er, col + 1, acc[{j}][4 * q + 2 * h + 1]);
+                {f}({args}eb, er, col, acc[{j}][4 * q + 2 * h]{scale});
+                if (col + 1 < N) {f}({args}eb, er, col + 1, acc[{j}][4 * q + 2 * h + 1]{scale});
               }}
             }}
           }}
@@ -639,6 +691,7 @@ fn render_custom_epilogue(c: &super::CustomEpilogue, q: &Params) -> String {
 "#,
             nt = q.tile_n / 8,
             f = c.name,
+            scale = scale_factor(p),
         );
     }
     s.push_str("      }\n");
@@ -651,10 +704,16 @@ mod tests {
 
     #[test]
     fn wgmma_wrapper_lists_every_accumulator() {
-        let f = wgmma_fn("w", 256, "bf16", 0, 1);
+        let f = wgmma_fn("w", 256, 16, "bf16", "bf16", Some((0, 1)));
         assert!(f.contains("m64n256k16.f32.bf16.bf16"));
         assert!(f.contains("%127}, %128, %129, p, 1, 1, 0, 1;"));
         assert!(f.contains("setp.ne.b32 p, %130, 0;"));
         assert_eq!(f.matches("\"+f\"").count(), 128);
+        // fp8 and tf32: no transpose operands.
+        let f = wgmma_fn("w", 128, 32, "e4m3", "e5m2", None);
+        assert!(f.contains("m64n128k32.f32.e4m3.e5m2 {%0,"));
+        assert!(f.contains("%63}, %64, %65, p, 1, 1; }"));
+        let f = wgmma_fn("w", 64, 8, "tf32", "tf32", None);
+        assert!(f.contains("m64n64k8.f32.tf32.tf32"));
     }
 }

@@ -54,6 +54,10 @@ pub struct OptArgs {
     /// --family conv=cpu.direct (repeatable).
     #[arg(long = "family", value_name = "OP=NAME", value_parser = super::parse_family)]
     pub families: Vec<(String, String)>,
+    /// With --target cuda: let f32 matrix products run on the tensor cores as tf32 (10-bit
+    /// mantissas, as torch.backends.cuda.matmul.allow_tf32). Off: f32 stays exact.
+    #[arg(long = "allow-tf32")]
+    pub allow_tf32: bool,
 }
 
 fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
@@ -148,7 +152,12 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
             }
         }
         partition::TargetKind::Cuda => {
-            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let opts = tilec::compiled_cuda::CudaOptions {
+                opt_level: 0,
+                families: args.families.clone(),
+                allow_tf32: args.allow_tf32,
+                ..Default::default()
+            };
             let prep = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())?;
             for k in prep.kernels() {
                 let mut steps = vec![format!("{} ({})", k.schedule, k.family.decision.summary())];
@@ -187,7 +196,12 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
             ("kernels (families for this CPU):", (p.interpreted(), p.report))
         }
         TargetKind::Cuda => {
-            let opts = tilec::compiled_cuda::CudaOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
+            let opts = tilec::compiled_cuda::CudaOptions {
+                opt_level: 0,
+                families: args.opt.families.clone(),
+                allow_tf32: args.opt.allow_tf32,
+                ..Default::default()
+            };
             let p = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())
                 .context("building the kernels")?;
             ("kernels (families for sm_90, 132 SMs):", (p.interpreted(), p.report))

@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// --family conv=cpu.direct (repeatable; `tilec explain` lists the families).
     #[arg(long = "family", value_name = "OP=NAME", value_parser = parse_family)]
     pub families: Vec<(String, String)>,
+    /// With --target cuda: let f32 matrix products run on the tensor cores as tf32 (10-bit
+    /// mantissas, as torch.backends.cuda.matmul.allow_tf32). Off: f32 stays exact.
+    #[arg(long = "allow-tf32")]
+    pub allow_tf32: bool,
     /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=8.
     /// Symbolic dimensions not fixed here or by a given input default to 1.
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
@@ -739,7 +743,13 @@ fn run_cuda(
     report: &mut Report,
 ) -> Result<Vec<Tensor>> {
     use tilec::compiled_cuda::{compile, CudaOptions};
-    let opts = CudaOptions { opt_level: a.opt_level, device: a.device, families: a.families.clone(), ..Default::default() };
+    let opts = CudaOptions {
+        opt_level: a.opt_level,
+        device: a.device,
+        families: a.families.clone(),
+        allow_tf32: a.allow_tf32,
+        ..Default::default()
+    };
     let mut c = compile(graph, &opts).context("compiling the model for CUDA")?;
     let r = c.report.clone();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
