@@ -10,6 +10,7 @@ use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::Result;
 use crate::gemm::{self, Layout, Problem};
 
+use super::cublas_gemm::{CublasKernel, CublasParams};
 use super::sm90_tc_gemm::Sm90Kernel;
 
 /// Where an operand starts: a kernel parameter and an offset into it.
@@ -25,6 +26,8 @@ pub struct OperandRef {
 pub enum PlanKind {
     /// The Hopper GEMM (`crate::gemm`): wgmma fed by TMA.
     Sm90(gemm::Params),
+    /// cuBLASLt (`cublas.gemm`): a library call, nothing to compile.
+    Cublas(CublasParams),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -37,7 +40,7 @@ pub struct FamilyPlan {
     pub b: OperandRef,
     /// The function the source defines.
     pub entry: String,
-    /// CUDA C++ (prelude included).
+    /// CUDA C++ (prelude included); empty for a library kernel (nothing to compile).
     pub source: String,
 }
 
@@ -51,7 +54,14 @@ impl FamilyPlan {
                 block: (q.threads() as u32, 1, 1),
                 shared_mem_bytes: q.smem_bytes() as u32,
             },
+            // A library call: the library chooses its launches.
+            PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
+    }
+
+    /// Whether the plan has CUDA C++ to compile (a library kernel has none).
+    pub fn compiles(&self) -> bool {
+        !self.source.is_empty()
     }
 
     /// One line for reports: shape, layouts and parameters.
@@ -75,6 +85,11 @@ impl FamilyPlan {
                 "tile {}x{}x{}, {} stages, {} consumer warpgroups, cluster {}, group {}",
                 q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m
             ),
+            PlanKind::Cublas(q) => format!(
+                "cuBLASLt, {} out, compute {}",
+                q.out_dtype.name(),
+                if q.lt.tf32 && p.in_dtype == tilec_ir::DType::F32 { "32F_FAST_TF32" } else { "32F" }
+            ),
         };
         format!(
             "{} {}x{}x{} batch {}{rows}, {} A {}-major, B {}-major, f32 accumulation; {params}",
@@ -93,26 +108,30 @@ impl FamilyPlan {
 /// A template family's kernel loaded on a device, launched with the tile-IR kernel's pointers.
 pub enum FamilyKernel {
     Sm90(Sm90Kernel),
+    Cublas(CublasKernel),
 }
 
 impl FamilyKernel {
-    /// Loads a plan's compiled image.
+    /// Loads a plan's compiled image (a library plan has none: `image` is unused).
     pub fn load(device: &Device, plan: &FamilyPlan, image: &[u8], cache_hit: bool) -> Result<FamilyKernel> {
         match &plan.kind {
             PlanKind::Sm90(_) => Sm90Kernel::load(device, plan, image, cache_hit).map(FamilyKernel::Sm90),
+            PlanKind::Cublas(_) => CublasKernel::load(device, plan).map(FamilyKernel::Cublas),
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
+            FamilyKernel::Cublas(k) => k.plan(),
         }
     }
 
-    /// The kernel function (for attributes such as registers).
-    pub fn function(&self) -> &Function {
+    /// The kernel function (for attributes such as registers); a library kernel has none.
+    pub fn function(&self) -> Option<&Function> {
         match self {
-            FamilyKernel::Sm90(k) => k.gemm().function(),
+            FamilyKernel::Sm90(k) => Some(k.gemm().function()),
+            FamilyKernel::Cublas(_) => None,
         }
     }
 
@@ -122,6 +141,7 @@ impl FamilyKernel {
             FamilyKernel::Sm90(k) => {
                 let q = match &k.plan().kind {
                     PlanKind::Sm90(q) => *q,
+                    _ => gemm::Params::default(),
                 };
                 LaunchConfig {
                     grid: (k.gemm().resident_blocks(), 1, 1),
@@ -129,6 +149,7 @@ impl FamilyKernel {
                     shared_mem_bytes: q.smem_bytes() as u32,
                 }
             }
+            FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
 
@@ -136,6 +157,7 @@ impl FamilyKernel {
     pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
             FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
+            FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }
 }
