@@ -120,7 +120,7 @@ fn other_matrix_products_fall_back_with_a_reason() {
         (
             linear(DType::F32, 1, 64, 256, 512),
             h.clone(),
-            "is f32, not f16 or bf16",
+            "operands are f32, not f16 or bf16",
         ),
         (
             linear(DType::F16, 1, 64, 100, 512),
