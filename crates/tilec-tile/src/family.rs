@@ -352,10 +352,11 @@ pub fn describe_rejections(rejected: &[(&'static str, String)]) -> String {
     rejected.iter().map(|(f, why)| format!("{f}: {why}")).collect::<Vec<_>>().join("; ")
 }
 
-/// Whether a `--family` choice names this problem (its op, its kernel name or `*`).
+/// Whether a `--family` choice names this problem (its op in any case, as ONNX spells it
+/// (`MatMul`) or as tilec does (`matmul`); its kernel name; or `*`).
 fn forced_for<'a>(p: &Problem, choices: &Choices<'a>) -> Option<&'a str> {
     let op = p.op();
-    choices.forced.iter().find(|(o, _)| o == "*" || *o == op || *o == p.name).map(|(_, f)| f.as_str())
+    choices.forced.iter().find(|(o, _)| o == "*" || o.eq_ignore_ascii_case(&op) || *o == p.name).map(|(_, f)| f.as_str())
 }
 
 fn attempt<T: ?Sized, B>(
