@@ -156,3 +156,14 @@ fn fused_epilogues_and_other_kernels_are_refused_with_a_reason() {
         assert!(why.contains(want), "expected '{want}' in: {why}");
     }
 }
+
+#[test]
+fn a_missing_library_is_an_error_not_a_panic() {
+    match tilec_cuda::cublaslt::CublasLt::load() {
+        Ok(lt) => eprintln!("note: cuBLASLt {} at {}", lt.version(), lt.path()),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.starts_with("cuBLAS not found: libcublasLt not found"), "{e}");
+        }
+    }
+}
