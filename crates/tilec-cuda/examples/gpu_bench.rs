@@ -378,8 +378,8 @@ fn run() -> std::result::Result<(), String> {
                        "vs_copy": tb_s / copy_tb_s, "max_rel_err": max_err, "ok": ok,
                        "grid": gk.launch.grid.0, "block": gk.launch.block.0, "bytes": bytes,
                        "compile_s": compile_s, "cache_hit": gk.cache_hit, "source": source, "variant": variant,
-                       "regs": gk.function().num_regs().ok(),
-                       "blocks_per_sm": gk.function().max_active_blocks_per_sm(gk.launch.block.0, gk.launch.shared_mem_bytes).ok()})
+                       "regs": gk.function().and_then(|f| f.num_regs().ok()),
+                       "blocks_per_sm": gk.function().and_then(|f| f.max_active_blocks_per_sm(gk.launch.block.0, gk.launch.shared_mem_bytes).ok())})
             );
         }
     }

@@ -548,6 +548,13 @@ unsafe impl Send for Stream {}
 unsafe impl Sync for Stream {}
 
 impl Stream {
+    /// The raw handle with the stream's context made current on this thread (for libraries
+    /// such as cuBLASLt that take a stream).
+    pub(crate) fn raw_current(&self) -> Result<sys::CUstream> {
+        self.ctx.bind()?;
+        Ok(self.raw)
+    }
+
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.bind()?;
         // SAFETY: valid stream.

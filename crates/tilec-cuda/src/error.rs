@@ -25,6 +25,12 @@ pub enum CudaError {
         module: String,
         msg: String,
     },
+    /// The cuBLASLt library could not be loaded.
+    #[error("cuBLAS not found: {0}")]
+    CublasUnavailable(String),
+    /// A cuBLASLt call failed.
+    #[error("{call} failed: {msg}")]
+    Cublas { call: &'static str, msg: String },
     /// A kernel cannot be rendered to CUDA C++.
     #[error("kernel {kernel}: cannot render for CUDA: {msg}")]
     Render { kernel: String, msg: String },

@@ -15,10 +15,12 @@
 //! - [`gemm`]: the Hopper tensor-core GEMM family (wgmma fed by TMA), rendered per parameters.
 //! - [`mma`]: the `mma.sync` tensor-core GEMM (sm_80 and later), also as an implicit-GEMM
 //!   convolution and with K split over blocks for skinny products.
-//! - [`families`]: the kernel families and their registry: the Hopper GEMM template, then the
-//!   tile-IR schedules.
+//! - [`families`]: the kernel families and their registry: the Hopper GEMM template, the
+//!   mma.sync template, cuBLASLt, then the tile-IR schedules.
+//! - [`cublaslt`]: cuBLASLt loaded at run time (one described product per loaded kernel).
 //! - [`tma`]: tensor maps for the bulk tensor copy engine.
 
+pub mod cublaslt;
 pub mod driver;
 pub mod error;
 pub mod families;
@@ -59,13 +61,12 @@ pub struct GpuKernel {
 }
 
 impl GpuKernel {
-    /// The loaded function (for attributes such as registers and occupancy).
-    pub fn function(&self) -> &Function {
-        match (&self.family, &self.func) {
-            (Some(f), _) => f.function(),
-            (None, Some(f)) => f,
-            // `from_image` and `from_family` set one of the two.
-            (None, None) => unreachable!("a GpuKernel without a function"),
+    /// The loaded function (for attributes such as registers and occupancy); `None` for a
+    /// library kernel (cuBLAS), which has no function of ours.
+    pub fn function(&self) -> Option<&Function> {
+        match &self.family {
+            Some(f) => f.function(),
+            None => self.func.as_ref(),
         }
     }
 
@@ -102,7 +103,10 @@ impl GpuKernel {
         if let Some(f) = &self.family {
             return f.launch(stream, args);
         }
-        self.function().launch(stream, &self.launch, args)
+        match &self.func {
+            Some(f) => f.launch(stream, &self.launch, args),
+            None => Err(CudaError::Usage(format!("kernel {}: nothing loaded to launch", self.name))),
+        }
     }
 }
 

@@ -215,6 +215,13 @@ pub trait Family: Sync {
     /// only tell by building may answer `Ok` and fail in [`Family::build`] instead.
     fn applies(&self, p: &Problem, t: &Self::Target) -> Result<(), String>;
 
+    /// Whether the registry may pick the family for the problem when it is not forced (a
+    /// library kept off problems the compiler's own kernels should run), or why not. Checked
+    /// after [`Family::applies`] holds; a forced family skips it.
+    fn by_default(&self, _p: &Problem, _t: &Self::Target) -> Result<(), String> {
+        Ok(())
+    }
+
     /// The parameters the tuner may search (empty: none).
     fn space(&self, _p: &Problem, _t: &Self::Target) -> ParamSpace {
         ParamSpace::default()
@@ -345,10 +352,11 @@ pub fn describe_rejections(rejected: &[(&'static str, String)]) -> String {
     rejected.iter().map(|(f, why)| format!("{f}: {why}")).collect::<Vec<_>>().join("; ")
 }
 
-/// Whether a `--family` choice names this problem (its op, its kernel name or `*`).
+/// Whether a `--family` choice names this problem (its op in any case, as ONNX spells it
+/// (`MatMul`) or as tilec does (`matmul`); its kernel name; or `*`).
 fn forced_for<'a>(p: &Problem, choices: &Choices<'a>) -> Option<&'a str> {
     let op = p.op();
-    choices.forced.iter().find(|(o, _)| o == "*" || *o == op || *o == p.name).map(|(_, f)| f.as_str())
+    choices.forced.iter().find(|(o, _)| o == "*" || o.eq_ignore_ascii_case(&op) || *o == p.name).map(|(_, f)| f.as_str())
 }
 
 fn attempt<T: ?Sized, B>(
@@ -356,8 +364,12 @@ fn attempt<T: ?Sized, B>(
     p: &Problem,
     t: &T,
     params: &Params,
+    by_default: bool,
 ) -> Result<B, String> {
     f.applies(p, t)?;
+    if by_default {
+        f.by_default(p, t)?;
+    }
     f.check(p, t, params)?;
     f.build(p, t, params)
 }
@@ -376,7 +388,7 @@ pub fn dispatch<T: ?Sized, B>(
         match reg.get(name) {
             Some(f) => {
                 let params = f.heuristic(p, t);
-                match attempt(f, p, t, &params) {
+                match attempt(f, p, t, &params, false) {
                     Ok(b) => {
                         return Ok((b, Decision { family: f.name(), params, origin: ParamOrigin::Forced, rejected }))
                     }
@@ -399,7 +411,7 @@ pub fn dispatch<T: ?Sized, B>(
             Some(params) => (params, ParamOrigin::Tuned),
             None => (f.heuristic(p, t), ParamOrigin::Heuristic),
         };
-        match attempt(f, p, t, &params) {
+        match attempt(f, p, t, &params, true) {
             Ok(b) => return Ok((b, Decision { family: f.name(), params, origin, rejected })),
             Err(why) => rejected.push((f.name(), why)),
         }

@@ -52,9 +52,10 @@ impl Default for CudaOptions {
 
 /// Optimizes for CUDA, partitions, lowers, schedules and renders a graph with concrete shapes.
 pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<Prepared, Error> {
-    // `TILEC_CUDA_FAMILIES=off` keeps every kernel on the tile-IR schedules (for comparisons).
-    let disabled: &[&str] = if crate::cuda_families::enabled() { &[] } else { &[tilec_cuda::families::HOPPER_GEMM, tilec_cuda::families::MMA_GEMM] };
-    let choices = Choices { forced: &opts.families, disabled, tuned: None };
+    // `TILEC_CUDA_FAMILIES=off` keeps every kernel on the tile-IR schedules (for comparisons);
+    // `TILEC_CUBLAS=off` keeps cuBLAS from being picked unforced.
+    let disabled = crate::cuda_families::disabled();
+    let choices = Choices { forced: &opts.families, disabled: &disabled, tuned: None };
     let target = GpuTarget { allow_tf32: target.allow_tf32 || opts.allow_tf32, ..*target };
     let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(&target), &choices)?;
     let mut counts: Vec<(String, usize)> = vec![];

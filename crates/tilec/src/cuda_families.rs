@@ -2,7 +2,9 @@
 //! any) runs each lowered kernel instead of its tile-IR schedule, and loading the result.
 //!
 //! Families are on by default; `TILEC_CUDA_FAMILIES=off` keeps every kernel on its tile-IR
-//! schedule (for comparisons).
+//! schedule (for comparisons), `TILEC_CUBLAS=off` keeps cuBLAS off unless it is forced with
+//! `--family`. A cuBLAS kernel has no source and loads without an image: when cuBLASLt is
+//! missing on the machine, its load fails and the SIMT GEMM fallback runs, with a note.
 
 use tilec_cuda::families::FamilyPlan;
 use tilec_cuda::{CudaSource, Device, GpuKernel};
@@ -39,6 +41,22 @@ impl FamilyInfo {
 /// Whether the template families are enabled (`TILEC_CUDA_FAMILIES=off` or `0` disables them).
 pub fn enabled() -> bool {
     !matches!(std::env::var("TILEC_CUDA_FAMILIES").as_deref(), Ok("off" | "0"))
+}
+
+/// Whether cuBLAS may be picked unforced (`TILEC_CUBLAS=off` or `0` says no).
+pub fn cublas_enabled() -> bool {
+    !matches!(std::env::var("TILEC_CUBLAS").as_deref(), Ok("off" | "0"))
+}
+
+/// The families the environment disables for unforced picks.
+pub fn disabled() -> Vec<&'static str> {
+    let mut d = vec![];
+    if !enabled() {
+        d.extend([tilec_cuda::families::HOPPER_GEMM, tilec_cuda::families::MMA_GEMM, tilec_cuda::families::CUBLAS_GEMM]);
+    } else if !cublas_enabled() {
+        d.push(tilec_cuda::families::CUBLAS_GEMM);
+    }
+    d
 }
 
 /// Loads a compiled kernel: through its family when it has one.

@@ -87,7 +87,10 @@ fn check_prepared(what: &str, p: &Prepared, tally: &mut Tally, modules: &mut Vec
             eprintln!("{what} {}:\n{}\n{}", k.name, k.lowered, k.scheduled);
         }
         *tally.schedules.entry(k.schedule.to_string()).or_default() += 1;
-        modules.push((format!("{what}_{}", k.name).replace(|c: char| !c.is_ascii_alphanumeric(), "_"), k.source.source.clone()));
+        // A library kernel (cuBLAS) has no source to compile.
+        if !k.source.source.is_empty() {
+            modules.push((format!("{what}_{}", k.name).replace(|c: char| !c.is_ascii_alphanumeric(), "_"), k.source.source.clone()));
+        }
         if cost(&k.lowered.body) > MAX_COST || cost(&k.scheduled.body) > 2.0 * MAX_COST {
             tally.too_large += 1;
             continue;

@@ -1,12 +1,14 @@
 //! The GPU's kernel families (see `tilec_tile::family`), each in its own file and listed in
 //! [`registry`] in the order they are tried: the Hopper tensor-core GEMM template first, then
-//! the tile-IR schedules (SIMT GEMM, rows, elementwise, direct nests). A tile-IR family lowers
+//! cuBLASLt (`cublas.gemm`, a library call; unforced only for 16-bit products), then the
+//! tile-IR schedules (SIMT GEMM, rows, elementwise, direct nests). A tile-IR family lowers
 //! the group, applies its GPU schedule and renders CUDA C++; a template family renders its own
 //! source and keeps the tile-IR kernel's parameters (same ABI).
 //!
 //! Adding a family: a new file here with a `static` implementing
 //! `Family<Target = Target, Built = GpuBuilt>`, and one [`Entry`] in [`registry`].
 
+mod cublas_gemm;
 mod direct;
 mod elementwise;
 mod operands;
@@ -26,6 +28,7 @@ use tilec_tile::Kernel;
 use crate::render::{render, CudaSource};
 use crate::schedule::GpuTarget;
 
+pub use cublas_gemm::{cublas_plan, lt_gemm, plain_store, CublasKernel, CublasParams, CUBLAS_GEMM};
 pub use operands::{gemm_view, has_gemm, GemmView};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM};
@@ -50,13 +53,14 @@ pub struct GpuBuilt {
     pub fallback: Option<(&'static str, CudaSource)>,
 }
 
-/// The GPU families, in the order they are tried: the templates, then [`TILE_IR`].
+/// The GPU families, in the order they are tried: the templates, cuBLAS, then [`TILE_IR`].
 pub fn registry() -> &'static Registry<Target, GpuBuilt> {
     static REG: OnceLock<Registry<Target, GpuBuilt>> = OnceLock::new();
     REG.get_or_init(|| {
         let mut entries = vec![
             Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_mma_gemm::SM80_MMA_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
+            Entry { family: &cublas_gemm::CUBLAS_GEMM_FAMILY, kinds: &[] },
         ];
         entries.extend(TILE_IR_FAMILIES.iter().map(|f| Entry { family: f as FamilyRef<Target, GpuBuilt>, kinds: &[] }));
         Registry { entries }

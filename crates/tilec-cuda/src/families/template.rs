@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::gemm::{self, Layout, Problem};
 use crate::mma::{self, MmaKernel, MmaProblem};
 
+use super::cublas_gemm::{CublasKernel, CublasParams};
 use super::sm90_tc_gemm::Sm90Kernel;
 
 /// Where an operand starts: a kernel parameter and an offset into it.
@@ -29,6 +30,8 @@ pub enum PlanKind {
     /// The `mma.sync` GEMM (`crate::mma`), with a convolution's geometry when A is an implicit
     /// im2col.
     Mma(mma::Params, Option<mma::ConvGeom>),
+    /// cuBLASLt (`cublas.gemm`): a library call, nothing to compile.
+    Cublas(CublasParams),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -41,7 +44,7 @@ pub struct FamilyPlan {
     pub b: OperandRef,
     /// The function the source defines.
     pub entry: String,
-    /// CUDA C++ (prelude included).
+    /// CUDA C++ (prelude included); empty for a library kernel (nothing to compile).
     pub source: String,
 }
 
@@ -60,7 +63,14 @@ impl FamilyPlan {
                 block: (q.threads() as u32, 1, 1),
                 shared_mem_bytes: q.smem_bytes() as u32,
             },
+            // A library call: the library chooses its launches.
+            PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
+    }
+
+    /// Whether the plan has CUDA C++ to compile (a library kernel has none).
+    pub fn compiles(&self) -> bool {
+        !self.source.is_empty()
     }
 
     /// One line for reports: shape, layouts and parameters.
@@ -96,6 +106,11 @@ impl FamilyPlan {
                     q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k
                 )
             }
+            PlanKind::Cublas(q) => format!(
+                "cuBLASLt, {} out, compute {}",
+                q.out_dtype.name(),
+                if q.lt.tf32 && p.in_dtype == tilec_ir::DType::F32 { "32F_FAST_TF32" } else { "32F" }
+            ),
         };
         format!(
             "{} {}x{}x{} batch {}{rows}, {} A {}-major, B {}-major, f32 accumulation; {params}",
@@ -115,10 +130,11 @@ impl FamilyPlan {
 pub enum FamilyKernel {
     Sm90(Sm90Kernel),
     Mma(MmaKernel, FamilyPlan),
+    Cublas(CublasKernel),
 }
 
 impl FamilyKernel {
-    /// Loads a plan's compiled image.
+    /// Loads a plan's compiled image (a library plan has none: `image` is unused).
     pub fn load(device: &Device, plan: &FamilyPlan, image: &[u8], cache_hit: bool) -> Result<FamilyKernel> {
         match &plan.kind {
             PlanKind::Sm90(_) => Sm90Kernel::load(device, plan, image, cache_hit).map(FamilyKernel::Sm90),
@@ -127,6 +143,7 @@ impl FamilyKernel {
                 let k = MmaKernel::from_image(device, &problem, q, &plan.a, &plan.b, image, cache_hit)?;
                 Ok(FamilyKernel::Mma(k, plan.clone()))
             }
+            PlanKind::Cublas(_) => CublasKernel::load(device, plan).map(FamilyKernel::Cublas),
         }
     }
 
@@ -134,14 +151,16 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
             FamilyKernel::Mma(_, plan) => plan,
+            FamilyKernel::Cublas(k) => k.plan(),
         }
     }
 
-    /// The kernel function (for attributes such as registers).
-    pub fn function(&self) -> &Function {
+    /// The kernel function (for attributes such as registers); a library kernel has none.
+    pub fn function(&self) -> Option<&Function> {
         match self {
-            FamilyKernel::Sm90(k) => k.gemm().function(),
-            FamilyKernel::Mma(k, _) => k.function(),
+            FamilyKernel::Sm90(k) => Some(k.gemm().function()),
+            FamilyKernel::Mma(k, _) => Some(k.function()),
+            FamilyKernel::Cublas(_) => None,
         }
     }
 
@@ -160,14 +179,21 @@ impl FamilyKernel {
                 }
             }
             FamilyKernel::Mma(k, _) => k.launch_config(),
+            FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
 
     /// Prepares what depends on the pointers (a convolution's repacked weights): once, before
-    /// the first launch and outside graph capture.
+    /// the first launch and outside graph capture. A library call is run once here, so that
+    /// whatever the library loads on its first call is not loaded inside a graph capture (it
+    /// writes the output, which the model's run overwrites).
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
             FamilyKernel::Sm90(_) => Ok(()),
+            FamilyKernel::Cublas(k) => {
+                k.launch(stream, ptrs)?;
+                stream.synchronize()
+            }
             FamilyKernel::Mma(k, _) => k.bind(stream, ptrs),
         }
     }
@@ -177,6 +203,7 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
             FamilyKernel::Mma(k, _) => k.launch(stream, ptrs),
+            FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }
 }

@@ -162,7 +162,8 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
             for k in prep.kernels() {
                 let mut steps = vec![format!("{} ({})", k.schedule, k.family.decision.summary())];
                 if let Some(p) = &k.family.plan {
-                    steps.push(format!("template: {}; the tile-IR fallback below", p.describe()));
+                    let what = if p.compiles() { "template" } else { "library call" };
+                    steps.push(format!("{what}: {}; the tile-IR fallback below", p.describe()));
                 }
                 family_line(&k.name, &prep.report.decisions);
                 print(&k.name, &k.lowered, &steps, &k.scheduled);

@@ -135,10 +135,20 @@ impl Backend for Cuda {
     const ALIGN: usize = 256;
 
     fn load(&mut self, kernels: &[GpuKernelSource], report: &mut Report) -> Result<Vec<Result<GpuKernel, String>>, Error> {
-        let modules: Vec<(String, String)> = kernels.iter().map(|k| (k.name.clone(), k.source.source.clone())).collect();
-        let compiled = self.compiler.compile_many(&modules);
+        // A library kernel (cuBLAS) has no source: nothing to compile.
+        let modules: Vec<(String, String)> = kernels
+            .iter()
+            .filter(|k| !k.source.source.is_empty())
+            .map(|k| (k.name.clone(), k.source.source.clone()))
+            .collect();
+        let mut compiled = self.compiler.compile_many(&modules).into_iter();
         let mut out = vec![];
-        for (k, c) in kernels.iter().zip(compiled) {
+        for k in kernels {
+            let c = if k.source.source.is_empty() {
+                Ok(tilec_cuda::Compiled { name: k.name.clone(), image: vec![], cache_hit: false })
+            } else {
+                compiled.next().unwrap_or_else(|| Err(CudaError::Usage(format!("kernel {}: not compiled", k.name))))
+            };
             let loaded =
                 crate::cuda_families::load_or_fallback(&self.device, &self.compiler, k, c, &mut report.notes);
             if loaded.as_ref().is_ok_and(|g| g.cache_hit) {
