@@ -228,9 +228,10 @@ fn render_body(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef, name:
     let pname = |o: &OperandRef| names.get(o.param).copied().unwrap_or("tl_missing");
     let args: String = names.iter().map(|n| format!("{n}, ")).collect();
     let epi = c.map(|c| c.name.clone()).unwrap_or_else(|| "tl_missing".into());
-    let (bexpr, rexpr) = match c.and_then(|c| c.rows) {
-        Some(r) => (format!("(long long)row / {r}"), format!("(long long)row % {r}")),
-        None => ("(long long)bz".to_string(), "(long long)row".to_string()),
+    // Flattened rows split back into (batch, row) in 32 bits (rows are below 2^31).
+    let split_row = match c.and_then(|c| c.rows) {
+        Some(r) => format!("const int eb = row / {r}, er = row - eb * {r};"),
+        None => "const int eb = bz, er = row;".to_string(),
     };
     let (mi, ni) = (q.warp_m() / 16, q.warp_n() / 8);
     let kblocks = g.k.div_ceil(q.tile_k);
@@ -441,43 +442,31 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             threads = q.threads(),
         );
     }
-    // The epilogue through shared memory: the tile is parked row by row, then read back with
-    // consecutive threads on consecutive columns, so that the epilogue's loads and stores
-    // (whatever they index) are coalesced.
+    // The epilogue from registers: each thread hands its accumulators to the epilogue
+    // function, two adjacent columns at a time.
     let _ = write!(
         s,
-        r#"  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  __syncthreads();
-  float* ct = (float*)tl_smem;
-#pragma unroll
+        r#"#pragma unroll
   for (int x = 0; x < {mi}; ++x)
 #pragma unroll
     for (int y = 0; y < {ni}; ++y)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {{
-        const int r = wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
-        const int c = wn * {wn} + y * 8 + 2 * (lane & 3);
-        *(float2*)(ct + r * {ld} + c) = make_float2(acc[x][y][2 * h], acc[x][y][2 * h + 1]);
+        const int row = m0 + wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
+        const int col = n0 + wn * {wn} + y * 8 + 2 * (lane & 3);
+        if (row < {m}) {{
+          {split_row}
+          if (col < {n}) {epi}({args}eb, er, col, acc[x][y][2 * h]);
+          if (col + 1 < {n}) {epi}({args}eb, er, col + 1, acc[x][y][2 * h + 1]);
+        }}
       }}
-  __syncthreads();
-  for (int e = tid; e < {bm} * {bn}; e += {threads}) {{
-    const int r = e / {bn}, c = e % {bn};
-    const int row = m0 + r, col = n0 + c;
-    if (row < {m} && col < {n}) {{
-      const long long eb = {bexpr}, er = {rexpr};
-      {epi}({args}eb, er, col, ct[r * {ld} + c]);
-    }}
-  }}
 }}
 "#,
         wm = q.warp_m(),
         wn = q.warp_n(),
         m = g.m,
         n = g.n,
-        bm = q.tile_m,
-        bn = q.tile_n,
-        ld = q.tile_n + 4,
-        threads = q.threads(),
+        split_row = split_row,
     );
     if let Some(cv) = &p.conv {
         let _ = write!(
@@ -532,7 +521,7 @@ mod tests {
         assert!(rc.contains("tl_ldm4(sa +") && rc.contains("tl_ldm4(sb +"));
         assert!(cr.contains("tl_ldm4t(sa +") && cr.contains("tl_ldm4t(sb +"));
         assert!(rc.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
-        assert!(rc.contains("tl_epi(a, b, c, eb, er, col, ct[r * 132 + c]);"), "{rc}");
+        assert!(rc.contains("tl_epi(a, b, c, eb, er, col, acc[x][y][2 * h]);"), "{rc}");
         let n1 = kernel_name(&problem(Layout::RowMajor, Layout::ColMajor), &q, &ra, &rb);
         let moved = OperandRef { param: 0, offset_bytes: 32 };
         assert_ne!(n1, kernel_name(&problem(Layout::RowMajor, Layout::ColMajor), &q, &moved, &rb));
