@@ -54,6 +54,40 @@ fn scores(d: DType) -> Graph {
     g
 }
 
+/// Attention's two products per (batch, head) as exported: Q, K and V are `[2, 16, 4 * 64]`
+/// tensors split into heads by a reshape and a transpose, so a batch index splits into batch and
+/// head with their own strides.
+fn heads(d: DType) -> Graph {
+    let mut g = Graph::new("heads");
+    let split = |g: &mut Graph, name: &str, perm: Vec<usize>| {
+        let x = g.add_input(name, TensorType::fixed(d, &[2, 16, 256]));
+        let shape = [2, 16, 4, 64].map(tilec_ir::Dim::Fixed).to_vec();
+        let r = g.add(Op::Layout(LayoutOp::Reshape { shape }), &[x]).unwrap();
+        g.add(Op::Layout(LayoutOp::Transpose { perm }), &[r]).unwrap()
+    };
+    let q = split(&mut g, "q", vec![0, 2, 1, 3]);
+    let kt = split(&mut g, "k", vec![0, 2, 3, 1]);
+    let v = split(&mut g, "v", vec![0, 2, 1, 3]);
+    let s = g.add(Op::Linalg(LinalgOp::MatMul), &[q, kt]).unwrap();
+    let o = g.add(Op::Linalg(LinalgOp::MatMul), &[s, v]).unwrap();
+    g.set_outputs(vec![o]);
+    g
+}
+
+/// Attention's output projection: `[2, 4, 16, 64]` heads merged back into `[2, 16, 256]` rows
+/// (a transpose and a reshape) times a weight: A read across heads in 64-wide K slices, in
+/// groups of 16 rows (smaller than the Hopper template's tiles).
+fn heads_out(d: DType) -> Graph {
+    let mut g = Graph::new("heads_out");
+    let o = g.add_input("o", TensorType::fixed(d, &[2, 4, 16, 64]));
+    let t = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 1, 3] }), &[o]).unwrap();
+    let r = g.add(Op::Layout(LayoutOp::Reshape { shape: [2, 16, 256].map(tilec_ir::Dim::Fixed).to_vec() }), &[t]).unwrap();
+    let w = konst(&mut g, "w", d, &[256, 192]);
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[r, w]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
 fn families(p: &Prepared) -> Vec<(&'static str, Option<String>)> {
     p.kernels()
         .iter()
@@ -156,6 +190,25 @@ fn conv(d: DType, n: usize, c: usize, hw: usize, o: usize, k: usize, stride: usi
 }
 
 #[test]
+fn products_per_batch_and_head_take_the_mma_family() {
+    let p = prepared(&heads(DType::F16), &GpuTarget::hopper());
+    let f = families(&p);
+    assert_eq!(f.len(), 2, "{f:?}");
+    for (s, why) in &f {
+        let why = why.clone().unwrap_or_default();
+        assert_eq!(*s, "sm80_mma_gemm", "{why}");
+        assert!(why.contains("batches split by 4 into two strides"), "{why}");
+        assert!(why.contains("sm90_tc_gemm: batches split in two"), "{why}");
+    }
+    let p = prepared(&heads_out(DType::F16), &GpuTarget::hopper());
+    let f = families(&p);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let why = f[0].1.clone().unwrap_or_default();
+    assert_eq!(f[0].0, "sm80_mma_gemm", "{why}");
+    assert!(why.contains("A read as 2 groups of 16 rows x 4 slices of 64"), "{why}");
+}
+
+#[test]
 fn sixteen_bit_convolutions_take_the_mma_family_as_implicit_gemms() {
     for (c, k, stride) in [(64, 3, 1), (3, 7, 2), (64, 1, 2)] {
         let p = prepared(&conv(DType::F16, 2, c, 16, 64, k, stride, false), &GpuTarget::hopper());
@@ -252,13 +305,14 @@ fn to_f16(g: &Graph) -> Graph {
 fn f16_transformer_exports_dispatch_their_matrix_products() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
     let mut modules = vec![];
-    // (model, length, kernels on the family at least, kernels off it at most): both exports
-    // have 4 layers, so 8 attention products.
+    // (model, length, kernels on the families at least, kernels off them at most): both exports
+    // have 4 layers; every matrix product, attention's per (batch, head) included, runs on a
+    // tensor-core family.
     for (m, seq, families_min, off_max) in [
-        ("gpt2", 16, 13, usize::MAX),
-        ("bert", 16, 20, usize::MAX),
-        ("gpt2", 128, 17, 8),
-        ("bert", 128, 24, 8),
+        ("gpt2", 16, 25, 0),
+        ("bert", 16, 32, 0),
+        ("gpt2", 128, 25, 0),
+        ("bert", 128, 32, 0),
     ] {
         let path = root.join(m).join("model.onnx");
         if !path.is_file() {
@@ -348,6 +402,9 @@ fn mma_family_kernels_match_the_reference_on_a_gpu() {
         ("linear f16", linear(DType::F16, 2, 96, 256, 200), force("matmul")),
         ("linear bf16 m16 split-K", linear(DType::BF16, 1, 16, 2048, 512), force("matmul")),
         ("scores f16", scores(DType::F16), force("matmul")),
+        ("heads f16", heads(DType::F16), vec![]),
+        ("heads bf16", heads(DType::BF16), vec![]),
+        ("heads out f16", heads_out(DType::F16), vec![]),
         ("conv 3x3", conv(DType::F16, 2, 64, 16, 64, 3, 1, false), vec![]),
         ("conv 7x7 s2 c3", conv(DType::F16, 2, 3, 32, 64, 7, 2, false), vec![]),
         ("conv 1x1 s2", conv(DType::BF16, 2, 64, 15, 128, 1, 2, false), vec![]),

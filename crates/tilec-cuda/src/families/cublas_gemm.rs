@@ -138,8 +138,8 @@ pub fn plain_store(k: &Kernel) -> std::result::Result<(OperandRef, DType), Strin
 /// TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`; otherwise exact f32).
 pub fn cublas_plan(k: &Kernel, tf32: bool) -> std::result::Result<FamilyPlan, String> {
     let GemmView { mut problem, a, b } = gemm_view(k)?;
-    if problem.a_split.is_some() {
-        return Err("operand A is read across split dimensions (cuBLAS takes strided matrices only)".into());
+    if problem.a_split.is_some() || problem.batch_split.is_some() {
+        return Err("an operand is read across split dimensions (cuBLAS takes strided matrices only)".into());
     }
     let (c, out) = plain_store(k)?;
     match (problem.in_dtype, out) {

@@ -52,6 +52,24 @@ impl Strided {
     fn coef(&self, a: Atom) -> i64 {
         self.atoms.iter().filter(|c| c.0 == a).map(|c| c.1).sum()
     }
+    /// Whether every term is plain except quotients and remainders of the batch variable `bv`
+    /// by one divisor.
+    fn plain_but_batch(&self, bv: VarId) -> bool {
+        let mut div = None;
+        self.atoms.iter().all(|&(a, _)| match a {
+            Atom::Plain(_) => true,
+            Atom::Div(v, d) | Atom::Rem(v, d) if v == bv => div.replace(d).is_none_or(|x| x == d),
+            _ => false,
+        })
+    }
+    /// The batch variable's divisor and the strides of its quotient and remainder, if split.
+    fn batch_div(&self, bv: VarId) -> Option<(i64, i64, i64)> {
+        let d = self.atoms.iter().find_map(|&(a, _)| match a {
+            Atom::Div(v, d) | Atom::Rem(v, d) if v == bv => Some(d),
+            _ => None,
+        })?;
+        Some((d, self.coef(Atom::Div(bv, d)), self.coef(Atom::Rem(bv, d))))
+    }
     fn plain(&self) -> bool {
         self.atoms.iter().all(|a| matches!(a.0, Atom::Plain(_)))
     }
@@ -212,11 +230,24 @@ pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
             b.dtype.name()
         ));
     }
-    if !b.plain() {
+    // Batches split in two (batch and head, as attention reads Q, K and V per head): the batch
+    // offset is `(b / d) * hi + (b % d) * lo` in either operand, one divisor for both.
+    let bsplit = if batch > 1 && a.plain_but_batch(g.b_var) && b.plain_but_batch(g.b_var) && !(a.plain() && b.plain()) {
+        let (da, db) = (a.batch_div(g.b_var), b.batch_div(g.b_var));
+        let d = da.or(db).map_or(1, |x| x.0);
+        if da.is_some_and(|x| x.0 != d) || db.is_some_and(|x| x.0 != d) {
+            return Err("operands split the batch by different divisors".into());
+        }
+        let st = |x: Option<(i64, i64, i64)>| x.map_or((0, 0), |x| (usize_of(x.1), usize_of(x.2)));
+        Some(gemm::BatchSplit { div: usize_of(d), a: st(da), b: st(db) })
+    } else {
+        None
+    };
+    if !b.plain() && bsplit.is_none() {
         return Err("operand B is not a 2-D strided view of its buffer".into());
     }
     // A read across split dimensions (attention heads): a 4-D view.
-    let a_split = if a.plain() {
+    let a_split = if a.plain() || bsplit.is_some() {
         None
     } else if batch > 1 && b.coef(Atom::Plain(g.b_var)) != 0 {
         return Err(
@@ -295,9 +326,14 @@ pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
         head_stride,
         group_stride,
     });
+    problem.batch_split = bsplit;
     // Batches of a row-major A stacked densely against one shared B: one taller matrix.
     let mut rows = None;
-    if batch > 1 && sb == 0 && a_layout == Layout::RowMajor && (sa == m * lda || a_split.is_some())
+    if batch > 1
+        && sb == 0
+        && bsplit.is_none()
+        && a_layout == Layout::RowMajor
+        && (sa == m * lda || a_split.is_some())
     {
         rows = Some(m);
         problem.m = m * batch;

@@ -81,6 +81,9 @@ impl FamilyPlan {
             Some(r) => format!(" ({} batches of {r} rows flattened)", p.m / r.max(1)),
             None => String::new(),
         };
+        if let Some(s) = p.batch_split {
+            rows.push_str(&format!(" (batches split by {} into two strides)", s.div));
+        }
         if let Some(s) = p.a_split {
             rows.push_str(&format!(
                 " (A read as {} groups of {} rows x {} slices of 64)",

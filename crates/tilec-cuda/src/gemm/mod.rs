@@ -72,6 +72,17 @@ pub struct ASplit {
     pub group_stride: usize,
 }
 
+/// Batches split in two with their own strides: batch `b` of A starts at
+/// `b * batch_stride_a + (b / div) * a.0 + (b % div) * a.1` (elements), and likewise for B.
+/// This is attention's (batch, head) read from `[batch, seq, heads * dim]` tensors, where a
+/// head is not a fixed stride from the previous batch's last head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BatchSplit {
+    pub div: usize,
+    pub a: (usize, usize),
+    pub b: (usize, usize),
+}
+
 /// An epilogue given as code: a `__device__` function (see
 /// [`render_gemm_epilogue_fn`](crate::render::render_gemm_epilogue_fn)) called once per
 /// element of C with its batch, row, column and f32 accumulator, after the kernel's own
@@ -151,6 +162,8 @@ pub struct Problem {
     pub custom: Option<CustomEpilogue>,
     /// A split row-major A (see [`ASplit`]).
     pub a_split: Option<ASplit>,
+    /// Batches split in two (see [`BatchSplit`]).
+    pub batch_split: Option<BatchSplit>,
 }
 
 impl Problem {
@@ -182,6 +195,7 @@ impl Problem {
             epilogue: Epilogue::NONE,
             custom: None,
             a_split: None,
+            batch_split: None,
         }
     }
 
@@ -407,6 +421,9 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
     }
     params.validate()?;
     let p = problem;
+    if p.batch_split.is_some() {
+        return Err("batches split in two with their own strides (the tensor maps take one batch stride)".into());
+    }
     check_input_dtypes(p)?;
     if params.tile_k != p.tile_k() {
         return Err(format!(

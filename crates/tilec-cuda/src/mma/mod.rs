@@ -195,8 +195,13 @@ pub fn applies(problem: &MmaProblem, q: &Params, cc: (u32, u32)) -> Result<(), S
     if p.custom.is_none() {
         return Err("no epilogue function (the template stores only through one)".into());
     }
-    if p.a_split.is_some() {
-        return Err("A split across heads is not implemented".into());
+    if let Some(sp) = p.a_split {
+        if p.a_layout != Layout::RowMajor || p.batch != 1 || p.k % 64 != 0 {
+            return Err("a split A must be row-major, unbatched, with K a multiple of 64".into());
+        }
+        if sp.rows == 0 || sp.head_stride % 8 != 0 || sp.group_stride % 8 != 0 || p.lda() % 8 != 0 {
+            return Err("split A: strides are not multiples of 8 elements".into());
+        }
     }
     if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
         return Err(format!("empty problem {}x{}x{} x{}", p.m, p.n, p.k, p.batch));
@@ -237,12 +242,19 @@ pub fn applies(problem: &MmaProblem, q: &Params, cc: (u32, u32)) -> Result<(), S
         }
         None => {
             match p.a_layout {
+                Layout::RowMajor if p.a_split.is_some() => rule("A (split)", p.lda(), 64)?,
                 Layout::RowMajor => rule("A (row-major)", p.lda(), p.k)?,
                 Layout::ColMajor => rule("A (column-major)", p.lda(), p.m)?,
             }
             match p.b_layout {
                 Layout::RowMajor => rule("B (row-major)", p.ldb(), p.n)?,
                 Layout::ColMajor => rule("B (column-major)", p.ldb(), p.k)?,
+            }
+            if let Some(bs) = p.batch_split {
+                let all = [bs.a.0, bs.a.1, bs.b.0, bs.b.1];
+                if bs.div == 0 || all.iter().any(|s| s % 8 != 0) {
+                    return Err(format!("batch split by {} with strides {all:?}: not multiples of 8 elements", bs.div));
+                }
             }
             if p.batch > 1 {
                 for (name, s) in [("A", p.batch_stride_a), ("B", p.batch_stride_b)] {
@@ -285,6 +297,10 @@ pub fn heuristic(problem: &MmaProblem, sm_count: usize) -> Params {
         q = Params { tile_m: 16, tile_n: 128, warps_m: 1, warps_n: 4, stages: 6, ..q };
     } else if p.m <= 64 || tiles(p, &q) * p.batch < sm_count {
         q = Params { tile_m: 64, tile_n: 128, warps_m: 2, warps_n: 2, stages: 4, ..q };
+    }
+    if p.n <= 64 && q.tile_n > 64 && q.tile_m == 128 {
+        // Narrow products (attention's P·V over a 64-wide head): no half-empty tiles.
+        q = Params { tile_n: 64, warps_m: 4, warps_n: 2, ..q };
     }
     if p.b_layout == Layout::RowMajor && q.tile_n < 64 {
         q.tile_n = 64;

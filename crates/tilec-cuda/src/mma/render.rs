@@ -175,14 +175,24 @@ fn load_a(p: &MmaProblem, q: &Params) -> String {
         }
         return s;
     }
-    s.push_str(&load_tile("A", "sa", g.a_layout == Layout::RowMajor, q.tile_m, "m0", g.m, g.lda(), q));
+    // A split A: rows in groups of R, K in 64-wide slices, each with its own stride.
+    let addr = g.a_split.map(|sp| {
+        format!(
+            "A + (long long)(gm / {r}) * {gs} + (long long)(gk >> 6) * {hs} + (long long)(gm % {r}) * {lda} + (gk & 63)",
+            r = sp.rows,
+            gs = sp.group_stride,
+            hs = sp.head_stride,
+            lda = g.lda()
+        )
+    });
+    s.push_str(&load_tile("A", "sa", g.a_layout == Layout::RowMajor, q.tile_m, "m0", g.m, g.lda(), q, addr));
     s
 }
 
 /// The copy of a matrix operand's K-block: K-contiguous (`kmajor`: rows of the tile are M or
 /// N, 8 chunks each) or MN-contiguous (64 K rows of `side / 8` chunks).
 #[allow(clippy::too_many_arguments)]
-fn load_tile(op: &str, smem: &str, kmajor: bool, side: usize, base: &str, extent: usize, ld: usize, q: &Params) -> String {
+fn load_tile(op: &str, smem: &str, kmajor: bool, side: usize, base: &str, extent: usize, ld: usize, q: &Params, addr: Option<String>) -> String {
     let t = q.threads();
     let (chunks, per_row) = if kmajor { (side * 8, 8) } else { (64 * side / 8, side / 8) };
     let shift = per_row.trailing_zeros();
@@ -191,7 +201,7 @@ fn load_tile(op: &str, smem: &str, kmajor: bool, side: usize, base: &str, extent
         (
             format!("const int gm = {base} + r; const int gk = k0 + ch * 8;"),
             format!("gm < {extent} ? (unsigned)max(0, min(16, ({k} - gk) * 2)) : 0u"),
-            format!("{op} + (long long)gm * {ld} + gk"),
+            addr.unwrap_or_else(|| format!("{op} + (long long)gm * {ld} + gk")),
         )
     } else {
         (
@@ -270,8 +280,8 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
   const int tm = first + (pid % gsz) % rows_in, tn = (pid % gsz) / rows_in;
   const int m0 = tm * {bm}, n0 = tn * {bn};
   const int bz = blockIdx.z / {split}, split = blockIdx.z % {split};
-  const unsigned short* A = (const unsigned short*)((const char*){a_name} + {a_off}) + (long long)bz * {sa};
-  const unsigned short* B = {b_src} + (long long)bz * {sb};
+  const unsigned short* A = (const unsigned short*)((const char*){a_name} + {a_off}) + (long long)bz * {sa}{a_split};
+  const unsigned short* B = {b_src} + (long long)bz * {sb}{b_split};
   const unsigned smem0 = tl_mma_saddr(tl_smem);
   const int kb0 = split * {per_split};
   const int nk = max(0, min({kblocks}, kb0 + {per_split}) - kb0);
@@ -289,6 +299,8 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
         a_off = a.offset_bytes,
         sa = if p.conv.is_some() { 0 } else { g.batch_stride_a },
         sb = if p.conv.is_some() { 0 } else { g.batch_stride_b },
+        a_split = g.batch_split.map_or(String::new(), |s| format!(" + (long long)(bz / {d}) * {} + (long long)(bz % {d}) * {}", s.a.0, s.a.1, d = s.div)),
+        b_split = g.batch_split.map_or(String::new(), |s| format!(" + (long long)(bz / {d}) * {} + (long long)(bz % {d}) * {}", s.b.0, s.b.1, d = s.div)),
     );
     if let Some(cv) = &p.conv {
         let chunks = q.tile_m * 8;
@@ -319,7 +331,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             pw = cv.pad.1,
         );
     }
-    let b_tile = load_tile("B", "sb", b_kmajor, q.tile_n, "n0", g.n, g.ldb(), q);
+    let b_tile = load_tile("B", "sb", b_kmajor, q.tile_n, "n0", g.n, g.ldb(), q, None);
     let _ = write!(
         s,
         r#"  auto load_stage = [&](int slot, int kb) {{
