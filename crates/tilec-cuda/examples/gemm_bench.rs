@@ -14,42 +14,13 @@
 //!
 //! Prints one JSON object per line. `--dump DIR` writes each kernel's source and cubin there.
 
-use half::{bf16, f16};
 use serde_json::json;
 use tilec_cuda::gemm::{self, host, Activation, Epilogue, GemmKernel, Layout, Params, Problem};
 use tilec_cuda::*;
 use tilec_ir::DType;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn to_bits(d: DType, x: f32) -> u16 {
-    match d {
-        DType::BF16 => bf16::from_f32(x).to_bits(),
-        _ => f16::from_f32(x).to_bits(),
-    }
-}
-fn from_bits(d: DType, b: u16) -> f64 {
-    match d {
-        DType::BF16 => bf16::from_bits(b).to_f64(),
-        _ => f16::from_bits(b).to_f64(),
-    }
-}
+mod common;
+use common::{from_bits, median, to_bits, Rng};
 
 struct Case {
     label: String,
@@ -521,10 +492,6 @@ struct Operands {
     db: DeviceBuffer,
 }
 
-fn median(mut v: Vec<f32>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    v[v.len() / 2] as f64
-}
 
 /// `n` random elements of `d` in [-1, 1) (fp8 rounded to nearest; f32 operands rounded to
 /// tf32 when `tf32`): their bytes as stored and their exact values.

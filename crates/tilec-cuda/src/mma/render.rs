@@ -120,18 +120,17 @@ fn load_a(p: &MmaProblem, q: &Params) -> String {
             iters = chunks.div_ceil(t),
             full = chunks % t == 0,
         );
-        if c.vector() {
-            let _ = write!(
-                s,
-                r#"        const int tap = gk / {cc}, cch = gk - tap * {cc};
-        const int th = tap / {kw}, tw = tap - th * {kw};
-        const int ih = a_ih[it] + th * {dh}, iw = a_iw[it] + tw * {dw};
-        const bool ok = gk < {k} && (unsigned)ih < {h}u && (unsigned)iw < {w}u;
-        const unsigned short* src = ok ? A + a_base[it] + ((long long)ih * {w} + iw) * {cc} + cch : A;
-        tl_cp16(dst, src, ok ? 16u : 0u);
-      }}
-    }}
-"#,
+        // Depth `kv` as a tap and channel: its input row and column, whether they are inside
+        // the image, and the element's offset from the image base.
+        let (sh, sw, sc) = c.input_strides();
+        let tap = |kv: &str, pad: &str| {
+            format!(
+                "{pad}const int tap = {kv} / {cc}, cch = {kv} - tap * {cc};
+{pad}const int th = tap / {kw}, tw = tap - th * {kw};
+{pad}const int ih = a_ih[it] + th * {dh}, iw = a_iw[it] + tw * {dw};
+{pad}const bool ok = {kv} < {k} && (unsigned)ih < {h}u && (unsigned)iw < {w}u;
+{pad}const long long at = a_base[it] + (long long)ih * {sh} + (long long)iw * {sw} + (long long)cch * {sc};
+",
                 cc = c.c,
                 kw = c.kw,
                 dh = c.dil.0,
@@ -139,20 +138,25 @@ fn load_a(p: &MmaProblem, q: &Params) -> String {
                 k = g.k,
                 h = c.h,
                 w = c.w,
+            )
+        };
+        if c.vector() {
+            let _ = write!(
+                s,
+                r#"{tap}        tl_cp16(dst, ok ? (const void*)(A + at) : (const void*)A, ok ? 16u : 0u);
+      }}
+    }}
+"#,
+                tap = tap("gk", "        "),
             );
         } else {
-            let (sh, sw, sc) = c.input_strides();
             let _ = write!(
                 s,
                 r#"        unsigned short v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {{
           const int kk = gk + e;
-          const int tap = kk / {cc}, cch = kk - tap * {cc};
-          const int th = tap / {kw}, tw = tap - th * {kw};
-          const int ih = a_ih[it] + th * {dh}, iw = a_iw[it] + tw * {dw};
-          const bool ok = kk < {k} && (unsigned)ih < {h}u && (unsigned)iw < {w}u;
-          v[e] = ok ? A[a_base[it] + (long long)ih * {sh} + (long long)iw * {sw} + (long long)cch * {sc}] : (unsigned short)0;
+{tap}          v[e] = ok ? A[at] : (unsigned short)0;
         }}
         uint4 pk;
         pk.x = v[0] | ((unsigned)v[1] << 16); pk.y = v[2] | ((unsigned)v[3] << 16);
@@ -161,16 +165,7 @@ fn load_a(p: &MmaProblem, q: &Params) -> String {
       }}
     }}
 "#,
-                cc = c.c,
-                kw = c.kw,
-                dh = c.dil.0,
-                dw = c.dil.1,
-                k = g.k,
-                h = c.h,
-                w = c.w,
-                sh = sh,
-                sw = sw,
-                sc = sc,
+                tap = tap("kk", "          "),
             );
         }
         return s;

@@ -1,0 +1,45 @@
+//! What the GEMM benchmark drivers share: a seeded generator, 16-bit conversions and the median.
+
+#![allow(dead_code)]
+
+use half::{bf16, f16};
+use tilec_ir::DType;
+
+/// splitmix64.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// `x` rounded to bf16 (for `DType::BF16`) or f16, as bits.
+pub fn to_bits(d: DType, x: f32) -> u16 {
+    match d {
+        DType::BF16 => bf16::from_f32(x).to_bits(),
+        _ => f16::from_f32(x).to_bits(),
+    }
+}
+
+pub fn from_bits(d: DType, b: u16) -> f64 {
+    match d {
+        DType::BF16 => bf16::from_bits(b).to_f64(),
+        _ => f16::from_bits(b).to_f64(),
+    }
+}
+
+pub fn median(mut v: Vec<f32>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2] as f64
+}
