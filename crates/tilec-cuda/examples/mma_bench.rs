@@ -77,6 +77,10 @@ fn check_cases() -> Vec<Case> {
     if let Shape::Conv { g, o } = conv(2, 12, 16, 32, 3, 1, 1, 1) {
         add("conv_nchw_input", DType::F16, Shape::Conv { g: ConvGeom { nchw_input: true, ..g }, o }, None);
     }
+    add("k128_ragged", DType::BF16, gemm(291, 203, 330, 1, R, C), Some(Params { tile_k: 128, stages: 3, ..Params::default() }));
+    add("k256_cr", DType::F16, gemm(200, 136, 600, 1, C, R), Some(Params { tile_k: 256, tile_n: 64, warps_m: 4, warps_n: 2, stages: 2, ..Params::default() }));
+    add("k256_m16_split", DType::BF16, gemm(16, 520, 4096, 1, R, C), Some(Params { tile_m: 16, tile_n: 64, warps_m: 1, warps_n: 4, stages: 4, split_k: 4, tile_k: 256, ..Params::default() }));
+    add("k128_conv", DType::F16, conv(2, 9, 40, 64, 3, 1, 1, 1), Some(Params { tile_k: 128, tile_n: 64, warps_m: 4, warps_n: 2, stages: 3, ..Params::default() }));
     add("conv_split", DType::F16, conv(1, 7, 512, 512, 3, 1, 1, 1), Some(Params { tile_m: 64, tile_n: 128, warps_m: 2, warps_n: 2, split_k: 6, ..Params::default() }));
     v
 }
@@ -171,7 +175,7 @@ fn problem(case: &Case) -> MmaProblem {
     MmaProblem { gemm: gp, conv }
 }
 
-/// The case's parameters, else `MMA_PARAMS=tile_m,tile_n,warps_m,warps_n,stages,split_k[,prefetch]`
+/// The case's parameters, else `MMA_PARAMS=tile_m,tile_n,warps_m,warps_n,stages,split_k[,prefetch[,tile_k]]`
 /// (for sweeps), else the heuristic's.
 fn params_of(case: &Case, p: &MmaProblem, sms: usize) -> Params {
     if let Some(q) = case.params {
@@ -181,6 +185,7 @@ fn params_of(case: &Case, p: &MmaProblem, sms: usize) -> Params {
     match env[..] {
         [tile_m, tile_n, warps_m, warps_n, stages, split_k] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, ..Params::default() },
         [tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, ..Params::default() },
+        [tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, tile_k] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, tile_k },
         _ => mma::heuristic(p, sms),
     }
 }

@@ -235,7 +235,7 @@ impl Family for Sm80MmaGemm {
             axes: vec![
                 ("tile_m", vec![16, 32, 64, 128, 256]),
                 ("tile_n", vec![64, 128, 256]),
-                ("tile_k", vec![64]),
+                ("tile_k", vec![64, 128, 256]),
                 ("warps_m", vec![1, 2, 4]),
                 ("warps_n", vec![1, 2, 4]),
                 ("stages", vec![2, 3, 4, 5, 6]),

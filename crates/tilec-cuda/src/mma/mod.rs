@@ -91,7 +91,7 @@ pub struct Params {
     /// Rows and columns of C per block.
     pub tile_m: usize,
     pub tile_n: usize,
-    /// K per stage: 64 (a 128-byte row of 16-bit elements).
+    /// K per stage: 64, 128 or 256 (slices of 64: a 128-byte row of 16-bit elements each).
     pub tile_k: usize,
     /// Warps along M and N (each owns `tile_m / warps_m` x `tile_n / warps_n`).
     pub warps_m: usize,
@@ -140,8 +140,8 @@ impl Params {
 
     /// Checks the parameters on their own.
     pub fn validate(&self) -> Result<(), String> {
-        if self.tile_k != 64 {
-            return Err(format!("tile_k {} (64: one 128-byte row)", self.tile_k));
+        if ![64, 128, 256].contains(&self.tile_k) {
+            return Err(format!("tile_k {} (64, 128 or 256: slices of one 128-byte row)", self.tile_k));
         }
         if !(1..=8).contains(&(self.warps_m * self.warps_n)) {
             return Err(format!("{} x {} warps (1 to 8)", self.warps_m, self.warps_n));

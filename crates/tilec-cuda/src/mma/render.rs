@@ -329,12 +329,16 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
     let b_tile = load_tile("B", "sb", b_kmajor, q.tile_n, "n0", g.n, g.ldb(), q, None);
     let _ = write!(
         s,
-        r#"  auto load_stage = [&](int slot, int kb) {{
-    const int k0 = kb * 64;
-    const unsigned sa = smem0 + slot * {stage_bytes};
+        r#"  // A stage is {slices} slice(s) of 64 K, each an A tile then a B tile.
+  auto load_stage = [&](int slot, int kb) {{
+#pragma unroll
+    for (int sl = 0; sl < {slices}; ++sl) {{
+    const int k0 = kb * {tile_k} + sl * 64;
+    const unsigned sa = smem0 + slot * {stage_bytes} + sl * {slice_bytes};
     const unsigned sb = sa + {a_bytes};
     (void)sb; (void)sa;
-    {load_a}    {load_b}  }};
+    {load_a}    {load_b}    }}
+  }};
   float acc[{mi}][{ni}][4];
 #pragma unroll
   for (int i = 0; i < {mi}; ++i)
@@ -353,10 +357,10 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
     __syncthreads();
     if (i + {pre} < nk) load_stage((i + {pre}) % {stages}, kb0 + i + {pre});
     asm volatile("cp.async.commit_group;" ::: "memory");
-    const unsigned sa = smem0 + (i % {stages}) * {stage_bytes};
-    const unsigned sb = sa + {a_bytes};
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {{
+    for (int kk = 0; kk < {ksteps}; ++kk) {{
+      const unsigned sa = smem0 + (i % {stages}) * {stage_bytes} + (kk >> 2) * {slice_bytes};
+      const unsigned sb = sa + {a_bytes};
       unsigned af[{mi}][4], bf[{ni}][2];
 #pragma unroll
       for (int x = 0; x < {mi}; ++x) {{
@@ -375,6 +379,10 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 "#,
         stage_bytes = q.stage_bytes(),
+        slices = q.tile_k / 64,
+        slice_bytes = (q.tile_m + q.tile_n) * 128,
+        tile_k = q.tile_k,
+        ksteps = q.tile_k / 16,
         load_a = load_a(p, q),
         load_b = b_tile,
         pre = q.stages - 1,
@@ -383,24 +391,24 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
         ni2 = ni / 2,
         a_frag = if a_kmajor {
             format!(
-                "        const int row = wm * {wm} + x * 16 + (q8 & 1) * 8 + r8, ch = kk * 2 + (q8 >> 1);\n        tl_ldm4(sa + row * 128 + ((ch ^ (row & 7)) << 4), af[x]);\n",
+                "        const int row = wm * {wm} + x * 16 + (q8 & 1) * 8 + r8, ch = (kk & 3) * 2 + (q8 >> 1);\n        tl_ldm4(sa + row * 128 + ((ch ^ (row & 7)) << 4), af[x]);\n",
                 wm = q.warp_m()
             )
         } else {
             format!(
-                "        const int row = kk * 16 + (q8 >> 1) * 8 + r8, ch = (wm * {wm} + x * 16) / 8 + (q8 & 1);\n        tl_ldm4t(sa + row * {rb} + ((ch ^ (row & 7)) << 4), af[x]);\n",
+                "        const int row = (kk & 3) * 16 + (q8 >> 1) * 8 + r8, ch = (wm * {wm} + x * 16) / 8 + (q8 & 1);\n        tl_ldm4t(sa + row * {rb} + ((ch ^ (row & 7)) << 4), af[x]);\n",
                 wm = q.warp_m(),
                 rb = q.tile_m * 2
             )
         },
         b_frag = if b_kmajor {
             format!(
-                "        const int row = wn * {wn} + y * 16 + (q8 >> 1) * 8 + r8, ch = kk * 2 + (q8 & 1);\n        tl_ldm4(sb + row * 128 + ((ch ^ (row & 7)) << 4), r4);\n",
+                "        const int row = wn * {wn} + y * 16 + (q8 >> 1) * 8 + r8, ch = (kk & 3) * 2 + (q8 & 1);\n        tl_ldm4(sb + row * 128 + ((ch ^ (row & 7)) << 4), r4);\n",
                 wn = q.warp_n()
             )
         } else {
             format!(
-                "        const int row = kk * 16 + (q8 & 1) * 8 + r8, ch = (wn * {wn} + y * 16) / 8 + (q8 >> 1);\n        tl_ldm4t(sb + row * {rb} + ((ch ^ (row & 7)) << 4), r4);\n",
+                "        const int row = (kk & 3) * 16 + (q8 & 1) * 8 + r8, ch = (wn * {wn} + y * 16) / 8 + (q8 >> 1);\n        tl_ldm4t(sb + row * {rb} + ((ch ^ (row & 7)) << 4), r4);\n",
                 wn = q.warp_n(),
                 rb = q.tile_n * 2
             )
