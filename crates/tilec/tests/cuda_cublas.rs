@@ -67,6 +67,18 @@ fn f32_products_stay_on_tilecs_gemm_unless_cublas_is_forced() {
 }
 
 #[test]
+fn forced_f32_products_use_tf32_only_when_allowed() {
+    let g = matmul(DType::F32, &[64, 40], &[40, 24], false, false);
+    let (s, why) = the_gemm(&prepared(&g, &forced()));
+    assert_eq!(s, "cublas.gemm", "{why}");
+    assert!(why.contains("compute 32F") && !why.contains("TF32"), "{why}");
+    let opts = CudaOptions { allow_tf32: true, ..forced() };
+    let (s, why) = the_gemm(&prepared(&g, &opts));
+    assert_eq!(s, "cublas.gemm", "{why}");
+    assert!(why.contains("compute 32F_FAST_TF32"), "{why}");
+}
+
+#[test]
 fn fused_epilogues_keep_tilecs_kernels_with_a_reason() {
     let (s, why) = the_gemm(&prepared(&matmul(DType::F16, &[64, 100], &[100, 72], false, true), &forced()));
     assert_eq!(s, "gemm", "{why}");

@@ -228,10 +228,11 @@ impl Family for CublasGemm {
         }
     }
 
-    /// `tf32` (0 or 1): TF32 tensor cores for f32 operands. The tuner's space holds only 0
-    /// (TF32 changes results); 1 is for an explicit opt-in.
-    fn space(&self, _p: &FProblem, _t: &Target) -> ParamSpace {
-        ParamSpace { axes: vec![("tf32", vec![0])] }
+    /// `tf32` (0 or 1): TF32 tensor cores for f32 operands. TF32 changes results, so the
+    /// space holds 1 only when the user allowed it (`--allow-tf32`).
+    fn space(&self, _p: &FProblem, t: &Target) -> ParamSpace {
+        let v = if t.gpu.allow_tf32 { vec![0, 1] } else { vec![0] };
+        ParamSpace { axes: vec![("tf32", v)] }
     }
 
     fn check(&self, _p: &FProblem, _t: &Target, params: &FParams) -> std::result::Result<(), String> {
@@ -241,8 +242,9 @@ impl Family for CublasGemm {
         }
     }
 
-    fn heuristic(&self, _p: &FProblem, _t: &Target) -> FParams {
-        FParams(vec![("tf32", 0)])
+    /// TF32 when the user allowed it (`--allow-tf32`), as PyTorch does for matrix products.
+    fn heuristic(&self, _p: &FProblem, t: &Target) -> FParams {
+        FParams(vec![("tf32", i64::from(t.gpu.allow_tf32))])
     }
 
     fn build(&self, p: &FProblem, t: &Target, params: &FParams) -> std::result::Result<super::GpuBuilt, String> {
