@@ -532,3 +532,35 @@ fn fuzz_regressions_do_not_crash() {
     }
     assert!(n >= 3);
 }
+
+// ---------------------------------------------------------------- --dtype
+
+/// `--dtype f16` runs GPT-2's export in 16 bits (its products on f16 tensors, the graph's
+/// interface still f32) and `--compare-ref` compares with the f32 model: close, not equal.
+/// A model whose values exceed f16's range gets a note pointing at bf16, which keeps f32's.
+#[test]
+fn run_in_sixteen_bits_compares_with_the_f32_model() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let gpt2 = root.join("models/gpt2/model.onnx");
+    if !gpt2.is_file() {
+        eprintln!("note: {} missing", gpt2.display());
+        return;
+    }
+    let dir = scratch("dtype");
+    let base = [&"run" as &dyn AsRef<std::ffi::OsStr>, &gpt2, &"--dim", &"batch=1", &"--dim", &"seq=8", &"--compare-ref"];
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = base.to_vec();
+    args.extend([&"--dtype" as &dyn AsRef<std::ffi::OsStr>, &"f16", &"--rtol", &"2e-2", &"--atol", &"2e-2", &"--out", &dir]);
+    let o = tilec(&args);
+    o.ok();
+    for needle in ["nodes run in f16 (inputs and outputs stay f32)", "reference interpreter on the f32 model", "all 1 checked outputs match"] {
+        assert!(o.stdout.contains(needle), "lacks {needle:?}:\n{}", o.stdout);
+    }
+    let y = read_npy(&dir.join("logits.npy")).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    // At f32's default tolerance the 16-bit result is measurably different: the conversion
+    // did something.
+    let mut strict: Vec<&dyn AsRef<std::ffi::OsStr>> = base.to_vec();
+    strict.extend([&"--dtype" as &dyn AsRef<std::ffi::OsStr>, &"bf16", &"--rtol", &"1e-6", &"--atol", &"1e-7"]);
+    tilec(&strict).fails_with(&["differ"]);
+    tilec(&[&"run", &gpt2, &"--dtype", &"f64"]).fails_with(&["f64"]);
+}

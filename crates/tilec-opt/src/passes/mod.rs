@@ -7,6 +7,7 @@ mod dce;
 mod fold_batchnorm;
 mod fold_constants;
 pub mod layout;
+mod precision;
 mod simplify;
 
 pub use cse::Cse;
@@ -14,6 +15,7 @@ pub use dce::Dce;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use layout::{ChooseLayout, PadThinConvs, SinkTransposes, TargetKind};
+pub use precision::convert_precision;
 pub use simplify::Simplify;
 
 use crate::OptError;

@@ -71,6 +71,12 @@ pub struct RunArgs {
     /// mantissas, as torch.backends.cuda.matmul.allow_tf32). Off: f32 stays exact.
     #[arg(long = "allow-tf32")]
     pub allow_tf32: bool,
+    /// Run an f32 model in 16 bits: matrix products, convolutions, attention, normalizations
+    /// and elementwise work on f16 or bf16 tensors (their kernels accumulate in f32), while
+    /// reductions, exp, log and pow stay f32. Inputs and outputs stay f32; with --compare-ref
+    /// the outputs are compared with the f32 model's (raise --rtol/--atol to about 1e-2).
+    #[arg(long, value_enum, value_name = "TYPE")]
+    pub dtype: Option<HalfArg>,
     /// Fix a symbolic dimension (an ONNX dim_param) to a size, e.g. --dim batch=8.
     /// Symbolic dimensions not fixed here or by a given input default to 1.
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
@@ -103,6 +109,30 @@ pub struct RunArgs {
     /// (rtol/atol as for --expect); exit non-zero on mismatch.
     #[arg(long)]
     pub compare_ref: bool,
+}
+
+/// A 16-bit type for `--dtype`.
+#[derive(clap::ValueEnum, Copy, Clone, Debug, PartialEq, Eq)]
+pub enum HalfArg {
+    F16,
+    Bf16,
+}
+
+impl HalfArg {
+    pub fn dtype(self) -> DType {
+        match self {
+            HalfArg::F16 => DType::F16,
+            HalfArg::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// The graph in 16 bits for `--dtype` (unchanged without it).
+fn in_precision(g: &tilec::Graph, d: Option<HalfArg>) -> Result<tilec::Graph> {
+    let Some(d) = d else { return Ok(g.clone()) };
+    let (h, n) = tilec_opt::passes::convert_precision(g, d.dtype()).context("--dtype")?;
+    println!("note: --dtype {}: {n} of {} nodes run in {} (inputs and outputs stay f32)", d.dtype().name(), g.nodes().len(), d.dtype().name());
+    Ok(h)
 }
 
 /// Where compiled code runs.
@@ -477,7 +507,7 @@ fn run_model(a: &RunArgs, report: &mut Report) -> Result<()> {
     let outs = match backend {
         tilec::Backend::Ref => {
             let start = Instant::now();
-            let outs = tilec::run(&graph, feeds, backend)
+            let outs = tilec::run(&in_precision(&graph, a.dtype)?, feeds, backend)
                 .with_context(|| format!("running the model on the {backend} backend"))?;
             println!("ran on the {backend} backend in {:.3} s", start.elapsed().as_secs_f64());
             outs
@@ -495,6 +525,7 @@ fn run_model(a: &RunArgs, report: &mut Report) -> Result<()> {
             } else {
                 (graph.clone(), vec![])
             };
+            let spec = in_precision(&spec, a.dtype)?;
             let ordered: Vec<Tensor> = spec
                 .inputs()
                 .iter()
@@ -516,6 +547,9 @@ fn run_model(a: &RunArgs, report: &mut Report) -> Result<()> {
 
     for (name, t) in out_names.iter().zip(&outs) {
         println!("output '{name}': {}  {}", tensor_type_str(t), summary(t));
+    }
+    if a.dtype == Some(HalfArg::F16) && outs.iter().any(|t| t.dtype().is_float() && t.to_f64_vec().iter().any(|x| !x.is_finite())) {
+        println!("note: --dtype f16: an output is not finite; the model's values may exceed f16's range (65504): --dtype bf16 keeps f32's range");
     }
 
     if let Some(dir) = &a.out {
@@ -539,7 +573,8 @@ fn run_model(a: &RunArgs, report: &mut Report) -> Result<()> {
     if let Some(feeds) = ref_feeds {
         let start = Instant::now();
         let want = tilec::run(&graph, feeds, tilec::Backend::Ref).context("running the reference interpreter for --compare-ref")?;
-        println!("ran the reference interpreter in {:.3} s (--compare-ref)", start.elapsed().as_secs_f64());
+        let of = if a.dtype.is_some() { " on the f32 model" } else { "" };
+        println!("ran the reference interpreter{of} in {:.3} s (--compare-ref)", start.elapsed().as_secs_f64());
         for (i, t) in want.into_iter().enumerate() {
             if i < expected.len() && expected[i].is_none() {
                 expected[i] = Some((t, "the reference interpreter".to_string()));
