@@ -6,12 +6,14 @@
 //!   [`check`] verifies a plan independently.
 //! - [`Arena`] is the owned, 64-byte aligned, zeroed allocation a plan is laid out in.
 //! - [`Profile`] collects per-kernel timings and renders them as a table or JSON.
+//! - [`trace`] turns a profile into a Chrome trace, a time-by-kind summary and a roofline.
 //! - [`cache`] is the verified on-disk cache of compiled kernels both back ends use.
 
 mod arena;
 pub mod cache;
 mod plan;
 mod profile;
+pub mod trace;
 
 pub use arena::{Arena, ArenaError, ARENA_ALIGN};
 pub use plan::{check, plan, BufferReq, MemoryPlan};

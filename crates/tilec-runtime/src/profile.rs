@@ -53,6 +53,10 @@ pub struct ProfileRow {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Profile {
     pub kernels: Vec<KernelProfile>,
+    /// Each call with its start, for a timeline (`crate::trace`); empty when calls were
+    /// recorded without one.
+    #[serde(default)]
+    pub spans: Vec<crate::trace::Span>,
 }
 
 impl Profile {
@@ -77,6 +81,13 @@ impl Profile {
         k.total_ns = k.total_ns.saturating_add(ns);
         k.bytes = k.bytes.saturating_add(bytes);
         k.flops = k.flops.saturating_add(flops);
+    }
+
+    /// [`record`](Self::record), also keeping the call on the timeline: it started `start_ns`
+    /// after the profile's epoch (any fixed instant of the caller's).
+    pub fn record_span(&mut self, name: &str, start_ns: u64, ns: u64, bytes: u64, flops: u64) {
+        self.record(name, ns, bytes, flops);
+        self.spans.push(crate::trace::Span { name: name.to_string(), start_ns, dur_ns: ns });
     }
 
     /// Adds the records of `other` (for example from another run).

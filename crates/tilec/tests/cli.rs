@@ -564,3 +564,29 @@ fn run_in_sixteen_bits_compares_with_the_f32_model() {
     tilec(&strict).fails_with(&["differ"]);
     tilec(&[&"run", &gpt2, &"--dtype", &"f64"]).fails_with(&["f64"]);
 }
+
+// ---------------------------------------------------------------- profile outputs
+
+/// `--trace` writes one Chrome trace event per profiled call (kernels times runs) and
+/// `--roofline` an SVG with a point per kernel that computes; the run prints time by kind.
+#[test]
+fn profile_writes_a_trace_and_a_roofline() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/gen/light/squeezenet/model.onnx");
+    if !model.is_file() {
+        eprintln!("note: {} missing", model.display());
+        return;
+    }
+    let dir = scratch("profile_outputs");
+    let (trace, svg) = (dir.join("t.json"), dir.join("r.svg"));
+    let o = tilec(&[&"run", &model, &"--trace", &trace, &"--roofline", &svg]);
+    o.ok();
+    assert!(o.stdout.contains("time by kind") && o.stdout.contains("  conv "), "{}", o.stdout);
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let ev = t["traceEvents"].as_array().unwrap();
+    let kernels = o.stdout.lines().filter(|l| l.starts_with('k') && l.contains("  5  ")).count();
+    assert!(kernels > 10 && ev.len() == kernels * 5, "{} events for {kernels} kernels x 5 runs", ev.len());
+    assert!(ev.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().is_some_and(|d| d >= 0.0)));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.contains("measured: a 32 MiB copy"), "{}", &s[..200.min(s.len())]);
+    assert!(s.matches("<circle").count() >= 20, "{}", s.matches("<circle").count());
+}

@@ -42,6 +42,14 @@ pub struct RunArgs {
     /// Print a per-kernel profile (time, share, bytes, FLOPs, achieved GB/s and GFLOP/s).
     #[arg(long)]
     pub profile: bool,
+    /// With --profile: write the profiled calls as a Chrome trace (JSON; opens in Perfetto or
+    /// chrome://tracing).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// With --profile: write a roofline plot (SVG) with each kernel as a point under the
+    /// memory ceiling (measured here with a copy on the CPU) and the compute ceiling.
+    #[arg(long, value_name = "FILE")]
+    pub roofline: Option<PathBuf>,
     /// Print compilation and memory statistics (kernels, fallbacks, arena vs intermediates).
     #[arg(long)]
     pub stats: bool,
@@ -734,7 +742,7 @@ fn run_compiled(
             times[times.len() - 1]
         );
     }
-    if a.profile {
+    if a.profile || a.trace.is_some() || a.roofline.is_some() {
         profile(a, &mut c, inputs)?;
     }
     if a.stats {
@@ -827,7 +835,7 @@ fn run_cuda(
     let outs = c.run(inputs).context("running the model on the GPU")?;
     let first = start.elapsed();
     println!("ran on the cuda target in {:.3} ms (first run: graph capture, transfers included)", ms(first));
-    if a.profile {
+    if a.profile || a.trace.is_some() || a.roofline.is_some() {
         profile(a, &mut c, inputs)?;
     }
     let mut median_ms = None;
@@ -872,7 +880,92 @@ fn profile<B: tilec::exec::Backend>(a: &RunArgs, c: &mut tilec::exec::Executor<B
         c.run_profiled(inputs, Some(&mut p)).context("running the compiled model")?;
     }
     println!("{}", p.render_table());
+    println!("time by kind (gaps: between the calls of a run):");
+    for (kind, ns, pct) in tilec::runtime::trace::time_by_kind(&p) {
+        println!("  {kind:<16} {:>10.3} ms  {pct:>5.1}%", ns as f64 / 1e6);
+    }
+    if let Some(f) = &a.trace {
+        std::fs::write(f, tilec::runtime::trace::chrome_trace(&p)).with_context(|| format!("writing the trace {}", f.display()))?;
+        println!("wrote {} ({} calls; open it in Perfetto)", f.display(), p.spans.len());
+    }
+    if let Some(f) = &a.roofline {
+        let c = ceilings(a);
+        let title = format!("{} on {}", a.model.display(), if a.target == TargetArg::Cuda { "cuda" } else { "cpu" });
+        std::fs::write(f, tilec::runtime::trace::roofline_svg(&p, &c, &title)).with_context(|| format!("writing the roofline {}", f.display()))?;
+        println!("wrote {} (ceilings: {:.1} GB/s {}, {:.0} GFLOP/s {})", f.display(), c.gbps, c.gbps_from, c.gflops, c.gflops_from);
+        let pts = tilec::runtime::trace::roofline_points(&p, &c);
+        for (name, ai, g, frac) in &pts {
+            println!("  {name}: {ai:.2} FLOP/B, {g:.2} GFLOP/s, {:.0}% of the roof", frac * 100.0);
+        }
+        if pts.iter().any(|x| x.3 > 1.05) {
+            println!("note: kernels above the roof: the ceilings were measured slower than they ran (a busy machine), or their FLOPs are counted as the direct form's (Winograd)");
+        }
+    }
     Ok(())
+}
+
+/// The roofline's ceilings: on the CPU, both measured here (a copy, best of five, read and
+/// written bytes counted; tilec's own f32 GEMM at 2048^3 on every core, best of four); on
+/// CUDA, the device target's declared figures.
+fn ceilings(a: &RunArgs) -> tilec::runtime::trace::Ceilings {
+    use tilec_opt::target::Target;
+    if a.target == TargetArg::Cuda {
+        let t = Target::cuda_h200();
+        return tilec::runtime::trace::Ceilings {
+            gbps: t.mem_bw / 1e9,
+            gbps_from: "declared".into(),
+            gflops: t.peak_mma_16 / 1e9,
+            gflops_from: "declared, 16-bit tensor cores".into(),
+        };
+    }
+    let n = 32 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let gbps = 2.0 * n as f64 / best / 1e9;
+    match gemm_gflops() {
+        Ok(g) => tilec::runtime::trace::Ceilings {
+            gbps,
+            gbps_from: "measured: a 32 MiB copy".into(),
+            gflops: g,
+            gflops_from: "measured: tilec's f32 GEMM at 2048^3".into(),
+        },
+        Err(e) => {
+            println!("note: the GEMM ceiling could not be measured ({e}); using the declared peak");
+            tilec::runtime::trace::Ceilings {
+                gbps,
+                gbps_from: "measured: a 32 MiB copy".into(),
+                gflops: Target::host_cpu().peak_f32 / 1e9,
+                gflops_from: "declared f32 peak".into(),
+            }
+        }
+    }
+}
+
+/// GFLOP/s of tilec's own f32 matrix product at 2048^3 on this CPU (best of four runs).
+fn gemm_gflops() -> Result<f64> {
+    let n = 2048;
+    let mut g = Graph::new("ceiling");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[n, n]));
+    let y = g.add_input("y", TensorType::fixed(DType::F32, &[n, n]));
+    let z = g.add(tilec::ir::Op::Linalg(tilec::ir::op::LinalgOp::MatMul), &[x, y])?;
+    g.set_outputs(vec![z]);
+    let mut c = tilec::compiled::compile(&g, &tilec::compiled::CompileOptions::default())?;
+    let t = Tensor::from_f64s(DType::F32, vec![n, n], &vec![0.5; n * n])?;
+    let ins = vec![t.clone(), t];
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let s = Instant::now();
+        c.run(&ins)?;
+        best = best.min(s.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (n * n * n) as f64 / best / 1e9)
 }
 
 /// `--stats`: the family of every kernel, and what happened to it after the choice.

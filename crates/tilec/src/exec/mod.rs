@@ -447,12 +447,16 @@ impl<B: Backend> Executor<B> {
             Some(p) => {
                 self.reset_status()?;
                 self.backend.sync()?;
+                // One epoch per process, so that the calls of several runs share a timeline.
+                static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+                let epoch = *EPOCH.get_or_init(Instant::now);
                 for si in 0..self.steps.len() {
                     let start = Instant::now();
                     self.step(si)?;
                     self.backend.sync()?;
                     let st = &self.steps[si];
-                    p.record(&st.label, start.elapsed().as_nanos() as u64, st.info.bytes as u64, st.info.flops as u64);
+                    let at = start.duration_since(epoch).as_nanos() as u64;
+                    p.record_span(&st.label, at, start.elapsed().as_nanos() as u64, st.info.bytes as u64, st.info.flops as u64);
                 }
             }
         }
