@@ -481,3 +481,51 @@ fn fp8_products_take_the_family_when_k_major() {
         assert!(f[0].1.clone().unwrap_or_default().contains("B column-major"), "{f:?}");
     }
 }
+
+/// A QKV projection split into Q, K and V (`x @ w + b`, reshaped, split in three): one
+/// kernel, the split folded into the product's epilogue (no materialized product, no node by
+/// node build), and that kernel, scheduled, computes what the lowered one does (tile
+/// interpreter, outputs poisoned).
+#[test]
+fn a_split_projection_is_one_kernel_with_the_split_in_its_epilogue() {
+    use tilec_tile::interp;
+    for d in [DType::F32, DType::F16] {
+        let mut g = Graph::new("qkv");
+        let x = g.add_input("x", TensorType::fixed(d, &[2, 16, 64]));
+        let w = konst(&mut g, "w", d, &[64, 192]);
+        let b = konst(&mut g, "b", d, &[192]);
+        let y = g.add(Op::Linalg(LinalgOp::MatMul), &[x, w]).unwrap();
+        let y = g.add(Op::Binary(BinaryOp::Add), &[y, b]).unwrap();
+        let sizes = vec![tilec_ir::Dim::Fixed(64); 3];
+        let qkv = g.add_node("split", Op::Layout(LayoutOp::Split { axis: 2, sizes }), &[y]).unwrap();
+        g.set_outputs(qkv);
+        let p = prepared(&g, &GpuTarget::hopper());
+        let names: Vec<String> = p.kernels().iter().map(|k| format!("{} {}", k.name, k.family.describe())).collect();
+        assert_eq!(p.kernels().len(), 1, "{names:#?}");
+        assert!(p.report.notes.is_empty(), "{:?}", p.report.notes);
+        let k = &p.kernels()[0];
+        let mut a: Vec<Tensor> = k
+            .lowered
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, &pb)| {
+                let buf = k.lowered.buf(pb);
+                let shape: Vec<usize> = buf.shape.iter().map(|&s| s as usize).collect();
+                let n: usize = shape.iter().product();
+                let vals: Vec<f64> = if i < 3 { (0..n).map(|j| ((j * 37 + i * 11) % 23) as f64 / 23.0 - 0.5).collect() } else { vec![f64::NAN; n] };
+                Tensor::from_f64s(buf.dtype, shape, &vals).unwrap()
+            })
+            .collect();
+        let mut bb = a.clone();
+        interp::run(&k.lowered, &mut a).unwrap();
+        interp::run(&k.scheduled, &mut bb).unwrap();
+        for i in 3..a.len() {
+            let (x, y) = (a[i].to_f64_vec(), bb[i].to_f64_vec());
+            assert!(x.iter().all(|v| v.is_finite()), "output {i} not written by the lowered kernel");
+            for (p, q) in x.iter().zip(&y) {
+                assert!((p - q).abs() <= 2e-2 * (1.0 + p.abs()), "{d:?} output {i}: lowered {p}, scheduled {q}");
+            }
+        }
+    }
+}

@@ -186,8 +186,13 @@ pub fn schedule_gemm(k: &Kernel) -> Result<Kernel> {
 /// epilogue computes the nest's body for element (i, j) with `v` in place of the reads. The
 /// lowering spells a GEMM followed by re-indexing consumers (a reshape of its rows) this way;
 /// the fused kernel takes the block-tiled GEMM schedule and never materializes L. `None` when
-/// the kernel does not have that shape.
+/// the kernel does not have that shape. A consumer that splits L (see [`fuse_split_epilogue`])
+/// is folded too.
 pub fn fuse_scratch_epilogue(k: &Kernel) -> Option<Kernel> {
+    fuse_in_order(k).or_else(|| fuse_split_epilogue(k))
+}
+
+fn fuse_in_order(k: &Kernel) -> Option<Kernel> {
     let [Stmt::Alloc(l), Stmt::Gemm(g), nest @ Stmt::For(_)] = k.body.as_slice() else {
         return None;
     };
@@ -284,6 +289,112 @@ pub fn fuse_scratch_epilogue(k: &Kernel) -> Option<Kernel> {
         }
     }
     epi.extend(body);
+    let mut g2 = (**g).clone();
+    g2.epilogue = epi;
+    out.body = vec![Stmt::Gemm(Box::new(g2))];
+    Some(out)
+}
+
+/// [`fuse_scratch_epilogue`] for a consumer that splits L: a kernel `[alloc L; gemm (epilogue
+/// ends with L[b?, i, j] = v); nest]` whose nest has one loop per dimension of L and whose
+/// statements (stores, after lets that do not read L) each read L at the nest's variables
+/// shifted by constants, `L[x0 + c0, x1 + c1]` (a split of a QKV product into Q, K and V).
+/// The epilogue then runs, for element (i, j), each statement whose shifted window holds it,
+/// with `x_d = g_d - c_d` and `v` in place of the read. `None` when the kernel does not have
+/// that shape.
+fn fuse_split_epilogue(k: &Kernel) -> Option<Kernel> {
+    let [Stmt::Alloc(l), Stmt::Gemm(g), nest @ Stmt::For(_)] = k.body.as_slice() else {
+        return None;
+    };
+    let lbuf = k.buf(*l);
+    let (last, lets) = g.epilogue.split_last()?;
+    let Stmt::Store { buf, index, value } = last else { return None };
+    if lbuf.scope != Scope::Local || *buf != *l || value.reads(*l) || lets.iter().any(|s| !matches!(s, Stmt::Let { .. })) {
+        return None;
+    }
+    let gvars: Vec<VarId> = match lbuf.shape.len() {
+        2 if g.batch == 1 => vec![g.i_var, g.j_var],
+        3 => vec![g.b_var, g.i_var, g.j_var],
+        _ => return None,
+    };
+    if *index != gvars.iter().map(|&x| v(x)).collect::<Vec<_>>() {
+        return None;
+    }
+    let (loops, inner) = row_nest(std::slice::from_ref(nest));
+    if loops.len() != gvars.len() || loops.iter().any(|lp| lp.kind != LoopKind::Serial) {
+        return None;
+    }
+    // The shift of a read `L[x0 + c0, ..]`, when it has that form.
+    let shift_of = |idx: &[Expr]| -> Option<Vec<i64>> {
+        idx.iter()
+            .zip(&loops)
+            .map(|(e, lp)| match tilec_tile::affine::linear_offset(&[(e.clone(), 1)]) {
+                Some((atoms, c)) if atoms.len() == 1 && atoms[0].0 == 1 && atoms[0].1 == Expr::Var(lp.var) => Some(c),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut shared_lets = vec![];
+    let mut parts: Vec<(Vec<i64>, Stmt)> = vec![];
+    for s in inner {
+        let mut bad = false;
+        s.visit(&mut |x| bad |= !matches!(x, Stmt::Store { .. } | Stmt::Let { .. }));
+        let mut shifts: Vec<Option<Vec<i64>>> = vec![];
+        each_expr_in(s, &mut |e| {
+            e.visit(&mut |x| {
+                if let Expr::Load(b, idx) = x {
+                    if *b == *l {
+                        shifts.push(shift_of(idx));
+                    }
+                }
+            })
+        });
+        if bad || matches!(s, Stmt::Store { buf, .. } if *buf == *l) {
+            return None;
+        }
+        match (s, shifts.first()) {
+            (Stmt::Let { .. }, None) if parts.is_empty() => shared_lets.push(s.clone()),
+            (Stmt::Store { .. }, Some(Some(c))) if shifts.iter().all(|x| x.as_ref() == Some(c)) => parts.push((c.clone(), s.clone())),
+            _ => return None,
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let mut out = k.clone();
+    let t = out.new_var(format!("{}_v", lbuf.name), Ty::Elem(lbuf.dtype), false);
+    let mut epi: Vec<Stmt> = lets.to_vec();
+    epi.push(Stmt::Let { var: t, value: value.clone() });
+    let lid = *l;
+    for (shift, store) in parts {
+        let mut body: Vec<Stmt> = shared_lets.clone();
+        body.push(store);
+        let mut cond: Option<Expr> = None;
+        for ((lp, &gv), &c) in loops.iter().zip(&gvars).zip(&shift) {
+            let x = Expr::add(v(gv), Expr::Int(-c));
+            for st in body.iter_mut() {
+                st.substitute(lp.var, &x);
+            }
+            let inside = Expr::Binary(
+                BinOp::And,
+                Box::new(Expr::Binary(BinOp::Ge, Box::new(x.clone()), Box::new(Expr::Int(0)))),
+                Box::new(Expr::Binary(BinOp::Lt, Box::new(x), Box::new(Expr::Int(lp.extent)))),
+            );
+            cond = Some(match cond {
+                None => inside,
+                Some(p) => Expr::Binary(BinOp::And, Box::new(p), Box::new(inside)),
+            });
+        }
+        for st in body.iter_mut() {
+            st.map_exprs(&mut |e| {
+                e.rewrite(&mut |x| match x {
+                    Expr::Load(b, _) if b == lid => Expr::Var(t),
+                    other => other,
+                })
+            });
+        }
+        epi.push(Stmt::If { cond: cond?, then_: body, else_: vec![] });
+    }
     let mut g2 = (**g).clone();
     g2.epilogue = epi;
     out.body = vec![Stmt::Gemm(Box::new(g2))];

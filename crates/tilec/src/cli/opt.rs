@@ -223,5 +223,8 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
     for (op, why) in &r.fallbacks {
         println!("  host step {op}: {why}");
     }
+    for (k, note) in &r.notes {
+        println!("  note {k}: {note}");
+    }
     Ok(())
 }

@@ -137,6 +137,7 @@ pub fn prepare<K: Build>(
             continue;
         }
         report.split_groups += 1;
+        report.notes.push((name.clone(), format!("the group did not build whole ({}); built node by node", describe_rejections(&why))));
         let share = 1.0 / grp.nodes.len() as f64;
         for (i, &n) in grp.nodes.iter().enumerate() {
             let p = Problem::of_node(&g, n, &format!("{name}_{i}"));
