@@ -9,12 +9,15 @@
 //! - `bench`: decode-shaped and LLM products and the 53 convolutions of ResNet-50 at batch 64
 //!   (channels-last, f16), timed (median of `--iters` runs, CUDA events) and checked on samples.
 //!
+//! `BENCH_FAMILY=sm90` runs the cases the Hopper template takes on it instead (convolutions
+//! through the im2col copy; the others are reported as not applying).
+//!
 //! Prints one JSON object per line.
 
 use serde_json::json;
-use tilec_cuda::families::OperandRef;
-use tilec_cuda::gemm::{CustomEpilogue, Layout, Problem};
-use tilec_cuda::mma::{self, ConvGeom, MmaKernel, MmaProblem, Params};
+use tilec_cuda::families::{FamilyKernel, FamilyPlan, OperandRef, PlanKind, HOPPER_GEMM, MMA_GEMM};
+use tilec_cuda::gemm::{self, CustomEpilogue, Layout, Problem};
+use tilec_cuda::mma::{self, ConvGeom, MmaProblem, Params};
 use tilec_cuda::*;
 use tilec_ir::DType;
 
@@ -81,6 +84,18 @@ fn check_cases() -> Vec<Case> {
     add("k256_cr", DType::F16, gemm(200, 136, 600, 1, C, R), Some(Params { tile_k: 256, tile_n: 64, warps_m: 4, warps_n: 2, stages: 2, ..Params::default() }));
     add("k256_m16_split", DType::BF16, gemm(16, 520, 4096, 1, R, C), Some(Params { tile_m: 16, tile_n: 64, warps_m: 1, warps_n: 4, stages: 4, split_k: 4, tile_k: 256, ..Params::default() }));
     add("k128_conv", DType::F16, conv(2, 9, 40, 64, 3, 1, 1, 1), Some(Params { tile_k: 128, tile_n: 64, warps_m: 4, warps_n: 2, stages: 3, ..Params::default() }));
+    // Channels in multiples of 64 (the Hopper template's im2col copy takes these too):
+    // padding, strides, dilation, 1x1, ragged output channels and pixel counts, several images.
+    add("conv64_3x3", DType::F16, conv(2, 13, 64, 64, 3, 1, 1, 1), None);
+    add("conv64_3x3_s2_o72", DType::BF16, conv(3, 15, 128, 72, 3, 2, 1, 1), None);
+    add("conv64_1x1", DType::F16, conv(2, 10, 64, 256, 1, 1, 0, 1), None);
+    add("conv64_1x1_s2", DType::F16, conv(2, 14, 128, 128, 1, 2, 0, 1), None);
+    add("conv64_dil2_p0", DType::BF16, conv(1, 17, 64, 96, 3, 1, 0, 2), None);
+    add("conv64_5x5_p2", DType::F16, conv(2, 9, 64, 136, 5, 1, 2, 1), None);
+    add("conv64_7x7_s2_p3", DType::F16, conv(1, 23, 64, 64, 7, 2, 3, 1), None);
+    // The epilogue from registers (no staging), ragged and split.
+    add("unstaged_ragged", DType::F16, gemm(291, 203, 130, 1, R, C), Some(Params { staged: false, ..Params::default() }));
+    add("unstaged_conv_split", DType::F16, conv(1, 7, 64, 72, 3, 1, 1, 1), Some(Params { tile_m: 64, tile_n: 64, warps_m: 2, warps_n: 2, split_k: 3, staged: false, ..Params::default() }));
     add("conv_split", DType::F16, conv(1, 7, 512, 512, 3, 1, 1, 1), Some(Params { tile_m: 64, tile_n: 128, warps_m: 2, warps_n: 2, split_k: 6, ..Params::default() }));
     v
 }
@@ -141,10 +156,11 @@ fn storage(d: DType) -> &'static str {
 /// convolution).
 fn problem(case: &Case) -> MmaProblem {
     let (dt, od) = (case.dtype, case.out);
+    // Named apart from both templates' own parameters and locals.
     let params = vec![
-        format!("const {}* __restrict__ a", storage(dt)),
-        format!("const {}* __restrict__ b", storage(dt)),
-        format!("{}* __restrict__ c", storage(od)),
+        format!("const {}* __restrict__ x_in", storage(dt)),
+        format!("const {}* __restrict__ w_in", storage(dt)),
+        format!("{}* __restrict__ y_out", storage(od)),
     ];
     let (mut gp, conv, rows, index) = match &case.shape {
         Shape::Gemm { m, n, k, batch, a, b, lda, ldb } => {
@@ -166,12 +182,13 @@ fn problem(case: &Case) -> MmaProblem {
         }
     };
     let source = format!(
-        "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ c[{index}] = {}; }}\n",
+        "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ y_out[{index}] = {}; }}\n",
         params.join(", "),
         store(od)
     );
     gp.out_dtype = od;
     gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows });
+    gp.conv = conv;
     MmaProblem { gemm: gp, conv }
 }
 
@@ -185,13 +202,66 @@ fn params_of(case: &Case, p: &MmaProblem, sms: usize) -> Params {
     match env[..] {
         [tile_m, tile_n, warps_m, warps_n, stages, split_k] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, ..Params::default() },
         [tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, ..Params::default() },
-        [tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, tile_k] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, tile_k },
+        [tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, tile_k] => Params { tile_m, tile_n, warps_m, warps_n, stages, split_k, prefetch, tile_k, ..Params::default() },
         _ => mma::heuristic(p, sms),
+    }
+}
+
+/// [`params_of`] with `MMA_STAGED=0|1` (the staged epilogue off or on) applied last.
+fn params_with_env(case: &Case, p: &MmaProblem, sms: usize) -> Params {
+    let q = params_of(case, p, sms);
+    match std::env::var("MMA_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
+        Some(v) => Params { staged: v != 0, ..q },
+        None => q,
     }
 }
 
 const A: OperandRef = OperandRef { param: 0, offset_bytes: 0 };
 const B: OperandRef = OperandRef { param: 1, offset_bytes: 0 };
+
+/// Whether `BENCH_FAMILY=sm90` asks for the Hopper template (wgmma, TMA; convolutions through
+/// the im2col copy) instead of the mma.sync one.
+fn hopper() -> bool {
+    std::env::var("BENCH_FAMILY").is_ok_and(|f| f == "sm90")
+}
+
+/// The case's plan on the chosen template (`Err`: the template does not take it).
+fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, String> {
+    let p = problem(case);
+    if hopper() {
+        let q = gemm::heuristic(&p.gemm, sms);
+        gemm::applies(&p.gemm, &q, cc)?;
+        return Ok(FamilyPlan {
+            family: HOPPER_GEMM,
+            entry: gemm::kernel_name(&p.gemm, &q),
+            source: gemm::render(&p.gemm, &q),
+            problem: p.gemm,
+            kind: PlanKind::Sm90(q),
+            a: A,
+            b: B,
+        });
+    }
+    let q = params_with_env(case, &p, sms);
+    mma::applies(&p, &q, cc)?;
+    Ok(FamilyPlan {
+        family: MMA_GEMM,
+        entry: mma::kernel_name(&p, &q, &A, &B),
+        source: mma::render(&p, &q, &A, &B),
+        problem: p.gemm,
+        kind: PlanKind::Mma(q, p.conv),
+        a: A,
+        b: B,
+    })
+}
+
+/// The parameters a plan runs with, for the report.
+fn describe_params(plan: &FamilyPlan) -> String {
+    match &plan.kind {
+        PlanKind::Mma(q, _) => format!("{}x{}x{} w{}x{} s{} k{}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k),
+        PlanKind::Sm90(q) => format!("sm90 {}x{}x{} s{} c{} cl{}", q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m),
+        _ => String::new(),
+    }
+}
 
 
 struct Data {
@@ -256,19 +326,16 @@ fn reference(case: &Case, d: &Data, idx: usize) -> f64 {
 
 fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, case: &Case, iters: usize, dump: Option<&str>, rng: &mut Rng) -> Result<serde_json::Value, String> {
     let s = |e: CudaError| e.to_string();
-    let p = problem(case);
     let sms = dev.props().sm_count as usize;
-    let q = params_of(case, &p, sms);
-    mma::applies(&p, &q, dev.props().compute_capability)?;
-    let name = mma::kernel_name(&p, &q, &A, &B);
-    let source = mma::render(&p, &q, &A, &B);
+    let plan = plan_for(case, sms, dev.props().compute_capability)?;
+    let name = plan.entry.clone();
     if let Some(dir) = dump {
-        let _ = std::fs::write(format!("{dir}/{name}.cu"), &source);
+        let _ = std::fs::write(format!("{dir}/{name}.cu"), &plan.source);
     }
     let t0 = std::time::Instant::now();
-    let compiled = comp.compile(&name, &source).map_err(s)?;
+    let compiled = comp.compile(&name, &plan.source).map_err(s)?;
     let compile_s = t0.elapsed().as_secs_f64();
-    let kern = MmaKernel::from_image(dev, &p, &q, &A, &B, &compiled.image, compiled.cache_hit).map_err(s)?;
+    let kern = FamilyKernel::load(dev, &plan, &compiled.image, compiled.cache_hit).map_err(s)?;
     let (ea, eb, ec) = sizes(case);
     let up = |v: &[u16]| -> Result<DeviceBuffer> {
         let buf = dev.alloc(v.len().max(1) * 2)?;
@@ -326,15 +393,15 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, case: &Case, iters: 
         _ => 1e-4,
     };
     let ok = nan == 0 && max_err < tol;
-    let g = &p.gemm;
-    let f = kern.function();
+    let g = &plan.problem;
+    let f = kern.function().ok_or("a template kernel has a function")?;
     let cfg = kern.launch_config();
     let mut j = json!({
         "kind": if case.time { "bench" } else { "check" },
         "label": case.label, "kernel": name,
         "m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "dtype": case.dtype.name(), "out": case.out.name(),
-        "layouts": format!("{:?}{:?}", g.a_layout, g.b_layout), "conv": p.conv.is_some(),
-        "params": format!("{}x{}x{} w{}x{} s{} k{}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k),
+        "layouts": format!("{:?}{:?}", g.a_layout, g.b_layout), "conv": g.conv.is_some(),
+        "family": plan.family, "params": describe_params(&plan),
         "ok": ok, "max_err": max_err, "nan": nan, "checked": points.len(),
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "compile_s": compile_s, "grid": [cfg.grid.0, cfg.grid.2], "smem": cfg.shared_mem_bytes,
@@ -385,12 +452,7 @@ fn main() {
     let sms = props.sm_count as usize;
     let modules: Vec<(String, String)> = cases
         .iter()
-        .filter_map(|c| {
-            let p = problem(c);
-            let q = params_of(c, &p, sms);
-            mma::applies(&p, &q, props.compute_capability).ok()?;
-            Some((mma::kernel_name(&p, &q, &A, &B), mma::render(&p, &q, &A, &B)))
-        })
+        .filter_map(|c| plan_for(c, sms, props.compute_capability).ok().map(|p| (p.entry, p.source)))
         .collect();
     let t0 = std::time::Instant::now();
     let compiled = comp.compile_many(&modules);

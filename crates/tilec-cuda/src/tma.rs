@@ -169,6 +169,94 @@ impl TiledMap {
     }
 }
 
+/// An im2col tensor map over a channels-last 4-D input `[N][H][W][C]` for a convolution: each
+/// copy brings `pixels` output positions (W fastest, then H, then images) times `channels`
+/// channels of one filter tap, the padding read as zeros.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Im2colMap {
+    pub dtype: TmaDType,
+    pub address: u64,
+    /// (N, H, W, C) in elements, dense.
+    pub dims: [u64; 4],
+    /// The box of the window's top-left corner in (H, W): lower corner (minus the padding) and
+    /// upper corner (the padding less the dilated window's extent less one).
+    pub lower: [i32; 2],
+    pub upper: [i32; 2],
+    /// The traversal strides (the convolution's), (H, W).
+    pub stride: [u32; 2],
+    pub channels: u32,
+    pub pixels: u32,
+    pub swizzle: TmaSwizzle,
+}
+
+impl Im2colMap {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.address % 16 != 0 {
+            return Err(format!("im2col map: address {:#x} is not 16-byte aligned", self.address));
+        }
+        if self.dims.iter().any(|&d| d == 0 || d > 1 << 32) {
+            return Err(format!("im2col map: dimensions {:?} outside 1..=2^32", self.dims));
+        }
+        let row = self.dims[3] * self.dtype.size_bytes() as u64;
+        if row % 16 != 0 {
+            return Err(format!("im2col map: a pixel of {row} bytes is not a multiple of 16"));
+        }
+        if self.lower.iter().chain(&self.upper).any(|&c| !(-128..=127).contains(&c)) {
+            return Err(format!("im2col map: corners {:?} {:?} outside [-128, 127]", self.lower, self.upper));
+        }
+        if self.stride.iter().any(|&s| !(1..=8).contains(&s)) {
+            return Err(format!("im2col map: traversal strides {:?} outside 1..=8", self.stride));
+        }
+        if !(1..=256).contains(&self.pixels) || !(1..=256).contains(&self.channels) {
+            return Err(format!("im2col map: {} pixels of {} channels (1 to 256 each)", self.pixels, self.channels));
+        }
+        let inner = self.channels as usize * self.dtype.size_bytes();
+        if inner % 16 != 0 || inner > self.swizzle.max_inner_bytes() {
+            return Err(format!("im2col map: {inner} bytes of channels per pixel do not fit the {:?} swizzle", self.swizzle));
+        }
+        Ok(())
+    }
+
+    pub fn encode(&self) -> Result<TensorMap> {
+        self.validate().map_err(CudaError::Usage)?;
+        let [n, h, w, c] = self.dims;
+        let es = self.dtype.size_bytes() as u64;
+        // Innermost first: C, W, H, N.
+        let dims = [c, w, h, n];
+        let strides = [c * es, w * c * es, h * w * c * es];
+        let lower = [self.lower[1], self.lower[0]];
+        let upper = [self.upper[1], self.upper[0]];
+        let elem_strides = [1u32, self.stride[1], self.stride[0], 1];
+        // SAFETY: plain data; overwritten by the driver.
+        let mut map = TensorMap { raw: unsafe { std::mem::zeroed() } };
+        // SAFETY: the arrays have the lengths a 4-D map needs (4 dims and element strides, 3
+        // strides, 2 corners each); the address is recorded, not dereferenced.
+        unsafe {
+            check(
+                sys::cuTensorMapEncodeIm2col(
+                    &mut map.raw,
+                    self.dtype.raw(),
+                    4,
+                    self.address as *mut c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    lower.as_ptr(),
+                    upper.as_ptr(),
+                    self.channels,
+                    self.pixels,
+                    elem_strides.as_ptr(),
+                    sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    self.swizzle.raw(),
+                    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                ),
+                "cuTensorMapEncodeIm2col",
+            )?;
+        }
+        Ok(map)
+    }
+}
+
 impl TensorMap {
     /// A pointer to the map's bytes, for a kernel parameter list.
     pub fn as_param(&self) -> *mut c_void {

@@ -209,16 +209,24 @@ fn products_per_batch_and_head_take_the_mma_family() {
 }
 
 #[test]
-fn sixteen_bit_convolutions_take_the_mma_family_as_implicit_gemms() {
+fn sixteen_bit_convolutions_run_as_implicit_gemms_on_tensor_cores() {
     for (c, k, stride) in [(64, 3, 1), (3, 7, 2), (64, 1, 2)] {
         let p = prepared(&conv(DType::F16, 2, c, 16, 64, k, stride, false), &GpuTarget::hopper());
-        let convs: Vec<_> = p.kernels().iter().filter(|k| k.family.decision.family == "sm80_mma_gemm").collect();
+        let on = |f: &str| p.kernels().iter().filter(|k| k.family.decision.family == f).collect::<Vec<_>>();
+        let (mma, sm90) = (on("sm80_mma_gemm"), on("sm90_tc_gemm"));
         let all: Vec<String> = p.kernels().iter().map(|k| format!("{} {}", k.name, k.family.describe())).collect();
-        assert_eq!(convs.len(), 2, "{all:#?}");
-        let why = convs[0].family.describe();
+        // The first convolution reads the channels-first input through a fused transpose (the
+        // mma.sync template gathers it); the second reads 64 channels-last channels, which the
+        // Hopper template's im2col copy takes.
+        assert_eq!((mma.len(), sm90.len()), (1, 1), "{all:#?}");
+        let why = mma[0].family.describe();
         assert!(why.contains("implicit im2col") && why.contains(&format!("kernel {k}x{k}, stride {stride}x{stride}")), "{why}");
-        let src = &convs[0].source.source;
+        let src = &mma[0].source.source;
         assert!(src.contains("mma.sync.aligned.m16n8k16") && src.contains("_repack("), "no mma or repack kernel");
+        let why = sm90[0].family.describe();
+        assert!(why.contains("implicit im2col") && why.contains("kernel 3x3, stride 1x1"), "{why}");
+        let src = &sm90[0].source.source;
+        assert!(src.contains(".im2col.mbarrier") && src.contains("wgmma.mma_async") && src.contains("_repack("), "no im2col copy");
     }
     // Weights that are graph inputs cannot be repacked once: the tile-IR GEMM keeps them.
     let p = prepared(&conv(DType::F16, 2, 64, 16, 64, 3, 1, true), &GpuTarget::hopper());
@@ -257,7 +265,7 @@ fn family_kernels_compile_with_nvrtc() {
     assert_eq!(modules.len(), 5);
     for (i, g) in [conv(DType::F16, 2, 64, 16, 64, 3, 1, false), conv(DType::BF16, 2, 3, 32, 64, 7, 2, false)].iter().enumerate() {
         for k in prepared(g, &h).kernels() {
-            if k.schedule == "sm80_mma_gemm" {
+            if k.schedule == "sm80_mma_gemm" || k.schedule == "sm90_tc_gemm" {
                 modules.push((format!("c{i}_{}", k.name), k.source.source.clone()));
             }
         }
@@ -392,7 +400,7 @@ fn random_inputs(g: &Graph) -> Vec<Tensor> {
 /// strided, 1x1, ragged output channels) match the reference interpreter, outputs poisoned
 /// first. Without a GPU, says so and passes.
 #[test]
-fn mma_family_kernels_match_the_reference_on_a_gpu() {
+fn tensor_core_family_kernels_match_the_reference_on_a_gpu() {
     if !tilec::cuda::is_available() {
         eprintln!("note: no CUDA GPU; the mma family's kernels were not run");
         return;
@@ -405,16 +413,23 @@ fn mma_family_kernels_match_the_reference_on_a_gpu() {
         ("heads f16", heads(DType::F16), vec![]),
         ("heads bf16", heads(DType::BF16), vec![]),
         ("heads out f16", heads_out(DType::F16), vec![]),
+        // Convolutions: the first reads the channels-first input (mma.sync), the second 64 or
+        // 128 channels-last ones (the Hopper template's im2col copy), except in the ragged one.
         ("conv 3x3", conv(DType::F16, 2, 64, 16, 64, 3, 1, false), vec![]),
         ("conv 7x7 s2 c3", conv(DType::F16, 2, 3, 32, 64, 7, 2, false), vec![]),
         ("conv 1x1 s2", conv(DType::BF16, 2, 64, 15, 128, 1, 2, false), vec![]),
+        ("conv 3x3 s2 o192", conv(DType::BF16, 3, 128, 13, 192, 3, 2, false), vec![]),
         ("conv ragged", conv(DType::F16, 3, 24, 11, 40, 3, 1, false), vec![]),
     ];
     for (what, g, families) in cases {
         let opts = CudaOptions { families, ..CudaOptions::default() };
         let mut c = tilec::compiled_cuda::compile(&g, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
         let on = c.report.schedules.clone();
-        assert!(on.iter().any(|(s, n)| s == "sm80_mma_gemm" && *n > 0), "{what}: not on the family: {on:?}");
+        let count = |f: &str| on.iter().find(|(s, _)| s == f).map_or(0, |(_, n)| *n);
+        assert!(count("sm80_mma_gemm") > 0, "{what}: not on the family: {on:?}");
+        if what.starts_with("conv") && what != "conv ragged" {
+            assert_eq!(count("sm90_tc_gemm"), 1, "{what}: the second convolution is not on the im2col copy: {on:?}");
+        }
         // A family kernel that failed to compile or load would run its fallback: not here.
         assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
         let inputs = random_inputs(&g);

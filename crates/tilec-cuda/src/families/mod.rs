@@ -8,6 +8,7 @@
 //! Adding a family: a new file here with a `static` implementing
 //! `Family<Target = Target, Built = GpuBuilt>`, and one [`Entry`] in [`registry`].
 
+mod conv_view;
 mod cublas_gemm;
 mod direct;
 mod elementwise;

@@ -1,143 +1,24 @@
 //! `sm80_mma_gemm`: the `mma.sync` tensor-core template of [`crate::mma`] for a kernel that
 //! is one `Gemm` over 16-bit operands: a matrix product read straight from buffers (as for the
 //! Hopper template, see [`gemm_view`]), or a channels-last 2-D convolution read through an
-//! implicit im2col with its constant weights repacked at bind time. Any device of compute
+//! implicit im2col with its constant weights repacked at bind time ([`conv_view`]). Any device of compute
 //! capability 8.0 or later; on sm_90 it takes what the Hopper template does not (convolutions,
 //! and skinny products that want K split over blocks). Its build carries the SIMT GEMM as a
 //! fallback, like the Hopper family's.
 
-use tilec_ir::op::{window_geometry, LinalgOp, Padding};
-use tilec_ir::{DType, Op};
 use tilec_opt::target::Target;
 use tilec_tile::family::{Family, ParamSpace, Params as FParams, Problem as FProblem};
-use tilec_tile::{BufId, Expr, Gemm, Kernel, Stmt};
+use tilec_tile::Kernel;
 
-use super::operands::{epilogue_fn, gemm_view, GemmView};
+use super::conv_view::conv_view;
+use super::operands::{gemm_view, GemmView};
 use super::template::{FamilyPlan, OperandRef, PlanKind};
-use crate::gemm::{Layout, Problem};
 use crate::mma::{self, ConvGeom, MmaProblem, Params};
 use crate::render::CudaSource;
 use crate::schedule::GpuTarget;
 
 /// The family's name.
 pub const MMA_GEMM: &str = "sm80_mma_gemm";
-
-/// The buffers an expression loads.
-fn loads(e: &Expr) -> Vec<BufId> {
-    let mut v = vec![];
-    e.visit(&mut |x| {
-        if let Expr::Load(b, _) = x {
-            if !v.contains(b) {
-                v.push(*b);
-            }
-        }
-    });
-    v
-}
-
-/// A convolution group's kernel as an implicit GEMM: `Some` when the anchor is a channels-last
-/// 2-D convolution of one group whose lowered kernel is one `Gemm` reading the input and the
-/// constant weights straight from their buffers.
-fn conv_view(p: &FProblem, k: &Kernel, target: &GpuTarget) -> Option<Result<MmaProblem, String>> {
-    let Some(Op::Linalg(LinalgOp::Conv { window, group, channels_last })) = p.anchor_op() else {
-        return None;
-    };
-    Some((|| {
-        if !*channels_last || *group != 1 || window.rank() != 2 {
-            return Err(format!(
-                "convolution: {}-D, {} groups, channels {} (the template takes 2-D, one group, channels-last)",
-                window.rank(),
-                group,
-                if *channels_last { "last" } else { "first" }
-            ));
-        }
-        let node = p.graph.node(p.anchor.ok_or("no anchor")?);
-        let (xv, wv) = (node.inputs[0], node.inputs[1]);
-        if !matches!(p.graph.value(wv).def, tilec_ir::ValueDef::Const(_)) {
-            return Err("convolution weights are not a constant (they are repacked once, when the kernel is bound)".into());
-        }
-        let fused = crate::schedule::fuse_scratch_epilogue(k);
-        let k = fused.as_ref().unwrap_or(k);
-        let g: &Gemm = match k.body.as_slice() {
-            [Stmt::Gemm(g)] => g,
-            _ => return Err("the convolution's kernel is not one matrix product".into()),
-        };
-        if !k.checks.is_empty() {
-            return Err("the kernel checks indices".into());
-        }
-        if g.acc_dtype != DType::F32 {
-            return Err(format!("accumulates in {}", g.acc_dtype.name()));
-        }
-        let (la, lb) = (loads(&g.a), loads(&g.b));
-        let (&[xb], &[wb]) = (la.as_slice(), lb.as_slice()) else {
-            return Err("the convolution's operands are computed (a fused prologue)".into());
-        };
-        // The input as stored: the conv's own input (channels-last), or the channels-first
-        // tensor a transpose fused into this kernel makes it from.
-        let fused_transpose = match p.graph.value(xv).def {
-            tilec_ir::ValueDef::Node { node: t, .. } if p.nodes.contains(&t) => match &p.graph.node(t).op {
-                Op::Layout(tilec_ir::op::LayoutOp::Transpose { perm }) if perm == &[0, 2, 3, 1] => Some(p.graph.node(t).inputs[0]),
-                _ => return Err("the convolution's input is computed in its kernel (a fused prologue)".into()),
-            },
-            _ => None,
-        };
-        let (xs, ws) = (&k.buf(xb).shape, &k.buf(wb).shape);
-        let same = |v, s: &[i64]| p.graph.value(v).ty.fixed_shape() == Some(s.iter().map(|&d| d as usize).collect());
-        if !same(fused_transpose.unwrap_or(xv), xs) || !same(wv, ws) || xs.len() != 4 || ws.len() != 4 {
-            return Err("the convolution's operands are not its input and weights".into());
-        }
-        let (dx, dw) = (k.buf(xb).dtype, k.buf(wb).dtype);
-        if dx != dw || !matches!(dx, DType::F16 | DType::BF16) {
-            return Err(format!("convolution over {} and {} (bf16 or f16)", dx.name(), dw.name()));
-        }
-        let u = |x: i64| x as usize;
-        let (n, h, w, c) = match fused_transpose {
-            Some(_) => (u(xs[0]), u(xs[2]), u(xs[3]), u(xs[1])),
-            None => (u(xs[0]), u(xs[1]), u(xs[2]), u(xs[3])),
-        };
-        let (o, kh, kw) = (u(ws[0]), u(ws[2]), u(ws[3]));
-        let (oh, ph, _) = window_geometry(h, window, 0, false)?;
-        let (ow, pw, _) = window_geometry(w, window, 1, false)?;
-        if matches!(window.pads, Padding::SameLower | Padding::SameUpper) {
-            return Err("SAME padding is resolved by the importer; an unresolved one is not taken".into());
-        }
-        let geom = ConvGeom {
-            n,
-            h,
-            w,
-            c,
-            kh,
-            kw,
-            oh,
-            ow,
-            stride: (window.strides[0], window.strides[1]),
-            pad: (ph, pw),
-            dil: (window.dilations[0], window.dilations[1]),
-            nchw_input: fused_transpose.is_some(),
-        };
-        if u(g.batch) != n || u(g.m) != oh * ow || u(g.n) != o || u(g.k) != geom.k() {
-            return Err(format!(
-                "the lowered product {}x{}x{} x{} is not the convolution's {}x{}x{} x{n}",
-                g.m,
-                g.n,
-                g.k,
-                g.batch,
-                oh * ow,
-                o,
-                geom.k()
-            ));
-        }
-        let mut gemm = Problem::new(n * oh * ow, o, geom.k(), dx).with_layouts(Layout::RowMajor, Layout::ColMajor);
-        gemm.out_dtype = DType::F32;
-        gemm.lda = Some(c);
-        gemm.ldb = Some(geom.k_padded());
-        gemm.batch_stride_a = 0;
-        gemm.batch_stride_b = 0;
-        gemm.custom = Some(epilogue_fn(k, g, Some(oh * ow))?);
-        let _ = target;
-        Ok(MmaProblem { gemm, conv: Some(geom) })
-    })())
-}
 
 /// The family's plan for a kernel: the problem (a matrix product or a convolution) with its
 /// heuristic parameters.
@@ -146,23 +27,11 @@ pub fn mma_gemm(p: &FProblem, k: &Kernel, target: &GpuTarget) -> Result<FamilyPl
     if cc.0 < 8 {
         return Err(format!("mma.sync and cp.async need compute capability 8.0; the device has {}.{}", cc.0, cc.1));
     }
-    let pos = |buf: BufId| k.params.iter().position(|&b| b == buf).unwrap_or(0);
-    let (problem, a, b) = match conv_view(p, k, target) {
-        Some(conv) => {
-            let problem = conv?;
-            let fused = crate::schedule::fuse_scratch_epilogue(k);
-            let kk = fused.as_ref().unwrap_or(k);
-            let [Stmt::Gemm(g)] = kk.body.as_slice() else {
-                return Err("not one matrix product".into());
-            };
-            let (xa, wb) = (loads(&g.a)[0], loads(&g.b)[0]);
-            (problem, OperandRef { param: pos(xa), offset_bytes: 0 }, OperandRef { param: pos(wb), offset_bytes: 0 })
-        }
-        None => {
-            let GemmView { problem, a, b } = gemm_view(k)?;
-            (MmaProblem { gemm: problem, conv: None }, a, b)
-        }
+    let GemmView { problem, a, b } = match conv_view(p, k) {
+        Some(conv) => conv?,
+        None => gemm_view(k)?,
     };
+    let problem = MmaProblem { conv: problem.conv, gemm: problem };
     let params = mma::heuristic(&problem, target.sm_count as usize);
     mma::applies(&problem, &params, cc)?;
     Ok(plan(problem, params, a, b))
@@ -184,10 +53,10 @@ fn plan(problem: MmaProblem, params: Params, a: OperandRef, b: OperandRef) -> Fa
 pub struct Sm80MmaGemm;
 pub static SM80_MMA_GEMM: Sm80MmaGemm = Sm80MmaGemm;
 
-const NAMES: [&str; 8] = ["tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages", "split_k", "prefetch"];
+const NAMES: [&str; 9] = ["tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages", "split_k", "prefetch", "staged"];
 
 fn to_params(q: &Params) -> FParams {
-    let v = [q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k, q.prefetch];
+    let v = [q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k, q.prefetch, q.staged as usize];
     FParams(NAMES.iter().copied().zip(v.map(|x| x as i64)).collect())
 }
 
@@ -202,6 +71,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
         stages: get("stages", q.stages),
         split_k: get("split_k", q.split_k),
         prefetch: get("prefetch", q.prefetch),
+        staged: get("staged", q.staged as usize) != 0,
     }
 }
 
@@ -241,6 +111,7 @@ impl Family for Sm80MmaGemm {
                 ("stages", vec![2, 3, 4, 5, 6]),
                 ("split_k", vec![1, 2, 4, 8, 16]),
                 ("prefetch", vec![0, 128, 256]),
+                ("staged", vec![0, 1]),
             ],
         }
     }

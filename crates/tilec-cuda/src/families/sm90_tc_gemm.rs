@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use tilec_ir::DType;
 use tilec_tile::Kernel;
 
-use crate::driver::{Device, Stream};
+use crate::driver::{Device, DeviceBuffer, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 use crate::gemm::{self, GemmArgs, GemmKernel, Params};
 use crate::render::CudaSource;
@@ -21,6 +21,7 @@ use crate::schedule::GpuTarget;
 use tilec_opt::target::Target;
 use tilec_tile::family::{Family, ParamSpace, Params as FParams, Problem as FProblem};
 
+use super::conv_view::conv_view;
 use super::operands::{gemm_view, GemmView};
 use super::template::{FamilyPlan, OperandRef, PlanKind};
 
@@ -32,14 +33,24 @@ pub const HOPPER_GEMM: &str = "sm90_tc_gemm";
 /// `GpuTarget::allow_tf32` says so, read by TMA from their buffers (see [`gemm_view`]), any
 /// straight-line epilogue, on an sm_90 device. fp8 and tf32 need both operands K-major (A
 /// row-major, B column-major); [`gemm::applies`] says so otherwise.
-pub fn hopper_gemm(k: &Kernel, target: &GpuTarget) -> std::result::Result<FamilyPlan, String> {
+pub fn hopper_gemm(p: &FProblem, k: &Kernel, target: &GpuTarget) -> std::result::Result<FamilyPlan, String> {
     if target.compute_capability != (9, 0) {
         return Err(format!(
             "needs compute capability 9.0 (wgmma, TMA); the device has {}.{}",
             target.compute_capability.0, target.compute_capability.1
         ));
     }
-    let GemmView { mut problem, a, b } = gemm_view(k)?;
+    // A convolution through the im2col copy; one the copy cannot read may still be a plain
+    // product of its buffers (a 1x1 convolution of stride 1).
+    let conv_err = match conv_view(p, k).map(|v| v.and_then(|v| hopper_conv(v, target))) {
+        Some(Ok(plan)) => return Ok(plan),
+        Some(Err(e)) => Some(e),
+        None => None,
+    };
+    let GemmView { mut problem, a, b } = gemm_view(k).map_err(|e| match &conv_err {
+        Some(c) => format!("{c}; as a plain product: {e}"),
+        None => e,
+    })?;
     match problem.in_dtype {
         DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => {}
         DType::F32 if target.allow_tf32 => problem.tf32 = true,
@@ -100,6 +111,23 @@ pub fn hopper_gemm(k: &Kernel, target: &GpuTarget) -> std::result::Result<Family
     })
 }
 
+/// A convolution as an implicit GEMM: the input through the copy engine's im2col mode (64
+/// channels of one tap per K step), the weights repacked at bind.
+fn hopper_conv(view: GemmView, target: &GpuTarget) -> std::result::Result<FamilyPlan, String> {
+    let GemmView { problem, a, b } = view;
+    let params = gemm::heuristic(&problem, target.sm_count as usize);
+    gemm::applies(&problem, &params, target.compute_capability)?;
+    Ok(FamilyPlan {
+        family: HOPPER_GEMM,
+        entry: gemm::kernel_name(&problem, &params),
+        source: gemm::render(&problem, &params),
+        a,
+        b,
+        problem,
+        kind: PlanKind::Sm90(params),
+    })
+}
+
 /// A family kernel loaded on a device, launched with the tile-IR kernel's pointers. The
 /// launch arguments (tensor maps hold the operands' addresses) are encoded on the first launch
 /// with a set of pointers and reused while the pointers stay the same (the arena and the
@@ -108,6 +136,9 @@ pub struct Sm90Kernel {
     plan: FamilyPlan,
     gemm: GemmKernel,
     bound: Mutex<Option<(Vec<u64>, GemmArgs)>>,
+    /// A convolution's repacked weights, and the weights' address they were made from.
+    packed: Option<DeviceBuffer>,
+    packed_from: Mutex<Option<u64>>,
 }
 
 impl Sm90Kernel {
@@ -122,10 +153,16 @@ impl Sm90Kernel {
         // Raised now rather than at the first launch, which may be inside a graph capture.
         gemm.function()
             .reserve_dynamic_smem(params.smem_bytes() as u32)?;
+        let packed = match &plan.problem.conv {
+            Some(c) => Some(device.alloc(plan.problem.n * c.k_padded() * 2)?),
+            None => None,
+        };
         Ok(Sm90Kernel {
             plan: plan.clone(),
             gemm,
             bound: Mutex::new(None),
+            packed,
+            packed_from: Mutex::new(None),
         })
     }
 
@@ -137,14 +174,45 @@ impl Sm90Kernel {
         &self.gemm
     }
 
+    fn at(o: &OperandRef, ptrs: &[u64]) -> Result<u64> {
+        ptrs.get(o.param)
+            .map(|p| p + o.offset_bytes)
+            .ok_or_else(|| CudaError::Usage(format!("operand parameter {} missing", o.param)))
+    }
+
     fn encode(&self, ptrs: &[u64]) -> Result<GemmArgs> {
-        let at = |o: &OperandRef| -> Result<u64> {
-            ptrs.get(o.param)
-                .map(|p| p + o.offset_bytes)
-                .ok_or_else(|| CudaError::Usage(format!("operand parameter {} missing", o.param)))
-        };
-        let (a, b) = (at(&self.plan.a)?, at(&self.plan.b)?);
+        let (a, mut b) = (Self::at(&self.plan.a, ptrs)?, Self::at(&self.plan.b, ptrs)?);
+        if let Some(buf) = &self.packed {
+            let from = *self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
+            if from != Some(b) {
+                return Err(CudaError::Usage(format!(
+                    "kernel {}: launched before its weights were repacked (bind it first)",
+                    self.plan.entry
+                )));
+            }
+            b = buf.ptr();
+        }
         self.gemm.args_with(&self.plan.problem, a, b, 0, None, ptrs)
+    }
+
+    /// Prepares what depends on the pointers (a convolution's repacked weights) on `stream`,
+    /// and waits for it: before the first launch, outside any graph capture. The weights must
+    /// not change afterwards (they are a model's constants).
+    pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
+        let (Some(out), Some(repack)) = (&self.packed, self.gemm.repack_function()) else {
+            return Ok(());
+        };
+        let w = Self::at(&self.plan.b, ptrs)?;
+        let mut from = self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
+        if *from == Some(w) {
+            return Ok(());
+        }
+        let total = out.len() / 2;
+        let cfg = LaunchConfig { grid: (total.div_ceil(256) as u32, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 };
+        repack.launch(stream, &cfg, &[w, out.ptr()])?;
+        stream.synchronize()?;
+        *from = Some(w);
+        Ok(())
     }
 
     /// Launches on `stream` with one device pointer per parameter of the tile-IR kernel.
@@ -204,7 +272,7 @@ fn params_of(plan: &FamilyPlan) -> Params {
 }
 
 fn plan_of(p: &FProblem, t: &Target) -> std::result::Result<FamilyPlan, String> {
-    p.memo("sm90_tc_gemm.plan", || hopper_gemm(&super::lowered(p)?.kernel, &t.gpu))
+    p.memo("sm90_tc_gemm.plan", || hopper_gemm(p, &super::lowered(p)?.kernel, &t.gpu))
 }
 
 impl Family for Sm90TcGemm {

@@ -92,23 +92,21 @@ impl FamilyPlan {
                 p.k / 64
             ));
         }
+        let im2col = p.conv.map_or(String::new(), |c| {
+            format!(
+                "A an implicit im2col of {}x{}x{}x{} (kernel {}x{}, stride {}x{}), weights repacked; ",
+                c.n, c.h, c.w, c.c, c.kh, c.kw, c.stride.0, c.stride.1
+            )
+        });
         let params = match &self.kind {
             PlanKind::Sm90(q) => format!(
-                "tile {}x{}x{}, {} stages, {} consumer warpgroups, cluster {}, group {}",
+                "{im2col}tile {}x{}x{}, {} stages, {} consumer warpgroups, cluster {}, group {}",
                 q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m
             ),
-            PlanKind::Mma(q, conv) => {
-                let im2col = conv.map_or(String::new(), |c| {
-                    format!(
-                        "A an implicit im2col of {}x{}x{}x{} (kernel {}x{}, stride {}x{}), weights repacked; ",
-                        c.n, c.h, c.w, c.c, c.kh, c.kw, c.stride.0, c.stride.1
-                    )
-                });
-                format!(
-                    "{im2col}tile {}x{}x{}, {}x{} warps, {} stages, split-K {}",
-                    q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k
-                )
-            }
+            PlanKind::Mma(q, _) => format!(
+                "{im2col}tile {}x{}x{}, {}x{} warps, {} stages, split-K {}",
+                q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k
+            ),
             PlanKind::Cublas(q) => format!(
                 "cuBLASLt, {} out, compute {}",
                 q.out_dtype.name(),
@@ -192,7 +190,7 @@ impl FamilyKernel {
     /// writes the output, which the model's run overwrites).
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
-            FamilyKernel::Sm90(_) => Ok(()),
+            FamilyKernel::Sm90(k) => k.bind(stream, ptrs),
             FamilyKernel::Cublas(k) => {
                 k.launch(stream, ptrs)?;
                 stream.synchronize()

@@ -9,7 +9,7 @@ use super::{applies, kernel_name, render, Layout, Params, Problem};
 use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 use crate::nvrtc::Compiler;
-use crate::tma::{TensorMap, TiledMap, TmaDType, TmaSwizzle};
+use crate::tma::{Im2colMap, TensorMap, TiledMap, TmaDType, TmaSwizzle};
 
 /// A compiled GEMM kernel for one problem class (dtypes, layouts, epilogue, broadcasts) and
 /// one parameter set; it runs any shape of that class.
@@ -21,6 +21,8 @@ pub struct GemmKernel {
     /// Blocks that run at once: one per SM, or for clusters, whole clusters that fit.
     resident_blocks: u32,
     func: Function,
+    /// A convolution's weight repacking kernel (see [`super::render_repack`]).
+    repack: Option<Function>,
 }
 
 /// Everything one launch needs: the tensor maps of A and B (which hold their addresses), the
@@ -117,6 +119,10 @@ impl GemmKernel {
         let props = device.props();
         let module = Arc::new(device.load_module(image)?);
         let func = module.function(&name)?;
+        let repack = match problem.conv {
+            Some(_) => Some(module.function(&format!("{name}_repack"))?),
+            None => None,
+        };
         let mut resident_blocks = props.sm_count;
         if params.cluster_m > 1 {
             // Not every SM can hold a block of a cluster (clusters live inside one GPC): a
@@ -136,11 +142,18 @@ impl GemmKernel {
             cache_hit,
             resident_blocks,
             func,
+            repack,
         })
     }
 
     pub fn function(&self) -> &Function {
         &self.func
+    }
+
+    /// A convolution's weight repacking kernel: `(weights, out)`, one thread per element of
+    /// the `n x k_padded` output.
+    pub fn repack_function(&self) -> Option<&Function> {
+        self.repack.as_ref()
     }
 
     /// Blocks of the persistent grid (at most; small problems get fewer).
@@ -226,7 +239,25 @@ impl GemmKernel {
         }
         let batches = |s: usize| if s == 0 { 1 } else { p.batch };
         let es = p.in_dtype.size_bytes() as u64;
+        // A convolution's input through the im2col mode: the window's top-left corner runs
+        // from minus the padding to the last position a window fits, by the stride.
+        let conv_map = |c: super::ConvGeom| -> Result<TensorMap> {
+            let (ph, pw) = (c.pad.0 as i32, c.pad.1 as i32);
+            Im2colMap {
+                dtype: tma_dtype(p.in_dtype)?,
+                address: a,
+                dims: [c.n as u64, c.h as u64, c.w as u64, c.c as u64],
+                lower: [-ph, -pw],
+                upper: [ph - (c.dil.0 * (c.kh - 1)) as i32, pw - (c.dil.1 * (c.kw - 1)) as i32],
+                stride: [c.stride.0 as u32, c.stride.1 as u32],
+                channels: 64,
+                pixels: q.tile_m as u32,
+                swizzle: TmaSwizzle::B128,
+            }
+            .encode()
+        };
         let map_a = match p.a_layout {
+            Layout::RowMajor if p.conv.is_some() => conv_map(p.conv.unwrap_or_default())?,
             Layout::RowMajor if p.a_split.is_some() => {
                 let s = p.a_split.unwrap_or(super::ASplit { rows: 1, head_stride: 0, group_stride: 0 });
                 TiledMap {

@@ -121,6 +121,76 @@ impl CustomEpilogue {
     }
 }
 
+/// A channels-last 2-D convolution read as the A operand: input `[N][H][W][C]`, weights
+/// `[O][C][KH][KW]`, output pixels `OH x OW` per image (one group).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ConvGeom {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+    pub dil: (usize, usize),
+    /// The input is stored `[N][C][H][W]` (a transpose to channels-last fused into the
+    /// convolution's kernel, as at a model's first layer).
+    pub nchw_input: bool,
+}
+
+impl ConvGeom {
+    /// The GEMM's depth: taps times channels.
+    pub fn k(&self) -> usize {
+        self.kh * self.kw * self.c
+    }
+    /// Row length of the repacked weights (K padded to 16 bytes).
+    pub fn k_padded(&self) -> usize {
+        self.k().next_multiple_of(8)
+    }
+    /// Whether 16-byte slices of a pixel's channels can be copied whole.
+    pub fn vector(&self) -> bool {
+        self.c % 8 == 0 && !self.nchw_input
+    }
+    /// Element strides of the input along (H, W, C).
+    pub fn input_strides(&self) -> (usize, usize, usize) {
+        if self.nchw_input {
+            (self.w, 1, self.h * self.w)
+        } else {
+            (self.w * self.c, self.c, 1)
+        }
+    }
+}
+
+/// The kernel `{name}_repack` that turns a convolution's weights `[O][C][KH][KW]` (16-bit)
+/// into K-contiguous rows `[O][KH][KW][C]`, each padded with zeros to
+/// [`ConvGeom::k_padded`]: one thread per output element, `o` output channels.
+pub fn render_repack(name: &str, cv: &ConvGeom, o: usize) -> String {
+    format!(
+        r#"
+// Weights [O][C][KH*KW] to K-contiguous rows [O][KH*KW][C], each padded with zeros to {kp}.
+extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= {total}LL) return;
+  const int o = (int)(i / {kp}), k = (int)(i % {kp});
+  unsigned short v = 0;
+  if (k < {k}) {{
+    const int tap = k / {c}, ch = k % {c};
+    v = w[((long long)o * {c} + ch) * {taps} + tap];
+  }}
+  out[i] = v;
+}}
+"#,
+        kp = cv.k_padded(),
+        total = o * cv.k_padded(),
+        k = cv.k(),
+        c = cv.c,
+        taps = cv.kh * cv.kw,
+    )
+}
+
 /// Bytes of K a pipeline stage holds per row of A or B: one 128-byte swizzle row.
 pub const K_BYTES: usize = 128;
 
@@ -164,6 +234,10 @@ pub struct Problem {
     pub a_split: Option<ASplit>,
     /// Batches split in two (see [`BatchSplit`]).
     pub batch_split: Option<BatchSplit>,
+    /// A is the implicit im2col of this convolution's channels-last input (then `m` is
+    /// `n * oh * ow`, `k` the taps times channels, and B the weights repacked at bind into
+    /// K-contiguous rows `[O][KH][KW][C]`).
+    pub conv: Option<ConvGeom>,
 }
 
 impl Problem {
@@ -196,6 +270,7 @@ impl Problem {
             custom: None,
             a_split: None,
             batch_split: None,
+            conv: None,
         }
     }
 
@@ -295,7 +370,16 @@ pub struct Params {
     pub swizzle: usize,
     /// Registers per thread after reallocation: (producer, consumers).
     pub regs: (u32, u32),
+    /// A custom epilogue reads each warp's accumulators back from shared memory, 16 rows by
+    /// 32 columns at a time, so that a warp's lanes hand adjacent columns of one row to the
+    /// epilogue function (whole-sector loads and stores). Takes [`STAGING_BYTES`] of shared
+    /// memory beside the ring; no effect on the built-in epilogue.
+    pub staged: bool,
 }
+
+/// Shared memory of the staged epilogue: per consumer warp, 16 rows of 32 f32 columns padded
+/// to 40 (conflict-free pair writes from the accumulator fragments), for up to 8 warps.
+pub const STAGING_BYTES: usize = 8 * 16 * 40 * 4;
 
 impl Default for Params {
     fn default() -> Params {
@@ -309,6 +393,7 @@ impl Default for Params {
             group_m: 8,
             swizzle: 128,
             regs: (40, 232),
+            staged: false,
         }
     }
 }
@@ -326,7 +411,7 @@ impl Params {
     }
     /// Dynamic shared memory: the stages, 1 KiB of alignment slack and the barriers.
     pub fn smem_bytes(&self) -> usize {
-        self.stages * self.stage_bytes() + 1024 + 16 * self.stages
+        self.stages * self.stage_bytes() + 1024 + 16 * self.stages + if self.staged { STAGING_BYTES } else { 0 }
     }
     /// Rows of C one consumer warpgroup owns.
     pub fn warp_m(&self) -> usize {
@@ -481,7 +566,12 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
             Ok(())
         }
     };
+    if let Some(c) = &p.conv {
+        check_conv(p, c, params)?;
+    }
     match p.a_layout {
+        // A convolution's A is the im2col tensor map over its input (checked above).
+        _ if p.conv.is_some() => {}
         Layout::RowMajor if p.a_split.is_some() => tma_rule("A (split)", p.lda(), 64, "a K slice")?,
         Layout::RowMajor => tma_rule("A (row-major)", p.lda(), p.k, "K")?,
         Layout::ColMajor => tma_rule("A (column-major)", p.lda(), p.m, "M")?,
@@ -543,6 +633,64 @@ pub fn applies(problem: &Problem, params: &Params, cc: (u32, u32)) -> Result<(),
     Ok(())
 }
 
+/// What an implicit-GEMM convolution needs: the input read by the copy engine's im2col mode
+/// (channels-last, 64 channels of one tap per K step, 4-D tensor map limits), one image
+/// matrix, the repacked weights as a column-major B.
+fn check_conv(p: &Problem, c: &ConvGeom, q: &Params) -> Result<(), String> {
+    if p.elem_bytes() != 2 {
+        return Err("a convolution needs 16-bit operands".into());
+    }
+    if c.nchw_input {
+        return Err("a channels-first input (the im2col copy reads channels-last tensors)".into());
+    }
+    if c.c % 64 != 0 {
+        return Err(format!(
+            "{} input channels: the im2col copy takes 64 channels of one tap per K step (a multiple of 64)",
+            c.c
+        ));
+    }
+    if p.batch != 1 || p.a_split.is_some() || p.a_layout != Layout::RowMajor || p.b_layout != Layout::ColMajor {
+        return Err("a convolution's GEMM is one matrix with a row-major A and the repacked weights as B".into());
+    }
+    if [c.n, c.h, c.w, c.kh, c.kw, c.oh, c.ow, c.stride.0, c.stride.1, c.dil.0, c.dil.1].contains(&0) {
+        return Err("a convolution with an empty or zero-strided axis".into());
+    }
+    if p.m != c.n * c.oh * c.ow || p.k != c.k() || p.ldb() != c.k_padded() {
+        return Err(format!(
+            "the GEMM {}x{}x{} (ldb {}) is not the convolution's {}x{}x{} over repacked weights",
+            p.m,
+            p.n,
+            p.k,
+            p.ldb(),
+            c.n * c.oh * c.ow,
+            p.n,
+            c.k()
+        ));
+    }
+    // The traversal stride is an element stride of the map (1 to 8); the pixel box corners
+    // of a 4-D map lie in [-128, 127]; one copy brings tile_m pixels (at most 256).
+    if c.stride.0 > 8 || c.stride.1 > 8 {
+        return Err(format!("stride {:?} (the im2col copy strides by at most 8)", c.stride));
+    }
+    let corners = [c.pad.0 as i64, c.pad.1 as i64, (c.dil.0 * (c.kh - 1)) as i64 - c.pad.0 as i64, (c.dil.1 * (c.kw - 1)) as i64 - c.pad.1 as i64];
+    if corners.iter().any(|&v| !(-127..=128).contains(&v)) {
+        return Err(format!(
+            "padding {:?} with a {}x{} window dilated {:?}: the im2col box corners exceed [-128, 127]",
+            c.pad, c.kh, c.kw, c.dil
+        ));
+    }
+    if c.dil.0 * (c.kh - 1) >= 1 << 15 || c.dil.1 * (c.kw - 1) >= 1 << 15 {
+        return Err("a window wider than the copy's 16-bit offsets".into());
+    }
+    if q.tile_m > 256 {
+        return Err(format!("tile_m {} (one im2col copy brings at most 256 pixels)", q.tile_m));
+    }
+    if c.n * c.h * c.w * c.c >= 1 << 40 {
+        return Err("a convolution input of 2^40 elements or more".into());
+    }
+    Ok(())
+}
+
 /// The input dtypes the kernel multiplies: bf16 or f16 (A and B alike), fp8 (e4m3 and e5m2,
 /// mixed if wanted) or f32 as tf32 (with the caller's consent).
 fn check_input_dtypes(p: &Problem) -> Result<(), String> {
@@ -585,6 +733,16 @@ fn check_input_dtypes(p: &Problem) -> Result<(), String> {
 /// SMs idle, narrower tiles (128x128, then 64-row tiles with one consumer) trade intensity for
 /// parallelism.
 pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
+    // A custom epilogue (a model's) goes through shared memory, taking stages that no longer fit.
+    let mut q = Params { staged: problem.custom.is_some(), ..shape_heuristic(problem, sm_count) };
+    while q.stages > 2 && q.smem_bytes() > MAX_SMEM {
+        q.stages -= 1;
+    }
+    q
+}
+
+/// Tile shape and pipeline depth (without the staged epilogue's shared memory).
+fn shape_heuristic(problem: &Problem, sm_count: usize) -> Params {
     let tiles = |tm: usize, tn: usize| {
         problem.m.div_ceil(tm) * problem.n.div_ceil(tn) * problem.batch.max(1)
     };
@@ -592,6 +750,20 @@ pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
         tile_k: problem.tile_k(),
         ..Params::default()
     };
+    if problem.conv.is_some() {
+        // Convolutions: tiles as wide as the output channels need (64 or 128), 128x256 for
+        // wide layers with tiles enough to fill the SMs; as many stages as fit.
+        let tile_n = if problem.n <= 64 {
+            64
+        } else if problem.n <= 128 || tiles(128, 256) < sm_count {
+            128
+        } else {
+            256
+        };
+        let q = Params { tile_n, ..big };
+        let stages = (2..=8).rev().find(|&s| Params { stages: s, ..q }.smem_bytes() <= MAX_SMEM).unwrap_or(2);
+        return Params { stages, ..q };
+    }
     if problem.m <= 64 {
         let tn = if tiles(64, 128) >= sm_count { 128 } else { 64 };
         return Params {
@@ -748,6 +920,50 @@ mod tests {
         assert!(src.contains("BK = 32"));
         assert!(src.contains("kk < BK / 8;"));
         assert!(!src.contains("ab_scale"));
+    }
+
+    #[test]
+    fn convolutions_read_through_im2col_copies() {
+        let g = ConvGeom { n: 2, h: 14, w: 14, c: 128, kh: 3, kw: 3, oh: 7, ow: 7, stride: (2, 2), pad: (1, 1), dil: (1, 1), nchw_input: false };
+        let mut p = Problem::new(2 * 49, 72, g.k(), DType::F16).with_layouts(Layout::RowMajor, Layout::ColMajor);
+        p.lda = Some(g.c);
+        p.ldb = Some(g.k_padded());
+        p.batch_stride_a = 0;
+        p.batch_stride_b = 0;
+        p.conv = Some(g);
+        let q = heuristic(&p, 132);
+        assert!(q.tile_n == 128 && q.stages >= 4, "{q:?}");
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        let src = render(&p, &q);
+        assert!(src.contains("const int tap = kb / 2, c0 = (kb - tap * 2) * 64, r = tap / 3, t = tap - r * 3;"), "{src}");
+        assert!(src.contains("tl_tma_im2col4(sa, &map_a, c0, ow * 2 - 1, oh * 2 - 1, img, (unsigned short)(t * 1), (unsigned short)(r * 1), full);"));
+        assert!(src.contains(&format!("void {}_repack(", kernel_name(&p, &q))));
+        assert!(kernel_name(&p, &q).contains("_cv2x14x14x128_o72_k3x3_s2x2_p1x1_d1x1"));
+        // The model epilogue goes through each warp's slice of shared memory.
+        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec!["float* __restrict__ y".into()], rows: Some(49) });
+        let q = heuristic(&p, 132);
+        assert!(q.staged && q.smem_bytes() <= MAX_SMEM, "{q:?}");
+        let src = render(&p, &q);
+        assert!(src.contains("float* tl_st = (float*)tl_dyn_stage + (cw * 4 + warp) * 640;"), "{src}");
+        assert!(src.contains("f(y, eb, er, col, tl_st[r * 40 + lane]);"), "{src}");
+        assert!(kernel_name(&p, &q).contains("_st_e"));
+        p.custom = None;
+        // What the copy cannot do is refused with the reason.
+        let refuse = |f: &dyn Fn(&mut ConvGeom), want: &str| {
+            let mut bad = p.clone();
+            let mut c = g;
+            f(&mut c);
+            bad.conv = Some(c);
+            let e = applies(&bad, &q, (9, 0)).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        };
+        refuse(&|c| c.c = 96, "multiple of 64");
+        refuse(&|c| c.nchw_input = true, "channels-first");
+        refuse(&|c| c.stride = (9, 1), "at most 8");
+        refuse(&|c| c.pad = (200, 1), "[-128, 127]");
+        let mut wide = p.clone();
+        wide.m += 1;
+        assert!(applies(&wide, &q, (9, 0)).unwrap_err().contains("not the convolution's"));
     }
 
     #[test]

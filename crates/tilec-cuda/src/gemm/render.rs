@@ -75,6 +75,16 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         (true, true) => "_bcab",
     };
     let split = if p.a_split.is_some() { "_as" } else { "" };
+    // A convolution's geometry is compiled into the producer.
+    let conv = p
+        .conv
+        .map(|c| {
+            format!(
+                "_cv{}x{}x{}x{}_o{}_k{}x{}_s{}x{}_p{}x{}_d{}x{}",
+                c.n, c.h, c.w, c.c, p.n, c.kh, c.kw, c.stride.0, c.stride.1, c.pad.0, c.pad.1, c.dil.0, c.dil.1
+            )
+        })
+        .unwrap_or_default();
     let custom = p
         .custom
         .as_ref()
@@ -88,13 +98,14 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
     };
     let (ta, tb) = mma_types(p);
     let ab = if ta == tb { ta.to_string() } else { format!("{ta}{tb}") };
+    let staged = if q.staged && p.custom.is_some() { "_st" } else { "" };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
         String::new()
     };
     format!(
-        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{scales}{bias}{act}{bcast}{split}{custom}",
+        "tl_gemm_sm90_{}{}{}_{}_{}x{}x{}_s{}_c{}_g{}_r{}x{}{cluster}{scales}{bias}{act}{bcast}{split}{conv}{staged}{custom}",
         ab,
         l(p.a_layout),
         l(p.b_layout),
@@ -109,6 +120,18 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         q.regs.1,
     )
 }
+
+/// The im2col copy (convolutions only: other sources stay as they were).
+const IM2COL_HELPER: &str = r#"
+// An im2col copy: pixels from (c, w, h, n) on, each shifted by the tap's offsets (ow, oh).
+__device__ __forceinline__ void tl_tma_im2col4(unsigned dst, const tl_tmap* map, int c, int w, int h, int n,
+                                               unsigned short ow, unsigned short oh, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar),
+                  "h"(ow), "h"(oh)
+               : "memory");
+}
+"#;
 
 /// Device helpers: shared addresses, mbarriers, the bulk tensor copy and wgmma control.
 const HELPERS: &str = r#"
@@ -250,6 +273,9 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     let mut s = String::new();
     s.push_str(PRELUDE);
     s.push_str(HELPERS);
+    if p.conv.is_some() {
+        s.push_str(IM2COL_HELPER);
+    }
     s.push_str(&wgmma_fn(
         "tl_wgmma",
         bn,
@@ -289,7 +315,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
   constexpr unsigned A_BYTES = {a_bytes}u, STAGE_BYTES = {stage}u;
   extern __shared__ unsigned char tl_dyn_smem[];
   const unsigned base = (tl_smem_addr(tl_dyn_smem) + 1023u) & ~1023u;
-  const unsigned bars = base + STAGES * STAGE_BYTES;
+  const unsigned bars = base + STAGES * STAGE_BYTES;{stage_ptr}
   // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s).
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -374,6 +400,12 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {cluster_exit}}}
 "#,
         stages = q.stages,
+        stage_ptr = if q.staged && p.custom.is_some() {
+            // The staged epilogue's slices follow the barriers (16-byte aligned).
+            "\n  float* tl_dyn_stage = (float*)(tl_dyn_smem + ((base - tl_smem_addr(tl_dyn_smem)) + STAGES * STAGE_BYTES + 16 * STAGES));"
+        } else {
+            ""
+        },
         group = q.group_m,
         empty_count = 4 * q.consumers * q.cluster_m,
         cl = q.cluster_m,
@@ -449,6 +481,9 @@ __device__ __forceinline__ void tl_tile_coords(int t, int tiles_m, int tiles_n, 
 "#;
     let at = s.find("\nextern \"C\"").expect("kernel present");
     s.insert_str(at, tile_fn);
+    if let Some(c) = &p.conv {
+        s.push_str(&super::render_repack(&name, c, p.n));
+    }
     s
 }
 
@@ -467,6 +502,29 @@ fn render_loads(p: &Problem, q: &Params) -> String {
     };
     let ind = "          ";
     match p.a_layout {
+        // A convolution: one im2col box of 64 channels of one tap by BM output pixels, from
+        // the tile's first pixel (a tile past M reads the last one: it stores nothing).
+        Layout::RowMajor if p.conv.is_some() => {
+            let c = p.conv.unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "{ind}{{\n{ind}  const int pix = min(m0, M - 1), img = pix / {opix}, rem = pix - img * {opix};\n\
+                 {ind}  const int oh = rem / {ow}, ow = rem - oh * {ow};\n\
+                 {ind}  const int tap = kb / {cb}, c0 = (kb - tap * {cb}) * 64, r = tap / {kw}, t = tap - r * {kw};\n\
+                 {ind}  tl_tma_im2col4(sa, &map_a, c0, ow * {sw} - {pw}, oh * {sh} - {ph}, img, (unsigned short)(t * {dw}), (unsigned short)(r * {dh}), full);\n\
+                 {ind}}}",
+                opix = (c.oh * c.ow).max(1),
+                ow = c.ow.max(1),
+                cb = (c.c / 64).max(1),
+                kw = c.kw.max(1),
+                sw = c.stride.1,
+                sh = c.stride.0,
+                pw = c.pad.1,
+                ph = c.pad.0,
+                dw = c.dil.1,
+                dh = c.dil.0,
+            );
+        }
         // Row-major A is K-major: one box of 64 K by BM rows.
         // A split A: one box of 64 K (one head) by BM rows of one group.
         Layout::RowMajor if p.a_split.is_some() => {
@@ -668,6 +726,9 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
         Some(r) => (format!("(long long)row / {r}"), format!("(long long)row % {r}")),
         None => ("(long long)b".to_string(), "(long long)row".to_string()),
     };
+    if q.staged {
+        return render_staged_epilogue(c, q, &args, &bexpr, &rexpr, scale_factor(p));
+    }
     let mut s = String::from("      {\n");
     for j in 0..mblocks {
         let _ = write!(
@@ -692,6 +753,49 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
             nt = q.tile_n / 8,
             f = c.name,
             scale = scale_factor(p),
+        );
+    }
+    s.push_str("      }\n");
+    s
+}
+
+/// The custom epilogue through shared memory: each warp parks 16 rows by 32 columns of its
+/// accumulators in its own slice (rows padded to 40 floats: the pair writes of a half-warp hit
+/// distinct banks), then reads them back a row at a time, lane `l` on column `l`, and hands
+/// them to the epilogue function; warps need no block-wide barrier.
+fn render_staged_epilogue(c: &super::CustomEpilogue, q: &Params, args: &str, bexpr: &str, rexpr: &str, scale: &str) -> String {
+    let mblocks = q.warp_m() / 64;
+    let mut s = String::from(
+        "      {\n        float* tl_st = (float*)tl_dyn_stage + (cw * 4 + warp) * 640;\n",
+    );
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"        {{
+          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16;
+#pragma unroll
+          for (int ch = 0; ch < {chunks}; ++ch) {{
+#pragma unroll
+            for (int qq = 0; qq < 4; ++qq)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                *(float2*)(tl_st + ((lane >> 2) + 8 * h) * 40 + qq * 8 + 2 * (lane & 3)) =
+                    make_float2(acc[{j}][4 * (ch * 4 + qq) + 2 * h]{scale}, acc[{j}][4 * (ch * 4 + qq) + 2 * h + 1]{scale});
+            __syncwarp();
+#pragma unroll 4
+            for (int r = 0; r < 16; ++r) {{
+              const int row = row0 + r, col = n0 + ch * 32 + lane;
+              if (row < M && col < N) {{
+                const long long eb = {bexpr}, er = {rexpr};
+                {f}({args}eb, er, col, tl_st[r * 40 + lane]);
+              }}
+            }}
+            __syncwarp();
+          }}
+        }}
+"#,
+            chunks = q.tile_n / 32,
+            f = c.name,
         );
     }
     s.push_str("      }\n");

@@ -30,51 +30,9 @@ mod render;
 pub use launch::MmaKernel;
 pub use render::{kernel_name, render};
 
+pub use crate::gemm::ConvGeom;
 use crate::gemm::{Layout, Problem};
 use tilec_ir::DType;
-
-/// A channels-last 2-D convolution read as the A operand: input `[N][H][W][C]`, weights
-/// `[O][C][KH][KW]`, output pixels `OH x OW` per image (one group).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ConvGeom {
-    pub n: usize,
-    pub h: usize,
-    pub w: usize,
-    pub c: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub oh: usize,
-    pub ow: usize,
-    pub stride: (usize, usize),
-    pub pad: (usize, usize),
-    pub dil: (usize, usize),
-    /// The input is stored `[N][C][H][W]` (a transpose to channels-last fused into the
-    /// convolution's kernel, as at a model's first layer).
-    pub nchw_input: bool,
-}
-
-impl ConvGeom {
-    /// The GEMM's depth: taps times channels.
-    pub fn k(&self) -> usize {
-        self.kh * self.kw * self.c
-    }
-    /// Row length of the repacked weights (K padded to 16 bytes).
-    pub fn k_padded(&self) -> usize {
-        self.k().next_multiple_of(8)
-    }
-    /// Whether 16-byte slices of a pixel's channels can be copied whole.
-    pub fn vector(&self) -> bool {
-        self.c % 8 == 0 && !self.nchw_input
-    }
-    /// Element strides of the input along (H, W, C).
-    pub fn input_strides(&self) -> (usize, usize, usize) {
-        if self.nchw_input {
-            (self.w, 1, self.h * self.w)
-        } else {
-            (self.w * self.c, self.c, 1)
-        }
-    }
-}
 
 /// The problem: a GEMM (with the kernel's custom epilogue) and, for a convolution, its
 /// geometry (then `gemm.m` is `n * oh * ow`, `gemm.k` the taps times channels, and B the
@@ -102,11 +60,15 @@ pub struct Params {
     pub split_k: usize,
     /// Bytes the L2 fetches past each copy (0, 128 or 256: the `cp.async` prefetch hint).
     pub prefetch: usize,
+    /// The epilogue reads the tile back from shared memory so that a warp's lanes take
+    /// adjacent columns of a row (whole-sector stores); otherwise each thread hands its
+    /// fragments to the epilogue straight from registers.
+    pub staged: bool,
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { tile_m: 128, tile_n: 128, tile_k: 64, warps_m: 2, warps_n: 4, stages: 4, split_k: 1, prefetch: 0 }
+        Params { tile_m: 128, tile_n: 128, tile_k: 64, warps_m: 2, warps_n: 4, stages: 4, split_k: 1, prefetch: 0, staged: true }
     }
 }
 
@@ -127,8 +89,18 @@ impl Params {
     pub fn stage_bytes(&self) -> usize {
         (self.tile_m + self.tile_n) * self.tile_k * 2
     }
+    /// Bytes of the staged epilogue's tile: f32, rows padded by 8.
+    pub fn staging_bytes(&self) -> usize {
+        if self.staged {
+            self.tile_m * (self.tile_n + 8) * 4
+        } else {
+            0
+        }
+    }
+    /// Dynamic shared memory: the stage ring, or the staged epilogue's tile if larger (it
+    /// reuses the ring once the main loop is done).
     pub fn smem_bytes(&self) -> usize {
-        self.stages * self.stage_bytes()
+        (self.stages * self.stage_bytes()).max(self.staging_bytes())
     }
 
     /// Blocks that fit on one SM at once, by shared memory (228 KiB, 1 KiB reserved per block)
@@ -170,7 +142,12 @@ impl Params {
             return Err(format!("{} stages (2 to 8)", self.stages));
         }
         if self.smem_bytes() > MAX_SMEM {
-            return Err(format!("{} stages of {} bytes exceed {MAX_SMEM} bytes of shared memory", self.stages, self.stage_bytes()));
+            return Err(format!(
+                "{} stages of {} bytes (or the staged epilogue's {} bytes) exceed {MAX_SMEM} bytes of shared memory",
+                self.stages,
+                self.stage_bytes(),
+                self.staging_bytes()
+            ));
         }
         if ![0, 128, 256].contains(&self.prefetch) {
             return Err(format!("prefetch {} (0, 128 or 256 bytes)", self.prefetch));

@@ -457,11 +457,53 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             threads = q.threads(),
         );
     }
-    // The epilogue from registers: each thread hands its accumulators to the epilogue
-    // function, two adjacent columns at a time.
-    let _ = write!(
-        s,
-        r#"#pragma unroll
+    if q.staged {
+        // The epilogue through shared memory: the tile's accumulators are parked in the (now
+        // idle) stage ring, rows padded by 8 floats so that the fragment writes do not collide,
+        // then read back so that a warp's lanes hand adjacent columns of one row to the
+        // epilogue function: its loads and stores of C (and of a residual) are whole sectors.
+        let _ = write!(
+            s,
+            r#"  __syncthreads();
+  float* tl_stage = (float*)tl_smem;
+#pragma unroll
+  for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+    for (int y = 0; y < {ni}; ++y)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {{
+        const int tl_r = wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
+        const int tl_c = wn * {wn} + y * 8 + 2 * (lane & 3);
+        *(float2*)(tl_stage + tl_r * {ld} + tl_c) = make_float2(acc[x][y][2 * h], acc[x][y][2 * h + 1]);
+      }}
+  __syncthreads();
+#pragma unroll 4
+  for (int tl_e = tid; tl_e < {tile}; tl_e += {threads}) {{
+    const int tl_r = tl_e / {bn}, tl_c = tl_e % {bn};
+    const int row = m0 + tl_r, col = n0 + tl_c;
+    if (row < {m} && col < {n}) {{
+      {split_row}
+      {epi}({args}eb, er, col, tl_stage[tl_r * {ld} + tl_c]);
+    }}
+  }}
+}}
+"#,
+            wm = q.warp_m(),
+            wn = q.warp_n(),
+            ld = q.tile_n + 8,
+            tile = q.tile_m * q.tile_n,
+            threads = q.threads(),
+            bn = q.tile_n,
+            m = g.m,
+            n = g.n,
+            split_row = split_row,
+        );
+    } else {
+        // The epilogue from registers: each thread hands its accumulators to the epilogue
+        // function, two adjacent columns at a time.
+        let _ = write!(
+            s,
+            r#"#pragma unroll
   for (int x = 0; x < {mi}; ++x)
 #pragma unroll
     for (int y = 0; y < {ni}; ++y)
@@ -477,35 +519,15 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
       }}
 }}
 "#,
-        wm = q.warp_m(),
-        wn = q.warp_n(),
-        m = g.m,
-        n = g.n,
-        split_row = split_row,
-    );
-    if let Some(cv) = &p.conv {
-        let _ = write!(
-            s,
-            r#"
-// Weights [O][C][KH*KW] to K-contiguous rows [O][KH*KW][C], each padded with zeros to {kp}.
-extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= {total}LL) return;
-  const int o = (int)(i / {kp}), k = (int)(i % {kp});
-  unsigned short v = 0;
-  if (k < {k}) {{
-    const int tap = k / {c}, ch = k % {c};
-    v = w[((long long)o * {c} + ch) * {taps} + tap];
-  }}
-  out[i] = v;
-}}
-"#,
-            kp = cv.k_padded(),
-            total = g.n * cv.k_padded(),
-            k = cv.k(),
-            c = cv.c,
-            taps = cv.kh * cv.kw,
+            wm = q.warp_m(),
+            wn = q.warp_n(),
+            m = g.m,
+            n = g.n,
+            split_row = split_row,
         );
+    }
+    if let Some(cv) = &p.conv {
+        s.push_str(&crate::gemm::render_repack(name, cv, g.n));
     }
     s
 }
@@ -536,7 +558,11 @@ mod tests {
         assert!(rc.contains("tl_ldm4(sa +") && rc.contains("tl_ldm4(sb +"));
         assert!(cr.contains("tl_ldm4t(sa +") && cr.contains("tl_ldm4t(sb +"));
         assert!(rc.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
-        assert!(rc.contains("tl_epi(a, b, c, eb, er, col, acc[x][y][2 * h]);"), "{rc}");
+        // Staged (the default): the tile read back from shared memory, adjacent columns per lane.
+        assert!(rc.contains("tl_epi(a, b, c, eb, er, col, tl_stage[tl_r * 136 + tl_c]);"), "{rc}");
+        let unstaged = render(&problem(Layout::RowMajor, Layout::ColMajor), &Params { staged: false, ..q }, &ra, &rb);
+        assert!(unstaged.contains("tl_epi(a, b, c, eb, er, col, acc[x][y][2 * h]);"), "{unstaged}");
+        assert!(!unstaged.contains("tl_stage"));
         let n1 = kernel_name(&problem(Layout::RowMajor, Layout::ColMajor), &q, &ra, &rb);
         let moved = OperandRef { param: 0, offset_bytes: 32 };
         assert_ne!(n1, kernel_name(&problem(Layout::RowMajor, Layout::ColMajor), &q, &moved, &rb));
