@@ -530,7 +530,7 @@ fn run_case(
     let s = |e: CudaError| e.to_string();
     let p = &case.problem;
     let sms = dev.props().sm_count as usize;
-    let q = case.params.unwrap_or_else(|| gemm::heuristic(p, sms));
+    let q = with_env(case.params.unwrap_or_else(|| gemm::heuristic(p, sms)));
     gemm::applies(p, &q, dev.props().compute_capability)?;
     let t0 = std::time::Instant::now();
     let kern = GemmKernel::load(dev, comp, p, &q).map_err(s)?;
@@ -683,6 +683,20 @@ fn run_case(
     Ok(j)
 }
 
+/// `GEMM_STAGED=0|1` turns the staged epilogue off or on (for comparisons), fitting the stages.
+fn with_env(q: Params) -> Params {
+    match std::env::var("GEMM_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
+        Some(v) => {
+            let mut q = Params { staged: v != 0, ..q };
+            while q.stages > 2 && q.smem_bytes() > gemm::MAX_SMEM {
+                q.stages -= 1;
+            }
+            q
+        }
+        None => q,
+    }
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let phase = argv.first().cloned().unwrap_or_else(|| "check".into());
@@ -709,7 +723,7 @@ fn main() {
         let comp = Compiler::new(nv, "sm_90a").with_cache_dir(None);
         let mut modules: Vec<(String, String)> = vec![];
         for c in check_cases().into_iter().chain(bench_cases()) {
-            let q = c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, 132));
+            let q = with_env(c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, 132)));
             if let Err(e) = gemm::applies(&c.problem, &q, (9, 0)) {
                 println!("{}", json!({"label": c.label, "error": e}));
                 continue;
@@ -755,7 +769,7 @@ fn main() {
         .iter()
         .filter(|c| selected(&c.label))
         .filter_map(|c| {
-            let q = c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, sms));
+            let q = with_env(c.params.unwrap_or_else(|| gemm::heuristic(&c.problem, sms)));
             gemm::applies(&c.problem, &q, props.compute_capability).ok()?;
             Some((
                 gemm::kernel_name(&c.problem, &q),

@@ -370,10 +370,10 @@ pub struct Params {
     pub swizzle: usize,
     /// Registers per thread after reallocation: (producer, consumers).
     pub regs: (u32, u32),
-    /// A custom epilogue reads each warp's accumulators back from shared memory, 16 rows by
-    /// 32 columns at a time, so that a warp's lanes hand adjacent columns of one row to the
-    /// epilogue function (whole-sector loads and stores). Takes [`STAGING_BYTES`] of shared
-    /// memory beside the ring; no effect on the built-in epilogue.
+    /// The epilogue reads each warp's accumulators back from shared memory, 16 rows by 32
+    /// columns at a time, so that a warp's lanes take adjacent columns of one row (whole-sector
+    /// loads and stores, in the epilogue function or the built-in store). Takes
+    /// [`STAGING_BYTES`] of shared memory beside the ring.
     pub staged: bool,
 }
 
@@ -733,8 +733,9 @@ fn check_input_dtypes(p: &Problem) -> Result<(), String> {
 /// SMs idle, narrower tiles (128x128, then 64-row tiles with one consumer) trade intensity for
 /// parallelism.
 pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
-    // A custom epilogue (a model's) goes through shared memory, taking stages that no longer fit.
-    let mut q = Params { staged: problem.custom.is_some(), ..shape_heuristic(problem, sm_count) };
+    // The epilogue goes through shared memory (coalesced stores), taking stages that no longer
+    // fit.
+    let mut q = Params { staged: true, ..shape_heuristic(problem, sm_count) };
     while q.stages > 2 && q.smem_bytes() > MAX_SMEM {
         q.stages -= 1;
     }
@@ -910,7 +911,11 @@ mod tests {
         assert!(src.contains("for (int kk = 0; kk < BK / 32; ++kk)"));
         assert!(src.contains("const float* __restrict__ scale_a,\n       const float* __restrict__ scale_b)"));
         assert!(src.contains("const float ab_scale = __ldg(scale_a) * __ldg(scale_b);"));
-        assert!(src.contains("acc[0][4 * q + 2 * h] * ab_scale + bias0"));
+        // Staged: scaled into shared memory, the bias and activation added per element after.
+        assert!(src.contains("make_float2(acc[0][4 * (ch * 4 + qq) + 2 * h] * ab_scale,"), "{src}");
+        assert!(src.contains("const float x = v + bias[col];"), "{src}");
+        let unstaged = render(&p, &Params { staged: false, ..q });
+        assert!(unstaged.contains("acc[0][4 * q + 2 * h] * ab_scale + bias0"));
         let mut t = Problem::new(300, 200, 100, DType::F32)
             .with_layouts(Layout::RowMajor, Layout::ColMajor);
         t.tf32 = true;
@@ -945,7 +950,7 @@ mod tests {
         assert!(q.staged && q.smem_bytes() <= MAX_SMEM, "{q:?}");
         let src = render(&p, &q);
         assert!(src.contains("float* tl_st = (float*)tl_dyn_stage + (cw * 4 + warp) * 640;"), "{src}");
-        assert!(src.contains("f(y, eb, er, col, tl_st[r * 40 + lane]);"), "{src}");
+        assert!(src.contains("const float v = tl_st[r * 40 + lane];") && src.contains("f(y, eb, er, col, v);"), "{src}");
         assert!(kernel_name(&p, &q).contains("_st_e"));
         p.custom = None;
         // What the copy cannot do is refused with the reason.

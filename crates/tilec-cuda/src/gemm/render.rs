@@ -98,7 +98,7 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
     };
     let (ta, tb) = mma_types(p);
     let ab = if ta == tb { ta.to_string() } else { format!("{ta}{tb}") };
-    let staged = if q.staged && p.custom.is_some() { "_st" } else { "" };
+    let staged = if q.staged { "_st" } else { "" };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
@@ -400,7 +400,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {cluster_exit}}}
 "#,
         stages = q.stages,
-        stage_ptr = if q.staged && p.custom.is_some() {
+        stage_ptr = if q.staged {
             // The staged epilogue's slices follow the barriers (16-byte aligned).
             "\n  float* tl_dyn_stage = (float*)(tl_dyn_smem + ((base - tl_smem_addr(tl_dyn_smem)) + STAGES * STAGE_BYTES + 16 * STAGES));"
         } else {
@@ -662,6 +662,22 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
             ["dst[0] = v0;", "dst[1] = v1;"],
         ),
     };
+    if q.staged {
+        let bias = match p.epilogue.bias {
+            Some(d) => format!(" + {}", load_out(d, "bias[col]")),
+            None => String::new(),
+        };
+        let store = match od {
+            DType::BF16 => "tl_st_bf16(y)",
+            DType::F16 => "tl_st_f16(y)",
+            _ => "y",
+        };
+        let sink = format!(
+            "const float x = v{bias};\n                const float y = {};\n                c[(long long)b * batch_stride_c + (long long)row * ldc + col] = {store};",
+            act("x")
+        );
+        return render_staged_epilogue(q, &sink, scale_factor(p));
+    }
     let v0 = act("x0");
     let v1 = act("x1");
     let mut s = String::new();
@@ -727,7 +743,8 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
         None => ("(long long)b".to_string(), "(long long)row".to_string()),
     };
     if q.staged {
-        return render_staged_epilogue(c, q, &args, &bexpr, &rexpr, scale_factor(p));
+        let sink = format!("const long long eb = {bexpr}, er = {rexpr};\n                {}({args}eb, er, col, v);", c.name);
+        return render_staged_epilogue(q, &sink, scale_factor(p));
     }
     let mut s = String::from("      {\n");
     for j in 0..mblocks {
@@ -763,7 +780,7 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
 /// accumulators in its own slice (rows padded to 40 floats: the pair writes of a half-warp hit
 /// distinct banks), then reads them back a row at a time, lane `l` on column `l`, and hands
 /// them to the epilogue function; warps need no block-wide barrier.
-fn render_staged_epilogue(c: &super::CustomEpilogue, q: &Params, args: &str, bexpr: &str, rexpr: &str, scale: &str) -> String {
+fn render_staged_epilogue(q: &Params, sink: &str, scale: &str) -> String {
     let mblocks = q.warp_m() / 64;
     let mut s = String::from(
         "      {\n        float* tl_st = (float*)tl_dyn_stage + (cw * 4 + warp) * 640;\n",
@@ -786,8 +803,8 @@ fn render_staged_epilogue(c: &super::CustomEpilogue, q: &Params, args: &str, bex
             for (int r = 0; r < 16; ++r) {{
               const int row = row0 + r, col = n0 + ch * 32 + lane;
               if (row < M && col < N) {{
-                const long long eb = {bexpr}, er = {rexpr};
-                {f}({args}eb, er, col, tl_st[r * 40 + lane]);
+                const float v = tl_st[r * 40 + lane];
+                {sink}
               }}
             }}
             __syncwarp();
@@ -795,7 +812,6 @@ fn render_staged_epilogue(c: &super::CustomEpilogue, q: &Params, args: &str, bex
         }}
 "#,
             chunks = q.tile_n / 32,
-            f = c.name,
         );
     }
     s.push_str("      }\n");
