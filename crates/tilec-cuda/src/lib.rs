@@ -30,6 +30,7 @@ pub mod mma;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
+pub mod simt;
 pub mod tma;
 
 pub use driver::{
