@@ -539,6 +539,19 @@ fn a_split_projection_is_one_kernel_with_the_split_in_its_epilogue() {
     }
 }
 
+/// `x[:, 1:] @ w` for `x` [m, k + 1]: A starts one element into its buffer.
+fn sliced(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    use tilec_ir::op::SliceBound;
+    let mut g = Graph::new("sliced");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k + 1]));
+    let slice = LayoutOp::Slice { axes: vec![1], starts: vec![SliceBound::Index(1)], ends: vec![SliceBound::Index(k as i64 + 1)], steps: vec![1] };
+    let xs = g.add(Op::Layout(slice), &[x]).unwrap();
+    let w = konst(&mut g, "w", d, &[k, n]);
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[xs, w]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
 /// f32 products without `--allow-tf32` take the exact SIMT template: a linear layer whose
 /// batches flatten into one taller product (bias, GELU and residual in its epilogue), batched
 /// products with a column-major B, attention's per (batch, head) products and its output
@@ -581,6 +594,11 @@ fn f32_products_take_the_simt_f32_family() {
     let f = families(&prepared(&linear(DType::F32, 1, 64, 256, 512), &tf32));
     assert_eq!(f[0].0, "simt_f32_gemm", "{f:?}");
     assert!(f[0].1.clone().unwrap_or_default().contains("B column-major"), "{f:?}");
+    // An operand that starts one element into its buffer (refused by TMA) is read by scalars.
+    let f = families(&prepared(&sliced(DType::F32, 64, 256, 128), &h));
+    let why = f[0].1.clone().unwrap_or_default();
+    assert_eq!(f[0].0, "simt_f32_gemm", "{why}");
+    assert!(why.contains("1 and 4 floats per read of A and B"), "{why}");
     // A decode-shaped product splits K over blocks.
     let names = families(&prepared(&linear(DType::F32, 1, 1, 2048, 512), &h));
     assert!(names[0].1.clone().unwrap_or_default().contains("split-K"), "{names:?}");
@@ -603,6 +621,7 @@ fn simt_f32_family_kernels_match_the_reference_on_a_gpu() {
         ("scores f32", scores(DType::F32)),
         ("heads f32", heads(DType::F32)),
         ("heads out f32", heads_out(DType::F32)),
+        ("sliced f32 (A misaligned)", sliced(DType::F32, 45, 100, 70)),
     ];
     for (what, g) in cases {
         let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
