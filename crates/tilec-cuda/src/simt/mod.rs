@@ -149,8 +149,10 @@ pub fn applies(p: &Problem, q: &Params, cc: (u32, u32)) -> Result<(), String> {
     if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
         return Err(format!("empty problem {}x{}x{} x{}", p.m, p.n, p.k, p.batch));
     }
-    if p.m >= 1 << 31 || p.n >= 1 << 31 || p.k >= 1 << 31 {
-        return Err("a dimension of 2^31 or more".into());
+    // Indices run up to a tile past the edges in 32 bits.
+    const LIMIT: usize = (1 << 31) - 256;
+    if p.m >= LIMIT || p.n >= LIMIT || p.k >= LIMIT {
+        return Err(format!("a dimension of {LIMIT} or more (32-bit indices)"));
     }
     let rule = |name: &str, ld: usize, inner: usize| {
         if ld < inner {
