@@ -15,8 +15,9 @@
 //! - [`gemm`]: the Hopper tensor-core GEMM family (wgmma fed by TMA), rendered per parameters.
 //! - [`mma`]: the `mma.sync` tensor-core GEMM (sm_80 and later), also as an implicit-GEMM
 //!   convolution and with K split over blocks for skinny products.
+//! - [`simt`]: the exact-f32 GEMM on the CUDA cores (f32 products without `--allow-tf32`).
 //! - [`families`]: the kernel families and their registry: the Hopper GEMM template, the
-//!   mma.sync template, cuBLASLt, then the tile-IR schedules.
+//!   mma.sync template, the SIMT f32 template, cuBLASLt, then the tile-IR schedules.
 //! - [`cublaslt`]: cuBLASLt loaded at run time (one described product per loaded kernel).
 //! - [`tma`]: tensor maps for the bulk tensor copy engine.
 
@@ -30,6 +31,7 @@ pub mod mma;
 pub mod nvrtc;
 pub mod render;
 pub mod schedule;
+pub mod simt;
 pub mod tma;
 
 pub use driver::{

@@ -152,7 +152,8 @@ fn other_matrix_products_fall_back_with_a_reason() {
     let h = GpuTarget::hopper();
     let ampere = GpuTarget { compute_capability: (8, 0), ..h.clone() };
     let cases: [(Graph, GpuTarget, &str, &str); 3] = [
-        (linear(DType::F32, 1, 64, 256, 512), h.clone(), "gemm", "are f32, not f16, bf16 or fp8"),
+        // f32 without --allow-tf32: the exact SIMT template.
+        (linear(DType::F32, 1, 64, 256, 512), h.clone(), "simt_f32_gemm", "are f32, not f16, bf16 or fp8"),
         (linear(DType::F16, 1, 64, 100, 512), h.clone(), "gemm", "not a multiple of 8"),
         // Without wgmma, the mma.sync family takes it.
         (linear(DType::F16, 1, 64, 256, 512), ampere, "sm80_mma_gemm", "compute capability 9.0"),
@@ -271,6 +272,14 @@ fn family_kernels_compile_with_nvrtc() {
         }
     }
     assert_eq!(modules.len(), 9);
+    for (i, g) in [linear(DType::F32, 2, 96, 256, 200), heads(DType::F32), linear(DType::F32, 1, 1, 2048, 512)].iter().enumerate() {
+        for k in prepared(g, &h).kernels() {
+            if k.schedule == "simt_f32_gemm" {
+                modules.push((format!("f{i}_{}", k.name), k.source.source.clone()));
+            }
+        }
+    }
+    assert_eq!(modules.len(), 13);
     let c = tilec::cuda::Compiler::new(nv, "sm_90a");
     for ((name, _), r) in modules.iter().zip(c.compile_many(&modules)) {
         let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -541,6 +550,106 @@ fn a_split_projection_is_one_kernel_with_the_split_in_its_epilogue() {
             for (p, q) in x.iter().zip(&y) {
                 assert!((p - q).abs() <= 2e-2 * (1.0 + p.abs()), "{d:?} output {i}: lowered {p}, scheduled {q}");
             }
+        }
+    }
+}
+
+/// `x[:, 1:] @ w` for `x` [m, k + 1]: A starts one element into its buffer.
+fn sliced(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    use tilec_ir::op::SliceBound;
+    let mut g = Graph::new("sliced");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k + 1]));
+    let slice = LayoutOp::Slice { axes: vec![1], starts: vec![SliceBound::Index(1)], ends: vec![SliceBound::Index(k as i64 + 1)], steps: vec![1] };
+    let xs = g.add(Op::Layout(slice), &[x]).unwrap();
+    let w = konst(&mut g, "w", d, &[k, n]);
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[xs, w]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// f32 products without `--allow-tf32` take the exact SIMT template: a linear layer whose
+/// batches flatten into one taller product (bias, GELU and residual in its epilogue), batched
+/// products with a column-major B, attention's per (batch, head) products and its output
+/// projection read across heads; with tf32 allowed, the Hopper template still comes first
+/// where it applies and the SIMT template takes what it refuses.
+#[test]
+fn f32_products_take_the_simt_f32_family() {
+    let h = GpuTarget::hopper();
+    let cases: [(Graph, &str); 4] = [
+        (linear(DType::F32, 4, 64, 256, 512), "256x512x256 batch 1 (4 batches of 64 rows flattened)"),
+        (scores(DType::F32), "64x64x32 batch 8"),
+        (heads(DType::F32), "batches split by 4 into two strides"),
+        (heads_out(DType::F32), "A read as 2 groups of 16 rows x 4 slices of 64"),
+    ];
+    for (g, want) in cases {
+        let p = prepared(&g, &h);
+        let f = families(&p);
+        assert!(!f.is_empty(), "{want}");
+        for (s, why) in &f {
+            let why = why.clone().unwrap_or_default();
+            assert_eq!(*s, "simt_f32_gemm", "{why}");
+            assert!(why.contains(want) && why.contains("exact f32 FMA"), "expected '{want}' in: {why}");
+            assert!(why.contains("sm90_tc_gemm: operands are f32"), "{why}");
+        }
+        for k in p.kernels().iter().filter(|k| k.schedule == "simt_f32_gemm") {
+            let src = &k.source.source;
+            assert!(src.contains("__fmaf_rn") && src.contains("tl_epi("), "{}", k.name);
+            assert!(!src.contains("tf32"), "{}", k.name);
+            // The fallback is the tile-IR GEMM.
+            assert_eq!(k.family.fallback.as_ref().map(|f| f.0), Some("gemm"));
+        }
+    }
+    // The linear layer is one kernel: bias, GELU and residual in the epilogue.
+    let p = prepared(&linear(DType::F32, 4, 64, 256, 512), &h);
+    assert_eq!(p.kernels().len(), 1, "{:?}", p.kernels().iter().map(|k| &k.name).collect::<Vec<_>>());
+    // tf32 allowed: K-major products go to the Hopper template as tf32, the others stay exact.
+    let tf32 = GpuTarget { allow_tf32: true, ..h.clone() };
+    let f = families(&prepared(&linear_kmajor(DType::F32, 256, 512, 384), &tf32));
+    assert_eq!(f[0].0, "sm90_tc_gemm", "{f:?}");
+    let f = families(&prepared(&linear(DType::F32, 1, 64, 256, 512), &tf32));
+    assert_eq!(f[0].0, "simt_f32_gemm", "{f:?}");
+    assert!(f[0].1.clone().unwrap_or_default().contains("B column-major"), "{f:?}");
+    // An operand that starts one element into its buffer (refused by TMA) is read by scalars.
+    let f = families(&prepared(&sliced(DType::F32, 64, 256, 128), &h));
+    let why = f[0].1.clone().unwrap_or_default();
+    assert_eq!(f[0].0, "simt_f32_gemm", "{why}");
+    assert!(why.contains("1 and 4 floats per read of A and B"), "{why}");
+    // A decode-shaped product splits K over blocks.
+    let names = families(&prepared(&linear(DType::F32, 1, 1, 2048, 512), &h));
+    assert!(names[0].1.clone().unwrap_or_default().contains("split-K"), "{names:?}");
+}
+
+/// On a GPU: f32 graphs through the SIMT f32 family (a linear layer with bias, GELU and a
+/// residual, a ragged one, a decode-shaped one with K split over blocks, batched products
+/// with a column-major B, attention's products per (batch, head)) match the reference
+/// interpreter, outputs poisoned first. Without a GPU, says so and passes.
+#[test]
+fn simt_f32_family_kernels_match_the_reference_on_a_gpu() {
+    if !tilec::cuda::is_available() {
+        eprintln!("note: no CUDA GPU; the SIMT f32 family's kernels were not run");
+        return;
+    }
+    let cases: Vec<(&str, Graph)> = vec![
+        ("linear f32", linear(DType::F32, 2, 96, 256, 200)),
+        ("linear f32 ragged", linear(DType::F32, 1, 37, 53, 29)),
+        ("linear f32 m1 split-K", linear(DType::F32, 1, 1, 2048, 512)),
+        ("scores f32", scores(DType::F32)),
+        ("heads f32", heads(DType::F32)),
+        ("heads out f32", heads_out(DType::F32)),
+        ("sliced f32 (A misaligned)", sliced(DType::F32, 45, 100, 70)),
+    ];
+    for (what, g) in cases {
+        let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let on = c.report.schedules.clone();
+        assert!(on.iter().any(|(s, n)| s == "simt_f32_gemm" && *n > 0), "{what}: not on the family: {on:?}");
+        assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
+        let inputs = random_inputs(&g);
+        let want = tilec::reference::run(&g, inputs.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        c.poison().unwrap();
+        let got = c.run(&inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (w, gt) in want.iter().zip(&got) {
+            let cmp = tilec::compare::compare(w, gt, 1e-4, 1e-4).unwrap();
+            assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches ({on:?})", cmp.max_abs, cmp.mismatches);
         }
     }
 }

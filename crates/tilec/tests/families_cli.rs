@@ -64,7 +64,7 @@ fn family_of<'a>(f: &'a [(String, String)], suffix: &str) -> &'a str {
 fn explain_names_a_family_for_every_kernel() {
     let dir = scratch("families_explain");
     let m = conv_model(&dir);
-    for (target, prefixes) in [("cpu", &["cpu."][..]), ("cuda", &["cuda.", "sm90_"][..])] {
+    for (target, prefixes) in [("cpu", &["cpu."][..]), ("cuda", &["cuda.", "sm90_", "simt_f32_"][..])] {
         let f = explain(&m, target, &[]);
         assert!(f.len() >= 2, "{target}: {f:?}");
         for (k, fam) in &f {

@@ -1,5 +1,6 @@
 //! The GPU's kernel families (see `tilec_tile::family`), each in its own file and listed in
-//! [`registry`] in the order they are tried: the Hopper tensor-core GEMM template first, then
+//! [`registry`] in the order they are tried: the Hopper tensor-core GEMM template first, the
+//! mma.sync template, the exact-f32 SIMT template (`simt_f32_gemm`), then
 //! cuBLASLt (`cublas.gemm`, a library call; unforced only for 16-bit products), then the
 //! tile-IR schedules (SIMT GEMM, rows, elementwise, direct nests). A tile-IR family lowers
 //! the group, applies its GPU schedule and renders CUDA C++; a template family renders its own
@@ -14,6 +15,7 @@ mod direct;
 mod elementwise;
 mod operands;
 mod rows;
+mod simt_f32_gemm;
 mod simt_gemm;
 mod sm80_mma_gemm;
 mod sm90_tc_gemm;
@@ -30,7 +32,8 @@ use crate::render::{render, CudaSource};
 use crate::schedule::GpuTarget;
 
 pub use cublas_gemm::{cublas_plan, lt_gemm, plain_store, CublasKernel, CublasParams, CUBLAS_GEMM};
-pub use operands::{gemm_view, has_gemm, GemmView};
+pub use operands::{gemm_view, gemm_view_with, has_gemm, GemmView};
+pub use simt_f32_gemm::{simt_f32_gemm, SIMT_F32_GEMM};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM};
 pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
@@ -54,13 +57,15 @@ pub struct GpuBuilt {
     pub fallback: Option<(&'static str, CudaSource)>,
 }
 
-/// The GPU families, in the order they are tried: the templates, cuBLAS, then [`TILE_IR`].
+/// The GPU families, in the order they are tried: the templates (Hopper, mma.sync, SIMT f32),
+/// cuBLAS, then [`TILE_IR`].
 pub fn registry() -> &'static Registry<Target, GpuBuilt> {
     static REG: OnceLock<Registry<Target, GpuBuilt>> = OnceLock::new();
     REG.get_or_init(|| {
         let mut entries = vec![
             Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_mma_gemm::SM80_MMA_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
+            Entry { family: &simt_f32_gemm::SIMT_F32_GEMM_FAMILY as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &cublas_gemm::CUBLAS_GEMM_FAMILY, kinds: &[] },
         ];
         entries.extend(TILE_IR_FAMILIES.iter().map(|f| Entry { family: f as FamilyRef<Target, GpuBuilt>, kinds: &[] }));

@@ -199,7 +199,14 @@ pub(crate) fn usize_of(x: i64) -> usize {
 /// A kernel that is one `Gemm` (after folding a scratch consumer into its epilogue) seen as a
 /// template's problem: operands read straight from buffers as strided views, f32
 /// accumulation, the epilogue as a device function (`tl_epi`) over the kernel's parameters.
+/// Each operand starts 16 bytes into its buffer (TMA and `cp.async` copies need it).
 pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
+    gemm_view_with(k, true)
+}
+
+/// [`gemm_view`], with operands starting anywhere in their buffers unless `aligned` (a
+/// template that reads misaligned operands element by element).
+pub fn gemm_view_with(k: &Kernel, aligned: bool) -> Result<GemmView, String> {
     let fused = crate::schedule::fuse_scratch_epilogue(k);
     let k = fused.as_ref().unwrap_or(k);
     let g: &Gemm = match k.body.as_slice() {
@@ -302,7 +309,7 @@ pub fn gemm_view(k: &Kernel) -> Result<GemmView, String> {
     };
     let es = a.dtype.size_bytes() as i64;
     for (name, op) in [("A", &a), ("B", &b)] {
-        if (op.konst * es) % 16 != 0 {
+        if aligned && (op.konst * es) % 16 != 0 {
             return Err(format!(
                 "operand {name} starts {} elements into its buffer: not 16-byte aligned for TMA",
                 op.konst

@@ -10,6 +10,7 @@ use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::Result;
 use crate::gemm::{self, Layout, Problem};
 use crate::mma::{self, MmaKernel, MmaProblem};
+use crate::simt::{self, SimtKernel};
 
 use super::cublas_gemm::{CublasKernel, CublasParams};
 use super::sm90_tc_gemm::Sm90Kernel;
@@ -32,6 +33,8 @@ pub enum PlanKind {
     Mma(mma::Params, Option<mma::ConvGeom>),
     /// cuBLASLt (`cublas.gemm`): a library call, nothing to compile.
     Cublas(CublasParams),
+    /// The exact-f32 SIMT GEMM (`crate::simt`).
+    SimtF32(simt::Params),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -63,6 +66,7 @@ impl FamilyPlan {
                 block: (q.threads() as u32, 1, 1),
                 shared_mem_bytes: q.smem_bytes() as u32,
             },
+            PlanKind::SimtF32(q) => simt::launch_config(&self.problem, q),
             // A library call: the library chooses its launches.
             PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
@@ -107,6 +111,15 @@ impl FamilyPlan {
                 "{im2col}tile {}x{}x{}, {}x{} warps, {} stages, split-K {}",
                 q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k
             ),
+            PlanKind::SimtF32(q) => format!(
+                "tile {}x{}x{}, split-K {}, exact f32 FMA, {} and {} floats per read of A and B",
+                q.tile_m,
+                q.tile_n,
+                q.tile_k,
+                q.split_k,
+                simt::render::vector_a(p, &self.a),
+                simt::render::vector_b(p, &self.b)
+            ),
             PlanKind::Cublas(q) => format!(
                 "cuBLASLt, {} out, compute {}",
                 q.out_dtype.name(),
@@ -132,6 +145,7 @@ pub enum FamilyKernel {
     Sm90(Sm90Kernel),
     Mma(MmaKernel, FamilyPlan),
     Cublas(CublasKernel),
+    SimtF32(SimtKernel, FamilyPlan),
 }
 
 impl FamilyKernel {
@@ -145,13 +159,17 @@ impl FamilyKernel {
                 Ok(FamilyKernel::Mma(k, plan.clone()))
             }
             PlanKind::Cublas(_) => CublasKernel::load(device, plan).map(FamilyKernel::Cublas),
+            PlanKind::SimtF32(q) => {
+                let k = SimtKernel::from_image(device, &plan.problem, q, &plan.a, &plan.b, image, cache_hit)?;
+                Ok(FamilyKernel::SimtF32(k, plan.clone()))
+            }
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
-            FamilyKernel::Mma(_, plan) => plan,
+            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) => plan,
             FamilyKernel::Cublas(k) => k.plan(),
         }
     }
@@ -161,6 +179,7 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => Some(k.gemm().function()),
             FamilyKernel::Mma(k, _) => Some(k.function()),
+            FamilyKernel::SimtF32(k, _) => Some(k.function()),
             FamilyKernel::Cublas(_) => None,
         }
     }
@@ -180,6 +199,7 @@ impl FamilyKernel {
                 }
             }
             FamilyKernel::Mma(k, _) => k.launch_config(),
+            FamilyKernel::SimtF32(k, _) => k.launch_config(),
             FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
@@ -191,6 +211,7 @@ impl FamilyKernel {
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
             FamilyKernel::Sm90(k) => k.bind(stream, ptrs),
+            FamilyKernel::SimtF32(..) => Ok(()),
             FamilyKernel::Cublas(k) => {
                 k.launch(stream, ptrs)?;
                 stream.synchronize()
@@ -204,6 +225,7 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
             FamilyKernel::Mma(k, _) => k.launch(stream, ptrs),
+            FamilyKernel::SimtF32(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }
