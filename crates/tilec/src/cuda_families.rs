@@ -52,7 +52,12 @@ pub fn cublas_enabled() -> bool {
 pub fn disabled() -> Vec<&'static str> {
     let mut d = vec![];
     if !enabled() {
-        d.extend([tilec_cuda::families::HOPPER_GEMM, tilec_cuda::families::MMA_GEMM, tilec_cuda::families::CUBLAS_GEMM]);
+        d.extend([
+            tilec_cuda::families::GEMV,
+            tilec_cuda::families::HOPPER_GEMM,
+            tilec_cuda::families::MMA_GEMM,
+            tilec_cuda::families::CUBLAS_GEMM,
+        ]);
     } else if !cublas_enabled() {
         d.push(tilec_cuda::families::CUBLAS_GEMM);
     }

@@ -9,6 +9,7 @@
 use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::Result;
 use crate::gemm::{self, Layout, Problem};
+use crate::gemv::{self, GemvKernel};
 use crate::mma::{self, MmaKernel, MmaProblem};
 
 use super::cublas_gemm::{CublasKernel, CublasParams};
@@ -32,6 +33,9 @@ pub enum PlanKind {
     Mma(mma::Params, Option<mma::ConvGeom>),
     /// cuBLASLt (`cublas.gemm`): a library call, nothing to compile.
     Cublas(CublasParams),
+    /// The decode-shaped GEMV (`crate::gemv`): at most 16 rows, weights streamed once (a
+    /// row-major B repacked when the kernel is bound).
+    Gemv(gemv::Params),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -63,6 +67,7 @@ impl FamilyPlan {
                 block: (q.threads() as u32, 1, 1),
                 shared_mem_bytes: q.smem_bytes() as u32,
             },
+            PlanKind::Gemv(q) => gemv::config(&self.problem, q),
             // A library call: the library chooses its launches.
             PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
@@ -109,6 +114,16 @@ impl FamilyPlan {
                     q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k
                 )
             }
+            PlanKind::Gemv(q) => format!(
+                "{}{}x{} warps (columns x K), {} column groups of 8 per warp, unroll {}, split-K {}, prefetch {}",
+                if gemv::repacked(p) { "B repacked to K-contiguous rows at bind; " } else { "" },
+                q.warps_n,
+                q.warps_k,
+                q.cols,
+                q.unroll,
+                q.split_k,
+                q.prefetch
+            ),
             PlanKind::Cublas(q) => format!(
                 "cuBLASLt, {} out, compute {}",
                 q.out_dtype.name(),
@@ -134,6 +149,7 @@ pub enum FamilyKernel {
     Sm90(Sm90Kernel),
     Mma(MmaKernel, FamilyPlan),
     Cublas(CublasKernel),
+    Gemv(GemvKernel, FamilyPlan),
 }
 
 impl FamilyKernel {
@@ -147,13 +163,17 @@ impl FamilyKernel {
                 Ok(FamilyKernel::Mma(k, plan.clone()))
             }
             PlanKind::Cublas(_) => CublasKernel::load(device, plan).map(FamilyKernel::Cublas),
+            PlanKind::Gemv(q) => {
+                let k = GemvKernel::from_image(device, &plan.problem, q, &plan.a, &plan.b, image, cache_hit)?;
+                Ok(FamilyKernel::Gemv(k, plan.clone()))
+            }
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
-            FamilyKernel::Mma(_, plan) => plan,
+            FamilyKernel::Mma(_, plan) | FamilyKernel::Gemv(_, plan) => plan,
             FamilyKernel::Cublas(k) => k.plan(),
         }
     }
@@ -163,6 +183,7 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => Some(k.gemm().function()),
             FamilyKernel::Mma(k, _) => Some(k.function()),
+            FamilyKernel::Gemv(k, _) => Some(k.function()),
             FamilyKernel::Cublas(_) => None,
         }
     }
@@ -182,11 +203,12 @@ impl FamilyKernel {
                 }
             }
             FamilyKernel::Mma(k, _) => k.launch_config(),
+            FamilyKernel::Gemv(k, _) => k.launch_config(),
             FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
 
-    /// Prepares what depends on the pointers (a convolution's repacked weights): once, before
+    /// Prepares what depends on the pointers (a convolution's or a GEMV's repacked weights): once, before
     /// the first launch and outside graph capture. A library call is run once here, so that
     /// whatever the library loads on its first call is not loaded inside a graph capture (it
     /// writes the output, which the model's run overwrites).
@@ -198,6 +220,7 @@ impl FamilyKernel {
                 stream.synchronize()
             }
             FamilyKernel::Mma(k, _) => k.bind(stream, ptrs),
+            FamilyKernel::Gemv(k, _) => k.bind(stream, ptrs),
         }
     }
 
@@ -206,6 +229,7 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
             FamilyKernel::Mma(k, _) => k.launch(stream, ptrs),
+            FamilyKernel::Gemv(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }
