@@ -1,5 +1,6 @@
 """Peers for tilec's mma.sync GEMM benchmark (crates/tilec-cuda/examples/mma_bench.rs, phase
-`bench`), measured in the same run: cuBLAS through torch.matmul for the decode and LLM shapes
+`bench`, and crates/tilec-cuda/examples/gemv_bench.rs, whose gemv_ and llm_ labels are the same),
+measured in the same run: cuBLAS through torch.matmul for the decode and LLM shapes
 (B column-major as nn.Linear stores it; `_rr` row-major), cuDNN through torch's conv2d for
 ResNet-50's 53 convolutions at batch 64 (f16, channels-last, no bias). Prints one JSON object
 per line: label, ms (the lesser of the eager median and the median per call of ten calls replayed

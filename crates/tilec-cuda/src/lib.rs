@@ -26,6 +26,7 @@ pub mod driver;
 pub mod error;
 pub mod families;
 pub mod gemm;
+pub mod gemv;
 pub mod handbuilt;
 pub mod mma;
 pub mod nvrtc;

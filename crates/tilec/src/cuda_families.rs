@@ -53,6 +53,7 @@ pub fn disabled() -> Vec<&'static str> {
     let mut d = vec![];
     if !enabled() {
         d.extend([
+            tilec_cuda::families::GEMV,
             tilec_cuda::families::HOPPER_GEMM,
             tilec_cuda::families::MMA_GEMM,
             tilec_cuda::families::SIMT_F32_GEMM,

@@ -279,7 +279,14 @@ fn family_kernels_compile_with_nvrtc() {
             }
         }
     }
-    assert_eq!(modules.len(), 13);
+    for (i, g) in [linear(DType::BF16, 1, 16, 1024, 520), linear_kmajor(DType::F16, 1, 1000, 300)].iter().enumerate() {
+        for k in prepared(g, &h).kernels() {
+            if k.schedule == "sm80_gemv" {
+                modules.push((format!("v{i}_{}", k.name), k.source.source.clone()));
+            }
+        }
+    }
+    assert_eq!(modules.len(), 15);
     let c = tilec::cuda::Compiler::new(nv, "sm_90a");
     for ((name, _), r) in modules.iter().zip(c.compile_many(&modules)) {
         let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -347,7 +354,7 @@ fn f16_transformer_exports_dispatch_their_matrix_products() {
         let f = families(&p);
         // On a tensor-core family: the Hopper template, or the mma.sync one for the skinny
         // products the Hopper template passes to it.
-        let tc = |s: &str| s == "sm90_tc_gemm" || s == "sm80_mma_gemm";
+        let tc = |s: &str| s == "sm90_tc_gemm" || s == "sm80_mma_gemm" || s == "sm80_gemv";
         let on: Vec<_> = f.iter().filter(|x| tc(x.0)).collect();
         let off: Vec<_> = f.iter().filter(|x| !tc(x.0)).collect();
         eprintln!(
@@ -650,6 +657,102 @@ fn simt_f32_family_kernels_match_the_reference_on_a_gpu() {
         for (w, gt) in want.iter().zip(&got) {
             let cmp = tilec::compare::compare(w, gt, 1e-4, 1e-4).unwrap();
             assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches ({on:?})", cmp.max_abs, cmp.mismatches);
+        }
+    }
+}
+
+/// `x [m, k] · transpose(w [n, k]) + bias`: the `nn.Linear` layout, a column-major B read
+/// directly (the weight a graph input, so that constant folding does not transpose it).
+fn linear_nk_bias(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("linear_nk");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k]));
+    let w = g.add_input("w", TensorType::fixed(d, &[n, k]));
+    let wt = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0] }), &[w]).unwrap();
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[x, wt]).unwrap();
+    let b = konst(&mut g, "b", d, &[n]);
+    let y = g.add(Op::Binary(BinaryOp::Add), &[y, b]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// `x [m, k] · w [k, n]` with the weight a graph input: a row-major B that is not a constant.
+fn linear_kn_input(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("linear_kn");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k]));
+    let w = g.add_input("w", TensorType::fixed(d, &[k, n]));
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[x, w]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn decode_shaped_products_take_the_gemv_family() {
+    let h = GpuTarget::hopper();
+    // A constant row-major weight (GPT-2's Conv1D): repacked at bind; bias, GELU and the
+    // residual in the epilogue.
+    for (m, k, n) in [(16, 1024, 520), (1, 2048, 300)] {
+        let p = prepared(&linear(DType::BF16, 1, m, k, n), &h);
+        let f = families(&p);
+        assert_eq!(f.len(), 1, "{f:?}");
+        let why = f[0].1.clone().unwrap_or_default();
+        assert_eq!(f[0].0, "sm80_gemv", "{why}");
+        assert!(why.contains(&format!("{m}x{n}x{k} batch 1")) && why.contains("B repacked"), "{why}");
+        assert_eq!(p.kernels().len(), 1);
+        let src = &p.kernels()[0].source.source;
+        assert!(src.contains("mma.sync.aligned.m16n8k16") && src.contains("_repack(") && src.contains("tl_epi("));
+    }
+    // Batches of rows flattened against one weight: 4 x 4 rows.
+    let p = prepared(&linear(DType::F16, 4, 4, 512, 256), &h);
+    let why = families(&p)[0].1.clone().unwrap_or_default();
+    assert_eq!(families(&p)[0].0, "sm80_gemv", "{why}");
+    assert!(why.contains("(4 batches of 4 rows flattened)"), "{why}");
+    // The nn.Linear layout: read directly.
+    let p = prepared(&linear_nk_bias(DType::F16, 16, 1000, 300), &h);
+    let why = families(&p)[0].1.clone().unwrap_or_default();
+    assert_eq!(families(&p)[0].0, "sm80_gemv", "{why}");
+    assert!(why.contains("B col-major") && !why.contains("repacked"), "{why}");
+    // A row-major weight that is not a constant cannot be repacked once: another family,
+    // with the reason.
+    let p = prepared(&linear_kn_input(DType::F16, 16, 512, 256), &h);
+    let why = families(&p)[0].1.clone().unwrap_or_default();
+    assert_ne!(families(&p)[0].0, "sm80_gemv", "{why}");
+    assert!(why.contains("sm80_gemv: B is row-major and not a constant"), "{why}");
+    // More than 16 rows: the GEMM templates.
+    let p = prepared(&linear(DType::F16, 1, 17, 512, 256), &h);
+    assert_ne!(families(&p)[0].0, "sm80_gemv");
+}
+
+/// On a GPU: the GEMV family's kernels (16 rows and one row, ragged N, both weight layouts,
+/// bias and activation in the epilogue) match the reference interpreter, outputs poisoned
+/// first. Without a GPU, says so and passes.
+#[test]
+fn gemv_family_kernels_match_the_reference_on_a_gpu() {
+    if !tilec::cuda::is_available() {
+        eprintln!("note: no CUDA GPU; the GEMV family's kernels were not run");
+        return;
+    }
+    let cases: Vec<(&str, Graph)> = vec![
+        ("m16 constant [k, n] bf16", linear(DType::BF16, 1, 16, 1024, 520)),
+        ("m1 constant [k, n] f16", linear(DType::F16, 1, 1, 2048, 300)),
+        ("m16 [n, k] f16", linear_nk_bias(DType::F16, 16, 1000, 300)),
+        ("m1 [n, k] bf16", linear_nk_bias(DType::BF16, 1, 4096, 1030)),
+        ("4 x 4 rows flattened", linear(DType::F16, 4, 4, 512, 256)),
+    ];
+    for (what, g) in cases {
+        let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let on = c.report.schedules.clone();
+        assert!(on.iter().any(|(s, n)| s == "sm80_gemv" && *n > 0), "{what}: not on the family: {on:?}");
+        assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
+        let inputs = random_inputs(&g);
+        let want = tilec::reference::run(&g, inputs.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        c.poison().unwrap();
+        // Twice: split-K counters must be back at zero, and the repacked weights reused.
+        for _ in 0..2 {
+            let got = c.run(&inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for (w, gt) in want.iter().zip(&got) {
+                let cmp = tilec::compare::compare(w, gt, 2e-2, 2e-2).unwrap();
+                assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches ({on:?})", cmp.max_abs, cmp.mismatches);
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The GPU's kernel families (see `tilec_tile::family`), each in its own file and listed in
-//! [`registry`] in the order they are tried: the Hopper tensor-core GEMM template first, the
-//! mma.sync template, the exact-f32 SIMT template (`simt_f32_gemm`), then
+//! [`registry`] in the order they are tried: the decode-shaped GEMV (`sm80_gemv`, products of
+//! at most 16 rows), the Hopper tensor-core GEMM template, the `mma.sync` template, the
+//! exact-f32 SIMT template (`simt_f32_gemm`), then
 //! cuBLASLt (`cublas.gemm`, a library call; unforced only for 16-bit products), then the
 //! tile-IR schedules (SIMT GEMM, rows, elementwise, direct nests). A tile-IR family lowers
 //! the group, applies its GPU schedule and renders CUDA C++; a template family renders its own
@@ -17,6 +18,7 @@ mod operands;
 mod rows;
 mod simt_f32_gemm;
 mod simt_gemm;
+mod sm80_gemv;
 mod sm80_mma_gemm;
 mod sm90_tc_gemm;
 mod template;
@@ -34,6 +36,7 @@ use crate::schedule::GpuTarget;
 pub use cublas_gemm::{cublas_plan, lt_gemm, plain_store, CublasKernel, CublasParams, CUBLAS_GEMM};
 pub use operands::{gemm_view, gemm_view_with, has_gemm, GemmView};
 pub use simt_f32_gemm::{simt_f32_gemm, SIMT_F32_GEMM};
+pub use sm80_gemv::{gemv_params, gemv_plan, GEMV};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM};
 pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
@@ -63,6 +66,9 @@ pub fn registry() -> &'static Registry<Target, GpuBuilt> {
     static REG: OnceLock<Registry<Target, GpuBuilt>> = OnceLock::new();
     REG.get_or_init(|| {
         let mut entries = vec![
+            // First: it takes only skinny products (at most 16 rows), which it streams faster
+            // than the GEMM templates.
+            Entry { family: &sm80_gemv::SM80_GEMV as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_mma_gemm::SM80_MMA_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &simt_f32_gemm::SIMT_F32_GEMM_FAMILY as FamilyRef<Target, GpuBuilt>, kinds: &[] },

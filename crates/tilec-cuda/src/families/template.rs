@@ -9,6 +9,7 @@
 use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::Result;
 use crate::gemm::{self, Layout, Problem};
+use crate::gemv::{self, GemvKernel};
 use crate::mma::{self, MmaKernel, MmaProblem};
 use crate::simt::{self, SimtKernel};
 
@@ -35,6 +36,9 @@ pub enum PlanKind {
     Cublas(CublasParams),
     /// The exact-f32 SIMT GEMM (`crate::simt`).
     SimtF32(simt::Params),
+    /// The decode-shaped GEMV (`crate::gemv`): at most 16 rows, weights streamed once (a
+    /// row-major B repacked when the kernel is bound).
+    Gemv(gemv::Params),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -67,6 +71,7 @@ impl FamilyPlan {
                 shared_mem_bytes: q.smem_bytes() as u32,
             },
             PlanKind::SimtF32(q) => simt::launch_config(&self.problem, q),
+            PlanKind::Gemv(q) => gemv::config(&self.problem, q),
             // A library call: the library chooses its launches.
             PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
@@ -120,6 +125,16 @@ impl FamilyPlan {
                 simt::render::vector_a(p, &self.a),
                 simt::render::vector_b(p, &self.b)
             ),
+            PlanKind::Gemv(q) => format!(
+                "{}{}x{} warps (columns x K), {} column groups of 8 per warp, unroll {}, split-K {}, prefetch {}",
+                if gemv::repacked(p) { "B repacked to K-contiguous rows at bind; " } else { "" },
+                q.warps_n,
+                q.warps_k,
+                q.cols,
+                q.unroll,
+                q.split_k,
+                q.prefetch
+            ),
             PlanKind::Cublas(q) => format!(
                 "cuBLASLt, {} out, compute {}",
                 q.out_dtype.name(),
@@ -146,6 +161,7 @@ pub enum FamilyKernel {
     Mma(MmaKernel, FamilyPlan),
     Cublas(CublasKernel),
     SimtF32(SimtKernel, FamilyPlan),
+    Gemv(GemvKernel, FamilyPlan),
 }
 
 impl FamilyKernel {
@@ -163,13 +179,17 @@ impl FamilyKernel {
                 let k = SimtKernel::from_image(device, &plan.problem, q, &plan.a, &plan.b, image, cache_hit)?;
                 Ok(FamilyKernel::SimtF32(k, plan.clone()))
             }
+            PlanKind::Gemv(q) => {
+                let k = GemvKernel::from_image(device, &plan.problem, q, &plan.a, &plan.b, image, cache_hit)?;
+                Ok(FamilyKernel::Gemv(k, plan.clone()))
+            }
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
-            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) => plan,
+            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) | FamilyKernel::Gemv(_, plan) => plan,
             FamilyKernel::Cublas(k) => k.plan(),
         }
     }
@@ -180,6 +200,7 @@ impl FamilyKernel {
             FamilyKernel::Sm90(k) => Some(k.gemm().function()),
             FamilyKernel::Mma(k, _) => Some(k.function()),
             FamilyKernel::SimtF32(k, _) => Some(k.function()),
+            FamilyKernel::Gemv(k, _) => Some(k.function()),
             FamilyKernel::Cublas(_) => None,
         }
     }
@@ -200,11 +221,12 @@ impl FamilyKernel {
             }
             FamilyKernel::Mma(k, _) => k.launch_config(),
             FamilyKernel::SimtF32(k, _) => k.launch_config(),
+            FamilyKernel::Gemv(k, _) => k.launch_config(),
             FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
 
-    /// Prepares what depends on the pointers (a convolution's repacked weights): once, before
+    /// Prepares what depends on the pointers (a convolution's or a GEMV's repacked weights): once, before
     /// the first launch and outside graph capture. A library call is run once here, so that
     /// whatever the library loads on its first call is not loaded inside a graph capture (it
     /// writes the output, which the model's run overwrites).
@@ -217,6 +239,7 @@ impl FamilyKernel {
                 stream.synchronize()
             }
             FamilyKernel::Mma(k, _) => k.bind(stream, ptrs),
+            FamilyKernel::Gemv(k, _) => k.bind(stream, ptrs),
         }
     }
 
@@ -226,6 +249,7 @@ impl FamilyKernel {
             FamilyKernel::Sm90(k) => k.launch(stream, ptrs),
             FamilyKernel::Mma(k, _) => k.launch(stream, ptrs),
             FamilyKernel::SimtF32(k, _) => k.launch(stream, ptrs),
+            FamilyKernel::Gemv(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }
