@@ -10,12 +10,13 @@
 //!   (channels-last, f16), timed (median of `--iters` runs, CUDA events) and checked on samples.
 //!
 //! `BENCH_FAMILY=sm90` runs the cases the Hopper template takes on it instead (convolutions
-//! through the im2col copy; the others are reported as not applying).
+//! through the im2col copy; the others are reported as not applying); `BENCH_FAMILY=auto` runs
+//! each convolution on the template model dispatch picks.
 //!
 //! Prints one JSON object per line.
 
 use serde_json::json;
-use tilec_cuda::families::{FamilyKernel, FamilyPlan, OperandRef, PlanKind, HOPPER_GEMM, MMA_GEMM};
+use tilec_cuda::families::{FamilyKernel, FamilyPlan, OperandRef, PlanKind, HOPPER_GEMM, MMA_GEMM, SHALLOW_CONV_K};
 use tilec_cuda::gemm::{self, CustomEpilogue, Layout, Problem};
 use tilec_cuda::mma::{self, ConvGeom, MmaProblem, Params};
 use tilec_cuda::*;
@@ -225,11 +226,19 @@ fn hopper() -> bool {
     std::env::var("BENCH_FAMILY").is_ok_and(|f| f == "sm90")
 }
 
+/// Whether `BENCH_FAMILY=auto` asks for the template model dispatch picks for a convolution:
+/// the Hopper one where its im2col copy applies and K exceeds [`SHALLOW_CONV_K`], else mma.sync.
+fn auto() -> bool {
+    std::env::var("BENCH_FAMILY").is_ok_and(|f| f == "auto")
+}
+
 /// The case's plan on the chosen template (`Err`: the template does not take it).
 fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, String> {
     let p = problem(case);
-    if hopper() {
-        let q = gemm::heuristic(&p.gemm, sms);
+    let q90 = gemm::heuristic(&p.gemm, sms);
+    let auto_sm90 = auto() && p.conv.is_some() && p.gemm.k > SHALLOW_CONV_K && gemm::applies(&p.gemm, &q90, cc).is_ok();
+    if hopper() || auto_sm90 {
+        let q = q90;
         gemm::applies(&p.gemm, &q, cc)?;
         return Ok(FamilyPlan {
             family: HOPPER_GEMM,

@@ -38,7 +38,7 @@ pub use operands::{gemm_view, gemm_view_with, has_gemm, GemmView};
 pub use simt_f32_gemm::{simt_f32_gemm, SIMT_F32_GEMM};
 pub use sm80_gemv::{gemv_params, gemv_plan, GEMV};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
-pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM};
+pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM, SHALLOW_CONV_K};
 pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
 
 /// What a GPU family builds.

@@ -28,6 +28,9 @@ use super::template::{FamilyPlan, OperandRef, PlanKind};
 /// The Hopper tensor-core GEMM family's name.
 pub const HOPPER_GEMM: &str = "sm90_tc_gemm";
 
+/// The depth up to which a convolution is left to the mma.sync family (see [`hopper_gemm`]).
+pub const SHALLOW_CONV_K: usize = 256;
+
 /// The Hopper family: a kernel that is one `Gemm` over f16/bf16 or fp8 operands (unscaled: an
 /// ONNX product has no per-tensor scales), or f32 ones multiplied as tf32 where
 /// `GpuTarget::allow_tf32` says so, read by TMA from their buffers (see [`gemm_view`]), any
@@ -46,7 +49,7 @@ pub fn hopper_gemm(p: &FProblem, k: &Kernel, target: &GpuTarget) -> std::result:
         // A shallow convolution (a 1x1 over at most 256 channels) is bound by its output:
         // the mma.sync family's several blocks per SM overlap their epilogues (measured on
         // ResNet-50's, H200: 1.1-1.4x faster).
-        Some(Ok(plan)) if plan.problem.k <= 256 => {
+        Some(Ok(plan)) if plan.problem.k <= SHALLOW_CONV_K => {
             return Err(format!(
                 "a shallow convolution (K = {}): the {} family overlaps its output stores",
                 plan.problem.k,

