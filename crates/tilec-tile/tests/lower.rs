@@ -1083,6 +1083,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
             has_mask: true,
             has_past: false,
             has_nonpad: false,
+            zero_nan_rows: false,
         };
         let outs = g.add_node("att", Op::Nn(op), &[q, k, v, m]).unwrap();
         let y = g
@@ -1112,6 +1113,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
             has_mask: true,
             has_past: true,
             has_nonpad: false,
+            zero_nan_rows: false,
         };
         let outs = g
             .add_node("att", Op::Nn(op), &[q, k, v, m, pk, pv])
