@@ -1,12 +1,19 @@
 //! Scaled-dot-product attention: `softmax((Q @ K^T) * scale [+ mask], -1) @ V` on
-//! `[B, H, S, D]` tensors → `NnOp::Attention` (4-D form). K^T is a Transpose of K
-//! (`[0,1,3,2]`) or of the pre-head-transpose `[B, S, H, D]` view (`[0,2,3,1]`, then a
-//! `[0,2,1,3]` Transpose of that view is emitted as K). GQA head repetition
-//! (`reshape [B,Hkv,1,S,D] → expand [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, i.e. query
-//! head h reads KV head h / n, as the Attention op does) is folded into the op. The scale
-//! may be split over Q and K (`(Q * c) @ (K * c)^T`, as ONNX's Attention function spells
-//! it, with the factor on either side of K's transpose). Softcapping
-//! (`cap * tanh(scores / cap)`, before the mask) becomes the op's `softcap`.
+//! `[B, H, S, D]` tensors → `NnOp::Attention` (4-D form). K^T (see [`k_from_kt`]) is a
+//! Transpose of K (`[0,1,3,2]`), of the pre-head-transpose `[B, S, H, D]` view
+//! (`[0,2,3,1]`, then a `[0,2,1,3]` Transpose of that view is emitted as K), PyTorch's
+//! SDPA chain `reshape [B*H, S, D] → transpose [0,2,1] → reshape [B, H, D, S]`, or any
+//! other `[B, H, D, S]` value (nn.MultiheadAttention's K after transpose merging), which
+//! is transposed back in the rewrite: the layout passes and the partitioner fold that
+//! into index arithmetic. K may come from another sequence than Q (cross-attention: T
+//! differs from S). GQA/MQA head repetition (`reshape [B,Hkv,1,S,D] → expand or tile
+//! [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, also merged by the SDPA chain's first
+//! reshape, or an expand or tile of a `[B,1,S,D]` K/V; i.e. query head h reads KV head
+//! h / n, as the Attention op does) is folded into the op; tiling whole head blocks
+//! (h reads h % Hkv) is not. The scale may be split over Q and K (`(Q * c) @ (K * c)^T`,
+//! as ONNX's Attention function and PyTorch's exporter spell it, with the factor on
+//! either side of K's transpose). Softcapping (`cap * tanh(scores / cap)`, before the
+//! mask) becomes the op's `softcap`.
 //!
 //! Masks, all right-aligned against the scores `[B, H, S, T]` with last dim exactly `T`
 //! (the op pads a shorter mask with -inf, which broadcasting would not do) and never
@@ -24,7 +31,15 @@
 //! A row masked entirely is the one place the rewrite is not bit-identical: softmax over
 //! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies). The
 //! ONNX function's own guard, `where(max(mask, -1) == -inf, 0, softmax(..))` (or a constant
-//! all-false guard), gives those zeros too and is folded into the op, exactly.
+//! all-false guard), gives those zeros too and is folded into the op, exactly. PyTorch's
+//! exported SDPA guards with `where(isnan(p), 0, p)`, which also zeroes rows with a NaN
+//! or +inf logit (non-finite inputs, an overflowing product): it becomes the op's
+//! `zero_nan_rows`, which does exactly that, so the rewrite keeps its results there too.
+//!
+//! Masks built from iotas and comparisons (causal, sliding-window, padding) are bool
+//! masks like any other; one small enough to evaluate (see [`MAX_MASK_ELEMS`] and the
+//! matcher's constant limit) that is exactly causal becomes `is_causal`. Additive float
+//! biases (ALiBi-style `slope * (j - i)`) are float masks.
 //!
 //! Not recognized: spellings where the QK product, the logits or the probabilities are
 //! themselves read outside (a graph output, as for `qk_matmul_output_mode`): the
