@@ -1063,6 +1063,21 @@ fn built_graphs() -> Vec<(String, Graph)> {
         g.set_outputs(vec![bn, lrn, lrn4]);
         out.push(("norms_nhwc".to_string(), g));
     }
+    // A batch of thin products sharing a 2-D B (`[S, B, E] @ W`, as a sequence-first
+    // in-projection), lowered as one product over the batch's rows, with an epilogue.
+    {
+        let mut g = Graph::new("matmul_shared_b");
+        let x = g.add_input("x", f32t(&[2, 5, 8]));
+        let w = g.add_input("w", f32t(&[8, 7]));
+        let xt = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0, 2] }), &[x]).unwrap();
+        let y = g.add(Op::Linalg(LinalgOp::MatMul), &[xt, w]).unwrap();
+        let b = g.add_input("b", f32t(&[7]));
+        let z = g.add(Op::Binary(BinaryOp::Add), &[y, b]).unwrap();
+        let x3 = g.add_input("x3", f32t(&[3, 2, 3, 8]));
+        let y3 = g.add(Op::Linalg(LinalgOp::MatMul), &[x3, w]).unwrap();
+        g.set_outputs(vec![z, y3]);
+        out.push(("matmul_shared_b".to_string(), g));
+    }
     // Attention: 4-D with a float mask and GQA, 3-D causal with a bool mask and a past.
     {
         let mut g = Graph::new("attention4d");
@@ -1083,6 +1098,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
             has_mask: true,
             has_past: false,
             has_nonpad: false,
+            zero_nan_rows: false,
         };
         let outs = g.add_node("att", Op::Nn(op), &[q, k, v, m]).unwrap();
         let y = g
@@ -1112,6 +1128,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
             has_mask: true,
             has_past: true,
             has_nonpad: false,
+            zero_nan_rows: false,
         };
         let outs = g
             .add_node("att", Op::Nn(op), &[q, k, v, m, pk, pv])
@@ -1299,7 +1316,8 @@ fn kernel_structure_is_predictable() {
             }
         })
         .expect("a gemm stmt");
-    assert_eq!((gemm.batch, gemm.m, gemm.n, gemm.k), (4, 6, 8, 16));
+    // 4 products of 6 rows sharing W: one product over the 24 rows.
+    assert_eq!((gemm.batch, gemm.m, gemm.n, gemm.k), (1, 24, 8, 16));
     assert_eq!(
         gemm.epilogue
             .iter()

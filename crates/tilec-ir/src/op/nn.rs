@@ -187,6 +187,11 @@ pub enum NnOp {
         has_mask: bool,
         has_past: bool,
         has_nonpad: bool,
+        /// Not part of ONNX Attention: a row whose softmax is not a number (a NaN or `+inf`
+        /// logit, from non-finite inputs or an overflowing product) gets zero probabilities
+        /// instead of NaN, as `where(isnan(p), 0, p)` after the softmax gives (the guard of
+        /// PyTorch's exported SDPA; a fully masked row gives zeros either way).
+        zero_nan_rows: bool,
     },
     /// Rotary position embedding. Inputs: x (`[B, H, S, D]` or `[B, S, H*D]`), cos_cache,
     /// sin_cache, then position_ids if `has_position_ids`.

@@ -100,6 +100,7 @@ fn map_attention(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         has_mask: mask.is_some(),
         has_past: pk.is_some(),
         has_nonpad: nonpad.is_some(),
+        zero_nan_rows: false,
     };
     let mut ins = vec![q, k, v];
     ins.extend(mask);

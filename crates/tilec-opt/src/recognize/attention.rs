@@ -1,12 +1,19 @@
 //! Scaled-dot-product attention: `softmax((Q @ K^T) * scale [+ mask], -1) @ V` on
-//! `[B, H, S, D]` tensors → `NnOp::Attention` (4-D form). K^T is a Transpose of K
-//! (`[0,1,3,2]`) or of the pre-head-transpose `[B, S, H, D]` view (`[0,2,3,1]`, then a
-//! `[0,2,1,3]` Transpose of that view is emitted as K). GQA head repetition
-//! (`reshape [B,Hkv,1,S,D] → expand [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, i.e. query
-//! head h reads KV head h / n, as the Attention op does) is folded into the op. The scale
-//! may be split over Q and K (`(Q * c) @ (K * c)^T`, as ONNX's Attention function spells
-//! it, with the factor on either side of K's transpose). Softcapping
-//! (`cap * tanh(scores / cap)`, before the mask) becomes the op's `softcap`.
+//! `[B, H, S, D]` tensors → `NnOp::Attention` (4-D form). K^T (see [`k_from_kt`]) is a
+//! Transpose of K (`[0,1,3,2]`), of the pre-head-transpose `[B, S, H, D]` view
+//! (`[0,2,3,1]`, then a `[0,2,1,3]` Transpose of that view is emitted as K), PyTorch's
+//! SDPA chain `reshape [B*H, S, D] → transpose [0,2,1] → reshape [B, H, D, S]`, or any
+//! other `[B, H, D, S]` value (nn.MultiheadAttention's K after transpose merging), which
+//! is transposed back in the rewrite: the layout passes and the partitioner fold that
+//! into index arithmetic. K may come from another sequence than Q (cross-attention: T
+//! differs from S). GQA/MQA head repetition (`reshape [B,Hkv,1,S,D] → expand or tile
+//! [B,Hkv,n,S,D] → reshape [B,Hkv*n,S,D]`, also merged by the SDPA chain's first
+//! reshape, or an expand or tile of a `[B,1,S,D]` K/V; i.e. query head h reads KV head
+//! h / n, as the Attention op does) is folded into the op; tiling whole head blocks
+//! (h reads h % Hkv) is not. The scale may be split over Q and K (`(Q * c) @ (K * c)^T`,
+//! as ONNX's Attention function and PyTorch's exporter spell it, with the factor on
+//! either side of K's transpose). Softcapping (`cap * tanh(scores / cap)`, before the
+//! mask) becomes the op's `softcap`.
 //!
 //! Masks, all right-aligned against the scores `[B, H, S, T]` with last dim exactly `T`
 //! (the op pads a shorter mask with -inf, which broadcasting would not do) and never
@@ -24,7 +31,15 @@
 //! A row masked entirely is the one place the rewrite is not bit-identical: softmax over
 //! all -inf is NaN, the Attention op gives zeros there (as ONNX Attention specifies). The
 //! ONNX function's own guard, `where(max(mask, -1) == -inf, 0, softmax(..))` (or a constant
-//! all-false guard), gives those zeros too and is folded into the op, exactly.
+//! all-false guard), gives those zeros too and is folded into the op, exactly. PyTorch's
+//! exported SDPA guards with `where(isnan(p), 0, p)`, which also zeroes rows with a NaN
+//! or +inf logit (non-finite inputs, an overflowing product): it becomes the op's
+//! `zero_nan_rows`, which does exactly that, so the rewrite keeps its results there too.
+//!
+//! Masks built from iotas and comparisons (causal, sliding-window, padding) are bool
+//! masks like any other; one small enough to evaluate (see [`MAX_MASK_ELEMS`] and the
+//! matcher's constant limit) that is exactly causal becomes `is_causal`. Additive float
+//! biases (ALiBi-style `slope * (j - i)`) are float masks.
 //!
 //! Not recognized: spellings where the QK product, the logits or the probabilities are
 //! themselves read outside (a graph output, as for `qk_matmul_output_mode`): the
@@ -48,55 +63,171 @@ fn strip_scale(m: &mut Matcher, v: ValueId) -> (ValueId, f64) {
     .unwrap_or((v, 1.0))
 }
 
-/// K for `kt`: `(k, whether it is the pre-head-transpose [B, S, H, D] view, scale factor
-/// found between K and the transpose)`.
-fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, bool, f64)> {
-    let n = m.op_where(kt, |op| {
-        matches!(op, Op::Layout(LayoutOp::Transpose { .. }))
-    })?;
-    let Op::Layout(LayoutOp::Transpose { perm }) = &n.op else {
-        return None;
-    };
-    let bshd = match perm.as_slice() {
-        [0, 1, 3, 2] => false,
-        [0, 2, 3, 1] => true,
-        _ => return None,
-    };
-    let (k, coef) = strip_scale(m, n.inputs[0]);
-    if m.g.value(k).ty.shape != m.g.value(n.inputs[0]).ty.shape {
+/// How the rewrite gets K `[B, Hkv, S, D]` from the value the match found.
+#[derive(Clone, Debug)]
+enum KFrom {
+    /// The value is K.
+    AsIs,
+    /// The value is the pre-head-transpose `[B, S, H, D]` view: K is its `[0, 2, 1, 3]`
+    /// transpose.
+    Bshd,
+    /// The value holds K's elements in order under another shape (`[B*H, S, D]`): K is
+    /// its reshape to this shape.
+    Reshape(Vec<Dim>),
+    /// The value is `K^T` itself (`[B, H, D, S]`, however it was computed, left in the
+    /// graph): K is its `[0, 1, 3, 2]` transpose, which the layout passes compose with
+    /// whatever produced it.
+    Transposed,
+}
+
+/// K for `kt`: `(value, how K is made from it, scale factor found between K and the
+/// transpose)`. Spellings of `K^T`:
+/// - `transpose(K, [0, 1, 3, 2])`, or `[0, 2, 3, 1]` of the `[B, S, H, D]` view;
+/// - `reshape(transpose(reshape(K, [B*H, S, D]), [0, 2, 1]), [B, H, D, S])`, as
+///   PyTorch's exporter transposes K inside SDPA (K may be a GQA-repeated 5-D
+///   `[B, Hkv, n, S, D]` view, merged by the first reshape);
+/// - anything else of shape `[B, H, D, S]` (e.g. that chain after transpose merging:
+///   `reshape(transpose(x, [1, 2, 0]), ..)` in torchvision's ViT), taken whole.
+fn k_from_kt(m: &mut Matcher, kt: ValueId) -> Option<(ValueId, KFrom, f64)> {
+    let kts = m.g.value(kt).ty.shape.clone();
+    if kts.len() != 4 {
         return None;
     }
-    Some((k, bshd, coef))
+    if let Some(r) = m.attempt(|m| {
+        let n = m.op_where(kt, |op| matches!(op, Op::Layout(LayoutOp::Transpose { .. })))?;
+        let Op::Layout(LayoutOp::Transpose { perm }) = &n.op else {
+            return None;
+        };
+        let how = match perm.as_slice() {
+            [0, 1, 3, 2] => KFrom::AsIs,
+            [0, 2, 3, 1] => KFrom::Bshd,
+            _ => return None,
+        };
+        let (k, coef) = strip_scale(m, n.inputs[0]);
+        if m.g.value(k).ty.shape != m.g.value(n.inputs[0]).ty.shape {
+            return None;
+        }
+        Some((k, how, coef))
+    }) {
+        return Some(r);
+    }
+    // reshape(transpose(reshape(x, [N, S, D]), [0, 2, 1]), [B, H, D, S])
+    if let Some(r) = m.attempt(|m| {
+        if m.use_count(kt) != 1 {
+            return None;
+        }
+        let r2 = m.op_where(kt, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+        let t = r2.inputs[0];
+        if m.use_count(t) != 1 {
+            return None;
+        }
+        let tn = m.op_where(t, |op| {
+            matches!(op, Op::Layout(LayoutOp::Transpose { perm }) if perm.as_slice() == [0, 2, 1])
+        })?;
+        let r1 = tn.inputs[0];
+        if m.use_count(r1) != 1 {
+            return None;
+        }
+        let r1n = m.op_where(r1, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+        let (x, coef) = strip_scale(m, r1n.inputs[0]);
+        let xs = m.g.value(x).ty.shape.clone();
+        let r1s = m.g.value(r1).ty.shape.clone();
+        // x [.., S, D] -> [N, S, D] -> [N, D, S] -> [B, H, D, S]: the leading dims of
+        // x merge into N and split again into B, H (element counts agree by typing).
+        let n = xs.len();
+        if n < 3 || r1s.len() != 3 || r1s[1..] != xs[n - 2..] || kts[2] != xs[n - 1] || kts[3] != xs[n - 2] {
+            return None;
+        }
+        let want = vec![kts[0], kts[1], xs[n - 2], xs[n - 1]];
+        if xs == want {
+            return Some((x, KFrom::AsIs, coef));
+        }
+        if n == 5 {
+            if let Some(src) = repeat_src(m, x, &want) {
+                return Some((src, KFrom::AsIs, coef));
+            }
+        }
+        Some((x, KFrom::Reshape(want), coef))
+    }) {
+        return Some(r);
+    }
+    // Any other [B, H, D, S] value: transposed back in the rewrite.
+    Some((kt, KFrom::Transposed, 1.0))
+}
+
+/// GQA/MQA head repetition ending in `x`, for a K or V of shape `want` = `[B, Hq, S, D]`:
+/// the `[B, Hkv, S, D]` source when `x` repeats each KV head `n` times in a row (query
+/// head h reads KV head h / n, as the Attention op does). `x` is either the 5-D
+/// `[B, Hkv, n, S, D]` expand (or tile) of `reshape(src, [B, Hkv, 1, S, D])`, which a
+/// reshape merges into `want`, or (MQA, Hkv = 1) `want` itself as an expand or tile of
+/// a `[B, 1, S, D]` source.
+fn repeat_src(m: &mut Matcher, x: ValueId, want: &[Dim]) -> Option<ValueId> {
+    m.attempt(|m| {
+        if m.use_count(x) != 1 || want.len() != 4 {
+            return None;
+        }
+        let xs = m.g.value(x).ty.shape.clone();
+        let en = m.op_where(x, |op| {
+            matches!(op, Op::Layout(LayoutOp::Expand { .. } | LayoutOp::Tile { .. }))
+        })?;
+        let inner = en.inputs[0];
+        let is_ = m.g.value(inner).ty.shape.clone();
+        let tile_ok = |m: &Matcher, axis: usize| match &en.op {
+            Op::Layout(LayoutOp::Tile { repeats }) => {
+                repeats.iter().enumerate().all(|(i, &r)| r == 1 || i == axis)
+            }
+            _ => {
+                let _ = m;
+                true
+            }
+        };
+        if xs.len() == 4 {
+            // MQA: [B, 1, S, D] -> [B, Hq, S, D].
+            let ok = is_.len() == 4
+                && is_[1] == Dim::Fixed(1)
+                && is_[0] == want[0]
+                && is_[2] == want[2]
+                && is_[3] == want[3]
+                && xs.as_slice() == want
+                && tile_ok(m, 1);
+            return ok.then_some(inner);
+        }
+        if xs.len() != 5 || is_.len() != 5 || m.use_count(inner) != 1 || !tile_ok(m, 2) {
+            return None;
+        }
+        let rn = m.op_where(inner, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+        let src = rn.inputs[0];
+        let s = m.g.value(src).ty.shape.clone();
+        if s.len() != 4 {
+            return None;
+        }
+        let unsq = is_[0] == s[0] && is_[1] == s[1] && is_[2] == Dim::Fixed(1) && is_[3] == s[2] && is_[4] == s[3];
+        let exp = xs[0] == s[0] && xs[1] == s[1] && xs[3] == s[2] && xs[4] == s[3];
+        let merged = match (s[1], xs[2], want[1]) {
+            (Dim::Fixed(h), Dim::Fixed(n), Dim::Fixed(t)) => h * n == t,
+            _ => false,
+        };
+        let out = want[0] == s[0] && want[2] == s[2] && want[3] == s[3];
+        (unsq && exp && merged && out).then_some(src)
+    })
 }
 
 /// Undoes GQA head repetition: returns the `[B, Hkv, S, D]` source, or `v` itself.
 fn strip_repeat(m: &mut Matcher, v: ValueId) -> ValueId {
+    let want = m.g.value(v).ty.shape.clone();
+    if want.len() != 4 {
+        return v;
+    }
     m.attempt(|m| {
-        let r2 = m.op_where(v, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
-        let e = r2.inputs[0];
-        if m.use_count(e) != 1 {
-            return None;
+        // [B, Hkv, n, S, D] merged by a reshape ...
+        if let Some(src) = m.attempt(|m| {
+            let r2 = m.op_where(v, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+            repeat_src(m, r2.inputs[0], &want)
+        }) {
+            return Some(src);
         }
-        let en = m.op_where(e, |op| matches!(op, Op::Layout(LayoutOp::Expand { .. })))?;
-        let r1 = en.inputs[0];
-        let r1n = m.op_where(r1, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
-        let src = r1n.inputs[0];
-        let s = &m.g.value(src).ty.shape;
-        let u = &m.g.value(r1).ty.shape;
-        let x = &m.g.value(e).ty.shape;
-        let o = &m.g.value(v).ty.shape;
-        if s.len() != 4 || u.len() != 5 || x.len() != 5 || o.len() != 4 {
-            return None;
-        }
-        let unsq =
-            u[0] == s[0] && u[1] == s[1] && u[2] == Dim::Fixed(1) && u[3] == s[2] && u[4] == s[3];
-        let exp = x[0] == s[0] && x[1] == s[1] && x[3] == s[2] && x[4] == s[3];
-        let merged = match (s[1], x[2], o[1]) {
-            (Dim::Fixed(h), Dim::Fixed(n), Dim::Fixed(t)) => h * n == t,
-            _ => false,
-        };
-        let out = o[0] == s[0] && o[2] == s[2] && o[3] == s[3];
-        (unsq && exp && merged && out).then_some(src)
+        // ... or (MQA) a [B, 1, S, D] expanded or tiled.
+        repeat_src(m, v, &want)
     })
     .unwrap_or(v)
 }
@@ -237,11 +368,18 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     }
     let guard = m.attempt(|m| zero_guard(m, p));
     let p = guard.map_or(p, |(_, s)| s);
+    // `where(isnan(p), 0, p)`: PyTorch's exported SDPA zeroes the NaN rows of the
+    // softmax (fully masked rows, and rows with a NaN or +inf logit). The op keeps that
+    // exactly through `zero_nan_rows`.
+    let nan_guard = guard.is_some_and(|(c, _)| {
+        m.attempt(|m| (m.unary(c, UnaryOp::IsNaN)? == p && m.use_count(c) == 1).then_some(()))
+            .is_some()
+    });
     let sn = m.op_where(p, |op| *op == Op::Norm(NormOp::Softmax { axis: 3 }))?;
     let sc = sn.inputs[0];
     // scores = product(q @ kt), or its softcapped form `cap * tanh(product(q @ kt) / cap)`
     // (`q`, `k`, K from the [B, S, H, D] view, scale, softcap (0: none))
-    let core = |m: &mut Matcher, s: ValueId| -> Option<(ValueId, ValueId, bool, f64, f64)> {
+    let core = |m: &mut Matcher, s: ValueId| -> Option<(ValueId, ValueId, KFrom, f64, f64)> {
         let mut pr = m.product(s);
         if !pr.denoms.is_empty() || pr.factors.len() != 1 {
             return None;
@@ -275,9 +413,9 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
         {
             return None;
         }
-        let (k, from_bshd, kc) = k_from_kt(m, pk.factors[0])?;
+        let (k, how, kc) = k_from_kt(m, pk.factors[0])?;
         let scale = pr.coef * pq.coef * pk.coef * kc;
-        Some((pq.factors[0], k, from_bshd, scale, softcap))
+        Some((pq.factors[0], k, how, scale, softcap))
     };
     // (core match, scores value the core produced, mask)
     let mut found = None;
@@ -301,12 +439,12 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     if found.is_none() {
         found = Some((m.attempt(|m| core(m, sc))?, sc, None));
     }
-    let ((q, k0, from_bshd, scale, softcap), scores, mut mask) = found?;
+    let ((q, k0, how, scale, softcap), scores, mut mask) = found?;
     let sshape = &m.g.value(scores).ty.shape;
     if m.g.value(sc).ty.shape != *sshape || sshape.len() != 4 {
         return None;
     }
-    if let Some((c, _)) = guard {
+    if let Some((c, _)) = guard.filter(|_| !nan_guard) {
         if !guard_ok(m, c, additive) {
             return None;
         }
@@ -333,28 +471,34 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
             return None;
         }
     }
-    let k1 = if from_bshd { k0 } else { strip_repeat(m, k0) };
+    let k1 = match how {
+        KFrom::AsIs => strip_repeat(m, k0),
+        _ => k0,
+    };
     let v = strip_repeat(m, v0);
-    // K and V must both be repeated or both not (the op derives KV heads from K).
-    if (k1 != k0) != (v != v0) {
+    if m.g.value(q).ty.rank() != 4 || m.g.value(v).ty.rank() != 4 {
         return None;
     }
-    if m.g.value(q).ty.rank() != 4 || m.g.value(v).ty.rank() != 4 {
+    // K and V must have as many heads (the op derives the KV heads from K): both
+    // repeated or both not.
+    let ks = &m.g.value(k1).ty.shape;
+    let k_heads = match &how {
+        KFrom::AsIs | KFrom::Transposed => ks.get(1),
+        KFrom::Bshd => ks.get(2),
+        KFrom::Reshape(w) => w.get(1),
+    };
+    if k_heads != m.g.value(v).ty.shape.get(1) {
         return None;
     }
     let name = m.g.value(root).name.clone();
     Some(Box::new(move |g| {
-        let k = if from_bshd {
-            emit(
-                g,
-                &name,
-                Op::Layout(LayoutOp::Transpose {
-                    perm: vec![0, 2, 1, 3],
-                }),
-                &[k1],
-            )?
-        } else {
-            k1
+        let k = match how {
+            KFrom::AsIs => k1,
+            KFrom::Bshd => emit(g, &name, Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 1, 3] }), &[k1])?,
+            KFrom::Reshape(shape) => emit(g, &name, Op::Layout(LayoutOp::Reshape { shape }), &[k1])?,
+            KFrom::Transposed => {
+                emit(g, &name, Op::Layout(LayoutOp::Transpose { perm: vec![0, 1, 3, 2] }), &[k1])?
+            }
         };
         let mut ins = vec![q, k, v];
         ins.extend(mask);
@@ -371,6 +515,7 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
             has_mask: mask.is_some(),
             has_past: false,
             has_nonpad: false,
+            zero_nan_rows: nan_guard,
         };
         emit(g, &name, Op::Nn(op), &ins)
     }))

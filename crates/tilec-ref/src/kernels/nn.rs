@@ -160,6 +160,7 @@ fn attention(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         has_mask,
         has_past,
         has_nonpad,
+        zero_nan_rows,
     } = op
     else {
         return Err("not an attention op".into());
@@ -323,7 +324,10 @@ fn attention(op: &NnOp, args: &[&Tensor]) -> Result<Vec<Tensor>, String> {
                     2 => qk_out[o..o + tk].copy_from_slice(&logits),
                     _ => {}
                 }
-                let probs = softmax_row(&logits, all_masked, sm_dt);
+                let mut probs = softmax_row(&logits, all_masked, sm_dt);
+                if *zero_nan_rows && probs.iter().any(|p| p.is_nan()) {
+                    probs.iter_mut().for_each(|p| *p = 0.0);
+                }
                 if *qk_matmul_output_mode == 3 {
                     qk_out[o..o + tk].copy_from_slice(&probs);
                 }
@@ -1328,6 +1332,7 @@ mod tests {
             has_mask: false,
             has_past: false,
             has_nonpad: false,
+            zero_nan_rows: false,
         };
         let a = attention(&op, &[&q, &k1, &v1]).unwrap();
         let (k2, v2) = (dup(&k1), dup(&v1));

@@ -175,6 +175,7 @@ pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         has_past,
         has_nonpad,
         qk_matmul_output_mode,
+        zero_nan_rows,
         ..
     }) = op
     else {
@@ -413,6 +414,16 @@ pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     ));
     let inv = l.elem_var("t", cd, false);
     let sr = rnd(Expr::Var(sum));
+    // A row whose sum is NaN has a NaN or +inf logit: with `zero_nan_rows` its
+    // probabilities are zeros (every one of them is NaN otherwise).
+    let nan_row = zero_nan_rows.then(|| {
+        let z = l.elem_var("t", DType::Bool, false);
+        body.push(Stmt::Let {
+            var: z,
+            value: Expr::un(UnOp::IsNan, sr.clone()),
+        });
+        z
+    });
     body.push(Stmt::Let {
         var: inv,
         value: Expr::select(
@@ -455,14 +466,15 @@ pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             bin(BinOp::Mul, Expr::Var(p), vv),
         ),
     ));
-    let mut pbody = vec![Stmt::Let {
-        var: p,
-        value: rnd(bin(
-            BinOp::Mul,
-            Expr::Load(scores, vec![Expr::Var(jv3)]),
-            Expr::Var(inv),
-        )),
-    }];
+    let mut pv = rnd(bin(
+        BinOp::Mul,
+        Expr::Load(scores, vec![Expr::Var(jv3)]),
+        Expr::Var(inv),
+    ));
+    if let Some(z) = nan_row {
+        pv = Expr::select(Expr::Var(z), lit(0.0, cd), pv);
+    }
+    let mut pbody = vec![Stmt::Let { var: p, value: pv }];
     if qk_mode == Some(3) {
         let at = vec![b.clone(), h.clone(), i.clone(), Expr::Var(jv3)];
         let e = l.down(Expr::Var(p), dt);

@@ -31,6 +31,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
         has_mask,
         has_past,
         has_nonpad,
+        zero_nan_rows,
         ..
     }) = op
     else {
@@ -149,15 +150,14 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
         value: Expr::select(bin(BinOp::Eq, Expr::Var(sum), lit(0.0, f32)), lit(0.0, f32), Expr::un(UnOp::Recip, Expr::Var(sum))),
     });
     let j4 = l.loop_var("i", t);
-    row.push(Stmt::for_(
-        j4,
-        t,
-        vec![Stmt::store(
-            sbuf,
-            vec![ri.clone(), Expr::Var(j4)],
-            bin(BinOp::Mul, Expr::Load(sbuf, vec![ri.clone(), Expr::Var(j4)]), Expr::Var(inv)),
-        )],
-    ));
+    let mut pv = bin(BinOp::Mul, Expr::Load(sbuf, vec![ri.clone(), Expr::Var(j4)]), Expr::Var(inv));
+    if *zero_nan_rows {
+        // A NaN sum means a NaN or +inf logit: the whole row becomes zeros.
+        let z = l.elem_var("t", DType::Bool, false);
+        row.push(Stmt::Let { var: z, value: Expr::un(UnOp::IsNan, Expr::Var(sum)) });
+        pv = Expr::select(Expr::Var(z), lit(0.0, f32), pv);
+    }
+    row.push(Stmt::for_(j4, t, vec![Stmt::store(sbuf, vec![ri.clone(), Expr::Var(j4)], pv)]));
     body.push(Stmt::for_(r, a.sq, row));
 
     // Y = P V, written through the group's epilogue.

@@ -95,9 +95,21 @@ pub(super) fn matmul(l: &mut Lowerer, n: NodeId, _: &Op) -> R<Vec<Stmt>> {
         });
     }
     let acc_d = compute_dtype(d);
-    let gv = gemm_vars(l, batch, m, nn, k, acc_d);
-    let bidx = unravel(Expr::Var(gv.b), &batch_shape);
-    let (vi, vj, vk) = (Expr::Var(gv.i), Expr::Var(gv.j), Expr::Var(gv.k));
+    // A batch of thin products sharing one 2-D B (`[S, B, E] @ W` after a transpose, as
+    // nn.MultiheadAttention's in-projection reads its sequence-first input) is one product
+    // with the batch folded into the rows: `S * B` rows instead of S products of B rows,
+    // which would fill the register tiles' rows by B / mr only.
+    let fold = !a1 && sb.len() == 2 && batch > 1 && m < FOLD_BELOW_ROWS;
+    let (gbatch, gm) = if fold { (1, batch * m) } else { (batch, m) };
+    let gv = gemm_vars(l, gbatch, gm, nn, k, acc_d);
+    let (bidx, vi) = if fold {
+        let r = Expr::Var(gv.i);
+        let bidx = unravel(l.simp(bin(BinOp::Div, r.clone(), Expr::Int(m))), &batch_shape);
+        (bidx, l.simp(bin(BinOp::Rem, r, Expr::Int(m))))
+    } else {
+        (unravel(Expr::Var(gv.b), &batch_shape), Expr::Var(gv.i))
+    };
+    let (vj, vk) = (Expr::Var(gv.j), Expr::Var(gv.k));
     let ai = mm_index(&sa, &bidx, &vi, &vk, true);
     let bi = mm_index(&sb, &bidx, &vk, &vj, false);
     let ae = operand(l, &mut |l| l.value_at(a, &ai))?;
@@ -119,8 +131,8 @@ pub(super) fn matmul(l: &mut Lowerer, n: NodeId, _: &Op) -> R<Vec<Stmt>> {
     let mut e = l.end_block(m2);
     e.extend(epi?);
     Ok(vec![Stmt::Gemm(Box::new(Gemm {
-        batch,
-        m,
+        batch: gbatch,
+        m: gm,
         n: nn,
         k,
         b_var: gv.b,
@@ -135,6 +147,10 @@ pub(super) fn matmul(l: &mut Lowerer, n: NodeId, _: &Op) -> R<Vec<Stmt>> {
         params: gemm_params(),
     }))])
 }
+
+/// Products with fewer rows than this whose B is shared by the whole batch are lowered as
+/// one product over the batch's rows.
+const FOLD_BELOW_ROWS: i64 = 16;
 
 /// Index into a matmul operand of shape `s` (rank 1 operands are vectors) for output batch
 /// index `bidx` and matrix coordinates (`r`, `c`); `lhs` says which operand.
