@@ -683,18 +683,24 @@ fn run_case(
     Ok(j)
 }
 
-/// `GEMM_STAGED=0|1` turns the staged epilogue off or on (for comparisons), fitting the stages.
+/// `GEMM_STAGED=0|1` turns the staged epilogue off or on (for comparisons), fitting the stages;
+/// `GEMM_PINGPONG=1` runs two consumer warpgroups on tiles of their own (128x128 tiles).
 fn with_env(q: Params) -> Params {
-    match std::env::var("GEMM_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
-        Some(v) => {
-            let mut q = Params { staged: v != 0, ..q };
-            while q.stages > 2 && q.smem_bytes() > gemm::MAX_SMEM {
-                q.stages -= 1;
-            }
-            q
-        }
-        None => q,
+    let flag = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
+    let mut q = q;
+    if let Some(v) = flag("GEMM_STAGED") {
+        q.staged = v != 0;
     }
+    if flag("GEMM_PINGPONG") == Some(1) && q.consumers == 2 && q.cluster_m == 1 {
+        q.pingpong = true;
+        q.tile_m = 128;
+        q.tile_n = q.tile_n.min(128);
+        q.stages = 8;
+    }
+    while q.stages > 2 && q.smem_bytes() > gemm::MAX_SMEM {
+        q.stages -= 1;
+    }
+    q
 }
 
 fn main() {

@@ -325,7 +325,9 @@ impl GemmKernel {
         // Persistent: one block per SM at most (whole clusters), fewer for small problems.
         let cl = q.cluster_m;
         let tiles = p.m.div_ceil(q.tile_m * cl) * p.n.div_ceil(q.tile_n) * p.batch;
-        let grid = (tiles.min(self.resident_blocks as usize / cl).max(1) * cl) as u32;
+        // In ping-pong a block works on two tiles at once.
+        let per_block = if q.pingpong { tiles.div_ceil(2) } else { tiles };
+        let grid = (per_block.min(self.resident_blocks as usize / cl).max(1) * cl) as u32;
         Ok(GemmArgs {
             map_a,
             map_b,

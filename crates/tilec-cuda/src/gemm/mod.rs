@@ -375,6 +375,10 @@ pub struct Params {
     /// loads and stores, in the epilogue function or the built-in store). Takes
     /// [`STAGING_BYTES`] of shared memory beside the ring.
     pub staged: bool,
+    /// Ping-pong: each of the two consumer warpgroups owns whole tiles (every other one of the
+    /// block's sequence), so one's epilogue overlaps the other's products; otherwise they
+    /// share each tile, `tile_m / consumers` rows each.
+    pub pingpong: bool,
 }
 
 /// Shared memory of the staged epilogue: per consumer warp, 16 rows of 32 f32 columns padded
@@ -394,6 +398,7 @@ impl Default for Params {
             swizzle: 128,
             regs: (40, 232),
             staged: false,
+            pingpong: false,
         }
     }
 }
@@ -415,12 +420,22 @@ impl Params {
     }
     /// Rows of C one consumer warpgroup owns.
     pub fn warp_m(&self) -> usize {
-        self.tile_m / self.consumers.max(1)
+        if self.pingpong {
+            self.tile_m
+        } else {
+            self.tile_m / self.consumers.max(1)
+        }
     }
     /// Checks the parameters on their own.
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=2).contains(&self.consumers) {
             return Err(format!("{} consumer warpgroups (1 or 2)", self.consumers));
+        }
+        if self.pingpong && (self.consumers != 2 || self.cluster_m != 1) {
+            return Err(format!(
+                "ping-pong needs two consumer warpgroups and no cluster (got {} and cluster {})",
+                self.consumers, self.cluster_m
+            ));
         }
         if self.tile_m % self.consumers != 0 || ![64, 128].contains(&self.warp_m()) {
             return Err(format!(
@@ -969,6 +984,29 @@ mod tests {
         let mut wide = p.clone();
         wide.m += 1;
         assert!(applies(&wide, &q, (9, 0)).unwrap_err().contains("not the convolution's"));
+    }
+
+    #[test]
+    fn ping_pong_gives_each_warpgroup_whole_tiles() {
+        let p = Problem::new(8192, 8192, 8192, DType::BF16);
+        let q = Params { tile_n: 128, pingpong: true, staged: true, stages: 6, ..Params::default() };
+        assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
+        assert_eq!(q.warp_m(), 128);
+        let src = render(&p, &q);
+        if std::env::var("DUMP_PP").is_ok() {
+            eprintln!("{src}");
+        }
+        assert!(src.contains("for (int t = blockIdx.x + cw * gridDim.x; t < tiles; t += 2 * gridDim.x)"), "{src}");
+        assert!(src.contains("it += kblocks;"));
+        assert!(src.contains("bar.sync %0, 256;") && src.contains("bar.arrive %0, 256;"));
+        assert!(src.contains("tl_wgmma_desc(sa + (0 + 1) * 8192u"), "{src}");
+        assert!(src.contains("tl_mbar_init(bars + 8 * (STAGES + s), 4);"));
+        assert!(kernel_name(&p, &q).contains("_st_pp"));
+        // 128x256 per warpgroup would need 256 accumulators a thread; no clusters.
+        assert!(Params { pingpong: true, ..Params::default() }.validate().is_err());
+        assert!(Params { cluster_m: 2, ..q }.validate().unwrap_err().contains("ping-pong"));
+        let coop = render(&p, &Params { pingpong: false, ..q });
+        assert!(coop.contains("tl_mbar_init(bars + 8 * (STAGES + s), 8);") && !coop.contains("it += kblocks;"));
     }
 
     #[test]

@@ -98,7 +98,12 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
     };
     let (ta, tb) = mma_types(p);
     let ab = if ta == tb { ta.to_string() } else { format!("{ta}{tb}") };
-    let staged = if q.staged { "_st" } else { "" };
+    let staged = match (q.staged, q.pingpong) {
+        (true, true) => "_st_pp",
+        (true, false) => "_st",
+        (false, true) => "_pp",
+        (false, false) => "",
+    };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
@@ -366,11 +371,10 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
     for (int j = 0; j < {mblocks}; ++j)
 #pragma unroll
       for (int i = 0; i < {accn}; ++i) acc[j][i] = 0.0f;
-    unsigned it = 0;
-    for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {{
+{consumer_loop}
       int b, tm, tn;
       tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
-      const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;
+      const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;{pp_wait}
       for (int kb = 0; kb < kblocks; ++kb, ++it) {{
         const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
         tl_mbar_wait(bars + 8 * s, ph);
@@ -389,12 +393,12 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
         }}
       }}
       tl_wgmma_wait<0>();
-      if (lane == 0) {release}
+      if (lane == 0) {release}{pp_signal}
 #pragma unroll
       for (int j = 0; j < {mblocks}; ++j)
 #pragma unroll
         for (int i = 0; i < {accn}; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
-{epilogue}
+{epilogue}{pp_skip}
     }}
   }}
 {cluster_exit}}}
@@ -407,7 +411,30 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
             ""
         },
         group = q.group_m,
-        empty_count = 4 * q.consumers * q.cluster_m,
+        // Every consumer warp frees each slot, or in ping-pong only the owning warpgroup's.
+        empty_count = 4 * if q.pingpong { 1 } else { q.consumers } * q.cluster_m,
+        consumer_loop = if q.pingpong {
+            // Ping-pong: warpgroup cw takes every other tile of the block's sequence; its ring
+            // position skips the other's K-blocks.
+            "    unsigned it = cw * kblocks;\n    for (int t = blockIdx.x + cw * gridDim.x; t < tiles; t += 2 * gridDim.x) {"
+        } else {
+            "    unsigned it = 0;\n    for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {"
+        },
+        pp_skip = if q.pingpong { "\n      it += kblocks;" } else { "" },
+        // The warpgroups take turns in the main loop (named barriers 1 and 2, both warpgroups'
+        // 256 threads): a warpgroup's K-blocks start only once the other's previous tile has
+        // all its slots, so no wait is ever a full ring ahead of the producer (a barrier's
+        // parity would alias).
+        pp_wait = if q.pingpong {
+            "\n      if (cw == 1 || t != (int)blockIdx.x) asm volatile(\"bar.sync %0, 256;\" :: \"r\"(cw == 0 ? 2 : 1) : \"memory\");"
+        } else {
+            ""
+        },
+        pp_signal = if q.pingpong {
+            "\n      if (t + (int)gridDim.x < tiles) asm volatile(\"bar.arrive %0, 256;\" :: \"r\"(cw == 0 ? 1 : 2) : \"memory\");"
+        } else {
+            ""
+        },
         cl = q.cluster_m,
         cluster_attr = if q.cluster_m > 1 {
             format!("__cluster_dims__({}, 1, 1) ", q.cluster_m)
@@ -598,6 +625,8 @@ fn render_loads(p: &Problem, q: &Params) -> String {
 fn render_mmas(q: &Params, a_kmajor: bool) -> String {
     let mut s = String::new();
     let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
     let ind = "          ";
     for j in 0..mblocks {
         // Block (cw * mblocks + j) of 64 rows starts 8192 bytes after the previous one in both
@@ -605,7 +634,7 @@ fn render_mmas(q: &Params, a_kmajor: bool) -> String {
         let (kstep, lbo) = if a_kmajor { (32, 16) } else { (2048, 8192) };
         let _ = writeln!(
             s,
-            "{ind}tl_wgmma(acc[{j}], tl_wgmma_desc(sa + (cw * {mblocks} + {j}) * 8192u + {kstep}u * kk, {lbo}u, 1024u), db, (kb > 0 || kk > 0) ? 1 : 0);"
+            "{ind}tl_wgmma(acc[{j}], tl_wgmma_desc(sa + ({wg} + {j}) * 8192u + {kstep}u * kk, {lbo}u, 1024u), db, (kb > 0 || kk > 0) ? 1 : 0);"
         );
     }
     s
@@ -629,6 +658,8 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
         return render_custom_epilogue(p, c, q);
     }
     let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
     let bn = q.tile_n;
     let od = p.out_dtype;
     let act = |v: &str| -> String {
@@ -693,7 +724,7 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
         let _ = write!(
             s,
             r#"        {{
-          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16 + (lane >> 2);
+          const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
           for (int q = 0; q < {nt}; ++q) {{
             const int col = n0 + 8 * q + 2 * (lane & 3);
@@ -730,6 +761,8 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
 /// The per-element calls of a custom epilogue (guarded at the edges).
 fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) -> String {
     let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
     let args: String = c
         .params
         .iter()
@@ -751,7 +784,7 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
         let _ = write!(
             s,
             r#"        {{
-          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16 + (lane >> 2);
+          const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
           for (int q = 0; q < {nt}; ++q) {{
             const int col = n0 + 8 * q + 2 * (lane & 3);
@@ -782,6 +815,8 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
 /// them to the epilogue function; warps need no block-wide barrier.
 fn render_staged_epilogue(q: &Params, sink: &str, scale: &str) -> String {
     let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
     let mut s = String::from(
         "      {\n        float* tl_st = (float*)tl_dyn_stage + (cw * 4 + warp) * 640;\n",
     );
@@ -789,7 +824,7 @@ fn render_staged_epilogue(q: &Params, sink: &str, scale: &str) -> String {
         let _ = write!(
             s,
             r#"        {{
-          const int row0 = m0 + (cw * {mblocks} + {j}) * 64 + warp * 16;
+          const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16;
 #pragma unroll
           for (int ch = 0; ch < {chunks}; ++ch) {{
 #pragma unroll
