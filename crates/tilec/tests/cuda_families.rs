@@ -701,11 +701,12 @@ fn decode_shaped_products_take_the_gemv_family() {
         let src = &p.kernels()[0].source.source;
         assert!(src.contains("mma.sync.aligned.m16n8k16") && src.contains("_repack(") && src.contains("tl_epi("));
     }
-    // Batches of rows flattened against one weight: 4 x 4 rows.
+    // Batches of rows against one weight, 4 x 4 rows: one product of 16 rows (the lowering
+    // folds a batch of products of fewer than 16 rows sharing a 2-D weight into one).
     let p = prepared(&linear(DType::F16, 4, 4, 512, 256), &h);
     let why = families(&p)[0].1.clone().unwrap_or_default();
     assert_eq!(families(&p)[0].0, "sm80_gemv", "{why}");
-    assert!(why.contains("(4 batches of 4 rows flattened)"), "{why}");
+    assert!(why.contains("16x256x512 batch 1"), "{why}");
     // The nn.Linear layout: read directly.
     let p = prepared(&linear_nk_bias(DType::F16, 16, 1000, 300), &h);
     let why = families(&p)[0].1.clone().unwrap_or_default();
@@ -755,4 +756,58 @@ fn gemv_family_kernels_match_the_reference_on_a_gpu() {
             }
         }
     }
+}
+
+/// GPT-2's Conv1D as exported: `x [b, s, e]` viewed as `[b * s, e]`, times a constant weight,
+/// plus a bias, viewed back as `[b, s, 3e]` and split into Q, K and V. The whole group is one
+/// GEMM kernel on the GPU: the split, the bias and the reshape of the rows (row `b * s + t`
+/// back to `(b, t)`) fold into the epilogue. The folded kernel computes what the lowered group
+/// does (both run on the tile-IR interpreter), and the group builds whole.
+#[test]
+fn reshaped_and_split_projection_folds_into_one_gemm_kernel() {
+    use tilec_ir::Dim::Fixed;
+    let (b, s, e) = (2usize, 6usize, 8usize);
+    let mut g = Graph::new("conv1d");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[b, s, e]));
+    let r = g.add(Op::Layout(LayoutOp::Reshape { shape: vec![Fixed(b * s), Fixed(e)] }), &[x]).unwrap();
+    let w = konst(&mut g, "w", DType::F32, &[e, 3 * e]);
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[r, w]).unwrap();
+    let bias = konst(&mut g, "bias", DType::F32, &[3 * e]);
+    let y = g.add(Op::Binary(BinaryOp::Add), &[y, bias]).unwrap();
+    let y = g.add(Op::Layout(LayoutOp::Reshape { shape: vec![Fixed(b), Fixed(s), Fixed(3 * e)] }), &[y]).unwrap();
+    let outs = g.add_node("split", Op::Layout(LayoutOp::Split { axis: 2, sizes: vec![Fixed(e); 3] }), &[y]).unwrap();
+    g.set_outputs(outs);
+    let mut opt = g.clone();
+    tilec_opt::manager::Pipeline::for_level_and_target(3, tilec_opt::target::TargetKind::Cuda)
+        .run(&mut opt, &tilec_opt::manager::PipelineOptions::default())
+        .unwrap();
+    let part = tilec_opt::partition::partition(&opt, &tilec_opt::partition::Target::preset(tilec_opt::target::TargetKind::Cuda));
+    let grp = part.groups.iter().find(|grp| grp.nodes.iter().any(|&n| matches!(opt.node(n).op, Op::Linalg(LinalgOp::MatMul)))).unwrap();
+    let p = tilec_tile::family::Problem::of_group(&opt, grp, "k");
+    let k = p.lower(tilec_tile::lower::LowerOptions::default()).unwrap().kernel;
+    assert!(k.body.len() > 1, "the group lowers to a product and a consumer nest:\n{k}");
+    let fused = tilec::cuda::schedule::fuse_scratch_epilogue(&k).unwrap_or_else(|| panic!("not folded:\n{k}"));
+    assert_eq!(fused.body.len(), 1, "{fused}");
+    let args = |k: &tilec_tile::Kernel| -> Vec<Tensor> {
+        k.params
+            .iter()
+            .enumerate()
+            .map(|(i, &bf)| {
+                let buf = k.buf(bf);
+                let shape: Vec<usize> = buf.shape.iter().map(|&d| d as usize).collect();
+                let vals: Vec<f64> = (0..buf.numel() as usize).map(|j| ((j * 37 + i * 11) % 29) as f64 / 8.0 - 1.7).collect();
+                Tensor::from_f64s(buf.dtype, shape, &vals).unwrap()
+            })
+            .collect()
+    };
+    let (mut want, mut got) = (args(&k), args(&fused));
+    tilec_tile::interp::run(&k, &mut want).unwrap();
+    tilec_tile::interp::run(&fused, &mut got).unwrap();
+    for (w, gt) in want.iter().zip(&got) {
+        assert_eq!(w.to_f64_vec(), gt.to_f64_vec(), "the folded kernel differs:\n{fused}");
+    }
+    // On the Hopper target the group is one template kernel (no node-by-node split).
+    let prep = prepared(&to_f16(&g), &GpuTarget::hopper());
+    assert_eq!(prep.kernels().len(), 1, "{:?}", prep.kernels().iter().map(|k| &k.name).collect::<Vec<_>>());
+    assert_eq!(prep.report.split_groups, 0);
 }

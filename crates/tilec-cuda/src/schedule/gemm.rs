@@ -321,25 +321,53 @@ fn fuse_split_epilogue(k: &Kernel) -> Option<Kernel> {
         return None;
     }
     let (loops, inner) = row_nest(std::slice::from_ref(nest));
-    if loops.len() != gvars.len() || loops.iter().any(|lp| lp.kind != LoopKind::Serial) {
+    if loops.len() < gvars.len() || loops.iter().any(|lp| lp.kind != LoopKind::Serial) {
         return None;
     }
-    // The shift of a read `L[x0 + c0, ..]`, when it has that form.
-    let shift_of = |idx: &[Expr]| -> Option<Vec<i64>> {
-        idx.iter()
-            .zip(&loops)
-            .map(|(e, lp)| match tilec_tile::affine::linear_offset(&[(e.clone(), 1)]) {
-                Some((atoms, c)) if atoms.len() == 1 && atoms[0].0 == 1 && atoms[0].1 == Expr::Var(lp.var) => Some(c),
-                _ => None,
-            })
-            .collect()
+    // A read `L[x0 + c0, ..]` where each index is a contiguous run of the nest's loops
+    // flattened row-major (one loop, or several: a reshape of L's rows such as
+    // `[b * 512 + s, ..]`) plus a constant shift; the runs cover the loops in order. Each
+    // dimension's (first loop, end, shift), when the read has that form.
+    let shift_of = |idx: &[Expr]| -> Option<Vec<(usize, usize, i64)>> {
+        let mut next = 0usize;
+        let mut dims = vec![];
+        for (d, e) in idx.iter().enumerate() {
+            let (atoms, c) = tilec_tile::affine::linear_offset(&[(e.clone(), 1)])?;
+            let start = next;
+            let mut stride = 1i64;
+            let mut run: Vec<(i64, usize)> = vec![];
+            for (coef, a) in atoms {
+                let Expr::Var(x) = a else { return None };
+                let pos = loops.iter().position(|lp| lp.var == x)?;
+                run.push((coef, pos));
+            }
+            run.sort_by_key(|r| std::cmp::Reverse(r.1));
+            // Innermost first: coefficients 1, extent, extent * extent', ...
+            let end = run.first()?.1 + 1;
+            for (i, &(coef, pos)) in run.iter().enumerate() {
+                if pos != end - 1 - i || coef != stride {
+                    return None;
+                }
+                stride *= loops[pos].extent;
+            }
+            if end - run.len() != start {
+                return None;
+            }
+            next = end;
+            dims.push((start, end, c));
+            // The last dimension takes the remaining loops.
+            if d + 1 == idx.len() && next != loops.len() {
+                return None;
+            }
+        }
+        Some(dims)
     };
     let mut shared_lets = vec![];
-    let mut parts: Vec<(Vec<i64>, Stmt)> = vec![];
+    let mut parts: Vec<(Vec<(usize, usize, i64)>, Stmt)> = vec![];
     for s in inner {
         let mut bad = false;
         s.visit(&mut |x| bad |= !matches!(x, Stmt::Store { .. } | Stmt::Let { .. }));
-        let mut shifts: Vec<Option<Vec<i64>>> = vec![];
+        let mut shifts: Vec<Option<Vec<(usize, usize, i64)>>> = vec![];
         each_expr_in(s, &mut |e| {
             e.visit(&mut |x| {
                 if let Expr::Load(b, idx) = x {
@@ -370,15 +398,24 @@ fn fuse_split_epilogue(k: &Kernel) -> Option<Kernel> {
         let mut body: Vec<Stmt> = shared_lets.clone();
         body.push(store);
         let mut cond: Option<Expr> = None;
-        for ((lp, &gv), &c) in loops.iter().zip(&gvars).zip(&shift) {
+        for (&gv, &(start, end, c)) in gvars.iter().zip(&shift) {
             let x = Expr::add(v(gv), Expr::Int(-c));
-            for st in body.iter_mut() {
-                st.substitute(lp.var, &x);
+            // The run's loops recovered from the flat index: the innermost is x % extent, the
+            // next (x / extent) % extent', ..., the outermost a plain quotient.
+            let mut below = 1i64;
+            for pos in (start..end).rev() {
+                let lp = &loops[pos];
+                let q = if below == 1 { x.clone() } else { Expr::Binary(BinOp::Div, Box::new(x.clone()), Box::new(Expr::Int(below))) };
+                let val = if pos == start { q } else { Expr::Binary(BinOp::Rem, Box::new(q), Box::new(Expr::Int(lp.extent))) };
+                for st in body.iter_mut() {
+                    st.substitute(lp.var, &val);
+                }
+                below *= lp.extent;
             }
             let inside = Expr::Binary(
                 BinOp::And,
                 Box::new(Expr::Binary(BinOp::Ge, Box::new(x.clone()), Box::new(Expr::Int(0)))),
-                Box::new(Expr::Binary(BinOp::Lt, Box::new(x), Box::new(Expr::Int(lp.extent)))),
+                Box::new(Expr::Binary(BinOp::Lt, Box::new(x), Box::new(Expr::Int(below)))),
             );
             cond = Some(match cond {
                 None => inside,
