@@ -31,6 +31,7 @@ pub mod handbuilt;
 pub mod mma;
 pub mod nvrtc;
 pub mod render;
+pub mod repack;
 pub mod schedule;
 pub mod simt;
 pub mod tma;

@@ -13,7 +13,8 @@ use std::sync::Mutex;
 use tilec_ir::DType;
 use tilec_tile::Kernel;
 
-use crate::driver::{Device, DeviceBuffer, LaunchConfig, Stream};
+use crate::driver::{Device, Stream};
+use crate::repack::Repacked;
 use crate::error::{CudaError, Result};
 use crate::gemm::{self, GemmArgs, GemmKernel, Params};
 use crate::render::CudaSource;
@@ -149,9 +150,8 @@ pub struct Sm90Kernel {
     plan: FamilyPlan,
     gemm: GemmKernel,
     bound: Mutex<Option<(Vec<u64>, GemmArgs)>>,
-    /// A convolution's repacked weights, and the weights' address they were made from.
-    packed: Option<DeviceBuffer>,
-    packed_from: Mutex<Option<u64>>,
+    /// A convolution's repacked weights.
+    packed: Option<Repacked>,
 }
 
 impl Sm90Kernel {
@@ -162,20 +162,19 @@ impl Sm90Kernel {
         cache_hit: bool,
     ) -> Result<Sm90Kernel> {
         let params = sm90_params(plan)?;
-        let gemm = GemmKernel::from_image(device, &plan.problem, &params, image, cache_hit)?;
+        let mut gemm = GemmKernel::from_image(device, &plan.problem, &params, image, cache_hit)?;
         // Raised now rather than at the first launch, which may be inside a graph capture.
         gemm.function()
             .reserve_dynamic_smem(params.smem_bytes() as u32)?;
-        let packed = match &plan.problem.conv {
-            Some(c) => Some(device.alloc(plan.problem.n * c.k_padded() * 2)?),
-            None => None,
+        let packed = match (&plan.problem.conv, gemm.take_repack_function()) {
+            (Some(c), Some(f)) => Some(Repacked::new(&plan.entry, f, device.alloc(plan.problem.n * c.k_padded() * 2)?)),
+            _ => None,
         };
         Ok(Sm90Kernel {
             plan: plan.clone(),
             gemm,
             bound: Mutex::new(None),
             packed,
-            packed_from: Mutex::new(None),
         })
     }
 
@@ -195,15 +194,8 @@ impl Sm90Kernel {
 
     fn encode(&self, ptrs: &[u64]) -> Result<GemmArgs> {
         let (a, mut b) = (Self::at(&self.plan.a, ptrs)?, Self::at(&self.plan.b, ptrs)?);
-        if let Some(buf) = &self.packed {
-            let from = *self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
-            if from != Some(b) {
-                return Err(CudaError::Usage(format!(
-                    "kernel {}: launched before its weights were repacked (bind it first)",
-                    self.plan.entry
-                )));
-            }
-            b = buf.ptr();
+        if let Some(p) = &self.packed {
+            b = p.ptr(b)?;
         }
         self.gemm.args_with(&self.plan.problem, a, b, 0, None, ptrs)
     }
@@ -212,20 +204,10 @@ impl Sm90Kernel {
     /// and waits for it: before the first launch, outside any graph capture. The weights must
     /// not change afterwards (they are a model's constants).
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
-        let (Some(out), Some(repack)) = (&self.packed, self.gemm.repack_function()) else {
-            return Ok(());
-        };
-        let w = Self::at(&self.plan.b, ptrs)?;
-        let mut from = self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
-        if *from == Some(w) {
-            return Ok(());
+        match &self.packed {
+            Some(p) => p.bind(stream, Self::at(&self.plan.b, ptrs)?),
+            None => Ok(()),
         }
-        let total = out.len() / 2;
-        let cfg = LaunchConfig { grid: (total.div_ceil(256) as u32, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 };
-        repack.launch(stream, &cfg, &[w, out.ptr()])?;
-        stream.synchronize()?;
-        *from = Some(w);
-        Ok(())
     }
 
     /// Launches on `stream` with one device pointer per parameter of the tile-IR kernel.

@@ -150,10 +150,10 @@ impl GemmKernel {
         &self.func
     }
 
-    /// A convolution's weight repacking kernel: `(weights, out)`, one thread per element of
-    /// the `n x k_padded` output.
-    pub fn repack_function(&self) -> Option<&Function> {
-        self.repack.as_ref()
+    /// A convolution's weight repacking kernel, `(weights, out)`, one thread per element of
+    /// the `n x k_padded` output, handed to its owner ([`crate::repack::Repacked`]).
+    pub fn take_repack_function(&mut self) -> Option<Function> {
+        self.repack.take()
     }
 
     /// Blocks of the persistent grid (at most; small problems get fewer).

@@ -1,11 +1,12 @@
 //! Loading, binding and launching the GEMV kernel.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{applies, kernel_name, packed_ld, repacked, smem_bytes, tiles, workspace, Params};
 use crate::driver::{Device, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 use crate::families::OperandRef;
+use crate::repack::Repacked;
 use crate::gemm::Problem;
 
 /// A loaded kernel for one problem and parameter set, with what it owns on the device: the
@@ -17,12 +18,10 @@ pub struct GemvKernel {
     pub b: OperandRef,
     pub cache_hit: bool,
     func: Function,
-    repack: Option<Function>,
     /// Partial sums (f32) and one arrival counter per tile (zero between launches).
     workspace: Option<(DeviceBuffer, DeviceBuffer)>,
-    /// The repacked weights, and the weights' address they were made from.
-    packed: Option<DeviceBuffer>,
-    packed_from: Mutex<Option<u64>>,
+    /// A row-major B repacked into K-contiguous rows.
+    packed: Option<Repacked>,
 }
 
 impl GemvKernel {
@@ -42,7 +41,6 @@ impl GemvKernel {
         let module = Arc::new(device.load_module(image)?);
         let func = module.function(&name)?;
         func.reserve_dynamic_smem(smem_bytes(problem, params) as u32)?;
-        let repack = if repacked(problem) { Some(module.function(&format!("{name}_repack"))?) } else { None };
         let (floats, counters) = workspace(problem, params);
         let workspace = if counters > 0 {
             let ws = device.alloc(floats * 4)?;
@@ -54,7 +52,12 @@ impl GemvKernel {
         } else {
             None
         };
-        let packed = if repacked(problem) { Some(device.alloc(problem.n * packed_ld(problem) * 2)?) } else { None };
+        let packed = if repacked(problem) {
+            let f = module.function(&format!("{name}_repack"))?;
+            Some(Repacked::new(&name, f, device.alloc(problem.n * packed_ld(problem) * 2)?))
+        } else {
+            None
+        };
         Ok(GemvKernel {
             name,
             problem: problem.clone(),
@@ -62,10 +65,8 @@ impl GemvKernel {
             b: b.clone(),
             cache_hit,
             func,
-            repack,
             workspace,
             packed,
-            packed_from: Mutex::new(None),
         })
     }
 
@@ -82,20 +83,10 @@ impl GemvKernel {
     /// launching, outside any graph capture. The weights must not change afterwards (they are
     /// a model's constants). Nothing to do for a column-major B.
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
-        let (Some(repack), Some(out)) = (&self.repack, &self.packed) else {
-            return Ok(());
-        };
-        let w = self.weights(ptrs)?;
-        let mut from = self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
-        if *from == Some(w) {
-            return Ok(());
+        match &self.packed {
+            Some(p) => p.bind(stream, self.weights(ptrs)?),
+            None => Ok(()),
         }
-        let total = out.len() / 2;
-        let cfg = LaunchConfig { grid: (total.div_ceil(256) as u32, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 };
-        repack.launch(stream, &cfg, &[w, out.ptr()])?;
-        stream.synchronize()?;
-        *from = Some(w);
-        Ok(())
     }
 
     fn weights(&self, ptrs: &[u64]) -> Result<u64> {
@@ -107,16 +98,7 @@ impl GemvKernel {
     /// Launches with one device pointer per parameter of the tile-IR kernel.
     pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         let packed = match &self.packed {
-            Some(buf) => {
-                let from = *self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
-                if from.is_none() || from != Some(self.weights(ptrs)?) {
-                    return Err(CudaError::Usage(format!(
-                        "kernel {}: launched before its weights were repacked (bind it first)",
-                        self.name
-                    )));
-                }
-                buf.ptr()
-            }
+            Some(p) => p.ptr(self.weights(ptrs)?)?,
             None => 0,
         };
         let (ws, cnt) = self.workspace.as_ref().map_or((0, 0), |(w, c)| (w.ptr(), c.ptr()));

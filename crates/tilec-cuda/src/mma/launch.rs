@@ -1,11 +1,12 @@
 //! Loading, binding and launching the `mma.sync` GEMM kernel.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{applies, kernel_name, tiles, MmaProblem, Params};
 use crate::driver::{Device, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 use crate::families::OperandRef;
+use crate::repack::Repacked;
 
 /// A loaded kernel for one problem and parameter set, with what it owns on the device: the
 /// split-K workspace and tile counters, and a convolution's repacked weights.
@@ -16,12 +17,11 @@ pub struct MmaKernel {
     pub b: OperandRef,
     pub cache_hit: bool,
     func: Function,
-    repack: Option<Function>,
+
     /// Partial tiles (f32) and one arrival counter per tile (zero between launches).
     workspace: Option<(DeviceBuffer, DeviceBuffer)>,
-    /// The repacked weights, and the weights' address they were made from.
-    packed: Option<DeviceBuffer>,
-    packed_from: Mutex<Option<u64>>,
+    /// A convolution's repacked weights.
+    packed: Option<Repacked>,
 }
 
 impl MmaKernel {
@@ -41,10 +41,6 @@ impl MmaKernel {
         let module = Arc::new(device.load_module(image)?);
         let func = module.function(&name)?;
         func.reserve_dynamic_smem(params.smem_bytes() as u32)?;
-        let repack = match problem.conv {
-            Some(_) => Some(module.function(&format!("{name}_repack"))?),
-            None => None,
-        };
         let workspace = if params.split_k > 1 {
             let t = tiles(&problem.gemm, params);
             let ws = device.alloc(t * params.split_k * params.tile_m * params.tile_n * 4)?;
@@ -57,7 +53,10 @@ impl MmaKernel {
             None
         };
         let packed = match &problem.conv {
-            Some(c) => Some(device.alloc(problem.gemm.n * c.k_padded() * 2)?),
+            Some(c) => {
+                let f = module.function(&format!("{name}_repack"))?;
+                Some(Repacked::new(&name, f, device.alloc(problem.gemm.n * c.k_padded() * 2)?))
+            }
             None => None,
         };
         Ok(MmaKernel {
@@ -67,10 +66,8 @@ impl MmaKernel {
             b: b.clone(),
             cache_hit,
             func,
-            repack,
             workspace,
             packed,
-            packed_from: Mutex::new(None),
         })
     }
 
@@ -92,39 +89,22 @@ impl MmaKernel {
     /// and waits for it: call before launching, outside any graph capture. The weights must
     /// not change afterwards (they are a model's constants).
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
-        let (Some(repack), Some(out)) = (&self.repack, &self.packed) else {
-            return Ok(());
-        };
-        let w = ptrs
-            .get(self.b.param)
-            .map(|p| p + self.b.offset_bytes)
-            .ok_or_else(|| CudaError::Usage(format!("kernel {}: weight parameter {} missing", self.name, self.b.param)))?;
-        let mut from = self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
-        if *from == Some(w) {
-            return Ok(());
+        match &self.packed {
+            Some(p) => p.bind(stream, self.weights(ptrs)?),
+            None => Ok(()),
         }
-        let total = out.len() / 2;
-        let cfg = LaunchConfig { grid: (total.div_ceil(256) as u32, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 };
-        repack.launch(stream, &cfg, &[w, out.ptr()])?;
-        stream.synchronize()?;
-        *from = Some(w);
-        Ok(())
+    }
+
+    fn weights(&self, ptrs: &[u64]) -> Result<u64> {
+        ptrs.get(self.b.param)
+            .map(|p| p + self.b.offset_bytes)
+            .ok_or_else(|| CudaError::Usage(format!("kernel {}: weight parameter {} missing", self.name, self.b.param)))
     }
 
     /// Launches with one device pointer per parameter of the tile-IR kernel.
     pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         let packed = match &self.packed {
-            Some(buf) => {
-                let from = *self.packed_from.lock().map_err(|_| CudaError::Usage("repack state poisoned".into()))?;
-                let w = ptrs.get(self.b.param).map(|p| p + self.b.offset_bytes);
-                if from.is_none() || from != w {
-                    return Err(CudaError::Usage(format!(
-                        "kernel {}: launched before its weights were repacked (bind it first)",
-                        self.name
-                    )));
-                }
-                buf.ptr()
-            }
+            Some(p) => p.ptr(self.weights(ptrs)?)?,
             None => 0,
         };
         let (ws, cnt) = self.workspace.as_ref().map_or((0, 0), |(w, c)| (w.ptr(), c.ptr()));
