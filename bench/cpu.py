@@ -312,6 +312,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per model (default 3)")
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (default 2)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="benchmark only these models")
+    ap.add_argument("--model", nargs="+", default=[], metavar="NAME=DIR",
+                    help="extra model directories (model.onnx + test_data_set_0), e.g. from scripts/export-cnn-models.py")
     ap.add_argument("--sizes", type=int, nargs="+", default=SGEMM_SIZES, help="SGEMM sizes")
     ap.add_argument("--no-tilec", action="store_true", help="skip tilec (reference figures only)")
     ap.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
@@ -331,6 +333,11 @@ def main() -> int:
         "sgemm": [],
     }
     dirs = model_dirs()
+    for spec in args.model:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--model expects NAME=DIR, got {spec!r}")
+        dirs.append((name, Path(path).resolve()))
     if args.only:
         unknown = set(args.only) - {n for n, _ in dirs}
         if unknown:
@@ -338,7 +345,7 @@ def main() -> int:
         dirs = [(n, d) for n, d in dirs if n in args.only]
 
     for name, d in dirs:
-        rec = {"name": name, "path": str(d.relative_to(ROOT)), "tilec_ms": None, "ort_ms": None, "ratio": None}
+        rec = {"name": name, "path": str(d.relative_to(ROOT)) if d.is_relative_to(ROOT) else str(d), "tilec_ms": None, "ort_ms": None, "ratio": None}
         try:
             inputs = load_inputs(d)
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on

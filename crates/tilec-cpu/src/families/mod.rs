@@ -10,6 +10,7 @@
 
 mod attention_gemm;
 mod blis_gemm;
+mod depthwise;
 mod direct;
 mod winograd;
 
@@ -41,6 +42,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
     REG.get_or_init(|| Registry {
         entries: vec![
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
+            Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
             Entry { family: &blis_gemm::BLIS_GEMM, kinds: &[] },
             Entry { family: &direct::DIRECT, kinds: &[] },

@@ -22,6 +22,7 @@
 //! contiguous dimension.
 
 mod anchor;
+pub use anchor::depthwise;
 mod expr;
 pub mod simplify;
 
@@ -76,6 +77,10 @@ pub enum ConvAlgo {
     /// Winograd F(4×4, 3×3) or F(2×2, 3×3) (`winograd.rs`): a 3×3 stride-1 f32 channels-last
     /// convolution with enough channels and tiles; anything else is `Unsupported`.
     Winograd,
+    /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one output channel per
+    /// group, vectorized along the channels in register blocks of output pixels, borders
+    /// without bounds checks; anything else is `Unsupported`.
+    Depthwise,
 }
 
 /// How attention becomes a loop nest.

@@ -21,6 +21,7 @@ mod attention;
 mod attention_gemm;
 mod common;
 mod conv;
+pub mod depthwise;
 mod loss;
 mod matmul;
 mod norm;

@@ -1,0 +1,91 @@
+//! `cpu.depthwise`: depthwise convolutions (one input and one output channel per group),
+//! channels-last and 2-D, as loops vectorized along the channels with register blocks of
+//! output pixels and the padding split off into border code without bounds checks
+//! (`tilec_tile::lower::depthwise`). Its schedule: the row loop parallel, every channel loop
+//! vectorized; nothing else moves.
+
+use tilec_ir::op::LinalgOp;
+use tilec_ir::Op;
+use tilec_opt::target::Target;
+use tilec_tile::family::{Family, Params, Problem};
+use tilec_tile::lower::depthwise::{refusal, CHANNEL_LOOP, ROW_LOOP};
+use tilec_tile::lower::{ConvAlgo, LowerOptions};
+use tilec_tile::schedule::{Primitive, Schedule};
+use tilec_tile::{Kernel, Stmt};
+
+use super::{build_with, CpuBuilt};
+
+pub struct Depthwise;
+pub static DEPTHWISE: Depthwise = Depthwise;
+
+const OPTS: LowerOptions = LowerOptions { conv: ConvAlgo::Depthwise, attention: tilec_tile::lower::AttentionAlgo::Rows };
+
+/// The fixed dimensions of a value's shape (`None` if any is symbolic).
+fn dims(p: &Problem, v: tilec_ir::ValueId) -> Option<Vec<i64>> {
+    p.graph.value(v).ty.fixed_shape().map(|s| s.into_iter().map(|d| d as i64).collect())
+}
+
+/// The schedule: the row loop parallel, the channel loops vectorized.
+fn schedule(k: &Kernel) -> Schedule {
+    let mut s = Schedule::new();
+    let mut names = vec![];
+    for st in &k.body {
+        st.visit(&mut |st| {
+            if let Stmt::For(l) = st {
+                names.push(k.var_info(l.var).name.clone());
+            }
+        });
+    }
+    for name in names {
+        if name.starts_with(ROW_LOOP) {
+            s.push(Primitive::Parallel { loop_var: name });
+        } else if name.starts_with(CHANNEL_LOOP) {
+            s.push(Primitive::Vectorize { loop_var: name });
+        }
+    }
+    s
+}
+
+impl Family for Depthwise {
+    type Target = Target;
+    type Built = CpuBuilt;
+
+    fn name(&self) -> &'static str {
+        "cpu.depthwise"
+    }
+
+    /// The shape tests; lowering checks the dtypes.
+    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
+        let Some(Op::Linalg(LinalgOp::Conv { window: w, group, channels_last })) = p.anchor_op() else {
+            return Err("not a convolution".into());
+        };
+        let node = p.graph.node(p.anchor.unwrap_or(p.nodes[0]));
+        let (Some(xs), Some(ws), Some(os)) = (dims(p, node.inputs[0]), dims(p, node.inputs[1]), dims(p, node.outputs[0])) else {
+            return Err("symbolic shapes".into());
+        };
+        if xs.len() != 4 || ws.len() != 4 || os.len() != 4 {
+            return Err(format!("a {}-D convolution, not 2-D", xs.len().saturating_sub(2)));
+        }
+        let Ok(geo) = (0..2)
+            .map(|j| {
+                tilec_ir::op::window_geometry(xs[1 + j] as usize, w, j, false).map(|(o, pb, pe)| (o as i64, pb as i64, pe as i64))
+            })
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return Err("its window does not fit the input".into());
+        };
+        // Channels-first the spatial axes are 2 and 3: the shape test reads them as
+        // channels-last, so say "not channels-last" first.
+        if !channels_last {
+            return Err("not channels-last".into());
+        }
+        match refusal(&xs, &ws, *group, *channels_last, w, &geo) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    fn build(&self, p: &Problem, _t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
+        build_with(p, OPTS, schedule)
+    }
+}

@@ -1,0 +1,275 @@
+//! Depthwise convolutions (one input and one output channel per group), channels-last and
+//! 2-D, as loops vectorized along the channels with register blocks of output pixels along W
+//! and no bounds checks at all.
+//!
+//! The kernel: the weights transposed once per call into a local `[taps, C]` buffer (so that
+//! a vector of channels reads one tap's weights contiguously); then, in parallel over the
+//! output rows (`N × OH`), a row's pixels in *blocks*: per block one loop over the channels
+//! (vectorized) holding one accumulator per pixel of the block, the taps unrolled into
+//! straight-line multiply-adds, then the bias and the group's epilogue per pixel.
+//!
+//! Padding never becomes a condition: the rows and columns whose windows lie wholly inside
+//! the input (the *interior*, a range of rows or columns computed here) read every tap; each
+//! border row and border column is a separate block of code at its fixed coordinate in which
+//! only the taps inside the input appear (a tap in the padding contributes nothing, exactly
+//! as the reference's sum skips it). A row loop iteration branches once on its row (interior,
+//! or which border row); inside, the border columns on the left, the interior in blocks of
+//! `R` pixels, a last shorter block, the border columns on the right. Convolutions with more
+//! than [`MAX_BORDER`] border rows or columns (padding far beyond the kernel) are refused.
+
+use tilec_ir::op::Window;
+use tilec_ir::{DType, NodeId};
+
+use super::common::val;
+use super::super::{bin, compute_dtype, lit, Lowerer, R};
+use crate::ir::*;
+
+/// Most border rows (or columns) on each side, each its own copy of the row (column) code.
+pub const MAX_BORDER: i64 = 8;
+/// Most multiply-adds in one block's straight-line body (pixels × taps).
+const MAX_BLOCK_TERMS: i64 = 512;
+/// Most pixels in a block: the accumulators, one vector register each, and the loaded
+/// inputs and weights stay within the 16 (AVX2) or 32 (AVX-512) vector registers.
+const MAX_BLOCK: i64 = 8;
+
+/// The loop name prefixes the CPU family's schedule looks for.
+pub const ROW_LOOP: &str = "dwrow";
+pub const CHANNEL_LOOP: &str = "dwc";
+
+/// Pixels per register block for a kernel of `taps` taps.
+pub fn block_pixels(taps: i64) -> i64 {
+    (MAX_BLOCK_TERMS / taps.max(1)).clamp(1, MAX_BLOCK)
+}
+
+/// One spatial axis: output size, the interior range `[lo, hi)` of output positions whose
+/// window lies inside the input, and for each border position the taps inside.
+struct Axis {
+    out: i64,
+    lo: i64,
+    hi: i64,
+    stride: i64,
+    dil: i64,
+    pad: i64,
+    size: i64,
+    k: i64,
+}
+
+impl Axis {
+    fn new(size: i64, k: i64, stride: i64, dil: i64, pad: i64, out: i64) -> Axis {
+        // o*s - pad >= 0  and  o*s - pad + (k-1)*dil <= size - 1.
+        let lo = ((pad + stride - 1) / stride).min(out);
+        let top = size - 1 + pad - (k - 1) * dil;
+        let hi = if top < 0 { lo } else { (top / stride + 1).clamp(lo, out) };
+        Axis { out, lo, hi, stride, dil, pad, size, k }
+    }
+
+    /// The output positions outside the interior.
+    fn border(&self) -> Vec<i64> {
+        (0..self.lo).chain(self.hi..self.out).collect()
+    }
+
+    /// The taps of output position `o` that fall inside the input.
+    fn taps_at(&self, o: i64) -> Vec<i64> {
+        (0..self.k).filter(|t| (0..self.size).contains(&(o * self.stride + t * self.dil - self.pad))).collect()
+    }
+
+    /// The input coordinate of tap `t` at output position `o`.
+    fn coord(&self, l: &Lowerer, o: &Expr, t: i64) -> Expr {
+        l.simp(bin(BinOp::Add, bin(BinOp::Mul, o.clone(), Expr::Int(self.stride)), Expr::Int(t * self.dil - self.pad)))
+    }
+}
+
+/// Why a convolution is not one this lowering takes (`None`: it is), from its shapes.
+pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Window, geo: &[(i64, i64, i64)]) -> Option<String> {
+    if xs.len() != 4 {
+        return Some(format!("a {}-D convolution, not 2-D", xs.len().saturating_sub(2)));
+    }
+    if !channels_last {
+        return Some("not channels-last".into());
+    }
+    let c = xs[3];
+    if group as i64 != c || ws[0] != c || ws[1] != 1 {
+        return Some(format!(
+            "not depthwise with one output channel per group ({group} groups, {c} input and {} output channels)",
+            ws[0]
+        ));
+    }
+    for (j, &(o, pb, _)) in geo.iter().enumerate() {
+        let a = Axis::new(xs[1 + j], ws[2 + j], w.strides[j] as i64, w.dilations[j] as i64, pb, o);
+        if a.lo > MAX_BORDER || a.out - a.hi > MAX_BORDER {
+            return Some(format!(
+                "{} border positions on axis {j} (padding far beyond the kernel), more than {MAX_BORDER}",
+                a.lo.max(a.out - a.hi)
+            ));
+        }
+    }
+    None
+}
+
+/// Lowers the depthwise conv `n` (see the module doc); anything [`refusal`] names is
+/// `Unsupported` with its reason.
+pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool, geo: &[(i64, i64, i64)]) -> R<Vec<Stmt>> {
+    let node = l.node(n);
+    let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
+    let (xs, ws) = (l.shape(x), l.shape(wt));
+    if let Some(why) = refusal(&xs, &ws, group, cl, w, geo) {
+        return l.unsupported(n, why);
+    }
+    if !l.dtype(x).is_float() || !l.dtype(out).is_float() || !l.dtype(wt).is_float() {
+        return l.unsupported(n, "not a floating-point convolution");
+    }
+    let d = l.dtype(out);
+    let cd = compute_dtype(d);
+    let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
+    let (kh, kw) = (ws[2], ws[3]);
+    let taps = kh * kw;
+    let ay = Axis::new(h, kh, w.strides[0] as i64, w.dilations[0] as i64, geo[0].1, geo[0].0);
+    let ax = Axis::new(wd, kw, w.strides[1] as i64, w.dilations[1] as i64, geo[1].1, geo[1].0);
+    let rb = block_pixels(taps);
+
+    // Weights transposed to [taps, C].
+    let wbuf = l.scratch(cd, vec![taps, c]);
+    let tv = l.loop_var("dwt", taps);
+    let cv = l.loop_var(CHANNEL_LOOP, c);
+    let m = l.begin_block();
+    let wv = val(l, wt, &[Expr::Var(cv), Expr::Int(0), bin(BinOp::Div, Expr::Var(tv), Expr::Int(kw)), bin(BinOp::Rem, Expr::Var(tv), Expr::Int(kw))]);
+    let mut wbody = l.end_block(m);
+    wbody.push(Stmt::store(wbuf, vec![Expr::Var(tv), Expr::Var(cv)], wv?));
+    let transpose = Lowerer::nest(&[(tv, taps), (cv, c)], wbody);
+
+    // Every pixel of every block runs the epilogue from the same state.
+    let stored = l.stored();
+    let cx = Cx { x, bias, out, d, cd, c, kw, wbuf, ay: &ay, ax: &ax, stored };
+    let row = l.loop_var(ROW_LOOP, nb * ay.out);
+    let n_e = l.simp(bin(BinOp::Div, Expr::Var(row), Expr::Int(ay.out)));
+    let oh_e = l.simp(bin(BinOp::Rem, Expr::Var(row), Expr::Int(ay.out)));
+    // The row kinds: interior rows (any of them at run time) and each border row.
+    let all_kh: Vec<i64> = (0..kh).collect();
+    let interior = if ay.hi > ay.lo { Some(cx.row(l, &n_e, &oh_e, &all_kh, rb)?) } else { None };
+    let mut chain: Vec<Stmt> = vec![];
+    for &r in ay.border().iter().rev() {
+        // The row index stays an expression of the row loop (equal to `r` here), so that the
+        // schedule sees the rows' stores apart.
+        let body = cx.row(l, &n_e, &oh_e, &ay.taps_at(r), rb)?;
+        let cond = bin(BinOp::Eq, oh_e.clone(), Expr::Int(r));
+        chain = if chain.is_empty() { body } else { vec![Stmt::If { cond, then_: body, else_: chain }] };
+    }
+    let row_body = match interior {
+        Some(body) if chain.is_empty() => body,
+        Some(body) => {
+            let inside = bin(BinOp::And, bin(BinOp::Ge, oh_e.clone(), Expr::Int(ay.lo)), bin(BinOp::Lt, oh_e.clone(), Expr::Int(ay.hi)));
+            vec![Stmt::If { cond: l.simp(inside), then_: body, else_: chain }]
+        }
+        None => chain,
+    };
+    let mut st = vec![Stmt::Alloc(wbuf)];
+    st.extend(transpose);
+    st.push(Stmt::for_(row, nb * ay.out, row_body));
+    Ok(st)
+}
+
+/// What every block of one convolution shares.
+struct Cx<'a> {
+    x: tilec_ir::ValueId,
+    bias: tilec_ir::ValueId,
+    out: tilec_ir::ValueId,
+    d: DType,
+    cd: DType,
+    c: i64,
+    kw: i64,
+    wbuf: BufId,
+    ay: &'a Axis,
+    ax: &'a Axis,
+    /// The group outputs stored before the convolution.
+    stored: std::collections::HashSet<tilec_ir::ValueId>,
+}
+
+impl Cx<'_> {
+    /// The code of one output row `oh` (of image `n_e`) whose windows have the rows `khs`
+    /// inside the input: border columns, interior blocks of `rb` pixels, a shorter last block.
+    fn row(&self, l: &mut Lowerer, n_e: &Expr, oh_e: &Expr, khs: &[i64], rb: i64) -> R<Vec<Stmt>> {
+        let ax = self.ax;
+        let all_kw: Vec<i64> = (0..ax.k).collect();
+        let mut st = vec![];
+        for o in 0..ax.lo {
+            st.push(self.block(l, n_e, oh_e, khs, &[(Expr::Int(o), ax.taps_at(o))])?);
+        }
+        let inner = ax.hi - ax.lo;
+        let (blocks, rem) = (inner / rb, inner % rb);
+        if blocks > 0 {
+            let bv = (blocks > 1).then(|| l.loop_var("dwb", blocks));
+            let base = match bv {
+                Some(v) => bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(v), Expr::Int(rb)), Expr::Int(ax.lo)),
+                None => Expr::Int(ax.lo),
+            };
+            let cols: Vec<(Expr, Vec<i64>)> =
+                (0..rb).map(|i| (l.simp(bin(BinOp::Add, base.clone(), Expr::Int(i))), all_kw.clone())).collect();
+            let b = self.block(l, n_e, oh_e, khs, &cols)?;
+            st.push(match bv {
+                Some(v) => Stmt::for_(v, blocks, vec![b]),
+                None => b,
+            });
+        }
+        if rem > 0 {
+            let start = ax.lo + blocks * rb;
+            let cols: Vec<(Expr, Vec<i64>)> = (0..rem).map(|i| (Expr::Int(start + i), all_kw.clone())).collect();
+            st.push(self.block(l, n_e, oh_e, khs, &cols)?);
+        }
+        for o in ax.hi..ax.out {
+            st.push(self.block(l, n_e, oh_e, khs, &[(Expr::Int(o), ax.taps_at(o))])?);
+        }
+        Ok(st)
+    }
+
+    /// One channel loop computing the pixels `cols` (column, taps inside the input) of row
+    /// `oh_e`, rows `khs` of the window inside the input.
+    fn block(&self, l: &mut Lowerer, n_e: &Expr, oh_e: &Expr, khs: &[i64], cols: &[(Expr, Vec<i64>)]) -> R<Stmt> {
+        let cv = l.loop_var(CHANNEL_LOOP, self.c);
+        let ch = Expr::Var(cv);
+        let mark = l.begin_block();
+        let mut body = vec![];
+        let mut accs: Vec<Option<VarId>> = vec![None; cols.len()];
+        for &r in khs {
+            let ih = self.ay.coord(l, oh_e, r);
+            for t in 0..self.kw {
+                if !cols.iter().any(|(_, ts)| ts.contains(&t)) {
+                    continue;
+                }
+                let wv = l.elem_var("w", self.cd, false);
+                body.push(Stmt::Let { var: wv, value: Expr::Load(self.wbuf, vec![Expr::Int(r * self.kw + t), ch.clone()]) });
+                for (i, (ow, ts)) in cols.iter().enumerate() {
+                    if !ts.contains(&t) {
+                        continue;
+                    }
+                    let iw = self.ax.coord(l, ow, t);
+                    let xv = val(l, self.x, &[n_e.clone(), ih.clone(), iw, ch.clone()])?;
+                    body.extend(l.take_lets());
+                    let prod = bin(BinOp::Mul, xv, Expr::Var(wv));
+                    match accs[i] {
+                        None => {
+                            let a = l.elem_var("acc", self.cd, true);
+                            body.push(Stmt::Let { var: a, value: prod });
+                            accs[i] = Some(a);
+                        }
+                        Some(a) => body.push(Stmt::Assign { var: a, value: bin(BinOp::Add, Expr::Var(a), prod) }),
+                    }
+                }
+            }
+        }
+        let bv = val(l, self.bias, &[ch.clone()])?;
+        body.extend(l.take_lets());
+        for (i, (ow, _)) in cols.iter().enumerate() {
+            l.restore_stored(self.stored.clone());
+            let sum = match accs[i] {
+                Some(a) => bin(BinOp::Add, Expr::Var(a), bv.clone()),
+                // Every tap in the padding: the bias alone.
+                None => bin(BinOp::Add, lit(0.0, self.cd), bv.clone()),
+            };
+            let e = l.down(sum, self.d);
+            let oidx = vec![n_e.clone(), oh_e.clone(), ow.clone(), ch.clone()];
+            body.extend(l.epilogue(self.out, &oidx, e)?);
+        }
+        l.end_block(mark);
+        Ok(Stmt::for_(cv, self.c, body))
+    }
+}

@@ -1,0 +1,235 @@
+//! Depthwise convolutions on the compiled CPU path (`cpu.depthwise`), against the reference
+//! interpreter on fresh random weights and inputs, the arena poisoned before each run: 3×3,
+//! 5×5 and 7×7 kernels, strides 1 and 2, symmetric, asymmetric and no padding, dilation,
+//! images smaller than the window, channel counts that are not a multiple of the vector
+//! width, batches, and the fused epilogues (batch norm, ReLU, ReLU6, SiLU, hardswish,
+//! residual add). Every case asserts that the family builds the convolution; a MobileNet
+//! block through the layout pass keeps the depthwise convolution channels-last.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use tilec::compiled::{compile, CompileOptions};
+use tilec_ir::op::{BinaryOp, LinalgOp, NormOp, Padding, UnaryOp, Window};
+use tilec_ir::{DType, Graph, Op, Tensor, TensorType, ValueId};
+
+fn random(shape: &[usize], rng: &mut impl Rng, lo: f32, hi: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(lo..hi)).collect();
+    Tensor::from_vec(shape.to_vec(), v).unwrap()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Act {
+    None,
+    Relu,
+    Relu6,
+    Silu,
+    HardSwish,
+}
+
+struct Case {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    k: usize,
+    stride: usize,
+    dil: usize,
+    /// top, left, bottom, right
+    pads: [usize; 4],
+    bn: bool,
+    act: Act,
+    residual: bool,
+}
+
+fn case(c: usize, h: usize, w: usize, k: usize, stride: usize, p: usize) -> Case {
+    Case { n: 1, c, h, w, k, stride, dil: 1, pads: [p; 4], bn: false, act: Act::None, residual: false }
+}
+
+fn out_size(i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize) -> usize {
+    (i + pb + pe - (k - 1) * d - 1) / s + 1
+}
+
+fn scalar(g: &mut Graph, name: &str, v: f32) -> ValueId {
+    g.add_const(name, Tensor::from_vec(vec![1], vec![v]).unwrap())
+}
+
+/// One channels-last depthwise conv and its epilogue.
+fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
+    let mut g = Graph::new("dw");
+    let xs = [t.n, t.h, t.w, t.c];
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
+    let scale = 1.0 / (t.k * t.k) as f32;
+    let w = g.add_const("w", random(&[t.c, 1, t.k, t.k], rng, -scale * 2.0, scale * 2.0));
+    let b = g.add_const("b", random(&[t.c], rng, -0.5, 0.5));
+    let window = Window {
+        kernel: vec![t.k, t.k],
+        strides: vec![t.stride, t.stride],
+        dilations: vec![t.dil, t.dil],
+        pads: Padding::Explicit(vec![t.pads[0], t.pads[1], t.pads[2], t.pads[3]]),
+    };
+    let mut y = g.add(Op::Linalg(LinalgOp::Conv { window, group: t.c, channels_last: true }), &[x, w, b]).unwrap();
+    if t.bn {
+        let mut ins = vec![y];
+        for (j, (lo, hi)) in [(0.5, 1.5), (-0.3, 0.3), (-0.2, 0.2), (0.5, 1.5)].into_iter().enumerate() {
+            ins.push(g.add_const(&format!("bn{j}"), random(&[t.c], rng, lo, hi)));
+        }
+        y = g.add(Op::Norm(NormOp::BatchNorm { epsilon: 1e-5, channels_last: true }), &ins).unwrap();
+    }
+    y = match t.act {
+        Act::None => y,
+        Act::Relu => g.add(Op::Unary(UnaryOp::Relu), &[y]).unwrap(),
+        Act::Relu6 => {
+            let (z, six) = (scalar(&mut g, "zero", 0.0), scalar(&mut g, "six", 6.0));
+            let m = g.add(Op::Binary(BinaryOp::Max), &[y, z]).unwrap();
+            g.add(Op::Binary(BinaryOp::Min), &[m, six]).unwrap()
+        }
+        Act::Silu => {
+            let s = g.add(Op::Unary(UnaryOp::Sigmoid), &[y]).unwrap();
+            g.add(Op::Binary(BinaryOp::Mul), &[y, s]).unwrap()
+        }
+        Act::HardSwish => g.add(Op::Unary(UnaryOp::HardSwish), &[y]).unwrap(),
+    };
+    let oh = out_size(t.h, t.k, t.stride, t.dil, t.pads[0], t.pads[2]);
+    let ow = out_size(t.w, t.k, t.stride, t.dil, t.pads[1], t.pads[3]);
+    let mut inputs = vec![random(&xs, rng, -2.0, 2.0)];
+    if t.residual {
+        let r = g.add_input("r", TensorType::fixed(DType::F32, &[t.n, oh, ow, t.c]));
+        y = g.add(Op::Binary(BinaryOp::Add), &[y, r]).unwrap();
+        inputs.push(random(&[t.n, oh, ow, t.c], rng, -1.0, 1.0));
+    }
+    g.set_outputs(vec![y]);
+    (g, inputs)
+}
+
+fn cache() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache")
+}
+
+/// Compiles `g`, asserts that `want_depthwise` kernels are the family's, and compares two
+/// poisoned runs with the reference.
+fn check_graph(name: &str, g: &Graph, inputs: &[Tensor], want_depthwise: usize) {
+    let opts = CompileOptions { cache_dir: Some(cache()), keep_ir: std::env::var_os("DW_IR").is_some(), ..Default::default() };
+    let mut c = compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (k, _, ir) in &c.report.ir {
+        eprintln!("== {k}\n{ir}");
+    }
+    assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
+    let dw = c.report.decisions.iter().filter(|(_, d)| d.family == "cpu.depthwise").count();
+    assert_eq!(dw, want_depthwise, "{name}: depthwise kernels in {:?}", c.report.decisions);
+    let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
+    let want = tilec_ref::run_named(g, names.into_iter().zip(inputs.iter().cloned()).collect::<HashMap<_, _>>())
+        .unwrap()
+        .remove(0);
+    for run in 0..2 {
+        c.poison().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = c.run(inputs).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
+        assert_eq!(got.shape(), want.shape(), "{name}");
+        let (w, o) = (want.to_f64_vec(), got.to_f64_vec());
+        for (i, (a, b)) in w.iter().zip(&o).enumerate() {
+            assert!((a - b).abs() <= 1e-5 + 1e-5 * a.abs(), "{name} run {run}: element {i}: reference {a}, compiled {b}");
+        }
+    }
+}
+
+fn check(name: &str, t: Case) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(name.bytes().map(u64::from).sum::<u64>() * 7919);
+    let (g, inputs) = graph(&t, &mut rng);
+    check_graph(name, &g, &inputs, 1);
+}
+
+#[test]
+fn kernel_3x3() {
+    check("s1p1", Case { act: Act::Relu6, ..case(32, 12, 12, 3, 1, 1) });
+    // Ragged channels, a batch, stride 2 over odd sizes.
+    check("s2p1", Case { n: 2, act: Act::Relu, ..case(37, 13, 13, 3, 2, 1) });
+    // Wide rows: several register blocks and a shorter last one.
+    check("wide", Case { act: Act::Relu6, residual: true, ..case(24, 5, 43, 3, 1, 1) });
+    check("nopad", case(16, 10, 10, 3, 1, 0));
+    check("asym", Case { pads: [0, 1, 2, 0], ..case(24, 11, 10, 3, 2, 0) });
+    check("dilated", Case { dil: 2, ..case(17, 9, 12, 3, 1, 2) });
+    check("pixel", case(5, 1, 1, 3, 1, 1));
+}
+
+#[test]
+fn kernel_5x5() {
+    check("k5s1", Case { act: Act::Silu, residual: true, ..case(20, 9, 11, 5, 1, 2) });
+    check("k5s2", Case { bn: true, act: Act::HardSwish, ..case(48, 14, 14, 5, 2, 2) });
+    check("k5s2odd", Case { n: 3, bn: true, act: Act::Silu, ..case(40, 15, 15, 5, 2, 2) });
+}
+
+#[test]
+fn kernel_7x7() {
+    // ConvNeXt: 7×7 on a 7×7 map (one interior pixel), and on a larger one.
+    check("k7m7", Case { bn: true, ..case(19, 7, 7, 7, 1, 3) });
+    check("k7m16", Case { residual: true, ..case(96, 16, 16, 7, 1, 3) });
+    // Smaller than the window: every output pixel a border one.
+    check("k7small", Case { act: Act::Relu, ..case(8, 5, 4, 7, 2, 3) });
+}
+
+/// Refused with a reason: a channel multiplier of 2 runs elsewhere, and so does padding
+/// far beyond the kernel.
+#[test]
+fn refusals_name_a_reason() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut g = Graph::new("mult2");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 6, 6, 8]));
+    let w = g.add_const("w", random(&[16, 1, 3, 3], &mut rng, -0.3, 0.3));
+    let b = g.add_const("b", random(&[16], &mut rng, -0.3, 0.3));
+    let window = Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+    let y = g.add(Op::Linalg(LinalgOp::Conv { window, group: 8, channels_last: true }), &[x, w, b]).unwrap();
+    g.set_outputs(vec![y]);
+    let inputs = vec![random(&[1, 6, 6, 8], &mut rng, -1.0, 1.0)];
+    check_graph("mult2", &g, &inputs, 0);
+    let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
+    let c = compile(&g, &opts).unwrap();
+    let reasons: Vec<String> =
+        c.report.decisions.iter().flat_map(|(_, d)| d.rejected.iter().filter(|(f, _)| *f == "cpu.depthwise").map(|(_, r)| r.clone())).collect();
+    assert!(reasons.iter().any(|r| r.contains("one output channel per group")), "{reasons:?}");
+
+    let (g, inputs) = graph(&case(8, 4, 4, 3, 1, 12), &mut rng);
+    check_graph("farpad", &g, &inputs, 0);
+}
+
+/// A MobileNet-V2 block on NCHW tensors (expand 1×1, depthwise 3×3, project 1×1, residual):
+/// the layout pass runs it channels-last, the depthwise conv is the family's, and no
+/// transpose sits next to it.
+#[test]
+fn mobilenet_block_stays_channels_last() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let mut g = Graph::new("block");
+    let (cin, hid, hw) = (16, 96, 14);
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, cin, hw, hw]));
+    let pw = |g: &mut Graph, rng: &mut rand::rngs::StdRng, x: ValueId, ci: usize, co: usize, i: usize| {
+        let w = g.add_const(&format!("pw{i}"), random(&[co, ci, 1, 1], rng, -0.3, 0.3));
+        let b = g.add_const(&format!("pb{i}"), random(&[co], rng, -0.3, 0.3));
+        let window = Window { kernel: vec![1, 1], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![0; 4]) };
+        g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[x, w, b]).unwrap()
+    };
+    let relu6 = |g: &mut Graph, y: ValueId, i: usize| {
+        let (z, six) = (scalar(g, &format!("z{i}"), 0.0), scalar(g, &format!("six{i}"), 6.0));
+        let m = g.add(Op::Binary(BinaryOp::Max), &[y, z]).unwrap();
+        g.add(Op::Binary(BinaryOp::Min), &[m, six]).unwrap()
+    };
+    let e = pw(&mut g, &mut rng, x, cin, hid, 0);
+    let e = relu6(&mut g, e, 0);
+    let w = g.add_const("dw", random(&[hid, 1, 3, 3], &mut rng, -0.3, 0.3));
+    let b = g.add_const("db", random(&[hid], &mut rng, -0.3, 0.3));
+    let window = Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+    let d = g.add(Op::Linalg(LinalgOp::Conv { window, group: hid, channels_last: false }), &[e, w, b]).unwrap();
+    let d = relu6(&mut g, d, 1);
+    let p = pw(&mut g, &mut rng, d, hid, cin, 1);
+    let y = g.add(Op::Binary(BinaryOp::Add), &[p, x]).unwrap();
+    g.set_outputs(vec![y]);
+    let inputs = vec![random(&[1, cin, hw, hw], &mut rng, -1.0, 1.0)];
+
+    let opts = CompileOptions { cache_dir: Some(cache()), keep_ir: true, ..Default::default() };
+    let c = compile(&g, &opts).unwrap();
+    let dw: Vec<&String> = c.report.decisions.iter().filter(|(_, d)| d.family == "cpu.depthwise").map(|(k, _)| k).collect();
+    assert_eq!(dw.len(), 1, "{:?}", c.report.decisions);
+    // Two boundary transposes (in and out of the region), none between the convs.
+    let layout = c.report.decisions.iter().filter(|(k, _)| k.contains("layout") || k.contains("transpose")).count();
+    assert!(layout <= 2, "{:?}", c.report.decisions);
+    check_graph("block", &g, &inputs, 1);
+}
