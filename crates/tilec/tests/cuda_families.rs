@@ -705,7 +705,9 @@ fn decode_shaped_products_take_the_gemv_family() {
     let p = prepared(&linear(DType::F16, 4, 4, 512, 256), &h);
     let why = families(&p)[0].1.clone().unwrap_or_default();
     assert_eq!(families(&p)[0].0, "sm80_gemv", "{why}");
-    assert!(why.contains("(4 batches of 4 rows flattened)"), "{why}");
+    // Lowering folds a batch of products of fewer than 16 rows over one weight into one
+    // product (since the attention-recognition merge); otherwise gemm_view flattens them.
+    assert!(why.contains("(4 batches of 4 rows flattened)") || why.contains("16x256x512 batch 1,"), "{why}");
     // The nn.Linear layout: read directly.
     let p = prepared(&linear_nk_bias(DType::F16, 16, 1000, 300), &h);
     let why = families(&p)[0].1.clone().unwrap_or_default();
