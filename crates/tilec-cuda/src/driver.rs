@@ -129,6 +129,7 @@ impl DeviceProps {
             regs_per_sm: self.registers_per_sm,
             l2_bytes: self.l2_bytes,
             allow_tf32: false,
+            flash_attention: false,
         }
     }
 

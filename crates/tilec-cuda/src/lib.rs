@@ -25,6 +25,7 @@ pub mod cublaslt;
 pub mod driver;
 pub mod error;
 pub mod families;
+pub mod flash;
 pub mod gemm;
 pub mod gemv;
 pub mod handbuilt;

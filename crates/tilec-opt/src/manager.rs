@@ -101,9 +101,23 @@ pub fn pipeline_spec() -> Vec<SpecStage> {
     pipeline_spec_for(TargetKind::default())
 }
 
+/// Whether `TILEC_CUDA_ATTENTION=flash` is set: the opt-in that recognizes attention for the
+/// CUDA target (for the FlashAttention family, not yet validated on a GPU).
+pub fn cuda_flash_attention_env() -> bool {
+    matches!(std::env::var("TILEC_CUDA_ATTENTION").as_deref(), Ok("flash"))
+}
+
 /// [`pipeline_spec`] for a given target (`choose-layout` depends on it; `pad-thin-convs` runs on
-/// the CPU only, `recognize-attention` not on CUDA).
+/// the CPU only, `recognize-attention` not on CUDA unless `TILEC_CUDA_ATTENTION=flash`).
 pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
+    pipeline_spec_with(target, target == TargetKind::Cuda && cuda_flash_attention_env())
+}
+
+/// [`pipeline_spec_for`] with the CUDA attention opt-in given: with `cuda_flash` the CUDA
+/// pipeline recognizes the attention the FlashAttention family can take (16-bit, head dims 64
+/// or 128 alike for Q, K and V, no softcapping: `recognize::attention::attention_flash`); other
+/// attention stays unrecognized, as without it.
+pub fn pipeline_spec_with(target: TargetKind, cuda_flash: bool) -> Vec<SpecStage> {
     let mut v = vec![
         SpecStage::Once(at(1, Dce)),
         canonicalize(),
@@ -115,6 +129,13 @@ pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
         // far slower than its two matrix products and a row softmax as separate kernels: keep
         // it unrecognized there until an attention kernel family exists.
         if target == TargetKind::Cuda && pass.name() == "recognize-attention" {
+            if cuda_flash {
+                let pass = Box::new(crate::recognize::pattern::RecognizePass {
+                    name: "recognize-attention",
+                    rec: crate::recognize::attention::attention_flash,
+                });
+                v.push(SpecStage::Once(SpecEntry { level: 3, pass }));
+            }
             continue;
         }
         v.push(SpecStage::Once(SpecEntry { level: 3, pass }));
@@ -175,10 +196,17 @@ impl Pipeline {
         Pipeline::for_level_and_target(level, TargetKind::default())
     }
 
-    /// [`Pipeline::for_level`] for a given target.
+    /// [`Pipeline::for_level`] for a given target (on CUDA, attention is recognized when
+    /// `TILEC_CUDA_ATTENTION=flash` is set).
     pub fn for_level_and_target(level: u8, target: TargetKind) -> Pipeline {
+        Pipeline::for_level_target_with(level, target, target == TargetKind::Cuda && cuda_flash_attention_env())
+    }
+
+    /// [`Pipeline::for_level_and_target`] with the CUDA attention opt-in given (see
+    /// [`pipeline_spec_with`]).
+    pub fn for_level_target_with(level: u8, target: TargetKind, cuda_flash: bool) -> Pipeline {
         let mut stages = Vec::new();
-        for s in pipeline_spec_for(target) {
+        for s in pipeline_spec_with(target, cuda_flash) {
             match s {
                 SpecStage::Once(e) if e.level <= level => stages.push(Stage::Once(e.pass)),
                 SpecStage::Once(_) => {}

@@ -218,6 +218,10 @@ pub struct GpuTarget {
     /// Whether f32 matrix products may run on the tensor cores as tf32 (10-bit mantissas;
     /// `--allow-tf32`). Off by default: f32 models stay exact f32, as in PyTorch.
     pub allow_tf32: bool,
+    /// Whether attention is recognized for the CUDA target so that the FlashAttention family
+    /// (`sm80_flash_attn`) runs it: opt-in (`TILEC_CUDA_ATTENTION=flash`) until the kernel is
+    /// validated on a GPU; off, attention stays two batched products and a row softmax.
+    pub flash_attention: bool,
 }
 
 impl GpuTarget {
@@ -232,6 +236,7 @@ impl GpuTarget {
             regs_per_sm: 64 * 1024,
             l2_bytes: 50 << 20,
             allow_tf32: false,
+            flash_attention: false,
         }
     }
 

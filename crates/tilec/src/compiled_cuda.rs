@@ -42,11 +42,14 @@ pub struct CudaOptions {
     pub families: Vec<(String, String)>,
     /// Let f32 matrix products run on the tensor cores as tf32 (`--allow-tf32`).
     pub allow_tf32: bool,
+    /// Recognize attention and run it on the FlashAttention family (`sm80_flash_attn`); also
+    /// on with `TILEC_CUDA_ATTENTION=flash`. Opt-in until the kernel is validated on a GPU.
+    pub flash_attention: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![], allow_tf32: false }
+        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![], allow_tf32: false, flash_attention: false }
     }
 }
 
@@ -56,7 +59,11 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     // `TILEC_CUBLAS=off` keeps cuBLAS from being picked unforced.
     let disabled = crate::cuda_families::disabled();
     let choices = Choices { forced: &opts.families, disabled: &disabled, tuned: None };
-    let target = GpuTarget { allow_tf32: target.allow_tf32 || opts.allow_tf32, ..*target };
+    let target = GpuTarget {
+        allow_tf32: target.allow_tf32 || opts.allow_tf32,
+        flash_attention: target.flash_attention || opts.flash_attention || tilec_opt::manager::cuda_flash_attention_env(),
+        ..*target
+    };
     let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(&target), &choices)?;
     let mut counts: Vec<(String, usize)> = vec![];
     for k in p.kernels() {

@@ -811,3 +811,134 @@ fn reshaped_and_split_projection_folds_into_one_gemm_kernel() {
     assert_eq!(prep.kernels().len(), 1, "{:?}", prep.kernels().iter().map(|k| &k.name).collect::<Vec<_>>());
     assert_eq!(prep.report.split_groups, 0);
 }
+
+/// Attention as exporters spell it: `[batch, seq, heads * dim]` Q, K and V split into heads
+/// (reshape, transpose), `softmax(q @ kt * scale [masked]) @ v`, merged back. `mask`: a
+/// constant lower-triangular bool mask (causal: the op's `is_causal`) or a `[batch, 1, s, s]`
+/// bool input (read in place, with a fully masked row when the caller makes one).
+fn attention_graph(d: DType, b: usize, s: usize, h: usize, dh: usize, mask: Option<&str>) -> Graph {
+    use tilec_ir::op::NormOp;
+    let mut g = Graph::new("attention");
+    let e = h * dh;
+    let split = |g: &mut Graph, name: &str, perm: Vec<usize>| {
+        let x = g.add_input(name, TensorType::fixed(d, &[b, s, e]));
+        let shape = [b, s, h, dh].map(tilec_ir::Dim::Fixed).to_vec();
+        let r = g.add(Op::Layout(LayoutOp::Reshape { shape }), &[x]).unwrap();
+        g.add(Op::Layout(LayoutOp::Transpose { perm }), &[r]).unwrap()
+    };
+    let q = split(&mut g, "q", vec![0, 2, 1, 3]);
+    let kt = split(&mut g, "k", vec![0, 2, 3, 1]);
+    let v = split(&mut g, "v", vec![0, 2, 1, 3]);
+    let sc = g.add(Op::Linalg(LinalgOp::MatMul), &[q, kt]).unwrap();
+    let c = g.add_const("scale", Tensor::from_f64s(d, vec![], &[1.0 / (dh as f64).sqrt()]).unwrap());
+    let mut sc = g.add(Op::Binary(BinaryOp::Mul), &[sc, c]).unwrap();
+    if let Some(kind) = mask {
+        let keep = if kind == "causal" {
+            let vals: Vec<f64> = (0..s * s).map(|i| ((i % s) <= (i / s)) as u8 as f64).collect();
+            g.add_const("causal", Tensor::from_f64s(DType::Bool, vec![1, 1, s, s], &vals).unwrap())
+        } else {
+            g.add_input("keep", TensorType::fixed(DType::Bool, &[b, 1, s, s]))
+        };
+        let ninf = g.add_const("ninf", Tensor::from_f64s(d, vec![], &[f64::NEG_INFINITY]).unwrap());
+        sc = g.add(Op::Where, &[keep, sc, ninf]).unwrap();
+    }
+    let p = g.add(Op::Norm(NormOp::Softmax { axis: 3 }), &[sc]).unwrap();
+    let o = g.add(Op::Linalg(LinalgOp::MatMul), &[p, v]).unwrap();
+    let o = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 1, 3] }), &[o]).unwrap();
+    let shape = [b, s, e].map(tilec_ir::Dim::Fixed).to_vec();
+    let o = g.add(Op::Layout(LayoutOp::Reshape { shape }), &[o]).unwrap();
+    g.set_outputs(vec![o]);
+    g
+}
+
+fn flash_opts() -> CudaOptions {
+    CudaOptions { flash_attention: true, ..CudaOptions::default() }
+}
+
+/// Without the opt-in, attention on CUDA is unchanged (not recognized: products and a
+/// softmax); with it, the attention kernel takes the FlashAttention family, reading Q, K and V
+/// in their `[batch, seq, heads * dim]` layout and storing O in it. Attention the family does
+/// not take (f32, head dim 32) keeps today's path.
+#[test]
+fn attention_takes_the_flash_family_only_with_the_opt_in() {
+    let h = GpuTarget::hopper();
+    let names = |p: &Prepared| p.kernels().iter().map(|k| k.schedule).collect::<Vec<_>>();
+    for (what, g) in [
+        ("plain", attention_graph(DType::F16, 2, 80, 4, 64, None)),
+        ("causal", attention_graph(DType::BF16, 1, 70, 2, 128, Some("causal"))),
+        ("bool mask", attention_graph(DType::F16, 2, 33, 2, 64, Some("input"))),
+    ] {
+        let off = prepared(&g, &h);
+        assert!(!names(&off).contains(&"sm80_flash_attn"), "{what}: {:?}", names(&off));
+        assert!(off.kernels().len() >= 2, "{what}: attention is products and a softmax by default: {:?}", names(&off));
+        let on = prepare(&g, &flash_opts(), &h).unwrap();
+        let flash: Vec<_> = on.kernels().iter().filter(|k| k.schedule == "sm80_flash_attn").collect();
+        assert_eq!(flash.len(), 1, "{what}: {:?} {:?}", names(&on), on.report.fallbacks);
+        let desc = flash[0].family.describe();
+        eprintln!("{what}: {desc}");
+        assert!(desc.contains("sm80_flash_attn attention"), "{desc}");
+        if what == "causal" {
+            assert!(desc.contains("causal TopLeft"), "{desc}");
+        }
+        if what == "bool mask" {
+            assert!(desc.contains("Bool mask"), "{desc}");
+        }
+        // The layouts are read in place: Q's rows are heads * dim apart.
+        let src = &flash[0].source.source;
+        assert!(src.contains("mma.sync.aligned.m16n8k16"), "{what}");
+        let e = if what == "causal" { 256 } else if what == "plain" { 256 } else { 128 };
+        assert!(src.contains(&format!("(long long)(m0 + r) * {e} + c * 8")), "{what}: Q rows not {e} apart");
+        assert!(src.contains(&format!("Og + (long long)qi * {e}")), "{what}: O rows not {e} apart");
+    }
+    // Not taken: recognized attention stays what it is today.
+    for (what, g) in [("f32", attention_graph(DType::F32, 1, 16, 2, 64, None)), ("head dim 32", attention_graph(DType::F16, 1, 16, 2, 32, None))] {
+        let on = prepare(&g, &flash_opts(), &h).unwrap();
+        assert!(!names(&on).contains(&"sm80_flash_attn"), "{what}: {:?}", names(&on));
+        assert!(on.kernels().len() >= 2, "{what}: {:?}", names(&on));
+    }
+    // Before sm_80 the family refuses with the reason, and the direct nest runs it.
+    let old = GpuTarget { compute_capability: (7, 5), ..h };
+    let g = attention_graph(DType::F16, 1, 16, 2, 64, None);
+    let on = prepare(&g, &flash_opts(), &old).unwrap();
+    let att = on.report.decisions.iter().find(|(_, d)| d.rejected.iter().any(|(f, _)| *f == "sm80_flash_attn"));
+    let (_, d) = att.expect("the attention kernel's decision");
+    let why = &d.rejected.iter().find(|(f, _)| *f == "sm80_flash_attn").unwrap().1;
+    assert!(why.contains("8.0"), "{why}");
+}
+
+/// On a GPU: attention on the FlashAttention family (opt-in) matches the reference
+/// interpreter, outputs poisoned first: head dims 64 and 128, causal, a bool mask input with a
+/// fully masked row, ragged lengths. Without a GPU, says so and passes.
+#[test]
+fn flash_attention_kernels_match_the_reference_on_a_gpu() {
+    if !tilec::cuda::is_available() {
+        eprintln!("note: no CUDA GPU; the FlashAttention family's kernels were not run");
+        return;
+    }
+    let cases = [
+        ("f16 d64", attention_graph(DType::F16, 2, 80, 4, 64, None)),
+        ("bf16 d128 causal", attention_graph(DType::BF16, 1, 77, 2, 128, Some("causal"))),
+        ("f16 d64 bool mask", attention_graph(DType::F16, 2, 33, 2, 64, Some("input"))),
+    ];
+    for (what, g) in cases {
+        let mut c = tilec::compiled_cuda::compile(&g, &flash_opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let on = c.report.schedules.clone();
+        assert!(on.iter().any(|(s, n)| s == "sm80_flash_attn" && *n == 1), "{what}: not on the family: {on:?}");
+        assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
+        let mut inputs = random_inputs(&g);
+        if let Some(keep) = inputs.iter_mut().find(|t| t.dtype() == DType::Bool) {
+            // Keep about three keys in four; row 5 of every batch fully masked.
+            let shape = keep.shape().to_vec();
+            let s = shape[3];
+            let vals: Vec<f64> = (0..keep.numel()).map(|i| if (i / s) % s == 5 || (i * 7919) % 4 == 0 { 0.0 } else { 1.0 }).collect();
+            *keep = Tensor::from_f64s(DType::Bool, shape, &vals).unwrap();
+        }
+        let want = tilec::reference::run(&g, inputs.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        c.poison().unwrap();
+        let got = c.run(&inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (w, gt) in want.iter().zip(&got) {
+            let cmp = tilec::compare::compare(w, gt, 2e-2, 2e-2).unwrap();
+            assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches ({on:?})", cmp.max_abs, cmp.mismatches);
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! The GPU's kernel families (see `tilec_tile::family`), each in its own file and listed in
-//! [`registry`] in the order they are tried: the decode-shaped GEMV (`sm80_gemv`, products of
+//! [`registry`] in the order they are tried: FlashAttention (`sm80_flash_attn`, attention
+//! anchors only), the decode-shaped GEMV (`sm80_gemv`, products of
 //! at most 16 rows), the Hopper tensor-core GEMM template, the `mma.sync` template, the
 //! exact-f32 SIMT template (`simt_f32_gemm`), then
 //! cuBLASLt (`cublas.gemm`, a library call; unforced only for 16-bit products), then the
@@ -18,6 +19,7 @@ mod operands;
 mod rows;
 mod simt_f32_gemm;
 mod simt_gemm;
+mod sm80_flash_attn;
 mod sm80_gemv;
 mod sm80_mma_gemm;
 mod sm90_tc_gemm;
@@ -36,6 +38,7 @@ use crate::schedule::GpuTarget;
 pub use cublas_gemm::{cublas_plan, lt_gemm, plain_store, CublasKernel, CublasParams, CUBLAS_GEMM};
 pub use operands::{gemm_view, gemm_view_with, has_gemm, GemmView};
 pub use simt_f32_gemm::{simt_f32_gemm, SIMT_F32_GEMM};
+pub use sm80_flash_attn::{flash_parts, flash_plan, reshape_view, FLASH_ATTN};
 pub use sm80_gemv::{gemv_params, gemv_plan, GEMV};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM, SHALLOW_CONV_K};
@@ -68,6 +71,8 @@ pub fn registry() -> &'static Registry<Target, GpuBuilt> {
         let mut entries = vec![
             // First: it takes only skinny products (at most 16 rows), which it streams faster
             // than the GEMM templates.
+            // Only attention anchors (recognized on CUDA with TILEC_CUDA_ATTENTION=flash).
+            Entry { family: &sm80_flash_attn::SM80_FLASH_ATTN as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_gemv::SM80_GEMV as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_mma_gemm::SM80_MMA_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },

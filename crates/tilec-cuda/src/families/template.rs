@@ -8,6 +8,7 @@
 
 use crate::driver::{Device, Function, LaunchConfig, Stream};
 use crate::error::Result;
+use crate::flash::{self, FlashArgs, FlashKernel, FlashProblem};
 use crate::gemm::{self, Layout, Problem};
 use crate::gemv::{self, GemvKernel};
 use crate::mma::{self, MmaKernel, MmaProblem};
@@ -39,6 +40,9 @@ pub enum PlanKind {
     /// The decode-shaped GEMV (`crate::gemv`): at most 16 rows, weights streamed once (a
     /// row-major B repacked when the kernel is bound).
     Gemv(gemv::Params),
+    /// FlashAttention (`crate::flash`): the problem (the plan's `problem` is only a GEMM-shaped
+    /// summary: the second product per batch and head), parameters and operands.
+    Flash(Box<FlashProblem>, flash::Params, FlashArgs),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -72,6 +76,7 @@ impl FamilyPlan {
             },
             PlanKind::SimtF32(q) => simt::launch_config(&self.problem, q),
             PlanKind::Gemv(q) => gemv::config(&self.problem, q),
+            PlanKind::Flash(p, q, _) => flash::config(p, q),
             // A library call: the library chooses its launches.
             PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
@@ -84,6 +89,32 @@ impl FamilyPlan {
 
     /// One line for reports: shape, layouts and parameters.
     pub fn describe(&self) -> String {
+        if let PlanKind::Flash(f, q, _) = &self.kind {
+            return format!(
+                "{} attention batch {} heads {}/{} seq {}x{} head dim {} {}{}{}{}; block {}x{}, {} warps, {} stages",
+                self.family,
+                f.batch,
+                f.heads_q,
+                f.heads_kv,
+                f.seq_q,
+                f.seq_k,
+                f.head_dim,
+                f.dtype.name(),
+                match f.causal {
+                    Some(c) => format!(", causal {c:?}"),
+                    None => String::new(),
+                },
+                match &f.mask {
+                    Some(m) => format!(", {:?} mask strides {:?} over {} keys", m.kind, m.strides, m.len),
+                    None => String::new(),
+                },
+                if f.zero_nan_rows { ", NaN rows zeroed" } else { "" },
+                q.block_m,
+                q.block_n,
+                q.warps,
+                q.stages
+            );
+        }
         let p = &self.problem;
         let l = |l: Layout| if l == Layout::RowMajor { "row" } else { "col" };
         let mut rows = match p.custom.as_ref().and_then(|c| c.rows) {
@@ -135,6 +166,7 @@ impl FamilyPlan {
                 q.split_k,
                 q.prefetch
             ),
+            PlanKind::Flash(..) => String::new(),
             PlanKind::Cublas(q) => format!(
                 "cuBLASLt, {} out, compute {}",
                 q.out_dtype.name(),
@@ -162,6 +194,7 @@ pub enum FamilyKernel {
     Cublas(CublasKernel),
     SimtF32(SimtKernel, FamilyPlan),
     Gemv(GemvKernel, FamilyPlan),
+    Flash(FlashKernel, FamilyPlan),
 }
 
 impl FamilyKernel {
@@ -183,13 +216,17 @@ impl FamilyKernel {
                 let k = GemvKernel::from_image(device, &plan.problem, q, &plan.a, &plan.b, image, cache_hit)?;
                 Ok(FamilyKernel::Gemv(k, plan.clone()))
             }
+            PlanKind::Flash(p, q, a) => {
+                let k = FlashKernel::from_image(device, p, q, a, image, cache_hit)?;
+                Ok(FamilyKernel::Flash(k, plan.clone()))
+            }
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
-            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) | FamilyKernel::Gemv(_, plan) => plan,
+            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) | FamilyKernel::Gemv(_, plan) | FamilyKernel::Flash(_, plan) => plan,
             FamilyKernel::Cublas(k) => k.plan(),
         }
     }
@@ -201,6 +238,7 @@ impl FamilyKernel {
             FamilyKernel::Mma(k, _) => Some(k.function()),
             FamilyKernel::SimtF32(k, _) => Some(k.function()),
             FamilyKernel::Gemv(k, _) => Some(k.function()),
+            FamilyKernel::Flash(k, _) => Some(k.function()),
             FamilyKernel::Cublas(_) => None,
         }
     }
@@ -222,6 +260,7 @@ impl FamilyKernel {
             FamilyKernel::Mma(k, _) => k.launch_config(),
             FamilyKernel::SimtF32(k, _) => k.launch_config(),
             FamilyKernel::Gemv(k, _) => k.launch_config(),
+            FamilyKernel::Flash(k, _) => k.launch_config(),
             FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
@@ -233,7 +272,7 @@ impl FamilyKernel {
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
             FamilyKernel::Sm90(k) => k.bind(stream, ptrs),
-            FamilyKernel::SimtF32(..) => Ok(()),
+            FamilyKernel::SimtF32(..) | FamilyKernel::Flash(..) => Ok(()),
             FamilyKernel::Cublas(k) => {
                 k.launch(stream, ptrs)?;
                 stream.synchronize()
@@ -250,6 +289,7 @@ impl FamilyKernel {
             FamilyKernel::Mma(k, _) => k.launch(stream, ptrs),
             FamilyKernel::SimtF32(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Gemv(k, _) => k.launch(stream, ptrs),
+            FamilyKernel::Flash(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }

@@ -25,7 +25,7 @@
 //! implicit im2col become multiplications, and equal layers still share one kernel.
 
 mod launch;
-mod render;
+pub(crate) mod render;
 
 pub use launch::MmaKernel;
 pub use render::{kernel_name, render};

@@ -72,7 +72,8 @@ pub fn render(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef) -> Str
     s
 }
 
-const HELPERS: &str = r#"
+/// The device helpers the templates share: shared addresses, `cp.async` copies, `ldmatrix`.
+pub(crate) const HELPERS: &str = r#"
 __device__ __forceinline__ unsigned tl_mma_saddr(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -89,7 +90,8 @@ __device__ __forceinline__ void tl_ldm4t(unsigned addr, unsigned* r) {
 }
 "#;
 
-fn mma_fn(dt: &str) -> String {
+/// `tl_mma16816`: one `mma.sync.m16n8k16` with f32 accumulators for 16-bit inputs `dt`.
+pub(crate) fn mma_fn(dt: &str) -> String {
     format!(
         r#"__device__ __forceinline__ void tl_mma16816(float* d, const unsigned* a, const unsigned* b) {{
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{dt}.{dt}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"

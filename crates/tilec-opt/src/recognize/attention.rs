@@ -360,6 +360,17 @@ fn split_causal(m: &Matcher, mask: ValueId, scores: &[Dim]) -> Option<ValueId> {
 }
 
 pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
+    attention_with(m, root, false)
+}
+
+/// [`attention`] limited to what the CUDA FlashAttention family runs: 16-bit Q, K and V with
+/// one head dim of 64 or 128, no softcapping. The CUDA pipeline uses it behind the opt-in
+/// (`TILEC_CUDA_ATTENTION=flash`), so that other attention keeps its products and softmax.
+pub fn attention_flash(m: &mut Matcher, root: ValueId) -> Option<Build> {
+    attention_with(m, root, true)
+}
+
+fn attention_with(m: &mut Matcher, root: ValueId, flash: bool) -> Option<Build> {
     let n = m.op_where(root, |op| *op == Op::Linalg(LinalgOp::MatMul))?;
     let (p, v0) = (n.inputs[0], n.inputs[1]);
     let dtype = m.g.value(root).ty.dtype;
@@ -489,6 +500,18 @@ pub fn attention(m: &mut Matcher, root: ValueId) -> Option<Build> {
     };
     if k_heads != m.g.value(v).ty.shape.get(1) {
         return None;
+    }
+    if flash {
+        let qt = &m.g.value(q).ty;
+        let dim = |v: ValueId| m.g.value(v).ty.shape.last().and_then(|d| d.fixed());
+        let head = dim(q);
+        let ok = matches!(qt.dtype, DType::BF16 | DType::F16)
+            && matches!(head, Some(64 | 128))
+            && dim(v) == head
+            && softcap == 0.0;
+        if !ok {
+            return None;
+        }
     }
     let name = m.g.value(root).name.clone();
     Some(Box::new(move |g| {

@@ -99,7 +99,9 @@ pub fn prepare<K: Build>(
     builder.check_forced(choices.forced).map_err(Error::Compile)?;
     let kind = target.kind;
     let mut g = graph.clone();
-    let pipe = Pipeline::for_level_and_target(opt_level, kind);
+    // On CUDA, attention is recognized only with the FlashAttention opt-in.
+    let cuda_flash = kind == tilec_opt::target::TargetKind::Cuda && target.gpu.flash_attention;
+    let pipe = Pipeline::for_level_target_with(opt_level, kind, cuda_flash);
     pipe.run(&mut g, &PipelineOptions::default()).map_err(|e| Error::Compile(e.to_string()))?;
     let mut report = Report { optimize: t0.elapsed(), ..Default::default() };
 
