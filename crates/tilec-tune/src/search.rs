@@ -118,11 +118,16 @@ pub struct SearchOptions {
     pub budget: Duration,
     /// Candidates handed to the measurer at once (compiled together).
     pub batch: usize,
+    /// Rounds in which the best and the heuristic are measured again, alternately, at the
+    /// end (0: none). On a busy machine one measurement can be far off; the final default
+    /// and tuned times are the medians over the rounds, and the heuristic stays unless the
+    /// best still beats it.
+    pub confirm_rounds: usize,
 }
 
 impl Default for SearchOptions {
     fn default() -> Self {
-        SearchOptions { max_candidates: 24, budget: Duration::from_secs(30), batch: 4 }
+        SearchOptions { max_candidates: 24, budget: Duration::from_secs(30), batch: 4, confirm_rounds: 3 }
     }
 }
 
@@ -150,6 +155,8 @@ pub struct SearchResult {
     pub rank_corr: Option<f64>,
     /// The budget ran out before `max_candidates` were measured.
     pub out_of_time: bool,
+    /// The best and the heuristic were measured again alternately (`confirm_rounds`).
+    pub confirmed: bool,
     pub elapsed: Duration,
 }
 
@@ -183,12 +190,37 @@ pub fn search(c: &Candidates, m: &mut dyn Measurer, o: &SearchOptions, progress:
         i += n;
         progress(i.min(todo.len()));
     }
-    r.default_ns = r.measured.iter().find(|x| x.candidate.heuristic).and_then(|x| x.outcome.ns());
+    let heuristic = r.measured.iter().find(|x| x.candidate.heuristic).cloned();
+    r.default_ns = heuristic.as_ref().and_then(|x| x.outcome.ns());
     r.best = r
         .measured
         .iter()
         .filter_map(|x| x.outcome.ns().map(|t| (x.candidate.params.clone(), t)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let (Some(h), Some(def), Some((best, bt))) = (&heuristic, r.default_ns, r.best.clone()) {
+        if best != h.candidate.params && o.confirm_rounds > 0 {
+            let (mut hs, mut bs) = (vec![def], vec![bt]);
+            for round in 0..o.confirm_rounds {
+                let pair = if round % 2 == 0 {
+                    [h.candidate.params.clone(), best.clone()]
+                } else {
+                    [best.clone(), h.candidate.params.clone()]
+                };
+                let outs = m.measure(&pair);
+                let (ho, bo) = if round % 2 == 0 { (outs.first(), outs.get(1)) } else { (outs.get(1), outs.first()) };
+                hs.extend(ho.and_then(Outcome::ns));
+                bs.extend(bo.and_then(Outcome::ns));
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (def, bt) = (median(&mut hs), median(&mut bs));
+            r.default_ns = Some(def);
+            r.best = if bt < def { Some((best, bt)) } else { Some((h.candidate.params.clone(), def)) };
+            r.confirmed = true;
+        }
+    }
     let pairs: Vec<(f64, f64)> =
         r.measured.iter().filter_map(|x| Some((x.candidate.estimate?, x.outcome.ns()?))).collect();
     r.rank_corr = spearman(&pairs);

@@ -101,7 +101,7 @@ fn pruned_points_are_never_built() {
 
     let mut m = ToyMeasurer { f, p: &p, batches: vec![] };
     let mut seen = 0;
-    let o = SearchOptions { max_candidates: 100, budget: Duration::from_secs(60), batch: 4 };
+    let o = SearchOptions { max_candidates: 100, budget: Duration::from_secs(60), batch: 4, confirm_rounds: 0 };
     let r = search(&c, &mut m, &o, &mut |n| seen = n);
     assert_eq!(seen, 16);
     assert_eq!(m.batches[0], 1, "the heuristic alone first");
@@ -125,12 +125,50 @@ fn limits_hold() {
     let f: &'static Toy = Box::leak(Box::new(Toy { builds: Mutex::new(vec![]) }));
     let c = candidates(f, &p, &());
     let mut m = ToyMeasurer { f, p: &p, batches: vec![] };
-    let r = search(&c, &mut m, &SearchOptions { max_candidates: 6, budget: Duration::from_secs(60), batch: 2 }, &mut |_| {});
+    let r = search(&c, &mut m, &SearchOptions { max_candidates: 6, budget: Duration::from_secs(60), batch: 2, confirm_rounds: 0 }, &mut |_| {});
     assert_eq!(r.measured.len(), 6);
     assert_eq!(m.batches, vec![1, 2, 2, 1]);
     // A zero budget still measures the default (the first batch), then stops.
     let mut m = ToyMeasurer { f, p: &p, batches: vec![] };
-    let r = search(&c, &mut m, &SearchOptions { max_candidates: 100, budget: Duration::ZERO, batch: 4 }, &mut |_| {});
+    let r = search(&c, &mut m, &SearchOptions { max_candidates: 100, budget: Duration::ZERO, batch: 4, confirm_rounds: 0 }, &mut |_| {});
     assert_eq!(r.measured.len(), 1);
     assert!(r.out_of_time && r.default_ns.is_some());
+}
+
+/// Times that change between measurements: the heuristic measured slow once (a busy machine)
+/// must not make a worse candidate win.
+struct Noisy {
+    calls: usize,
+}
+
+impl Measurer for Noisy {
+    fn measure(&mut self, batch: &[Params]) -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|q| {
+                self.calls += 1;
+                // The heuristic (a=2, b=2) takes 100, everything else 110; the first
+                // measurement of the heuristic is 1000.
+                let t = if q.get("a") == Some(2) && q.get("b") == Some(2) {
+                    if self.calls == 1 { 1000.0 } else { 100.0 }
+                } else {
+                    110.0
+                };
+                Outcome::Time { median_ns: t, runs: 5 }
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn confirmation_rounds_undo_a_noisy_default() {
+    let g = graph();
+    let p = Problem::of_node(&g, g.node_ids().next().unwrap(), "k0");
+    let f: &'static Toy = Box::leak(Box::new(Toy { builds: Mutex::new(vec![]) }));
+    let c = candidates(f, &p, &());
+    let o = SearchOptions { max_candidates: 5, budget: Duration::from_secs(60), batch: 4, confirm_rounds: 3 };
+    let r = search(&c, &mut Noisy { calls: 0 }, &o, &mut |_| {});
+    assert!(r.confirmed);
+    assert_eq!(r.default_ns, Some(100.0));
+    assert_eq!(r.best, Some((Params::new(&[("a", 2), ("b", 2)]), 100.0)), "the heuristic stays");
 }
