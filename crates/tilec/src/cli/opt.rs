@@ -201,7 +201,7 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
             opts.tuning = super::tuning(args.opt.no_tuning, opts.threads);
             let p = tilec::compiled::prepare(&g, &opts).context("building the kernels")?;
             super::tuning_notes(&opts.tuning);
-            ("kernels (families for this CPU):", (p.interpreted(), p.report))
+            ("kernels (families for this CPU; parameters: heuristic, forced with --family, or tuned by `tilec tune`):", (p.interpreted(), p.report))
         }
         TargetKind::Cuda => {
             let opts = tilec::compiled_cuda::CudaOptions {
@@ -221,7 +221,6 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
         println!("  none: shapes are not concrete (fix symbolic dimensions with --dim NAME=VALUE)");
         return Ok(());
     }
-    println!("  (parameters: heuristic = the family's default, forced = --family, tuned = measured by `tilec tune`)");
     for (k, d) in &r.decisions {
         println!("  {k}: {}", d.summary());
         for (f, why) in &d.rejected {
