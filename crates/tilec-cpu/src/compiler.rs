@@ -29,7 +29,7 @@ pub type PackedKernelFn = unsafe extern "C" fn(*const *mut c_void, *const *mut c
 pub type PackFn = unsafe extern "C" fn(*const *mut c_void, i64, *mut c_void);
 
 /// Bumped whenever the generated code's conventions change, to invalidate cached libraries.
-const FORMAT_VERSION: &str = "tilec-cpu-2";
+pub const FORMAT_VERSION: &str = "tilec-cpu-2";
 /// Extension of cached libraries (a cache header, then the shared object).
 const ENTRY_EXT: &str = "so.tilec";
 
@@ -210,7 +210,8 @@ impl Compiler {
         (self.hits.load(Relaxed), self.misses.load(Relaxed))
     }
 
-    fn cc_version(&self) -> Result<String, CompileError> {
+    /// The C compiler's `--version` output (run once).
+    pub fn cc_version(&self) -> Result<String, CompileError> {
         self.cc_version
             .get_or_init(
                 || match Command::new(&self.opts.cc).arg("--version").output() {
@@ -455,7 +456,7 @@ impl Compiler {
 }
 
 /// Identifies the host CPU model for the cache key (`-march=native` code is CPU specific).
-fn host_cpu_id() -> String {
+pub fn host_cpu_id() -> String {
     let Ok(s) = std::fs::read_to_string("/proc/cpuinfo") else {
         return String::new();
     };

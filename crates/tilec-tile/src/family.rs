@@ -46,6 +46,26 @@ pub struct Problem<'g> {
 }
 
 impl<'g> Problem<'g> {
+    /// A problem from its parts (what [`Problem::of_group`] and [`Problem::of_node`] fill in;
+    /// the tuner rebuilds the problems of a prepared model from them).
+    pub fn new(
+        graph: &'g Graph,
+        nodes: Vec<NodeId>,
+        name: &str,
+        kind: GroupKind,
+        anchor: Option<NodeId>,
+    ) -> Problem<'g> {
+        Problem {
+            graph,
+            nodes,
+            name: name.to_string(),
+            kind,
+            anchor,
+            lowered: RefCell::new(vec![]),
+            derived: RefCell::new(vec![]),
+        }
+    }
+
     /// A whole kernel group.
     pub fn of_group(graph: &'g Graph, group: &KernelGroup, name: &str) -> Problem<'g> {
         Problem {
@@ -237,6 +257,14 @@ pub trait Family: Sync {
         Params::default()
     }
 
+    /// An analytic estimate of the kernel's time in seconds with these parameters (a roofline
+    /// with the family's own losses: tile waste, cache overflow, idle cores), for the tuner's
+    /// ordering of candidates; `None` when the family has no model. Only the order of the
+    /// estimates matters.
+    fn estimate(&self, _p: &Problem, _t: &Self::Target, _params: &Params) -> Option<f64> {
+        None
+    }
+
     /// Builds the kernel with the given parameters.
     fn build(&self, p: &Problem, t: &Self::Target, params: &Params) -> Result<Self::Built, String>;
 }
@@ -285,9 +313,19 @@ impl<T: ?Sized + 'static, B: 'static> Registry<T, B> {
     }
 }
 
-/// Parameters found by tuning, by family and problem key (the tuning database).
+/// Parameters found by tuning for a family and a problem (the tuning database, `tilec-tune`).
 pub trait Tuned {
-    fn lookup(&self, family: &str, problem_key: &str) -> Option<Params>;
+    /// The parameters measured best for `family` on a problem like `p` on this machine, if
+    /// known.
+    fn lookup(&self, family: &str, p: &Problem) -> Option<TunedParams>;
+}
+
+/// What the tuning database knows of a problem: parameter values by name (checked against the
+/// family's space before use) and how the entry matched (`exact shape`, `shape bucket ...`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TunedParams {
+    pub values: Vec<(String, i64)>,
+    pub matched: String,
 }
 
 /// What the user asked for: families forced per op, and the tuning database.
@@ -329,15 +367,21 @@ pub struct Decision {
     pub params: Params,
     pub origin: ParamOrigin,
     pub rejected: Vec<(&'static str, String)>,
+    /// About the origin: how a tuned entry matched, or why tuned parameters were not used.
+    pub note: Option<String>,
 }
 
 impl Decision {
-    /// `family (origin: params)`.
+    /// `family (origin: params)`, then the note in brackets.
     pub fn summary(&self) -> String {
-        if self.params.is_empty() {
+        let s = if self.params.is_empty() {
             format!("{} ({})", self.family, self.origin)
         } else {
             format!("{} ({}: {})", self.family, self.origin, self.params)
+        };
+        match &self.note {
+            Some(n) => format!("{s} [{n}]"),
+            None => s,
         }
     }
 
@@ -350,6 +394,18 @@ impl Decision {
 /// `name: why; name: why`.
 pub fn describe_rejections(rejected: &[(&'static str, String)]) -> String {
     rejected.iter().map(|(f, why)| format!("{f}: {why}")).collect::<Vec<_>>().join("; ")
+}
+
+/// Tuned values by name as the family's parameters (their names are the space's).
+fn resolve(space: ParamSpace, values: &[(String, i64)]) -> Result<Params, String> {
+    let mut out = vec![];
+    for (name, v) in values {
+        match space.axes.iter().find(|(n, _)| n == name) {
+            Some((n, _)) => out.push((*n, *v)),
+            None => return Err(format!("the family has no parameter '{name}'")),
+        }
+    }
+    Ok(Params(out))
 }
 
 /// Whether a `--family` choice names this problem (its op in any case, as ONNX spells it
@@ -390,7 +446,10 @@ pub fn dispatch<T: ?Sized, B>(
                 let params = f.heuristic(p, t);
                 match attempt(f, p, t, &params, false) {
                     Ok(b) => {
-                        return Ok((b, Decision { family: f.name(), params, origin: ParamOrigin::Forced, rejected }))
+                        return Ok((
+                            b,
+                            Decision { family: f.name(), params, origin: ParamOrigin::Forced, rejected, note: None },
+                        ))
                     }
                     Err(why) => rejected.push((f.name(), format!("forced, but {why}"))),
                 }
@@ -406,13 +465,37 @@ pub fn dispatch<T: ?Sized, B>(
             rejected.push((f.name(), "disabled".into()));
             continue;
         }
-        let tuned = choices.tuned.and_then(|db| db.lookup(f.name(), &p.key()));
-        let (params, origin) = match tuned {
-            Some(params) => (params, ParamOrigin::Tuned),
-            None => (f.heuristic(p, t), ParamOrigin::Heuristic),
-        };
+        let tuned = choices.tuned.and_then(|db| db.lookup(f.name(), p));
+        let mut note = None;
+        if let Some(tp) = tuned {
+            // Tuned parameters must still name the family's parameters and pass its check
+            // (another version of tilec may have stored them); otherwise the heuristic's.
+            match resolve(f.space(p, t), &tp.values).and_then(|params| {
+                f.applies(p, t)?;
+                f.by_default(p, t)?;
+                f.check(p, t, &params).map(|()| params)
+            }) {
+                Ok(params) => match f.build(p, t, &params) {
+                    Ok(b) => {
+                        let d = Decision {
+                            family: f.name(),
+                            params,
+                            origin: ParamOrigin::Tuned,
+                            rejected,
+                            note: Some(tp.matched),
+                        };
+                        return Ok((b, d));
+                    }
+                    Err(why) => note = Some(format!("tuned parameters did not build ({why}); heuristic used")),
+                },
+                Err(why) => note = Some(format!("tuned parameters not usable ({why}); heuristic used")),
+            }
+        }
+        let params = f.heuristic(p, t);
         match attempt(f, p, t, &params, true) {
-            Ok(b) => return Ok((b, Decision { family: f.name(), params, origin, rejected })),
+            Ok(b) => {
+                return Ok((b, Decision { family: f.name(), params, origin: ParamOrigin::Heuristic, rejected, note }))
+            }
             Err(why) => rejected.push((f.name(), why)),
         }
     }

@@ -7,11 +7,12 @@
 //! node that still does not runs on the reference interpreter inside the same plan (a
 //! *fallback step*), so every graph the interpreter runs also runs here.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tilec_ir::Graph;
 use tilec_opt::target::Target;
-use tilec_tile::family::Choices;
+use tilec_tile::family::{Choices, Tuned};
 
 use crate::exec::cpu::{Cpu, CpuBuild};
 use crate::exec::Executor;
@@ -45,6 +46,9 @@ pub struct CompileOptions {
     pub winograd: bool,
     /// Families forced per op or kernel name (`--family OP=NAME`).
     pub families: Vec<(String, String)>,
+    /// The tuning database to take parameters from (`None`: the families' heuristics). The
+    /// CLI opens the user's (`tilec_tune::default_path`) unless `--no-tuning`.
+    pub tuning: Option<Arc<tilec_tune::Tuning>>,
 }
 
 impl Default for CompileOptions {
@@ -57,6 +61,7 @@ impl Default for CompileOptions {
             keep_ir: false,
             winograd: true,
             families: vec![],
+            tuning: None,
         }
     }
 }
@@ -64,7 +69,8 @@ impl Default for CompileOptions {
 /// Optimizes, partitions and builds every kernel for the host CPU (no C compiler needed).
 pub fn prepare(graph: &Graph, opts: &CompileOptions) -> Result<Prepared, Error> {
     let disabled: &[&str] = if opts.winograd { &[] } else { &["cpu.winograd"] };
-    let choices = Choices { forced: &opts.families, disabled, tuned: None };
+    let tuned = opts.tuning.as_deref().map(|t| t as &dyn Tuned);
+    let choices = Choices { forced: &opts.families, disabled, tuned };
     let builder = CpuBuild { schedule: opts.schedule };
     crate::exec::prepare(graph, opts.opt_level, &builder, &Target::host_cpu(), &choices)
 }

@@ -23,6 +23,7 @@ pub mod compiled_cuda;
 pub mod exec;
 pub mod cuda_families;
 pub mod tensor_io;
+pub mod tune;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -32,6 +33,7 @@ pub use tilec_onnx as onnx;
 pub use tilec_ref as reference;
 pub use tilec_runtime as runtime;
 pub use tilec_cuda as cuda;
+pub use tilec_tune as tuner;
 
 pub use tilec_ir::{DType, Graph, Tensor};
 pub use tilec_onnx::{ImportError, ImportOptions};

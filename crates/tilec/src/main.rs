@@ -38,6 +38,10 @@ enum Cmd {
     /// with its ops, bytes, FLOPs and bound on the target, and every rejected fusion with
     /// the cost model's numbers.
     Explain(cli::opt::ExplainArgs),
+    /// Measure the best parameters of the model's kernels on this machine and remember them in
+    /// the tuning database ($TILEC_TUNING_DB, else ~/.cache/tilec/tuning.sqlite), which `run`
+    /// and `explain` then read; --export/--import carry it to other machines.
+    Tune(cli::tune::TuneArgs),
 }
 
 /// The backends `--backend` accepts.
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => cli::run::run(&args),
         Cmd::PrintIr(args) => cli::opt::print_ir(&args),
         Cmd::Explain(args) => cli::opt::explain(&args),
+        Cmd::Tune(args) => cli::tune::tune(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

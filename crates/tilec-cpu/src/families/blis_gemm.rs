@@ -150,6 +150,49 @@ impl Family for BlisGemm {
         }
     }
 
+    /// A roofline with the template's losses: register tiles padded at the edges, a
+    /// micro-kernel bound by its loads when the tile is small (2 FMAs and 2 loads a cycle) or
+    /// by FMA latency when it has fewer than 8 accumulators, C reloaded once per `kc` slice,
+    /// `kc x nr` B panels overflowing half of L1, `mc x kc` A blocks overflowing L2 and
+    /// `kc x nc` B blocks half of L3, `mc x nc` blocks quantized over the cores, and the
+    /// packing traffic (A once per `nc` block, B once).
+    fn estimate(&self, p: &Problem, t: &Target, params: &Params) -> Option<f64> {
+        let l = p.lower(opts(p)).ok()?;
+        let g = the_gemm(&l.kernel)?;
+        let lanes = lanes(&l.kernel, t) as f64;
+        let [mr, nr, kc, mc, nc] = NAMES.map(|n| params.get(n).map(|v| v.max(1) as f64));
+        let (mr, nr, kc, mc, nc) = (mr?, nr?, kc?, mc?, nc?);
+        let transposed = default_schedule(p, t)
+            .is_some_and(|s| s.steps.iter().any(|st| matches!(st, Primitive::GemmTranspose { .. })));
+        let (m, n) = if transposed { (g.n as f64, g.m as f64) } else { (g.m as f64, g.n as f64) };
+        let (k, batch) = (g.k.max(1) as f64, g.batch.max(1) as f64);
+        let elem = g.acc_dtype.size_bytes().clamp(4, 8) as f64;
+        let padded = (m / mr).ceil() * mr * (n / nr).ceil() * nr;
+        let vecs = nr / lanes;
+        let accs = mr * vecs;
+        let mut eff = (accs / 2.0) / (accs / 2.0).max((mr + vecs) / 2.0);
+        eff *= (accs / 8.0).min(1.0);
+        let kc_eff = kc.min(k.max(8.0));
+        eff *= kc_eff / (kc_eff + 16.0);
+        let cpu = &t.cpu;
+        if kc_eff * nr * elem > cpu.l1_bytes as f64 / 2.0 {
+            eff *= 0.7;
+        }
+        if mc.min(m) * kc_eff * elem > cpu.l2_bytes as f64 * 0.75 {
+            eff *= 0.6;
+        }
+        if kc_eff * nc.min(n) * elem > cpu.l3_bytes as f64 / 2.0 {
+            eff *= 0.8;
+        }
+        let threads = cpu.threads.max(1) as f64;
+        let units = batch * (m / mc).ceil() * (n / nc).ceil();
+        let par = units / ((units / threads).ceil() * threads);
+        let peak = t.peak_f32.max(1.0);
+        let compute = 2.0 * batch * padded * k / (peak * eff.max(1e-3) * par.max(1e-3));
+        let pack = batch * (m * k * (n / nc).ceil() + k * n) * elem / t.mem_bw.max(1.0);
+        Some(compute + pack)
+    }
+
     fn build(&self, p: &Problem, t: &Target, params: &Params) -> Result<CpuBuilt, String> {
         build_with(p, opts(p), |k| {
             let mut s = default_schedule(p, t).unwrap_or_else(|| default_cpu(k, &t.cpu));

@@ -3,6 +3,7 @@
 pub mod inspect;
 pub mod opt;
 pub mod run;
+pub mod tune;
 
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
@@ -80,6 +81,30 @@ pub fn render_error(e: &anyhow::Error) -> String {
         s.push_str(&m);
     }
     s
+}
+
+/// The tuning database for compiling on this CPU with `threads` threads, unless `off`
+/// (`--no-tuning`). A database that cannot be used is ignored with a note.
+pub fn tuning(off: bool, threads: usize) -> Option<std::sync::Arc<tilec::tuner::Tuning>> {
+    if off {
+        return None;
+    }
+    match tilec::tune::open_tuning(None, threads) {
+        Ok(t) => t,
+        Err(e) => {
+            println!("note: {e}; tuning ignored (--no-tuning silences this)");
+            None
+        }
+    }
+}
+
+/// Prints what lookups in the tuning database ignored (stale, foreign, undecodable entries).
+pub fn tuning_notes(t: &Option<std::sync::Arc<tilec::tuner::Tuning>>) {
+    if let Some(t) = t {
+        for n in t.db.notes() {
+            println!("note: tuning database: {n}");
+        }
+    }
 }
 
 /// Parses `NAME=FILE` for `--input` and `--expect`.

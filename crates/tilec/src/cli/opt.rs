@@ -58,6 +58,9 @@ pub struct OptArgs {
     /// mantissas, as torch.backends.cuda.matmul.allow_tf32). Off: f32 stays exact.
     #[arg(long = "allow-tf32")]
     pub allow_tf32: bool,
+    /// Ignore the tuning database: show the families' heuristic parameters (CPU).
+    #[arg(long)]
+    pub no_tuning: bool,
 }
 
 fn optimized(args: &OptArgs) -> Result<tilec::Graph> {
@@ -142,8 +145,10 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
     };
     match args.target.kind() {
         partition::TargetKind::Cpu => {
-            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            let mut opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.families.clone(), ..Default::default() };
+            opts.tuning = super::tuning(args.no_tuning, opts.threads);
             let prep = tilec::compiled::prepare(&g, &opts)?;
+            super::tuning_notes(&opts.tuning);
             for k in prep.kernels() {
                 let name = &k.kernel.name;
                 let steps: Vec<String> = k.schedule.to_string().lines().map(str::to_string).collect();
@@ -192,9 +197,11 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
     // The graph is already optimized; level 0 keeps it as it is.
     let (title, prepared) = match a.target.kind() {
         TargetKind::Cpu => {
-            let opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
+            let mut opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
+            opts.tuning = super::tuning(args.opt.no_tuning, opts.threads);
             let p = tilec::compiled::prepare(&g, &opts).context("building the kernels")?;
-            ("kernels (families for this CPU):", (p.interpreted(), p.report))
+            super::tuning_notes(&opts.tuning);
+            ("kernels (families for this CPU; parameters: heuristic, forced with --family, or tuned by `tilec tune`):", (p.interpreted(), p.report))
         }
         TargetKind::Cuda => {
             let opts = tilec::compiled_cuda::CudaOptions {

@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// --family conv=cpu.direct (repeatable; `tilec explain` lists the families).
     #[arg(long = "family", value_name = "OP=NAME", value_parser = parse_family)]
     pub families: Vec<(String, String)>,
+    /// Ignore the tuning database (`tilec tune`): every kernel takes its family's heuristic
+    /// parameters.
+    #[arg(long)]
+    pub no_tuning: bool,
     /// With --target cuda: let f32 matrix products run on the tensor cores as tf32 (10-bit
     /// mantissas, as torch.backends.cuda.matmul.allow_tf32). Off: f32 stays exact.
     #[arg(long = "allow-tf32")]
@@ -694,8 +698,14 @@ fn run_compiled(
     if let Some(t) = a.threads {
         opts.threads = t;
     }
+    opts.tuning = super::tuning(a.no_tuning, opts.threads);
     let mut c = tilec::compiled::compile(graph, &opts).context("compiling the model for the CPU")?;
+    super::tuning_notes(&opts.tuning);
     let r = c.report.clone();
+    let tuned = r.decisions.iter().filter(|(_, d)| d.origin == tilec_tile::family::ParamOrigin::Tuned).count();
+    if tuned > 0 {
+        println!("tuning: {tuned} kernels with tuned parameters (--no-tuning ignores them)");
+    }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     println!(
         "compiled {} kernels ({} unique{}) in {:.1} ms (optimize {:.1}, lower {:.1}, C compile {:.1})",
@@ -767,6 +777,7 @@ fn run_compiled(
             "compile_ms": ms(r.total),
             "cache_hit": r.cache_hits > 0,
             "families": families_json(&r),
+            "tuned_kernels": tuned,
             "kernels": r.kernels,
             "unique_kernels": r.unique_kernels,
             "fallback_nodes": r.fallbacks.len(),
@@ -988,6 +999,7 @@ fn families_json(r: &tilec::exec::Report) -> serde_json::Value {
                 "family": d.family,
                 "params": d.params.to_string(),
                 "origin": d.origin.to_string(),
+                "note": d.note,
                 "rejected": tilec_tile::family::describe_rejections(&d.rejected),
             });
             (k.clone(), v)

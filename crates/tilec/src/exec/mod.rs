@@ -38,7 +38,7 @@ use tilec_tile::{CheckSite, IndexViolation, STATUS_WORDS};
 
 use crate::Error;
 
-pub use steps::{prepare, Prepared};
+pub use steps::{prepare, Prepared, ProblemSpec};
 
 /// Bytes of one checking step's status words: every kernel argument stays 16-byte aligned.
 pub const STATUS_STRIDE: usize = (STATUS_WORDS * 8).next_multiple_of(16);

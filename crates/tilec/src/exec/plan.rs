@@ -64,7 +64,7 @@ fn segments<K>(steps: &[XStep<K>]) -> Vec<Segment> {
 impl<B: Backend> Executor<B> {
     /// Loads a prepared model on `backend` (see the module documentation).
     pub fn load(prep: Prepared<B::Build>, mut backend: B) -> Result<Executor<B>, Error> {
-        let Prepared { graph: g, steps: planned, kernels, interpreted, mut report } = prep;
+        let Prepared { graph: g, steps: planned, kernels, interpreted, mut report, .. } = prep;
         let t0 = Instant::now();
         if interpreted {
             return Ok(Executor {

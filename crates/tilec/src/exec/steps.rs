@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tilec_ir::{Graph, NodeId, ValueDef, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
-use tilec_opt::partition::{partition, Target};
+use tilec_opt::partition::{partition, GroupKind, Target};
 use tilec_tile::family::{describe_rejections, Choices, Decision, Problem};
 use tilec_tile::CheckSite;
 
@@ -58,11 +58,23 @@ impl Step {
     }
 }
 
+/// What a kernel was built from: enough to rebuild its [`Problem`] on the prepared graph (the
+/// tuner builds every candidate of a kernel from it).
+#[derive(Clone, Debug)]
+pub struct ProblemSpec {
+    pub name: String,
+    pub nodes: Vec<NodeId>,
+    pub kind: GroupKind,
+    pub anchor: Option<NodeId>,
+}
+
 /// A model optimized, partitioned and built for a target (no device needed).
 pub struct Prepared<K: Build> {
     pub(crate) graph: Graph,
     pub(crate) steps: Vec<Step>,
     pub(crate) kernels: Vec<K::Built>,
+    /// Per kernel (same order), its problem.
+    pub(crate) problems: Vec<ProblemSpec>,
     pub(crate) interpreted: bool,
     pub report: Report,
 }
@@ -79,6 +91,15 @@ impl<K: Build> Prepared<K> {
     /// Number of steps (kernels and host nodes).
     pub fn steps(&self) -> usize {
         self.steps.len()
+    }
+    /// Per kernel (in the order of [`Prepared::kernels`]), what it was built from.
+    pub fn problems(&self) -> &[ProblemSpec] {
+        &self.problems
+    }
+    /// Kernel `i`'s problem on the prepared graph.
+    pub fn problem(&self, i: usize) -> Option<Problem<'_>> {
+        let s = self.problems.get(i)?;
+        Some(Problem::new(&self.graph, s.nodes.clone(), &s.name, s.kind, s.anchor))
     }
     /// Whether the whole graph runs on the interpreter.
     pub fn interpreted(&self) -> bool {
@@ -115,20 +136,21 @@ pub fn prepare<K: Build>(
             format!("value '{}' has a data-dependent shape [{}]", val.name, dims.join(", ")),
         ));
         report.total = t0.elapsed();
-        return Ok(Prepared { graph: g, steps: vec![], kernels: vec![], interpreted: true, report });
+        return Ok(Prepared { graph: g, steps: vec![], kernels: vec![], problems: vec![], interpreted: true, report });
     }
 
     let t1 = Instant::now();
     // The partition's cost model plans for the kind's reference machine.
     let part = partition(&g, &Target::preset(kind));
     let mut kernels: Vec<K::Built> = vec![];
+    let mut problems: Vec<ProblemSpec> = vec![];
     let mut steps: Vec<Step> = vec![];
     for grp in &part.groups {
         let name = format!("k{}_{}", grp.id, grp.kind.to_string().to_lowercase());
         let whole = Problem::of_group(&g, grp, &name);
         let why = match builder.build(&whole, target, choices) {
             Ok(built) => {
-                steps.push(kernel_step::<K>(&whole, built, (grp.bytes, grp.flops), &mut kernels, &mut report));
+                steps.push(kernel_step::<K>(&whole, built, (grp.bytes, grp.flops), (&mut kernels, &mut problems), &mut report));
                 continue;
             }
             Err(why) => why,
@@ -146,7 +168,7 @@ pub fn prepare<K: Build>(
             match builder.build(&p, target, choices) {
                 Ok(built) => {
                     let cost = (grp.bytes * share, grp.flops * share);
-                    steps.push(kernel_step::<K>(&p, built, cost, &mut kernels, &mut report));
+                    steps.push(kernel_step::<K>(&p, built, cost, (&mut kernels, &mut problems), &mut report));
                 }
                 Err(why) => {
                     report.fallbacks.push((g.node(n).op.name().to_string(), describe_rejections(&why)));
@@ -164,7 +186,7 @@ pub fn prepare<K: Build>(
     report.lower = t1.elapsed();
     report.kernels = kernels.len();
     report.total = t0.elapsed();
-    Ok(Prepared { graph: g, steps, kernels, interpreted: false, report })
+    Ok(Prepared { graph: g, steps, kernels, problems, interpreted: false, report })
 }
 
 /// The step of a built kernel (its decision goes to the report, the kernel to `kernels`).
@@ -172,7 +194,7 @@ fn kernel_step<K: Build>(
     p: &Problem,
     (built, decision): (K::Built, Decision),
     (bytes, flops): (f64, f64),
-    kernels: &mut Vec<K::Built>,
+    (kernels, problems): (&mut Vec<K::Built>, &mut Vec<ProblemSpec>),
     report: &mut Report,
 ) -> Step {
     let (ins, outs) = K::params(&built);
@@ -191,6 +213,7 @@ fn kernel_step<K: Build>(
     };
     report.decisions.push((p.name.clone(), decision));
     kernels.push(built);
+    problems.push(ProblemSpec { name: p.name.clone(), nodes: p.nodes.clone(), kind: p.kind, anchor: p.anchor });
     step
 }
 

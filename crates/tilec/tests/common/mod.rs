@@ -45,8 +45,12 @@ impl Out {
 
 /// Runs the binary; asserts it never panics whatever the outcome.
 pub fn tilec(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Out {
+    // Never the user's tuning database: a path that does not exist (nothing is created there
+    // by `run` or `explain`).
+    let no_db = std::env::temp_dir().join("tilec-tests-no-tuning-db").join("none.sqlite");
     let out = Command::new(env!("CARGO_BIN_EXE_tilec"))
         .args(args.iter().map(|a| a.as_ref()))
+        .env("TILEC_TUNING_DB", no_db)
         .output()
         .expect("the tilec binary runs");
     let o = Out {
