@@ -333,29 +333,8 @@ fn main() {
             Some((flash::kernel_name(&c.p, &q, &a), flash::render(&c.p, &q, &a)))
         })
         .collect();
-    let t0 = std::time::Instant::now();
-    for (r, (name, _)) in comp.compile_many(&modules).iter().zip(&modules) {
-        if let Err(e) = r {
-            println!("{}", json!({"compile_error": name, "error": e.to_string()}));
-        }
-    }
-    println!("{}", json!({"compiled": modules.len(), "seconds": t0.elapsed().as_secs_f64()}));
-    let mut failed = 0;
-    for c in &cases {
-        match run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng) {
-            Ok(j) => {
-                if j["ok"] != json!(true) {
-                    failed += 1;
-                }
-                println!("{j}");
-            }
-            Err(e) => {
-                failed += 1;
-                println!("{}", json!({"label": c.label, "error": e}));
-            }
-        }
-    }
-    println!("{}", json!({"cases": cases.len(), "failed": failed}));
+    common::precompile(&comp, &modules);
+    let failed = common::run_all(&cases, |x| &x.label, |c| run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng));
     if failed > 0 {
         std::process::exit(1);
     }

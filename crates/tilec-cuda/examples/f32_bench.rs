@@ -295,28 +295,6 @@ fn main() {
             Some((simt::kernel_name(&p, &q, &A, &B), simt::render(&p, &q, &A, &B)))
         })
         .collect();
-    let t0 = std::time::Instant::now();
-    let compiled = comp.compile_many(&modules);
-    for (r, (name, _)) in compiled.iter().zip(&modules) {
-        if let Err(e) = r {
-            println!("{}", json!({"compile_error": name, "error": e.to_string()}));
-        }
-    }
-    println!("{}", json!({"compiled": modules.len(), "seconds": t0.elapsed().as_secs_f64()}));
-    let mut failed = 0;
-    for c in &cases {
-        match run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng) {
-            Ok(j) => {
-                if j["ok"] != json!(true) {
-                    failed += 1;
-                }
-                println!("{j}");
-            }
-            Err(e) => {
-                failed += 1;
-                println!("{}", json!({"label": c.label, "error": e}));
-            }
-        }
-    }
-    println!("{}", json!({"cases": cases.len(), "failed": failed}));
+    common::precompile(&comp, &modules);
+    common::run_all(&cases, |x| &x.label, |c| run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng));
 }

@@ -43,3 +43,37 @@ pub fn median(mut v: Vec<f32>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2] as f64
 }
+
+/// Compiles every module in parallel (the runs then hit the compiler's cache), printing each
+/// compile error and a summary line.
+pub fn precompile(comp: &tilec_cuda::Compiler, modules: &[(String, String)]) {
+    let t0 = std::time::Instant::now();
+    for (r, (name, _)) in comp.compile_many(modules).iter().zip(modules) {
+        if let Err(e) = r {
+            println!("{}", serde_json::json!({"compile_error": name, "error": e.to_string()}));
+        }
+    }
+    println!("{}", serde_json::json!({"compiled": modules.len(), "seconds": t0.elapsed().as_secs_f64()}));
+}
+
+/// Runs every case, printing its JSON line (`{"label", "error"}` when it fails to run), then
+/// the summary line; returns how many failed (not `"ok": true`, or an error).
+pub fn run_all<C>(cases: &[C], label: impl Fn(&C) -> &str, mut run: impl FnMut(&C) -> Result<serde_json::Value, String>) -> usize {
+    let mut failed = 0;
+    for c in cases {
+        match run(c) {
+            Ok(j) => {
+                if j["ok"] != serde_json::json!(true) {
+                    failed += 1;
+                }
+                println!("{j}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{}", serde_json::json!({"label": label(c), "error": e}));
+            }
+        }
+    }
+    println!("{}", serde_json::json!({"cases": cases.len(), "failed": failed}));
+    failed
+}
