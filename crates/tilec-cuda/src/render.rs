@@ -1422,4 +1422,25 @@ impl CStyle for Cuda {
     }
 }
 
+/// FNV-1a of a rendered source: a short hash, stable across runs and builds, for kernel names.
+pub(crate) fn source_hash(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
 
+/// A 16-bit float type's name in kernel names: `bf16`, else `f16`.
+pub(crate) fn short16(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bf16",
+        _ => "f16",
+    }
+}
+
+/// The name of a parameter as declared (`const tl_f16* __restrict__ t3` -> `t3`).
+pub(crate) fn param_name(decl: &str) -> &str {
+    decl.rsplit([' ', '*']).next().unwrap_or("")
+}

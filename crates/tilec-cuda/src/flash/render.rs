@@ -20,7 +20,7 @@ use tilec_ir::DType;
 use super::{FlashProblem, MaskKind, Params};
 use crate::families::OperandRef;
 use crate::mma::render::{mma_fn, HELPERS};
-use crate::render::PRELUDE;
+use crate::render::{PRELUDE, source_hash as fnv, short16 as short};
 
 /// Where the kernel's operands are among its pointer parameters (the tile-IR kernel's, when
 /// the kernel replaces one; `tl_lse` comes after them).
@@ -48,21 +48,7 @@ impl FlashArgs {
 /// emulation test replaces them with its own); the kernel follows it.
 pub const KERNEL_MARK: &str = "// ---- tl_flash kernel ----\n";
 
-fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
 
-fn short(d: DType) -> &'static str {
-    match d {
-        DType::BF16 => "bf16",
-        _ => "f16",
-    }
-}
 
 /// The kernel's name: dtype, head dim and parameters, then a hash of everything else.
 pub fn kernel_name(p: &FlashProblem, q: &Params, a: &FlashArgs) -> String {

@@ -11,33 +11,14 @@
 
 use std::fmt::Write;
 
-use tilec_ir::DType;
 
 use super::{chunks, chunks_per_block, packed_ld, red_stride, repacked, tiles, Params, CHUNK};
 use crate::families::OperandRef;
 use crate::gemm::Problem;
-use crate::render::PRELUDE;
+use crate::render::{PRELUDE, source_hash as fnv, short16 as short, param_name};
 
-fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
 
-fn short(d: DType) -> &'static str {
-    match d {
-        DType::BF16 => "bf16",
-        _ => "f16",
-    }
-}
 
-/// The name of a parameter as declared (`const tl_f16* __restrict__ t3` → `t3`).
-fn param_name(decl: &str) -> &str {
-    decl.rsplit([' ', '*']).next().unwrap_or("")
-}
 
 /// The kernel's name: its class and parameters, then a hash of everything the source depends
 /// on (shapes are compiled in).
@@ -347,6 +328,7 @@ extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tilec_ir::DType;
     use crate::gemm::{CustomEpilogue, Layout};
 
     pub(crate) fn problem(m: usize, n: usize, k: usize, b: Layout) -> Problem {

@@ -12,33 +12,14 @@
 
 use std::fmt::Write;
 
-use tilec_ir::DType;
 
 use super::{MmaProblem, Params};
 use crate::families::OperandRef;
 use crate::gemm::Layout;
-use crate::render::PRELUDE;
+use crate::render::{PRELUDE, source_hash as fnv, short16 as short, param_name};
 
-fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
 
-fn short(d: DType) -> &'static str {
-    match d {
-        DType::BF16 => "bf16",
-        _ => "f16",
-    }
-}
 
-/// The name of a parameter as declared (`const tl_f16* __restrict__ t3` → `t3`).
-fn param_name(decl: &str) -> &str {
-    decl.rsplit([' ', '*']).next().unwrap_or("")
-}
 
 /// The kernel's name: its shape class and parameters, then a hash of everything else the
 /// source depends on.
@@ -537,6 +518,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tilec_ir::DType;
     use crate::gemm::{CustomEpilogue, Problem};
 
     fn problem(a: Layout, b: Layout) -> MmaProblem {

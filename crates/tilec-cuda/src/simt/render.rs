@@ -20,21 +20,9 @@ use std::fmt::Write;
 use super::{Params, Spread, THREADS};
 use crate::families::OperandRef;
 use crate::gemm::{Layout, Problem};
-use crate::render::PRELUDE;
+use crate::render::{PRELUDE, source_hash as fnv, param_name};
 
-fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
 
-/// The name of a parameter as declared (`const float* __restrict__ t3` → `t3`).
-fn param_name(decl: &str) -> &str {
-    decl.rsplit([' ', '*']).next().unwrap_or("")
-}
 
 /// The kernel's name: layouts and parameters, then a hash of everything else the source
 /// depends on.
