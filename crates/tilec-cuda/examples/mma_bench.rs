@@ -15,6 +15,7 @@
 //!
 //! Prints one JSON object per line.
 
+use std::fmt::Write as _;
 use serde_json::json;
 use tilec_cuda::families::{FamilyKernel, FamilyPlan, OperandRef, PlanKind, HOPPER_GEMM, MMA_GEMM, SHALLOW_CONV_K};
 use tilec_cuda::gemm::{self, CustomEpilogue, Layout, Problem};
@@ -132,6 +133,12 @@ fn bench_cases() -> Vec<Case> {
         }
     }
     add("gemm_bf16_8192_mma".into(), DType::BF16, gemm(8192, 8192, 8192, 1, R, R));
+    // GPT-2 small's projections at batch 8 x 512 and 1 x 128 (Conv1D weights: B row-major).
+    for m in [4096, 128] {
+        for (what, n, k) in [("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072)] {
+            add(format!("gpt2_{what}_f16_{m}x{n}x{k}"), DType::F16, gemm(m, n, k, 1, R, R));
+        }
+    }
     for (i, (h, c, o, k, s)) in resnet50_convs().into_iter().enumerate() {
         add(format!("resnet50_conv{i:02}_{h}x{c}x{o}_k{k}s{s}"), DType::F16, conv(64, h, c, o, k, s, k / 2, 1));
     }
@@ -174,21 +181,38 @@ fn problem(case: &Case) -> MmaProblem {
             (p, None, None, format!("tl_b * {} + tl_i * {n} + tl_j", m * n))
         }
         Shape::Conv { g, o } => {
-            let mut p = Problem::new(g.n * g.oh * g.ow, *o, g.k(), dt).with_layouts(R, C);
-            p.lda = Some(g.c);
-            p.ldb = Some(g.k_padded());
-            p.batch_stride_a = 0;
-            p.batch_stride_b = 0;
-            (p, Some(*g), Some(g.oh * g.ow), format!("(tl_b * {} + tl_i) * {o} + tl_j", g.oh * g.ow))
+            let mut p = Problem::for_conv(*g, *o, dt);
+            // `CONV_PLAIN=0`: pointwise convolutions through the im2col path too (to compare).
+            if std::env::var("CONV_PLAIN").is_ok_and(|v| v == "0") {
+                p.ldb = Some(g.k_padded());
+                p.conv = Some(*g);
+            }
+            let conv = p.conv;
+            (p, conv, Some(g.oh * g.ow), format!("(tl_b * {} + tl_i) * {o} + tl_j", g.oh * g.ow))
         }
     };
-    let source = format!(
+    let mut source = format!(
         "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ y_out[{index}] = {}; }}\n",
         params.join(", "),
         store(od)
     );
+    // Groups of 8 columns as one vector store where rows keep 16-byte alignment (as the
+    // renderer's vector epilogue gives a model's kernels); `EPI_VEC=0` leaves them out.
+    let vector = (gp.n % 8 == 0 && !std::env::var("EPI_VEC").is_ok_and(|v| v == "0")).then(|| {
+        let _ = write!(
+            source,
+            "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
+             __align__(16) {} tl_v[8];\n  const long long tl_j = tl_jv * 8;\n  \
+             for (int l = 0; l < 8; ++l) {{ const float tl_acc0 = tl_acc[l]; tl_v[l] = {}; }}\n  \
+             for (int w = 0; w < (int)sizeof(tl_v) / 16; ++w) reinterpret_cast<uint4*>(&y_out[{index}])[w] = reinterpret_cast<const uint4*>(tl_v)[w];\n}}\n",
+            params.join(", "),
+            storage(od),
+            store(od).replace("tl_acc", "tl_acc0"),
+        );
+        "tl_epi_v".to_string()
+    });
     gp.out_dtype = od;
-    gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows });
+    gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows, vector });
     gp.conv = conv;
     MmaProblem { gemm: gp, conv }
 }
@@ -235,8 +259,13 @@ fn auto() -> bool {
 /// The case's plan on the chosen template (`Err`: the template does not take it).
 fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, String> {
     let p = problem(case);
-    let q90 = gemm::heuristic(&p.gemm, sms);
-    let auto_sm90 = auto() && p.conv.is_some() && p.gemm.k > SHALLOW_CONV_K && gemm::applies(&p.gemm, &q90, cc).is_ok();
+    let mut q90 = gemm::heuristic(&p.gemm, sms);
+    // `SM90_PARAMS=tile_m,tile_n,stages,cluster_m` (sweeps of the Hopper template).
+    let env: Vec<usize> = std::env::var("SM90_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
+    if let [tile_m, tile_n, stages, cluster_m] = env[..] {
+        q90 = gemm::Params { tile_m, tile_n, stages, cluster_m, consumers: if tile_m >= 128 { 2 } else { 1 }, ..q90 };
+    }
+    let auto_sm90 = auto() && matches!(case.shape, Shape::Conv { .. }) && p.gemm.k > SHALLOW_CONV_K && gemm::applies(&p.gemm, &q90, cc).is_ok();
     if hopper() || auto_sm90 {
         let q = q90;
         gemm::applies(&p.gemm, &q, cc)?;

@@ -161,6 +161,85 @@ pub fn param_list(k: &Kernel) -> Vec<String> {
 /// arguments. Statements are rendered exactly as in [`render`] (same loads, stores, rounding).
 /// Only straight-line code (stores, lets, ifs) is accepted: no loops, barriers or reductions.
 pub fn render_gemm_epilogue_fn(k: &Kernel, g: &Gemm, fn_name: &str) -> Result<String> {
+    check_epilogue(k, g, fn_name)?;
+    let dims = Dims { grid: [1; 3], block: [1; 3] };
+    let mut r = R::for_function(k, &dims);
+    r.line("typedef long long idx_t;");
+    for (v, arg) in [(g.b_var, "tl_b"), (g.i_var, "tl_i"), (g.j_var, "tl_j")] {
+        let t = format!("const idx_t {} = {arg};", r.var(v)?);
+        r.line(&t);
+    }
+    let t = format!("const float {} = tl_acc;", r.var(g.acc_var)?);
+    r.line(&t);
+    r.block(&g.epilogue)?;
+    let mut params = param_list(k);
+    params.extend(
+        ["long long tl_b", "long long tl_i", "long long tl_j", "float tl_acc"].map(String::from),
+    );
+    Ok(format!(
+        "static __device__ __forceinline__ void {fn_name}({}) {{\n{}}}\n",
+        params.join(", "),
+        r.out
+    ))
+}
+
+/// Columns per call of a vector epilogue function ([`render_gemm_epilogue_vec_fn`]).
+pub const EPILOGUE_VEC: usize = 8;
+
+/// The epilogue of `g` over [`EPILOGUE_VEC`] adjacent columns at once:
+///
+/// `void NAME(<k's parameters>, long long b, long long i, long long jv, const float* acc)`
+///
+/// runs the epilogue for columns `jv * EPILOGUE_VEC + l` with accumulators `acc[l]`, as a
+/// vectorized loop: a load or store whose address is contiguous along the columns and aligned
+/// for every `jv` (row strides multiples of the vector) moves as whole 16-byte vectors, others
+/// element by element. The caller passes only whole groups of columns inside N, and `acc`
+/// 16-byte aligned.
+pub fn render_gemm_epilogue_vec_fn(k: &Kernel, g: &Gemm, fn_name: &str) -> Result<String> {
+    check_epilogue(k, g, fn_name)?;
+    let mut assigned = false;
+    for s in &g.epilogue {
+        s.visit(&mut |s| {
+            if let Stmt::Assign { var, .. } = s {
+                assigned |= *var == g.j_var || *var == g.acc_var;
+            }
+        });
+    }
+    if assigned {
+        return Err(err(k, "the epilogue assigns its column or accumulator".into()));
+    }
+    let mut kv = k.clone();
+    let ty = kv.var_info(g.j_var).ty;
+    let lane = kv.new_var("tl_l", ty, false);
+    let jv = kv.new_var("tl_jv", ty, false);
+    let acc = kv.buffer("tl_accv", DType::F32, vec![EPILOGUE_VEC as i64], Scope::Local);
+    let col = Expr::add(Expr::mul(Expr::Var(jv), Expr::Int(EPILOGUE_VEC as i64)), Expr::Var(lane));
+    let mut body = g.epilogue.clone();
+    for st in &mut body {
+        st.substitute(g.j_var, &col);
+        st.substitute(g.acc_var, &Expr::Load(acc, vec![Expr::Var(lane)]));
+    }
+    let vloop = Stmt::For(Loop { var: lane, extent: EPILOGUE_VEC as i64, kind: LoopKind::Vectorized, body });
+    let dims = Dims { grid: [1; 3], block: [1; 3] };
+    let mut r = R::for_function(&kv, &dims);
+    r.line("typedef long long idx_t;");
+    for (v, arg) in [(g.b_var, "tl_b"), (g.i_var, "tl_i"), (jv, "tl_jv")] {
+        let t = format!("const idx_t {} = {arg};", r.var(v)?);
+        r.line(&t);
+    }
+    r.block(&[vloop])?;
+    let mut params = param_list(k);
+    params.extend(["long long tl_b", "long long tl_i", "long long tl_jv"].map(String::from));
+    params.push(format!("const float* __restrict__ {}", buf_name(&kv, acc)));
+    Ok(format!(
+        "static __device__ __forceinline__ void {fn_name}({}) {{\n{}}}\n",
+        params.join(", "),
+        r.out
+    ))
+}
+
+/// What both epilogue functions accept: a C name, an f32 accumulator, straight-line code.
+fn check_epilogue(k: &Kernel, g: &Gemm, fn_name: &str) -> Result<()> {
     if !valid_ident(fn_name) {
         return Err(err(k, format!("function name {fn_name:?} is not a C identifier")));
     }
@@ -184,40 +263,7 @@ pub fn render_gemm_epilogue_fn(k: &Kernel, g: &Gemm, fn_name: &str) -> Result<St
     if let Some(what) = bad {
         return Err(err(k, format!("the epilogue holds {what}")));
     }
-    let dims = Dims {
-        grid: [1; 3],
-        block: [1; 3],
-    };
-    let mut r = R {
-        k,
-        dims: &dims,
-        reg_drop: HashMap::new(),
-        out: String::new(),
-        indent: 1,
-        thread_depth: 1,
-        vec_subst: vec![],
-        style: Cuda { narrow: narrow_outputs(k) },
-        bound: HashMap::new(),
-        red_types: HashSet::new(),
-        vec_count: 0,
-    };
-    r.line("typedef long long idx_t;");
-    for (v, arg) in [(g.b_var, "tl_b"), (g.i_var, "tl_i"), (g.j_var, "tl_j")] {
-        let t = format!("const idx_t {} = {arg};", r.var(v)?);
-        r.line(&t);
-    }
-    let t = format!("const float {} = tl_acc;", r.var(g.acc_var)?);
-    r.line(&t);
-    r.block(&g.epilogue)?;
-    let mut params = param_list(k);
-    params.extend(
-        ["long long tl_b", "long long tl_i", "long long tl_j", "float tl_acc"].map(String::from),
-    );
-    Ok(format!(
-        "static __device__ __forceinline__ void {fn_name}({}) {{\n{}}}\n",
-        params.join(", "),
-        r.out
-    ))
+    Ok(())
 }
 
 fn err(k: &Kernel, msg: String) -> CudaError {
@@ -584,6 +630,25 @@ struct R<'a> {
     /// Compute types used by block reductions (each gets a shared scratch array).
     red_types: HashSet<String>,
     vec_count: usize,
+}
+
+impl<'a> R<'a> {
+    /// A renderer for a `__device__` function's body (no launch dimensions, nothing bound).
+    fn for_function(k: &'a Kernel, dims: &'a Dims) -> R<'a> {
+        R {
+            k,
+            dims,
+            reg_drop: HashMap::new(),
+            out: String::new(),
+            indent: 1,
+            thread_depth: 1,
+            vec_subst: vec![],
+            style: Cuda { narrow: narrow_outputs(k) },
+            bound: HashMap::new(),
+            red_types: HashSet::new(),
+            vec_count: 0,
+        }
+    }
 }
 
 impl R<'_> {

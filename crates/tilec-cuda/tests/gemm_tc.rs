@@ -209,6 +209,7 @@ fn sixteen_bit_sources_are_unchanged() {
         source: "__device__ void f(float* o, long long b, long long r, int c, float v) { o[r * 256 + c] = v; }\n".into(),
         params: vec!["float* __restrict__ o".into()],
         rows: Some(256),
+        vector: None,
     });
     all.push((p, Params { tile_n: 128, stages: 6, ..Params::default() }));
     let got: Vec<String> = all

@@ -11,7 +11,7 @@ use tilec_tile::{BufId, Expr, Gemm, Kernel, Stmt};
 
 use super::operands::{epilogue_fn, GemmView};
 use super::template::OperandRef;
-use crate::gemm::{ConvGeom, Layout, Problem};
+use crate::gemm::{ConvGeom, Problem};
 
 /// The buffers an expression loads.
 fn loads(e: &Expr) -> Vec<BufId> {
@@ -118,14 +118,8 @@ pub fn conv_view(p: &FProblem, k: &Kernel) -> Option<Result<GemmView, String>> {
                 geom.k()
             ));
         }
-        let mut gemm = Problem::new(n * oh * ow, o, geom.k(), dx).with_layouts(Layout::RowMajor, Layout::ColMajor);
-        gemm.out_dtype = DType::F32;
-        gemm.lda = Some(c);
-        gemm.ldb = Some(geom.k_padded());
-        gemm.batch_stride_a = 0;
-        gemm.batch_stride_b = 0;
+        let mut gemm = Problem::for_conv(geom, o, dx);
         gemm.custom = Some(epilogue_fn(k, g, Some(oh * ow))?);
-        gemm.conv = Some(geom);
         let pos = |buf: BufId| k.params.iter().position(|&b| b == buf).unwrap_or(0);
         Ok(GemmView { problem: gemm, a: OperandRef { param: pos(xb), offset_bytes: 0 }, b: OperandRef { param: pos(wb), offset_bytes: 0 } })
     })())

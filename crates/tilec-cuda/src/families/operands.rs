@@ -372,10 +372,18 @@ pub fn epilogue_fn(k: &Kernel, g: &Gemm, rows: Option<usize>) -> Result<CustomEp
             CudaError::Render { msg, .. } => format!("epilogue not renderable: {msg}"),
             e => format!("epilogue not renderable: {e}"),
         })?;
+    // The same epilogue over groups of adjacent columns, where it renders (whole-vector loads
+    // and stores for the templates' staged epilogues).
+    let vec_fn = "tl_epi_v";
+    let (source, vector) = match crate::render::render_gemm_epilogue_vec_fn(&plain, g, vec_fn) {
+        Ok(v) => (source + &v, Some(vec_fn.to_string())),
+        Err(_) => (source, None),
+    };
     Ok(CustomEpilogue {
         name: entry_fn.into(),
         source,
         params: crate::render::param_list(&plain),
         rows,
+        vector,
     })
 }

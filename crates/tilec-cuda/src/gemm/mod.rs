@@ -99,7 +99,12 @@ pub struct CustomEpilogue {
     pub params: Vec<String>,
     /// Whether the function expects a flattened row (`row = b * rows + i`, batch 0): it then
     /// splits the row itself.
-    pub rows: Option<usize>,
+    pub rows: Option<usize>,    /// A second function of the source over [`EPILOGUE_VEC`](crate::render::EPILOGUE_VEC)
+    /// adjacent columns (see
+    /// [`render_gemm_epilogue_vec_fn`](crate::render::render_gemm_epilogue_vec_fn)), taking
+    /// the column group `jv` and a pointer to its accumulators: the templates call it for whole
+    /// groups inside N.
+    pub vector: Option<String>,
 }
 
 impl CustomEpilogue {
@@ -108,7 +113,8 @@ impl CustomEpilogue {
         // FNV-1a: stable across runs and builds, unlike the std hasher.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let rows = self.rows.map(|r| r.to_string()).unwrap_or_default();
-        for part in [self.name.as_str(), self.source.as_str(), rows.as_str()]
+        let vector = self.vector.as_deref().unwrap_or_default();
+        for part in [self.name.as_str(), self.source.as_str(), rows.as_str(), vector]
             .into_iter()
             .chain(self.params.iter().map(String::as_str))
         {
@@ -153,6 +159,12 @@ impl ConvGeom {
     /// Whether 16-byte slices of a pixel's channels can be copied whole.
     pub fn vector(&self) -> bool {
         self.c % 8 == 0 && !self.nchw_input
+    }
+    /// A 1x1 convolution of stride 1 without padding over a channels-last input: the input is
+    /// already the product's A (`[N*H*W][C]`, row-major) and the weights `[O][C][1][1]` its
+    /// column-major B, so it is a plain GEMM of its buffers (no im2col, no repacking).
+    pub fn pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.stride == (1, 1) && self.pad == (0, 0) && !self.nchw_input
     }
     /// Element strides of the input along (H, W, C).
     pub fn input_strides(&self) -> (usize, usize, usize) {
@@ -272,6 +284,25 @@ impl Problem {
             batch_split: None,
             conv: None,
         }
+    }
+
+    /// A channels-last convolution with `o` output channels as a GEMM over `dtype` (C f32,
+    /// for a custom epilogue to store): `M = N*OH*OW` pixels, `N = o`, `K` taps times channels.
+    /// A pointwise one ([`ConvGeom::pointwise`]) is a plain product of its buffers; any other
+    /// reads A through an implicit im2col and B as the weights repacked at bind.
+    pub fn for_conv(g: ConvGeom, o: usize, dtype: DType) -> Problem {
+        let mut p = Problem::new(g.n * g.oh * g.ow, o, g.k(), dtype).with_layouts(Layout::RowMajor, Layout::ColMajor);
+        p.out_dtype = DType::F32;
+        p.lda = Some(g.c);
+        p.batch_stride_a = 0;
+        p.batch_stride_b = 0;
+        if g.pointwise() {
+            p.ldb = Some(g.c);
+        } else {
+            p.ldb = Some(g.k_padded());
+            p.conv = Some(g);
+        }
+        p
     }
 
     /// The same problem with other operand layouts (dense leading dimensions).
@@ -790,14 +821,27 @@ fn shape_heuristic(problem: &Problem, sm_count: usize) -> Params {
             ..big
         };
     }
-    if tiles(128, 256) >= sm_count {
+    // 128x256 (the most arithmetic per byte of shared memory) unless its last wave leaves more
+    // SMs idle than 128x128 tiles would, or K is short (up to 512: 128x128 tiles were faster on
+    // ResNet-50's 1x1 convolutions; H200, batch 64). The share of SM slots a tile count fills:
+    let waves = |t: usize| t as f64 / (t.div_ceil(sm_count.max(1)) * sm_count.max(1)) as f64;
+    if problem.n > 128 && problem.k > 512 && waves(tiles(128, 256)) + 0.02 >= waves(tiles(128, 128)) {
         return big;
     }
-    Params {
-        tile_n: 128,
-        stages: 6,
+    // Otherwise tiles as wide as N needs (a wider one computes on zeros), at most 128. A short
+    // product (K up to 1024: at most 16 K-steps) is bound by its epilogue and the first
+    // loads: 128-row tiles, or 64-row ones while 128-row tiles would leave the SMs fewer than
+    // three waves (measured on ResNet-50's 1x1 convolutions at batch 64, H200: 1.05-1.3x).
+    let tile_n = if problem.n <= 64 { 64 } else { 128 };
+    let narrow = problem.k <= 1024 && tiles(128, tile_n) < 3 * sm_count;
+    let q = Params {
+        tile_n,
+        tile_m: if narrow { 64 } else { 128 },
+        consumers: if narrow { 1 } else { 2 },
         ..big
-    }
+    };
+    let stages = (2..=8).rev().find(|&s| Params { stages: s, ..q }.smem_bytes() <= MAX_SMEM).unwrap_or(2);
+    Params { stages: stages.min(8), ..q }
 }
 
 #[cfg(test)]
@@ -843,7 +887,7 @@ mod tests {
         p.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 0 });
         assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("multiple of 64"));
         // A custom epilogue replaces the built-in one; both at once is refused.
-        let c = CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: Some(256) };
+        let c = CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: Some(256), vector: None };
         let mut p = Problem::new(1024, 256, 64, DType::BF16);
         p.custom = Some(c.clone());
         assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
@@ -960,7 +1004,7 @@ mod tests {
         assert!(src.contains(&format!("void {}_repack(", kernel_name(&p, &q))));
         assert!(kernel_name(&p, &q).contains("_cv2x14x14x128_o72_k3x3_s2x2_p1x1_d1x1"));
         // The model epilogue goes through each warp's slice of shared memory.
-        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec!["float* __restrict__ y".into()], rows: Some(49) });
+        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec!["float* __restrict__ y".into()], rows: Some(49), vector: None });
         let q = heuristic(&p, 132);
         assert!(q.staged && q.smem_bytes() <= MAX_SMEM, "{q:?}");
         let src = render(&p, &q);

@@ -16,7 +16,7 @@ use std::fmt::Write;
 use super::{MmaProblem, Params};
 use crate::families::OperandRef;
 use crate::gemm::Layout;
-use crate::render::{PRELUDE, source_hash as fnv, short16 as short, param_name};
+use crate::render::{param_name, short16 as short, source_hash as fnv, EPILOGUE_VEC, PRELUDE};
 
 
 
@@ -206,6 +206,50 @@ fn load_tile(op: &str, smem: &str, kmajor: bool, side: usize, base: &str, extent
         mask = per_row - 1,
         row_bytes = per_row * 16,
     )
+}
+
+/// The staged epilogue's read-back from the parked tile (rows `tile_n + 8` floats apart): with
+/// a vector epilogue function, each thread takes [`EPILOGUE_VEC`] adjacent columns of a row at
+/// a time (whole-vector loads and stores; element by element at the right edge of C), else
+/// one element, adjacent threads on adjacent columns.
+fn staged_readback(q: &Params, m: usize, n: usize, split_row: &str, epi: &str, vector: Option<&str>, args: &str) -> String {
+    let ld = q.tile_n + 8;
+    let (bn, threads) = (q.tile_n, q.threads());
+    match vector {
+        Some(vf) => format!(
+            r#"#pragma unroll 2
+  for (int tl_e = tid; tl_e < {groups}; tl_e += {threads}) {{
+    const int tl_r = tl_e / {gpr}, tl_c = tl_e % {gpr} * {v};
+    const int row = m0 + tl_r, col = n0 + tl_c;
+    if (row < {m} && col < {n}) {{
+      {split_row}
+      const float* tl_src = tl_stage + tl_r * {ld} + tl_c;
+      if (col + {v} <= {n}) {{
+        {vf}({args}eb, er, col / {v}, tl_src);
+      }} else {{
+        for (int tl_x = 0; col + tl_x < {n}; ++tl_x) {epi}({args}eb, er, col + tl_x, tl_src[tl_x]);
+      }}
+    }}
+  }}
+"#,
+            v = EPILOGUE_VEC,
+            groups = q.tile_m * bn / EPILOGUE_VEC,
+            gpr = bn / EPILOGUE_VEC,
+        ),
+        None => format!(
+            r#"#pragma unroll 4
+  for (int tl_e = tid; tl_e < {tile}; tl_e += {threads}) {{
+    const int tl_r = tl_e / {bn}, tl_c = tl_e % {bn};
+    const int row = m0 + tl_r, col = n0 + tl_c;
+    if (row < {m} && col < {n}) {{
+      {split_row}
+      {epi}({args}eb, er, col, tl_stage[tl_r * {ld} + tl_c]);
+    }}
+  }}
+"#,
+            tile = q.tile_m * bn,
+        ),
+    }
 }
 
 fn render_body(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef, name: &str) -> String {
@@ -460,26 +504,12 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
         *(float2*)(tl_stage + tl_r * {ld} + tl_c) = make_float2(acc[x][y][2 * h], acc[x][y][2 * h + 1]);
       }}
   __syncthreads();
-#pragma unroll 4
-  for (int tl_e = tid; tl_e < {tile}; tl_e += {threads}) {{
-    const int tl_r = tl_e / {bn}, tl_c = tl_e % {bn};
-    const int row = m0 + tl_r, col = n0 + tl_c;
-    if (row < {m} && col < {n}) {{
-      {split_row}
-      {epi}({args}eb, er, col, tl_stage[tl_r * {ld} + tl_c]);
-    }}
-  }}
-}}
+{readback}}}
 "#,
             wm = q.warp_m(),
             wn = q.warp_n(),
             ld = q.tile_n + 8,
-            tile = q.tile_m * q.tile_n,
-            threads = q.threads(),
-            bn = q.tile_n,
-            m = g.m,
-            n = g.n,
-            split_row = split_row,
+            readback = staged_readback(q, g.m, g.n, &split_row, &epi, c.and_then(|c| c.vector.as_deref()), &args),
         );
     } else {
         // The epilogue from registers: each thread hands its accumulators to the epilogue
@@ -528,6 +558,7 @@ mod tests {
             source: String::new(),
             params: vec!["const tl_bf16* __restrict__ a".into(), "const tl_bf16* __restrict__ b".into(), "float* __restrict__ c".into()],
             rows: None,
+            vector: None,
         });
         MmaProblem { gemm: g, conv: None }
     }
