@@ -45,7 +45,7 @@ pub use error::{CudaError, Result};
 pub use nvrtc::{Compiled, Compiler, Nvrtc, Output};
 pub use render::{launch_config, render, render_cuda, CudaSource, PRELUDE};
 pub use families::{schedule_gpu, schedule_gpu_named};
-pub use schedule::{schedule_elementwise, schedule_elementwise_with, schedule_rows, GpuTarget, RowOptions};
+pub use schedule::{fuse_sibling_nests, schedule_elementwise, schedule_elementwise_with, schedule_rows, GpuTarget, RowOptions};
 pub use schedule::{schedule_direct, schedule_gemm};
 
 use std::sync::Arc;

@@ -288,3 +288,44 @@ fn elementwise_vectors_per_thread_keep_the_semantics() {
         }
     }
 }
+
+/// A row nest beside a second, independent nest over the same rows (a normalization and the
+/// residual its group also writes): merged into one row nest, scheduled over the rows, the
+/// same outputs; a second nest reading the first's output is left alone.
+#[test]
+fn sibling_nests_merge_into_one_row_nest() {
+    let build = |dependent: bool| {
+        let mut k = Kernel::new("norm_and_residual");
+        let x = k.param("x", DType::F32, vec![2, 40, 96]);
+        let y1 = k.param("y1", DType::F32, vec![2, 40, 96]);
+        let y2 = k.param("y2", DType::F32, vec![2, 40, 96]);
+        let (a, b, r, c) = (k.index_var("a"), k.index_var("b"), k.index_var("r"), k.index_var("c"));
+        let (a2, b2, c2) = (k.index_var("a2"), k.index_var("b2"), k.index_var("c2"));
+        let s = k.new_var("s", Ty::Elem(DType::F32), true);
+        let at = |i: VarId, j: VarId, l: VarId| vec![Expr::Var(i), Expr::Var(j), Expr::Var(l)];
+        let row = vec![
+            Stmt::Let { var: s, value: Expr::f32(0.0) },
+            Stmt::for_(r, 96, vec![Stmt::Assign { var: s, value: Expr::bin(BinOp::Add, Expr::Var(s), Expr::load(x, at(a, b, r))) }]),
+            Stmt::for_(c, 96, vec![Stmt::store(y1, at(a, b, c), Expr::bin(BinOp::Sub, Expr::load(x, at(a, b, c)), Expr::Var(s)))]),
+        ];
+        k.body.push(Stmt::for_(a, 2, vec![Stmt::for_(b, 40, row)]));
+        let src = if dependent { y1 } else { x };
+        let second = Stmt::store(y2, at(a2, b2, c2), Expr::bin(BinOp::Mul, Expr::load(src, at(a2, b2, c2)), Expr::f32(2.0)));
+        k.body.push(Stmt::for_(a2, 2, vec![Stmt::for_(b2, 40, vec![Stmt::for_(c2, 96, vec![second])])]));
+        k
+    };
+    let k = build(false);
+    let fused = fuse_sibling_nests(&k).expect("independent nests over the same rows merge");
+    assert_eq!(fused.body.len(), 1);
+    let sch = schedule_rows(&fused, &RowOptions::default()).unwrap();
+    assert!(sch.to_string().contains("bind(BlockX)"), "{sch}");
+    let args = random_args(&k, 11);
+    let (mut a, mut b) = (args.clone(), args.clone());
+    interp::run(&k, &mut a).unwrap();
+    interp::run(&sch, &mut b).unwrap();
+    for i in [1, 2] {
+        // Sums of 96 values in [-3, 3) in another order.
+        assert_close("sibling nests", &b[i].to_f64_vec(), &a[i].to_f64_vec(), 2e-3);
+    }
+    assert!(fuse_sibling_nests(&build(true)).is_none(), "a nest reading another's output must stay apart");
+}

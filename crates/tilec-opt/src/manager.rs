@@ -101,14 +101,15 @@ pub fn pipeline_spec() -> Vec<SpecStage> {
     pipeline_spec_for(TargetKind::default())
 }
 
-/// Whether `TILEC_CUDA_ATTENTION=flash` is set: the opt-in that recognizes attention for the
-/// CUDA target (for the FlashAttention family, not yet validated on a GPU).
+/// Whether attention is recognized for the CUDA target (for the FlashAttention family): yes
+/// unless `TILEC_CUDA_ATTENTION=off`, which keeps its products and softmax apart.
 pub fn cuda_flash_attention_env() -> bool {
-    matches!(std::env::var("TILEC_CUDA_ATTENTION").as_deref(), Ok("flash"))
+    !matches!(std::env::var("TILEC_CUDA_ATTENTION").as_deref(), Ok("off"))
 }
 
 /// [`pipeline_spec`] for a given target (`choose-layout` depends on it; `pad-thin-convs` runs on
-/// the CPU only, `recognize-attention` not on CUDA unless `TILEC_CUDA_ATTENTION=flash`).
+/// the CPU only; on CUDA `recognize-attention` takes only what the FlashAttention family runs,
+/// and not at all with `TILEC_CUDA_ATTENTION=off`).
 pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
     pipeline_spec_with(target, target == TargetKind::Cuda && cuda_flash_attention_env())
 }
@@ -196,8 +197,8 @@ impl Pipeline {
         Pipeline::for_level_and_target(level, TargetKind::default())
     }
 
-    /// [`Pipeline::for_level`] for a given target (on CUDA, attention is recognized when
-    /// `TILEC_CUDA_ATTENTION=flash` is set).
+    /// [`Pipeline::for_level`] for a given target (on CUDA, attention is recognized unless
+    /// `TILEC_CUDA_ATTENTION=off` is set).
     pub fn for_level_and_target(level: u8, target: TargetKind) -> Pipeline {
         Pipeline::for_level_target_with(level, target, target == TargetKind::Cuda && cuda_flash_attention_env())
     }

@@ -42,14 +42,15 @@ pub struct CudaOptions {
     pub families: Vec<(String, String)>,
     /// Let f32 matrix products run on the tensor cores as tf32 (`--allow-tf32`).
     pub allow_tf32: bool,
-    /// Recognize attention and run it on the FlashAttention family (`sm80_flash_attn`); also
-    /// on with `TILEC_CUDA_ATTENTION=flash`. Opt-in until the kernel is validated on a GPU.
+    /// Recognize attention and run it on the FlashAttention family (`sm80_flash_attn`); on by
+    /// default, off with `TILEC_CUDA_ATTENTION=off`. When the family does not take some
+    /// recognized attention, the whole graph is prepared again without it (with a note).
     pub flash_attention: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![], allow_tf32: false, flash_attention: false }
+        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![], allow_tf32: false, flash_attention: true }
     }
 }
 
@@ -61,10 +62,35 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     let choices = Choices { forced: &opts.families, disabled: &disabled, tuned: None };
     let target = GpuTarget {
         allow_tf32: target.allow_tf32 || opts.allow_tf32,
-        flash_attention: target.flash_attention || opts.flash_attention || tilec_opt::manager::cuda_flash_attention_env(),
+        flash_attention: (target.flash_attention || opts.flash_attention) && tilec_opt::manager::cuda_flash_attention_env(),
         ..*target
     };
     let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(&target), &choices)?;
+    // Recognized attention the FlashAttention family does not take would run on a direct nest
+    // (one thread per query row): keep the whole graph's attention as products and a softmax.
+    if target.flash_attention {
+        let missed: Vec<String> = p
+            .kernels()
+            .iter()
+            .filter(|k| k.name.ends_with("_attention") && k.schedule != tilec_cuda::families::FLASH_ATTN)
+            .map(|k| k.name.clone())
+            .collect();
+        if let Some(first) = missed.first() {
+            let why = p
+                .report
+                .decisions
+                .iter()
+                .find(|(n, _)| n == first)
+                .and_then(|(_, d)| d.rejected.iter().find(|(f, _)| *f == tilec_cuda::families::FLASH_ATTN).map(|(_, w)| w.clone()))
+                .unwrap_or_default();
+            let unfused = GpuTarget { flash_attention: false, ..target };
+            p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(&unfused), &choices)?;
+            p.report.notes.push((
+                first.clone(),
+                format!("attention kept as products and a softmax: the FlashAttention family does not take {} of its kernels ({why})", missed.len()),
+            ));
+        }
+    }
     let mut counts: Vec<(String, usize)> = vec![];
     for k in p.kernels() {
         match counts.iter_mut().find(|c| c.0 == k.schedule) {

@@ -6,7 +6,7 @@ use tilec_tile::family::{ParamSpace, Params};
 use tilec_tile::{Kernel, Stmt};
 
 use super::TileSchedule;
-use crate::schedule::{bad, row_nest, schedule_rows, GpuTarget, RowOptions};
+use crate::schedule::{bad, fuse_sibling_nests, row_nest, schedule_rows, GpuTarget, RowOptions};
 
 pub struct Rows;
 
@@ -19,7 +19,8 @@ impl TileSchedule for Rows {
     }
 
     fn fits(&self, k: &Kernel) -> crate::Result<()> {
-        let (_, body) = row_nest(&k.body);
+        let fused = fuse_sibling_nests(k);
+        let (_, body) = row_nest(&fused.as_ref().unwrap_or(k).body);
         let longest = body
             .iter()
             .filter_map(|s| match s {
@@ -62,6 +63,8 @@ impl TileSchedule for Rows {
             rows_per_block: auto(params.get("rows_per_block")),
             max_register_elems: params.get("max_register_elems").unwrap_or(RowOptions::default().max_register_elems),
         };
-        schedule_rows(k, &opts).map(|s| (s, "rows"))
+        // A normalization beside its residual output: the two nests as one row nest.
+        let fused = fuse_sibling_nests(k);
+        schedule_rows(fused.as_ref().unwrap_or(k), &opts).map(|s| (s, "rows"))
     }
 }

@@ -83,8 +83,9 @@ fn shape_of(g: &Graph, v: ValueId) -> Result<Vec<usize>, String> {
     g.value(v).ty.fixed_shape().ok_or_else(|| format!("value '{}' has a symbolic shape", g.value(v).name))
 }
 
-/// The re-indexing op (reshape or transpose) producing `v` inside the group, if any.
-fn reindex_in_group(g: &Graph, nodes: &[tilec_ir::NodeId], v: ValueId) -> Result<Option<(ValueId, Op)>, String> {
+/// The re-indexing op (reshape, transpose, or one piece of a split) producing `v` inside the
+/// group, if any, with the piece's index for a split.
+fn reindex_in_group(g: &Graph, nodes: &[tilec_ir::NodeId], v: ValueId) -> Result<Option<(ValueId, Op, usize)>, String> {
     let ValueDef::Node { node, .. } = g.value(v).def else {
         return Ok(None);
     };
@@ -93,44 +94,67 @@ fn reindex_in_group(g: &Graph, nodes: &[tilec_ir::NodeId], v: ValueId) -> Result
     }
     let n = g.node(node);
     match &n.op {
-        Op::Layout(LayoutOp::Reshape { .. } | LayoutOp::Transpose { .. }) => Ok(Some((n.inputs[0], n.op.clone()))),
-        op => Err(format!("'{}' is computed in the kernel by {} (only reshapes and transposes are read in place)", g.value(v).name, op.name())),
+        Op::Layout(LayoutOp::Reshape { .. } | LayoutOp::Transpose { .. } | LayoutOp::Split { .. }) => {
+            let piece = n.outputs.iter().position(|&o| o == v).unwrap_or(0);
+            Ok(Some((n.inputs[0], n.op.clone(), piece)))
+        }
+        op => Err(format!(
+            "'{}' is computed in the kernel by {} (only reshapes, transposes and split pieces are read in place)",
+            g.value(v).name,
+            op.name()
+        )),
     }
 }
 
-/// Applies a reshape or transpose to a strided view.
-fn apply(g: &Graph, op: &Op, out: ValueId, shape: &[usize], strides: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
+/// Applies a reshape, a transpose or a split's piece `piece` to a strided view at element
+/// `offset`.
+fn apply(g: &Graph, op: &Op, piece: usize, out: ValueId, view: (Vec<usize>, Vec<usize>, usize)) -> Result<(Vec<usize>, Vec<usize>, usize), String> {
+    let (shape, strides, offset) = view;
     match op {
         Op::Layout(LayoutOp::Transpose { perm }) => {
             if perm.len() != shape.len() || perm.iter().any(|&p| p >= shape.len()) {
                 return Err("a transpose whose permutation does not fit its input".into());
             }
-            Ok((perm.iter().map(|&p| shape[p]).collect(), perm.iter().map(|&p| strides[p]).collect()))
+            Ok((perm.iter().map(|&p| shape[p]).collect(), perm.iter().map(|&p| strides[p]).collect(), offset))
+        }
+        Op::Layout(LayoutOp::Split { axis, .. }) => {
+            // A piece is the same strides over a shorter axis, starting after the pieces
+            // before it.
+            let new = shape_of(g, out)?;
+            if *axis >= shape.len() || new.len() != shape.len() {
+                return Err("a split that does not fit its input".into());
+            }
+            let ValueDef::Node { node, .. } = g.value(out).def else { return Err("a split piece without its node".into()) };
+            let mut before = 0;
+            for &o in &g.node(node).outputs[..piece] {
+                before += shape_of(g, o)?[*axis];
+            }
+            Ok((new, strides.clone(), offset + before * strides[*axis]))
         }
         _ => {
             let new = shape_of(g, out)?;
-            let st = reshape_view(shape, strides, &new).ok_or_else(|| format!("the reshape to '{}' is not a strided view", g.value(out).name))?;
-            Ok((new, st))
+            let st = reshape_view(&shape, &strides, &new).ok_or_else(|| format!("the reshape to '{}' is not a strided view", g.value(out).name))?;
+            Ok((new, st, offset))
         }
     }
 }
 
 /// An input of the anchor as a strided view of one of the kernel's input parameters:
-/// `(parameter, shape, strides)`.
-fn input_view(g: &Graph, nodes: &[tilec_ir::NodeId], lw: &Lowered, v: ValueId, what: &str) -> Result<(usize, Vec<usize>, Vec<usize>), String> {
+/// `(parameter, shape, strides, element offset)`.
+fn input_view(g: &Graph, nodes: &[tilec_ir::NodeId], lw: &Lowered, v: ValueId, what: &str) -> Result<(usize, Vec<usize>, Vec<usize>, usize), String> {
     let mut chain = vec![];
     let mut cur = v;
-    while let Some((src, op)) = reindex_in_group(g, nodes, cur).map_err(|e| format!("{what}: {e}"))? {
-        chain.push((op, cur));
+    while let Some((src, op, piece)) = reindex_in_group(g, nodes, cur).map_err(|e| format!("{what}: {e}"))? {
+        chain.push((op, piece, cur));
         cur = src;
     }
     let param = lw.inputs.iter().position(|&x| x == cur).ok_or_else(|| format!("{what} is not read from one of the kernel's buffers"))?;
-    let mut shape = shape_of(g, cur)?;
-    let mut strides = dense(&shape);
-    for (op, out) in chain.iter().rev() {
-        (shape, strides) = apply(g, op, *out, &shape, &strides).map_err(|e| format!("{what}: {e}"))?;
+    let shape = shape_of(g, cur)?;
+    let mut view = (shape.clone(), dense(&shape), 0);
+    for (op, piece, out) in chain.iter().rev() {
+        view = apply(g, op, *piece, *out, view).map_err(|e| format!("{what}: {e}"))?;
     }
-    Ok((param, shape, strides))
+    Ok((param, view.0, view.1, view.2))
 }
 
 /// The anchor's output as a strided view of the kernel's one output parameter, through the
@@ -256,9 +280,13 @@ pub fn flash_plan(p: &FProblem, lw: &Lowered, target: &GpuTarget) -> Result<Fami
         return Err("the output's dtype differs from the inputs'".into());
     }
     let nodes = &p.nodes;
-    let (pq, sq_shape, sq_st) = input_view(g, nodes, lw, qv, "Q")?;
-    let (pk, sk_shape, sk_st) = input_view(g, nodes, lw, kv, "K")?;
-    let (pv, sv_shape, sv_st) = input_view(g, nodes, lw, vv, "V")?;
+    let (pq, sq_shape, sq_st, oq) = input_view(g, nodes, lw, qv, "Q")?;
+    let (pk, sk_shape, sk_st, ok) = input_view(g, nodes, lw, kv, "K")?;
+    let (pv, sv_shape, sv_st, ov) = input_view(g, nodes, lw, vv, "V")?;
+    let esize = dtype.size_bytes();
+    if let Some((what, _)) = [("Q", oq), ("K", ok), ("V", ov)].into_iter().find(|(_, o)| o * esize % 16 != 0) {
+        return Err(format!("{what} starts {} bytes into its buffer (16-byte aligned rows are copied whole)", oq.max(ok).max(ov) * esize));
+    }
     let (po, so_st) = output_view(g, nodes, lw, y)?;
     let so_shape = shape_of(g, y)?;
     let mut problem = FlashProblem::new(batch, hq, hkv, sq, sk, dq, dtype);
@@ -273,7 +301,10 @@ pub fn flash_plan(p: &FProblem, lw: &Lowered, target: &GpuTarget) -> Result<Fami
     let mut mask_ref = None;
     if *has_mask {
         let mv = node.inputs[3];
-        let (pm, ms, mst) = input_view(g, nodes, lw, mv, "the mask")?;
+        let (pm, ms, mst, mo) = input_view(g, nodes, lw, mv, "the mask")?;
+        if mo != 0 {
+            return Err("the mask is a piece of a split (read from its buffer's start only)".into());
+        }
         let kind = match g.value(mv).ty.dtype {
             DType::Bool => MaskKind::Bool,
             d if d == dtype => MaskKind::Additive,
@@ -296,8 +327,8 @@ pub fn flash_plan(p: &FProblem, lw: &Lowered, target: &GpuTarget) -> Result<Fami
         problem.mask = Some(Mask { kind, strides, len: ms[ms.len() - 1] });
         mask_ref = Some(OperandRef { param: pm, offset_bytes: 0 });
     }
-    let at = |param| OperandRef { param, offset_bytes: 0 };
-    let args = FlashArgs { params: lw.inputs.len() + lw.outputs.len(), q: at(pq), k: at(pk), v: at(pv), o: at(po), mask: mask_ref };
+    let at = |param, off: usize| OperandRef { param, offset_bytes: (off * esize) as u64 };
+    let args = FlashArgs { params: lw.inputs.len() + lw.outputs.len(), q: at(pq, oq), k: at(pk, ok), v: at(pv, ov), o: at(po, 0), mask: mask_ref };
     let params = flash::heuristic(&problem, target.sm_count as usize);
     flash::applies(&problem, &params, cc)?;
     Ok(plan(problem, params, args))

@@ -58,6 +58,73 @@ pub(crate) fn fresh_buf(k: &mut Kernel, base: &str, dtype: DType, shape: Vec<i64
     k.buffer(name, dtype, shape, scope)
 }
 
+/// Sibling nests merged into one: when the body is several loop nests and each later one's
+/// outer loops have the extents of the first one's (its loops down to a body that is not a
+/// single loop), the later bodies below those loops join the first's, their variables renamed.
+/// Taken only when no nest reads or writes a buffer another one writes, so the order of their
+/// iterations does not matter. This is a normalization kept beside the residual it writes (a
+/// group with two outputs): one row nest, which the row schedule spreads over the GPU, where
+/// two nests would run on one block.
+pub fn fuse_sibling_nests(k: &Kernel) -> Option<Kernel> {
+    if k.body.len() < 2 || !k.body.iter().all(|s| matches!(s, Stmt::For(_))) {
+        return None;
+    }
+    let (outer, _) = row_nest(&k.body[..1]);
+    if outer.is_empty() || outer.iter().any(|l| l.kind != LoopKind::Serial) {
+        return None;
+    }
+    let depth = outer.len();
+    // Buffers each nest stores to and reads.
+    let io = |s: &Stmt| {
+        let (mut w, mut r) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+        s.visit(&mut |x| {
+            if let Stmt::Store { buf, .. } = x {
+                w.insert(*buf);
+            }
+        });
+        each_expr(s, &mut |e| {
+            if let Expr::Load(b, _) = e {
+                r.insert(*b);
+            }
+        });
+        (w, r)
+    };
+    let nests: Vec<_> = k.body.iter().map(io).collect();
+    for (i, (wi, ri)) in nests.iter().enumerate() {
+        for (j, (wj, rj)) in nests.iter().enumerate() {
+            if i != j && (wi.iter().any(|b| rj.contains(b) || wj.contains(b)) || wj.iter().any(|b| ri.contains(b))) {
+                return None;
+            }
+        }
+    }
+    let mut fused = k.body[0].clone();
+    let mut extra = vec![];
+    for s in &k.body[1..] {
+        let (chain, _) = row_nest(std::slice::from_ref(s));
+        if chain.len() < depth || chain.iter().zip(&outer).any(|(a, b)| a.extent != b.extent || a.kind != LoopKind::Serial) {
+            return None;
+        }
+        let mut body = chain[depth - 1].body.clone();
+        for (a, b) in chain.iter().zip(&outer) {
+            for st in &mut body {
+                st.substitute(a.var, &Expr::Var(b.var));
+            }
+        }
+        extra.extend(body);
+    }
+    // Append to the innermost outer loop of the first nest.
+    let mut cur = &mut fused;
+    for _ in 1..depth {
+        let Stmt::For(l) = cur else { return None };
+        cur = &mut l.body[0];
+    }
+    let Stmt::For(l) = cur else { return None };
+    l.body.extend(extra);
+    let mut out = k.clone();
+    out.body = vec![fused];
+    Some(out)
+}
+
 /// The chain of loops from the top of `body` down to the first body that is not a single loop
 /// (a nest's outer loops).
 pub(crate) fn row_nest(body: &[Stmt]) -> (Vec<&Loop>, &[Stmt]) {
