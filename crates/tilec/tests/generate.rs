@@ -131,3 +131,70 @@ fn bad_models_and_prompts_fail_clearly() {
     let e = error("decoder/gpt2-past", &[vec![1]], GenerateOptions { sampling: Sampling { top_p: 0.0, ..Default::default() }, ..o() });
     assert!(e.contains("top-p"), "{e}");
 }
+
+fn tilec(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tilec")).args(args).output().expect("the tilec binary runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// A word-level tokenizer.json over the 128 ids of the decoder exports: `w0` .. `w126`, and
+/// `[UNK]` as 127.
+fn word_tokenizer(dir: &Path) -> PathBuf {
+    let mut vocab: Vec<String> = (0..127).map(|i| format!("\"w{i}\": {i}")).collect();
+    vocab.push("\"[UNK]\": 127".into());
+    let json = format!(
+        r#"{{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": {{"type": "Whitespace"}}, "post_processor": null, "decoder": null,
+            "model": {{"type": "WordLevel", "vocab": {{{}}}, "unk_token": "[UNK]"}}}}"#,
+        vocab.join(", ")
+    );
+    let p = dir.join("tokenizer.json");
+    std::fs::write(&p, json).unwrap();
+    p
+}
+
+#[test]
+fn cli_generates_ids_and_text() {
+    let m = model_path("decoder/llama-past");
+    let m = m.to_str().unwrap();
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1,2,3", "--prompt-ids", "9", "--max-new-tokens", "4", "--backend", "ref", "--block-size", "2"]);
+    assert!(ok, "{out}");
+    let ps = [vec![1i64, 2, 3], vec![9]];
+    let g = run("decoder/llama-past", &ps, 4, 2, Engine::Ref, Sampling::default());
+    for t in &g.tokens {
+        let line = format!("new tokens: {}", t.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
+        assert!(out.contains(&line), "{line} not in {out}");
+    }
+    assert!(out.contains("prefill: 4 tokens") && out.contains("decode: 3 steps x 2 sequences = 6 tokens"), "{out}");
+    assert!(out.contains("tokens/s"), "{out}");
+
+    let dir = std::env::temp_dir().join(format!("tilec-generate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tok = word_tokenizer(&dir);
+    let tok = tok.to_str().unwrap();
+    let (ok, out) = tilec(&["generate", m, "--tokenizer", tok, "--prompt", "w1 w2 w3", "--max-new-tokens", "4", "--backend", "ref"]);
+    assert!(ok, "{out}");
+    // The same prompt as ids 1 2 3, so the same tokens, now also as words.
+    let words: Vec<String> = g.tokens[0].iter().map(|t| format!("w{t}")).collect();
+    assert!(out.contains("prompt 0 (3 tokens): 1 2 3"), "{out}");
+    assert!(out.contains(&format!("text: {:?}", words.join(" "))), "{out}");
+
+    // Unknown and broken tokenizer files, a text prompt without one, bad ids, cuda.
+    let missing = dir.join("missing.json");
+    let (ok, out) = tilec(&["generate", m, "--tokenizer", missing.to_str().unwrap(), "--prompt", "w1"]);
+    assert!(!ok && out.contains("missing.json") && out.contains("cannot read"), "{out}");
+    let broken = dir.join("broken.json");
+    std::fs::write(&broken, "{\"model\": 3}").unwrap();
+    let (ok, out) = tilec(&["generate", m, "--tokenizer", broken.to_str().unwrap(), "--prompt", "w1"]);
+    assert!(!ok && out.contains("broken.json") && out.contains("expected a Hugging Face tokenizer.json"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt", "w1"]);
+    assert!(!ok && out.contains("--prompt needs --tokenizer"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1,x"]);
+    assert!(!ok && out.contains("'x' is not a token id"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1,500", "--backend", "ref"]);
+    assert!(!ok && out.contains("token id 500 is out of range"), "{out}");
+    let (ok, out) = tilec(&["generate", m]);
+    assert!(!ok && out.contains("no prompt"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub mod sample;
+pub mod text;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
