@@ -152,7 +152,7 @@ fn site(g: &Graph, uses: &[tilec_ir::Uses], id: NodeId, batch: usize, tokens: us
         ..
     }) = n.op
     else {
-        unreachable!("site() is called on attention nodes")
+        return Err(format!("node '{}' ({}) is not an attention", n.name, n.op.name()));
     };
     let what = format!("attention '{}'", n.name);
     if has_past || has_nonpad || softcap != 0.0 || left_window >= 0 || right_window >= 0 {
@@ -271,8 +271,7 @@ pub fn paged_decoder(graph: &Graph, batch: usize, tokens: usize, cache: CacheSha
     let i32_in = |g: &mut Graph, name: &str, shape: Vec<usize>| g.add_input(name, TensorType::fixed(DType::I32, &shape));
     let table = i32_in(&mut g, BLOCK_TABLE, vec![batch, cache.max_blocks]);
     let lens = i32_in(&mut g, PAST_LENS, vec![batch]);
-    let mut outs = vec![logits];
-    let mut cache_outs = vec![];
+    let mut caches = vec![];
     let dt = g.value(sites[0].q).ty.dtype;
     for (l, s) in sites.iter().enumerate() {
         let shape = |d: usize| TensorType::fixed(dt, &[cache.blocks, cache.block_size, s.layer.kv_heads, d]);
@@ -286,12 +285,10 @@ pub fn paged_decoder(graph: &Graph, batch: usize, tokens: usize, cache: CacheSha
             .map_err(|e| e.to_string())?;
         let y = g.node(s.node).outputs[0];
         g.replace_all_uses(y, o[0]).map_err(|e| e.to_string())?;
-        outs.push(o[1]);
-        cache_outs.push(o[2]);
+        caches.extend([o[1], o[2]]);
     }
     // Outputs: logits, k_cache_out_0, v_cache_out_0, k_cache_out_1, ...
-    let kv: Vec<ValueId> = outs[1..].iter().zip(&cache_outs).flat_map(|(&k, &v)| [k, v]).collect();
-    g.set_outputs(std::iter::once(logits).chain(kv).collect());
+    g.set_outputs(std::iter::once(logits).chain(caches).collect());
     g.cleanup().map_err(|e| e.to_string())?;
     let past: Vec<ValueId> = g.inputs().iter().copied().filter(|&v| {
         let n = &g.value(v).name;

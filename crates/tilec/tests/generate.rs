@@ -63,7 +63,7 @@ fn recompute(name: &str, prompt: &[i64], n: usize) -> Vec<i64> {
 }
 
 fn run(name: &str, prompts: &[Vec<i64>], new: usize, block_size: usize, engine: Engine, sampling: Sampling) -> Generation {
-    let opts = GenerateOptions { max_new_tokens: new, block_size, sampling, engine };
+    let opts = GenerateOptions { max_new_tokens: new, block_size, sampling, eos: None, engine };
     generate(&model(name), prompts, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -99,6 +99,32 @@ fn greedy_matches_recompute_compiled() {
     let o = tilec::compiled::CompileOptions { threads: 1, ..Default::default() };
     check_greedy("llama", true, Engine::Cpu(o.clone()), true);
     check_greedy("gpt2", false, Engine::Cpu(o), false);
+}
+
+#[test]
+fn end_of_sequence_stops_a_sequence_and_shrinks_the_bucket() {
+    // Without an end token, then with one that some prompts produce: those stop there, the
+    // others go on unchanged in a smaller bucket (3 sequences in 4 rows, then 2 or 1).
+    let ps = prompts(128, true);
+    let full = run("decoder/llama-past", &ps, 8, 4, Engine::Ref, Sampling::default());
+    let eos = full.tokens[1][2];
+    let opts = GenerateOptions { max_new_tokens: 8, block_size: 4, eos: Some(eos), ..Default::default() };
+    let g = generate(&model("decoder/llama-past"), &ps, &opts).unwrap();
+    let mut stopped = 0;
+    for (i, t) in full.tokens.iter().enumerate() {
+        let want: Vec<i64> = match t.iter().position(|&x| x == eos) {
+            Some(j) => {
+                stopped += 1;
+                t[..=j].to_vec()
+            }
+            None => t.clone(),
+        };
+        assert_eq!(g.tokens[i], want, "prompt {i}, end token {eos}");
+    }
+    assert!((1..3).contains(&stopped), "{stopped} prompts stopped");
+    assert_eq!(g.decode_buckets[0], 4);
+    assert!(g.decode_buckets.len() > 1, "the bucket shrinks: {:?}", g.decode_buckets);
+    assert_eq!(g.decode_tokens, g.tokens.iter().map(|t| t.len() - 1).sum::<usize>());
 }
 
 #[test]
@@ -178,7 +204,7 @@ fn cli_generates_ids_and_text() {
         let line = format!("new tokens: {}", t.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
         assert!(out.contains(&line), "{line} not in {out}");
     }
-    assert!(out.contains("prefill: 4 tokens") && out.contains("decode: 3 steps x 2 sequences = 6 tokens"), "{out}");
+    assert!(out.contains("prefill: 4 tokens") && out.contains("decode: 3 steps, 6 tokens"), "{out}");
     assert!(out.contains("tokens/s"), "{out}");
 
     let dir = std::env::temp_dir().join(format!("tilec-generate-{}", std::process::id()));

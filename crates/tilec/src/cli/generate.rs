@@ -40,6 +40,9 @@ pub struct GenerateArgs {
     /// Seed of the sampler: the same seed gives the same tokens.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The end-of-sequence token: a prompt whose continuation produces it stops there.
+    #[arg(long, value_name = "ID")]
+    pub eos: Option<i64>,
     /// Tokens per block of the paged KV cache.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub block_size: u32,
@@ -91,6 +94,7 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens as usize,
         block_size: a.block_size as usize,
         sampling: Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        eos: a.eos,
         engine,
     };
     let g = run_generate(&model, &prompts, &opts).with_context(|| format!("generate {}", a.model.display()))?;
@@ -108,18 +112,18 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         g.prefill_tokens_per_s()
     );
     println!(
-        "decode: {} steps x {} sequences = {} tokens in {:.2} ms ({:.1} tokens/s)",
+        "decode: {} steps, {} tokens in {:.2} ms ({:.1} tokens/s)",
         g.steps,
-        prompts.len(),
         g.decode_tokens,
         g.decode.as_secs_f64() * 1e3,
         g.decode_tokens_per_s()
     );
     println!(
-        "cache: {} blocks of {} tokens (block 0 the null block), batch bucket {}; model {} past inputs; graphs built in {:.2} s ({})",
+        "cache: {} blocks of {} tokens (block 0 the null block); batch buckets: prefill {}, decode {}; model {} past inputs; graphs built in {:.2} s ({})",
         g.blocks,
         g.block_size,
         g.bucket,
+        g.decode_buckets.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", "),
         if g.had_past { "with" } else { "without" },
         g.compile.as_secs_f64(),
         match a.backend {

@@ -74,13 +74,17 @@ impl BlockPool {
         }
     }
 
-    /// The block table of a batch: `rows` rows of `max_blocks` entries, row `i < sequences`
-    /// the blocks of sequence `i`, every other entry the null block.
-    pub fn block_table(&self, rows: usize, max_blocks: usize) -> Result<Tensor, String> {
+    /// The block table of a batch: `rows` rows of `max_blocks` entries, row `i` the blocks of
+    /// sequence `seqs[i]`, every other entry (and every row past `seqs`) the null block.
+    pub fn block_table(&self, seqs: &[usize], rows: usize, max_blocks: usize) -> Result<Tensor, String> {
+        if seqs.len() > rows {
+            return Err(format!("{} sequences do not fit a batch of {rows} rows", seqs.len()));
+        }
         let mut v = vec![NULL_BLOCK as i32; rows * max_blocks];
-        for (i, t) in self.tables.iter().enumerate().take(rows) {
+        for (i, &s) in seqs.iter().enumerate() {
+            let t = self.table(s);
             if t.len() > max_blocks {
-                return Err(format!("sequence {i} holds {} blocks, the table has room for {max_blocks}", t.len()));
+                return Err(format!("sequence {s} holds {} blocks, the table has room for {max_blocks}", t.len()));
             }
             for (j, &b) in t.iter().enumerate() {
                 v[i * max_blocks + j] = b as i32;
@@ -104,8 +108,11 @@ mod tests {
         assert_eq!(p.free(), 1);
         let e = p.reserve(1, 9).unwrap_err();
         assert!(e.contains("KV cache is full"), "{e}");
-        let t = p.block_table(3, 3).unwrap();
+        let t = p.block_table(&[0, 1], 3, 3).unwrap();
         assert_eq!(t.to_i64_vec(), vec![1, 2, 0, 3, 4, 0, 0, 0, 0]);
+        let t = p.block_table(&[1], 2, 3).unwrap();
+        assert_eq!(t.to_i64_vec(), vec![3, 4, 0, 0, 0, 0]);
+        assert!(p.block_table(&[0, 1], 1, 3).is_err());
         p.release(0);
         assert_eq!(p.free(), 2);
         assert!(p.table(0).is_empty());

@@ -11,9 +11,11 @@
 //! - the *decode step* over `[rows, 1]`: each sequence's last token at its own position.
 //!
 //! `rows` is the batch *bucket* (the number of prompts rounded up to a power of two): padding
-//! rows point at the null block. On a GPU each bucket's decode step is one captured graph
-//! replayed every step (the block table, lengths and ids change, the addresses do not); on the
-//! CPU the compiled step simply runs. [`cache::BlockPool`] hands out the blocks, [`sample`]
+//! rows point at the null block. A sequence that produces the end-of-sequence token stops and
+//! frees its blocks; the decode steps then run in the bucket of the sequences left, each
+//! bucket's step built once, when first needed. On a GPU each bucket's decode step is one
+//! captured graph replayed every step (the block table, lengths and ids change, the addresses
+//! do not); on the CPU the compiled step simply runs. [`cache::BlockPool`] hands out the blocks, [`sample`]
 //! chooses tokens, and the timings give prefill and decode tokens per second.
 
 pub mod cache;
@@ -49,12 +51,14 @@ pub struct GenerateOptions {
     /// Tokens per cache block.
     pub block_size: usize,
     pub sampling: Sampling,
+    /// A sequence that produces this token stops (the token is kept) and frees its blocks.
+    pub eos: Option<i64>,
     pub engine: Engine,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), engine: Engine::Ref }
+        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref }
     }
 }
 
@@ -63,7 +67,8 @@ impl Default for GenerateOptions {
 pub struct Generation {
     /// The new tokens of each prompt, in prompt order.
     pub tokens: Vec<Vec<i64>>,
-    /// Rewriting and compiling the prefill and decode graphs.
+    /// Rewriting and compiling the prefill and decode graphs (a bucket first needed during
+    /// the decode steps included here, not in `decode`).
     pub compile: Duration,
     pub prefill: Duration,
     pub decode: Duration,
@@ -72,8 +77,11 @@ pub struct Generation {
     pub decode_tokens: usize,
     /// Decode steps run.
     pub steps: usize,
-    /// Rows of the batch bucket, blocks of the pool (the null block included), block size.
+    /// Rows of the prefill's batch bucket, and the buckets of the decode steps in the order
+    /// they were first needed (smaller ones as sequences stop).
     pub bucket: usize,
+    pub decode_buckets: Vec<usize>,
+    /// Blocks of the pool (the null block included), tokens per block.
     pub blocks: usize,
     pub block_size: usize,
     /// Whether the model had past key/value inputs.
@@ -130,10 +138,16 @@ struct Stage {
 }
 
 impl Stage {
-    fn new(model: &ModelProto, dims: &(String, String), rows: usize, tokens: usize, cache: CacheShape, engine: &Engine) -> Result<Stage, Error> {
+    /// The model imported with `rows` sequences of `tokens` new tokens and rewritten over the
+    /// paged cache (not compiled yet: see [`Stage::load`]).
+    fn rewrite(model: &ModelProto, dims: &(String, String), rows: usize, tokens: usize, cache: CacheShape) -> Result<PagedDecoder, Error> {
         let dim_values = HashMap::from([(dims.0.clone(), rows), (dims.1.clone(), tokens)]);
         let g = crate::import(model, &ImportOptions { dim_values, ..Default::default() })?;
-        let dec = decoder::paged_decoder(&g, rows, tokens, cache).map_err(err)?;
+        decoder::paged_decoder(&g, rows, tokens, cache).map_err(err)
+    }
+
+    /// Readies a rewritten graph on the engine (compiles it for the CPU).
+    fn load(dec: PagedDecoder, engine: &Engine) -> Result<Stage, Error> {
         let runner = match engine {
             Engine::Ref => Runner::Ref(dec.graph.clone()),
             Engine::Cpu(o) => Runner::Cpu(Box::new(compiled::compile(&dec.graph, o)?)),
@@ -207,7 +221,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         return Err(err("block size must be at least 1"));
     }
     if prompts.is_empty() {
-        return check_prompts(prompts, 0).map(|_| Generation::default());
+        return Err(err("no prompt given: expected at least one prompt of token ids"));
     }
     let t0 = Instant::now();
     let dims = token_dims(model)?;
@@ -220,10 +234,13 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     let max_blocks = need.iter().map(|&x| x.div_ceil(bs)).max().unwrap_or(1).max(tp.div_ceil(bs));
     let blocks = 1 + need.iter().map(|&x| x.div_ceil(bs)).sum::<usize>();
     let shape = CacheShape { blocks, block_size: bs, max_blocks };
-    let mut prefill = Stage::new(model, &dims, rows, tp, shape, &opts.engine)?;
-    check_prompts(prompts, prefill.dec.vocab)?;
-    let mut step = if opts.max_new_tokens > 1 { Some(Stage::new(model, &dims, rows, 1, shape, &opts.engine)?) } else { None };
-    let compile = t0.elapsed();
+    let prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
+    check_prompts(prompts, prefill.vocab)?;
+    let step = if opts.max_new_tokens > 1 { Some(Stage::rewrite(model, &dims, rows, 1, shape)?) } else { None };
+    let mut prefill = Stage::load(prefill, &opts.engine)?;
+    // The decode steps' stages by bucket, the prefill's bucket first.
+    let mut stages: Vec<(usize, Stage)> = step.map(|s| Stage::load(s, &opts.engine)).transpose()?.map(|s| (rows, s)).into_iter().collect();
+    let mut compile = t0.elapsed();
 
     let mut pool = BlockPool::new(blocks, bs, n).map_err(err)?;
     let g = &prefill.dec.graph;
@@ -251,7 +268,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     let mut m = HashMap::from([
         (decoder::INPUT_IDS.to_string(), i64_tensor(vec![rows, tp], ids)?),
         (decoder::POSITION_IDS.to_string(), i64_tensor(vec![rows, tp], pos)?),
-        (decoder::BLOCK_TABLE.to_string(), pool.block_table(rows, max_blocks).map_err(err)?),
+        (decoder::BLOCK_TABLE.to_string(), pool.block_table(&(0..n).collect::<Vec<_>>(), rows, max_blocks).map_err(err)?),
         (decoder::PAST_LENS.to_string(), i32_tensor(vec![rows], vec![0; rows])?),
     ]);
     cache_inputs(std::mem::take(&mut caches), &mut m);
@@ -265,36 +282,66 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     }
     let prefill_time = t1.elapsed();
 
-    // Decode steps.
+    // Decode steps, over the sequences still running, in the bucket of their number.
     let t2 = Instant::now();
-    let mut steps = 0;
-    if let Some(step) = step.as_mut() {
-        for i in 1..opts.max_new_tokens {
-            // Sequence b feeds its last token at position len + i - 1.
-            let mut ids = vec![0i64; rows];
-            let mut pos = vec![0i64; rows];
-            for (b, p) in prompts.iter().enumerate() {
-                ids[b] = out[b][i - 1];
-                pos[b] = (p.len() + i - 1) as i64;
-                pool.reserve(b, p.len() + i).map_err(err)?;
-            }
-            let mut m = HashMap::from([
-                (decoder::INPUT_IDS.to_string(), i64_tensor(vec![rows, 1], ids)?),
-                (decoder::POSITION_IDS.to_string(), i64_tensor(vec![rows, 1], pos.clone())?),
-                (decoder::BLOCK_TABLE.to_string(), pool.block_table(rows, max_blocks).map_err(err)?),
-                (decoder::PAST_LENS.to_string(), i32_tensor(vec![rows], pos)?),
-            ]);
-            cache_inputs(std::mem::take(&mut caches), &mut m);
-            let (logits, c) = step.run(m)?;
-            caches = c;
-            for b in 0..n {
-                let row = logits_row(&logits, b, 0)?;
-                out[b].push(sample::sample(&row, &opts.sampling, &mut rng) as i64);
-            }
-            steps += 1;
-        }
+    let mut in_loop = Duration::ZERO;
+    let (mut steps, mut decode_tokens) = (0, 0);
+    let mut decode_buckets = vec![];
+    let stops = |t: i64| opts.eos == Some(t);
+    let mut done: Vec<bool> = out.iter().map(|o| stops(o[0])).collect();
+    for (b, _) in done.iter().enumerate().filter(|(_, d)| **d) {
+        pool.release(b);
     }
-    let decode = t2.elapsed();
+    for i in 1..opts.max_new_tokens {
+        let active: Vec<usize> = (0..n).filter(|&b| !done[b]).collect();
+        if active.is_empty() {
+            break;
+        }
+        let r = bucket(active.len());
+        let k = match stages.iter().position(|(b, _)| *b == r) {
+            Some(k) => k,
+            None => {
+                let tc = Instant::now();
+                let s = Stage::load(Stage::rewrite(model, &dims, r, 1, shape)?, &opts.engine)?;
+                stages.push((r, s));
+                in_loop += tc.elapsed();
+                stages.len() - 1
+            }
+        };
+        if !decode_buckets.contains(&r) {
+            decode_buckets.push(r);
+        }
+        // Row j feeds sequence active[j]'s last token at position len + i - 1.
+        let mut ids = vec![0i64; r];
+        let mut pos = vec![0i64; r];
+        for (j, &b) in active.iter().enumerate() {
+            ids[j] = out[b][i - 1];
+            pos[j] = (prompts[b].len() + i - 1) as i64;
+            pool.reserve(b, prompts[b].len() + i).map_err(err)?;
+        }
+        let mut m = HashMap::from([
+            (decoder::INPUT_IDS.to_string(), i64_tensor(vec![r, 1], ids)?),
+            (decoder::POSITION_IDS.to_string(), i64_tensor(vec![r, 1], pos.clone())?),
+            (decoder::BLOCK_TABLE.to_string(), pool.block_table(&active, r, max_blocks).map_err(err)?),
+            (decoder::PAST_LENS.to_string(), i32_tensor(vec![r], pos)?),
+        ]);
+        cache_inputs(std::mem::take(&mut caches), &mut m);
+        let (logits, c) = stages[k].1.run(m)?;
+        caches = c;
+        for (j, &b) in active.iter().enumerate() {
+            let row = logits_row(&logits, j, 0)?;
+            let t = sample::sample(&row, &opts.sampling, &mut rng) as i64;
+            out[b].push(t);
+            if stops(t) {
+                done[b] = true;
+                pool.release(b);
+            }
+        }
+        steps += 1;
+        decode_tokens += active.len();
+    }
+    let decode = t2.elapsed().saturating_sub(in_loop);
+    compile += in_loop;
     for b in 0..n {
         pool.release(b);
     }
@@ -304,9 +351,10 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         prefill: prefill_time,
         decode,
         prefill_tokens: prompts.iter().map(|p| p.len()).sum(),
-        decode_tokens: steps * n,
+        decode_tokens,
         steps,
         bucket: rows,
+        decode_buckets,
         blocks,
         block_size: bs,
         had_past: prefill.dec.had_past,
