@@ -195,9 +195,46 @@ fn site(g: &Graph, uses: &[tilec_ir::Uses], id: NodeId, batch: usize, tokens: us
         (None, None) => vec![],
         _ => return Err(format!("{what}: keys and values must both or neither be concatenated to past inputs")),
     };
+    if has_mask {
+        check_causal(g, n.inputs[3], tokens, fixed(g, k0).map(|s| s[2])).map_err(|e| format!("{what}: {e}"))?;
+    }
     let layer = Layer { q_heads: sq[1], kv_heads: sk[1], head_dim: sk[3], v_head_dim: sv[3] };
     let scale = scale.unwrap_or(1.0 / (layer.head_dim as f32).sqrt());
     Ok(Site { node: id, q, k, v, past, scale, layer })
+}
+
+/// When the mask is a constant (the whole-sequence export at fixed sizes: its positions fold),
+/// checks that it is the causal one, bottom-right aligned: query `i` of `sq` sees key `j` of
+/// `skv` iff `j <= i + skv - sq` (bool `keep`, or additive 0 / -inf). A mask computed at run
+/// time (from the past length) is taken to be causal.
+fn check_causal(g: &Graph, mask: ValueId, sq: usize, skv: Option<usize>) -> Result<(), String> {
+    let (Some(t), Some(skv)) = (g.const_value(mask), skv) else { return Ok(()) };
+    let s = t.shape();
+    let r = s.len();
+    let (rows, cols) = (if r >= 2 { s[r - 2] } else { 1 }, s[r - 1]);
+    if cols != skv || (rows != 1 && rows != sq) {
+        return Err(format!("its mask {s:?} does not span [{sq}, {skv}] queries by keys: expected a causal mask"));
+    }
+    let vals = t.to_f64_vec();
+    let boolean = t.dtype() == DType::Bool;
+    for (at, &x) in vals.iter().enumerate() {
+        let (i, j) = ((at / cols) % rows, at % cols);
+        // A mask of one row serves every query: it must suit the last one... and the first.
+        let ok = |i: usize| {
+            let keep = j + sq <= i + skv;
+            if boolean {
+                (x != 0.0) == keep
+            } else {
+                (keep && x == 0.0) || (!keep && x == f64::NEG_INFINITY)
+            }
+        };
+        if !(ok(i) && (rows != 1 || ok(sq - 1))) {
+            return Err(format!(
+                "its constant mask is not causal (entry [{i}, {j}] is {x}): expected query i to see exactly the keys up to i"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Finds an integer `[B, T]` input by name.

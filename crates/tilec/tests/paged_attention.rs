@@ -155,3 +155,47 @@ fn a_graph_without_attention_is_not_a_decoder() {
     let e = paged_decoder(&g, 2, 4, shape).unwrap_err();
     assert!(e.contains("input 'input_ids'") && e.contains("[2, 4]"), "{e}");
 }
+
+/// A one-layer "decoder": queries, keys and values are the token ids as floats, the
+/// attention masked by a constant `keep` mask, the logits its output.
+fn toy_decoder(keep: Vec<bool>) -> Graph {
+    use tilec::ir::op::LayoutOp;
+    use tilec::ir::Dim;
+    let mut g = Graph::new("toy");
+    let ids = g.add_input("input_ids", TensorType::fixed(DType::I64, &[2, 3]));
+    let _pos = g.add_input("position_ids", TensorType::fixed(DType::I64, &[2, 3]));
+    let x = g.add(Op::Cast { to: DType::F32, saturate: false }, &[ids]).unwrap();
+    let shape = [2, 1, 3, 1].map(Dim::Fixed).to_vec();
+    let x = g.add(Op::Layout(LayoutOp::Reshape { shape }), &[x]).unwrap();
+    let mask = g.add_const("mask", Tensor::from_vec(vec![3, 3], keep).unwrap());
+    let att = Op::Nn(NnOp::Attention {
+        q_num_heads: 0,
+        kv_num_heads: 0,
+        scale: None,
+        is_causal: false,
+        softcap: 0.0,
+        qk_matmul_output_mode: 0,
+        softmax_precision: None,
+        left_window: -1,
+        right_window: -1,
+        has_mask: true,
+        has_past: false,
+        has_nonpad: false,
+        zero_nan_rows: false,
+    });
+    let y = g.add(att, &[x, x, x, mask]).unwrap();
+    let y = g.add(Op::Layout(LayoutOp::Reshape { shape: [2, 3, 1].map(Dim::Fixed).to_vec() }), &[y]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn a_constant_mask_must_be_causal() {
+    let shape = CacheShape { blocks: 4, block_size: 4, max_blocks: 2 };
+    let causal: Vec<bool> = (0..9).map(|a| a % 3 <= a / 3).collect();
+    let d = paged_decoder(&toy_decoder(causal), 2, 3, shape).unwrap();
+    assert_eq!(d.layers.len(), 1);
+    assert!(d.graph.nodes().iter().any(|n| n.op.name() == "paged_attention"));
+    let e = paged_decoder(&toy_decoder(vec![true; 9]), 2, 3, shape).unwrap_err();
+    assert!(e.contains("not causal") && e.contains("[0, 1]"), "{e}");
+}
