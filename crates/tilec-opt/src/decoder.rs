@@ -211,8 +211,8 @@ fn check_causal(g: &Graph, mask: ValueId, sq: usize, skv: Option<usize>) -> Resu
     let (Some(t), Some(skv)) = (g.const_value(mask), skv) else { return Ok(()) };
     let s = t.shape();
     let r = s.len();
-    let (rows, cols) = (if r >= 2 { s[r - 2] } else { 1 }, s[r - 1]);
-    if cols != skv || (rows != 1 && rows != sq) {
+    let (rows, cols) = (if r >= 2 { s[r - 2] } else { 1 }, s.last().copied().unwrap_or(0));
+    if sq == 0 || cols == 0 || rows == 0 || cols != skv || (rows != 1 && rows != sq) {
         return Err(format!("its mask {s:?} does not span [{sq}, {skv}] queries by keys: expected a causal mask"));
     }
     let vals = t.to_f64_vec();
@@ -262,6 +262,9 @@ fn token_input(g: &Graph, name: &str, batch: usize, tokens: usize) -> Result<Val
 pub fn paged_decoder(graph: &Graph, batch: usize, tokens: usize, cache: CacheShape) -> Result<PagedDecoder, String> {
     if cache.blocks == 0 || cache.block_size == 0 || cache.max_blocks == 0 {
         return Err(format!("cache shape {cache:?}: blocks, block size and blocks per sequence must be positive"));
+    }
+    if batch == 0 || tokens == 0 {
+        return Err(format!("{batch} sequences of {tokens} tokens: expected at least one of each"));
     }
     let mut g = graph.clone();
     Pipeline::for_level_target_with(3, TargetKind::Cpu, false)

@@ -207,8 +207,11 @@ fn logits_row(logits: &Tensor, r: usize, t: usize) -> Result<Vec<f32>, Error> {
         return Err(err(format!("logits have shape {s:?}: expected [rows, tokens, vocab] with row {r}, token {t}")));
     }
     let all = logits.cast(DType::F32);
-    let v = all.as_slice::<f32>().unwrap_or(&[]);
-    Ok(v[(r * s[1] + t) * s[2]..][..s[2]].to_vec())
+    let at = (r * s[1] + t) * s[2];
+    all.as_slice::<f32>()
+        .and_then(|v| v.get(at..at + s[2]))
+        .map(|x| x.to_vec())
+        .ok_or_else(|| err(format!("logits {s:?}: row {r}, token {t} cannot be read")))
 }
 
 /// Generates `opts.max_new_tokens` tokens for every prompt.
@@ -222,6 +225,9 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     }
     if prompts.is_empty() {
         return Err(err("no prompt given: expected at least one prompt of token ids"));
+    }
+    if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+        return Err(err(format!("prompt {i} is empty: expected at least one token id")));
     }
     let t0 = Instant::now();
     let dims = token_dims(model)?;
