@@ -29,7 +29,7 @@ use tilec_ir::{DType, Dim, Graph, Tensor};
 use tilec_onnx::proto::ModelProto;
 use tilec_opt::decoder::{self, CacheShape, PagedDecoder};
 
-use crate::compiled::{self, CompileOptions, Compiled};
+use crate::compiled::{self, CompileOptions};
 use crate::{Error, ImportOptions};
 use cache::BlockPool;
 pub use sample::{Rng, Sampling};
@@ -128,7 +128,19 @@ fn token_dims(model: &ModelProto) -> Result<(String, String), Error> {
 /// A graph ready to run on an engine.
 enum Runner {
     Ref(Graph),
-    Cpu(Box<Compiled>),
+    /// Any executor (the CPU's today; a CUDA executor is the same type over its back end).
+    Compiled(Box<dyn RunSteps>),
+}
+
+/// What the driver needs of a compiled executor: run on inputs in graph-input order.
+trait RunSteps {
+    fn run_steps(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error>;
+}
+
+impl<B: crate::exec::Backend> RunSteps for crate::exec::Executor<B> {
+    fn run_steps(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
+        self.run(inputs)
+    }
 }
 
 /// One rewritten graph (prefill or decode step) and how it runs.
@@ -150,7 +162,7 @@ impl Stage {
     fn load(dec: PagedDecoder, engine: &Engine) -> Result<Stage, Error> {
         let runner = match engine {
             Engine::Ref => Runner::Ref(dec.graph.clone()),
-            Engine::Cpu(o) => Runner::Cpu(Box::new(compiled::compile(&dec.graph, o)?)),
+            Engine::Cpu(o) => Runner::Compiled(Box::new(compiled::compile(&dec.graph, o)?)),
         };
         Ok(Stage { dec, runner })
     }
@@ -165,7 +177,7 @@ impl Stage {
         }
         let mut outs = match &mut self.runner {
             Runner::Ref(g) => tilec_ref::run(g, ordered)?,
-            Runner::Cpu(c) => c.run(&ordered)?,
+            Runner::Compiled(c) => c.run_steps(&ordered)?,
         };
         if outs.is_empty() {
             return Err(err("the step returned no logits"));
