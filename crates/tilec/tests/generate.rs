@@ -234,5 +234,9 @@ fn cli_generates_ids_and_text() {
     assert!(!ok && out.contains("token id 500 is out of range"), "{out}");
     let (ok, out) = tilec(&["generate", m]);
     assert!(!ok && out.contains("no prompt"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1", "--temperature", "-1"]);
+    assert!(!ok && out.contains("temperature -1"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1", "--target", "cuda"]);
+    assert!(!ok && out.contains("--target cuda"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -29,13 +29,13 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_new_tokens: u32,
     /// Sampling temperature; 0 (the default) is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub temperature: f32,
     /// Sample among the K most likely tokens only (0: all).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
     /// Sample among the most likely tokens whose probabilities reach P (1: all).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
     pub top_p: f32,
     /// Seed of the sampler: the same seed gives the same tokens.
     #[arg(long, default_value_t = 0)]
