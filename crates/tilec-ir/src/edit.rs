@@ -73,6 +73,23 @@ impl Graph {
         Ok(())
     }
 
+    /// Drops graph inputs from the signature (a rewrite that replaces them, such as a decoder's
+    /// past keys by a paged cache). Each must be an input nobody reads any more: call after
+    /// the uses are redirected and dead nodes are cleaned up.
+    pub fn remove_inputs(&mut self, drop: &[ValueId]) -> Result<(), IrError> {
+        let uses = self.uses();
+        for &v in drop {
+            if !self.inputs.contains(&v) {
+                return Err(IrError::Graph(format!("'{}' is not a graph input", self.value(v).name)));
+            }
+            if !uses[v.index()].is_empty() {
+                return Err(IrError::Graph(format!("input '{}' is still read", self.value(v).name)));
+            }
+        }
+        self.inputs.retain(|v| !drop.contains(v));
+        self.cleanup().map(|_| ())
+    }
+
     /// Restores the graph's invariants after edits: sorts nodes topologically (stable:
     /// nodes keep their relative order where dependencies allow), removes nodes none of
     /// whose outputs is used (transitively) and constants nobody reads, and renumbers

@@ -67,7 +67,7 @@ pub struct Graph {
     pub syms: SymbolTable,
     values: Vec<Value>,
     nodes: Vec<Node>,
-    inputs: Vec<ValueId>,
+    pub(crate) inputs: Vec<ValueId>,
     outputs: Vec<ValueId>,
 }
 

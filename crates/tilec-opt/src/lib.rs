@@ -6,6 +6,7 @@
 //! checked by differential execution on the reference interpreter (constant folding also
 //! uses the interpreter to evaluate, so folded values are exactly what execution gives).
 
+pub mod decoder;
 pub mod manager;
 pub mod partition;
 pub mod passes;

@@ -21,6 +21,7 @@ pub mod compare;
 pub mod compiled;
 pub mod compiled_cuda;
 pub mod exec;
+pub mod generate;
 pub mod cuda_families;
 pub mod tensor_io;
 pub mod tune;
@@ -56,6 +57,9 @@ pub enum Error {
     /// Compilation or execution on a compiled back end failed.
     #[error("compiled backend: {0}")]
     Compile(String),
+    /// `generate` could not run the model as a decoder (what was expected and not found).
+    #[error("{0}")]
+    Generate(String),
 }
 
 /// Where a graph runs.

@@ -42,6 +42,11 @@ enum Cmd {
     /// the tuning database ($TILEC_TUNING_DB, else ~/.cache/tilec/tuning.sqlite), which `run`
     /// and `explain` then read; --export/--import carry it to other machines.
     Tune(cli::tune::TuneArgs),
+    /// Generate text with a decoder-only model over a paged KV cache: a batch of prompts
+    /// (token ids, or text with --tokenizer) prefilled together, then one decode step per new
+    /// token, greedy or sampled (--temperature, --top-k, --top-p, --seed); prints the new
+    /// tokens and the prefill and decode speeds in tokens per second.
+    Generate(cli::generate::GenerateArgs),
 }
 
 /// The backends `--backend` accepts.
@@ -89,6 +94,7 @@ fn main() -> ExitCode {
         Cmd::PrintIr(args) => cli::opt::print_ir(&args),
         Cmd::Explain(args) => cli::opt::explain(&args),
         Cmd::Tune(args) => cli::tune::tune(&args),
+        Cmd::Generate(args) => cli::generate::generate(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

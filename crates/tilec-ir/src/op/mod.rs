@@ -14,6 +14,7 @@ mod layout;
 mod linalg;
 mod nn;
 mod norm;
+mod paged;
 mod reduce;
 mod source;
 
@@ -24,6 +25,7 @@ pub use layout::*;
 pub use linalg::*;
 pub use nn::*;
 pub use norm::*;
+pub use paged::*;
 pub use reduce::*;
 pub use source::*;
 

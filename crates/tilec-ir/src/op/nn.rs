@@ -256,6 +256,9 @@ pub enum NnOp {
     /// `[C, 1, K]`, then bias if `has_bias`, past_state `[B, C, K-1]` if `has_past`.
     /// Outputs: output, present_state.
     CausalConvWithState { silu: bool, has_bias: bool, has_past: bool },
+    /// Attention of new tokens over a paged KV cache, appending their keys and values to it
+    /// (not in ONNX: decode steps of `tilec generate`; see `paged.rs` for the layout).
+    PagedAttention { scale: f32 },
 }
 
 fn expect_float(t: &TensorType, what: &str) -> Result<(), String> {
@@ -309,6 +312,7 @@ impl OpInfo for NnOp {
             NnOp::Stft { .. } => "stft",
             NnOp::LinearAttention { .. } => "linear_attention",
             NnOp::CausalConvWithState { .. } => "causal_conv_with_state",
+            NnOp::PagedAttention { .. } => "paged_attention",
         }
     }
 
@@ -755,6 +759,7 @@ impl OpInfo for NnOp {
                 }
                 Ok(vec![x.clone(), TensorType::new(x.dtype, state)])
             }
+            NnOp::PagedAttention { .. } => super::paged::infer(inputs, cx.syms),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod layout;
 pub mod linalg;
 pub mod nn;
 pub mod norm;
+pub mod paged;
 pub mod reduce;
 pub mod source;
 pub mod util;

@@ -52,6 +52,7 @@ pub fn eval(op: &NnOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>, S
             has_bias,
             has_past,
         } => causal_conv(args, *silu, *has_bias, *has_past),
+        NnOp::PagedAttention { scale } => super::paged::paged_attention(args, *scale),
     }
 }
 

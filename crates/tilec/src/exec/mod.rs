@@ -24,6 +24,7 @@
 mod check;
 pub mod cpu;
 pub mod cuda;
+pub mod paged;
 mod plan;
 mod steps;
 
@@ -238,10 +239,16 @@ pub(crate) fn fixed_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
     g.value(v).ty.shape.iter().map(|d| if let tilec_ir::Dim::Fixed(n) = d { Some(*n) } else { None }).collect()
 }
 
-/// Evaluates one node on the interpreter.
+/// Evaluates one node on the host: `paged_attention` over f32 caches by its host kernel
+/// (`paged.rs`), everything else on the interpreter.
 fn eval_node(g: &Graph, n: NodeId, args: &[Tensor]) -> Result<Vec<Tensor>, Error> {
     let node = g.node(n);
     let refs: Vec<&Tensor> = args.iter().collect();
+    if let tilec_ir::Op::Nn(tilec_ir::op::NnOp::PagedAttention { scale }) = node.op {
+        if let Some(r) = paged::paged_attention(&refs, scale, paged::DEFAULT_SPLIT_TOKENS) {
+            return r.map_err(|e| Error::Compile(format!("node '{}' ({}): {e}", node.name, node.op.name())));
+        }
+    }
     let bound = HashMap::new();
     let cx = tilec_ref::EvalCtx { graph: g, bound: &bound };
     tilec_ref::eval_op(&node.op, &refs, &cx)

@@ -1,0 +1,139 @@
+//! `tilec generate`: prompts in (token ids, or text through a tokenizer), new tokens out,
+//! with prefill and decode speeds.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use tilec::generate::text::Text;
+use tilec::generate::{generate as run_generate, Engine, GenerateOptions, Sampling};
+
+use super::run::TargetArg;
+use super::{load_model, MAX_THREADS};
+use crate::BackendArg;
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A decoder-only ONNX model with inputs `input_ids` and `position_ids` [batch, seq] (and
+    /// optionally past key/value inputs), whose first output is the logits.
+    pub model: PathBuf,
+    /// A prompt as comma-separated token ids (repeat for a batch of prompts).
+    #[arg(long = "prompt-ids", value_name = "IDS", value_parser = parse_ids)]
+    pub prompt_ids: Vec<Vec<i64>>,
+    /// A prompt as text (repeat for a batch; needs --tokenizer).
+    #[arg(long = "prompt", value_name = "TEXT")]
+    pub prompts: Vec<String>,
+    /// A Hugging Face tokenizer.json: encodes --prompt and prints the new tokens as text.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens to generate per prompt.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_new_tokens: u32,
+    /// Sampling temperature; 0 (the default) is greedy.
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens whose probabilities reach P (1: all).
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
+    pub top_p: f32,
+    /// Seed of the sampler: the same seed gives the same tokens.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The end-of-sequence token: a prompt whose continuation produces it stops there.
+    #[arg(long, value_name = "ID")]
+    pub eos: Option<i64>,
+    /// Tokens per block of the paged KV cache.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub block_size: u32,
+    /// Where the steps run: compiled for this CPU, or on the reference interpreter.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    /// The target of compiled code (only the CPU for now).
+    #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
+    pub target: TargetArg,
+    /// Threads of compiled code (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
+    pub threads: Option<u64>,
+}
+
+/// Parses `1,2,3` (spaces allowed).
+fn parse_ids(s: &str) -> Result<Vec<i64>, String> {
+    let ids: Vec<i64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<i64>().map_err(|_| format!("'{}' is not a token id (in '{s}'; expected comma-separated integers)", x.trim())))
+        .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Err("expected at least one token id".into());
+    }
+    Ok(ids)
+}
+
+pub fn generate(a: &GenerateArgs) -> Result<()> {
+    if a.target == TargetArg::Cuda {
+        bail!("--target cuda: generate runs on the CPU only for now (the paged decode kernel and per-bucket CUDA graphs are not written yet)");
+    }
+    let text = a.tokenizer.as_deref().map(Text::load).transpose()?;
+    let mut prompts = a.prompt_ids.clone();
+    if !a.prompts.is_empty() {
+        let Some(t) = &text else { bail!("--prompt needs --tokenizer FILE (or give token ids with --prompt-ids)") };
+        for p in &a.prompts {
+            prompts.push(t.encode(p)?);
+        }
+    }
+    if prompts.is_empty() {
+        bail!("no prompt: give --prompt-ids 1,2,3 (or --prompt TEXT with --tokenizer), repeated for a batch");
+    }
+    let model = load_model(&a.model)?;
+    let threads = a.threads.map(|t| t as usize).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let engine = match a.backend {
+        BackendArg::Ref => Engine::Ref,
+        BackendArg::Cpu => Engine::Cpu(tilec::compiled::CompileOptions { threads, ..Default::default() }),
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens as usize,
+        block_size: a.block_size as usize,
+        sampling: Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        eos: a.eos,
+        engine,
+    };
+    let g = run_generate(&model, &prompts, &opts).with_context(|| format!("generate {}", a.model.display()))?;
+    for (i, (p, t)) in prompts.iter().zip(&g.tokens).enumerate() {
+        println!("prompt {i} ({} tokens): {}", p.len(), join(p));
+        println!("  new tokens: {}", join(t));
+        if let Some(x) = &text {
+            println!("  text: {:?}", x.decode(t)?);
+        }
+    }
+    println!(
+        "prefill: {} tokens in {:.2} ms ({:.1} tokens/s)",
+        g.prefill_tokens,
+        g.prefill.as_secs_f64() * 1e3,
+        g.prefill_tokens_per_s()
+    );
+    println!(
+        "decode: {} steps, {} tokens in {:.2} ms ({:.1} tokens/s)",
+        g.steps,
+        g.decode_tokens,
+        g.decode.as_secs_f64() * 1e3,
+        g.decode_tokens_per_s()
+    );
+    println!(
+        "cache: {} blocks of {} tokens (block 0 the null block); batch buckets: prefill {}, decode {}; model {} past inputs; graphs built in {:.2} s ({})",
+        g.blocks,
+        g.block_size,
+        g.bucket,
+        g.decode_buckets.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", "),
+        if g.had_past { "with" } else { "without" },
+        g.compile.as_secs_f64(),
+        match a.backend {
+            BackendArg::Cpu => "compiled for the CPU",
+            BackendArg::Ref => "reference interpreter",
+        }
+    );
+    Ok(())
+}
+
+fn join(ids: &[i64]) -> String {
+    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" ")
+}

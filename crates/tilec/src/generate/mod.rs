@@ -1,0 +1,380 @@
+//! Text generation with decoder-only models over a paged KV cache (`tilec generate`).
+//!
+//! A batch of prompts of different lengths runs in two compiled graphs, both the model
+//! rewritten by `tilec_opt::decoder::paged_decoder` so that its attentions read and append
+//! to one paged cache:
+//!
+//! - the *prefill* over `[rows, T]` tokens, `T` the longest prompt, shorter prompts padded on
+//!   the right (causal attention: a padding token never changes a real one's keys or logits;
+//!   the padding's keys land in the cache past the prompt and are overwritten by the decode
+//!   steps before anything reads them);
+//! - the *decode step* over `[rows, 1]`: each sequence's last token at its own position.
+//!
+//! `rows` is the batch *bucket* (the number of prompts rounded up to a power of two): padding
+//! rows point at the null block. A sequence that produces the end-of-sequence token stops and
+//! frees its blocks; the decode steps then run in the bucket of the sequences left, each
+//! bucket's step built once, when first needed. On a GPU each bucket's decode step is one
+//! captured graph replayed every step (the block table, lengths and ids change, the addresses
+//! do not); on the CPU the compiled step simply runs. [`cache::BlockPool`] hands out the blocks, [`sample`]
+//! chooses tokens, and the timings give prefill and decode tokens per second.
+
+pub mod cache;
+pub mod sample;
+pub mod text;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tilec_ir::{DType, Dim, Graph, Tensor};
+use tilec_onnx::proto::ModelProto;
+use tilec_opt::decoder::{self, CacheShape, PagedDecoder};
+
+use crate::compiled::{self, CompileOptions};
+use crate::{Error, ImportOptions};
+use cache::BlockPool;
+pub use sample::{Rng, Sampling};
+
+/// Where the steps run.
+#[derive(Clone, Debug)]
+pub enum Engine {
+    /// The reference interpreter (the oracle; slow).
+    Ref,
+    /// Compiled for the host CPU.
+    Cpu(CompileOptions),
+}
+
+/// Options of [`generate`].
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Tokens generated per prompt (the first comes from the prefill).
+    pub max_new_tokens: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    pub sampling: Sampling,
+    /// A sequence that produces this token stops (the token is kept) and frees its blocks.
+    pub eos: Option<i64>,
+    pub engine: Engine,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref }
+    }
+}
+
+/// What [`generate`] produced and how long it took.
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    /// The new tokens of each prompt, in prompt order.
+    pub tokens: Vec<Vec<i64>>,
+    /// Rewriting and compiling the prefill and decode graphs (a bucket first needed during
+    /// the decode steps included here, not in `decode`).
+    pub compile: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    /// Prompt tokens (without padding) and tokens produced by decode steps.
+    pub prefill_tokens: usize,
+    pub decode_tokens: usize,
+    /// Decode steps run.
+    pub steps: usize,
+    /// Rows of the prefill's batch bucket, and the buckets of the decode steps in the order
+    /// they were first needed (smaller ones as sequences stop).
+    pub bucket: usize,
+    pub decode_buckets: Vec<usize>,
+    /// Blocks of the pool (the null block included), tokens per block.
+    pub blocks: usize,
+    pub block_size: usize,
+    /// Whether the model had past key/value inputs.
+    pub had_past: bool,
+}
+
+impl Generation {
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prefill_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+    }
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The batch bucket of `n` sequences.
+pub fn bucket(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Generate(msg.into())
+}
+
+/// The names of the batch and sequence dims of the model's `input_ids`.
+fn token_dims(model: &ModelProto) -> Result<(String, String), Error> {
+    let g = crate::import(model, &ImportOptions::default())?;
+    let names: Vec<&str> = g.inputs().iter().map(|&v| g.value(v).name.as_str()).collect();
+    let v = g
+        .inputs()
+        .iter()
+        .copied()
+        .find(|&v| g.value(v).name == decoder::INPUT_IDS)
+        .ok_or_else(|| err(format!("the model has no input 'input_ids': expected a decoder-only model with inputs input_ids and position_ids [batch, seq] (its inputs: {})", names.join(", "))))?;
+    match g.value(v).ty.shape.as_slice() {
+        [Dim::Sym(b), Dim::Sym(s)] => Ok((g.syms.name(*b).to_string(), g.syms.name(*s).to_string())),
+        s => Err(err(format!(
+            "input 'input_ids' has shape {}: expected symbolic [batch, seq] dims, so that prefill and decode steps can take their own sizes",
+            g.syms.display_shape(s)
+        ))),
+    }
+}
+
+/// A graph ready to run on an engine.
+enum Runner {
+    Ref(Graph),
+    /// Any executor (the CPU's today; a CUDA executor is the same type over its back end).
+    Compiled(Box<dyn RunSteps>),
+}
+
+/// What the driver needs of a compiled executor: run on inputs in graph-input order.
+trait RunSteps {
+    fn run_steps(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error>;
+}
+
+impl<B: crate::exec::Backend> RunSteps for crate::exec::Executor<B> {
+    fn run_steps(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
+        self.run(inputs)
+    }
+}
+
+/// One rewritten graph (prefill or decode step) and how it runs.
+struct Stage {
+    dec: PagedDecoder,
+    runner: Runner,
+}
+
+impl Stage {
+    /// The model imported with `rows` sequences of `tokens` new tokens and rewritten over the
+    /// paged cache (not compiled yet: see [`Stage::load`]).
+    fn rewrite(model: &ModelProto, dims: &(String, String), rows: usize, tokens: usize, cache: CacheShape) -> Result<PagedDecoder, Error> {
+        let dim_values = HashMap::from([(dims.0.clone(), rows), (dims.1.clone(), tokens)]);
+        let g = crate::import(model, &ImportOptions { dim_values, ..Default::default() })?;
+        decoder::paged_decoder(&g, rows, tokens, cache).map_err(err)
+    }
+
+    /// Readies a rewritten graph on the engine (compiles it for the CPU).
+    fn load(dec: PagedDecoder, engine: &Engine) -> Result<Stage, Error> {
+        let runner = match engine {
+            Engine::Ref => Runner::Ref(dec.graph.clone()),
+            Engine::Cpu(o) => Runner::Compiled(Box::new(compiled::compile(&dec.graph, o)?)),
+        };
+        Ok(Stage { dec, runner })
+    }
+
+    /// Runs on inputs by name; returns the logits and the updated caches.
+    fn run(&mut self, mut inputs: HashMap<String, Tensor>) -> Result<(Tensor, Vec<Tensor>), Error> {
+        let g = &self.dec.graph;
+        let mut ordered = Vec::with_capacity(g.inputs().len());
+        for &v in g.inputs() {
+            let name = &g.value(v).name;
+            ordered.push(inputs.remove(name).ok_or_else(|| err(format!("input '{name}' of the step is missing")))?);
+        }
+        let mut outs = match &mut self.runner {
+            Runner::Ref(g) => tilec_ref::run(g, ordered)?,
+            Runner::Compiled(c) => c.run_steps(&ordered)?,
+        };
+        if outs.is_empty() {
+            return Err(err("the step returned no logits"));
+        }
+        let logits = outs.remove(0);
+        Ok((logits, outs))
+    }
+}
+
+/// Checks the prompts: at least one, none empty, every id in `[0, vocab)`.
+fn check_prompts(prompts: &[Vec<i64>], vocab: usize) -> Result<(), Error> {
+    if prompts.is_empty() {
+        return Err(err("no prompt given: expected at least one prompt of token ids"));
+    }
+    for (i, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(err(format!("prompt {i} is empty: expected at least one token id")));
+        }
+        if let Some(&t) = p.iter().find(|&&t| t < 0 || t as u64 >= vocab as u64) {
+            return Err(err(format!("prompt {i}: token id {t} is out of range: the model's vocabulary has ids 0 to {}", vocab.saturating_sub(1))));
+        }
+    }
+    Ok(())
+}
+
+fn i64_tensor(shape: Vec<usize>, v: Vec<i64>) -> Result<Tensor, Error> {
+    Tensor::from_vec(shape, v).map_err(|e| err(e.to_string()))
+}
+
+fn i32_tensor(shape: Vec<usize>, v: Vec<i64>) -> Result<Tensor, Error> {
+    let v: Vec<i32> = v.iter().map(|&x| x.clamp(i32::MIN as i64, i32::MAX as i64) as i32).collect();
+    Tensor::from_vec(shape, v).map_err(|e| err(e.to_string()))
+}
+
+/// Row `r`, token `t` of logits `[rows, T, vocab]` as f32.
+fn logits_row(logits: &Tensor, r: usize, t: usize) -> Result<Vec<f32>, Error> {
+    let s = logits.shape();
+    if s.len() != 3 || r >= s[0] || t >= s[1] {
+        return Err(err(format!("logits have shape {s:?}: expected [rows, tokens, vocab] with row {r}, token {t}")));
+    }
+    let all = logits.cast(DType::F32);
+    let at = (r * s[1] + t) * s[2];
+    all.as_slice::<f32>()
+        .and_then(|v| v.get(at..at + s[2]))
+        .map(|x| x.to_vec())
+        .ok_or_else(|| err(format!("logits {s:?}: row {r}, token {t} cannot be read")))
+}
+
+/// Generates `opts.max_new_tokens` tokens for every prompt.
+pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions) -> Result<Generation, Error> {
+    opts.sampling.check().map_err(err)?;
+    if opts.max_new_tokens == 0 {
+        return Err(err("max new tokens must be at least 1"));
+    }
+    if opts.block_size == 0 {
+        return Err(err("block size must be at least 1"));
+    }
+    if prompts.is_empty() {
+        return Err(err("no prompt given: expected at least one prompt of token ids"));
+    }
+    if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+        return Err(err(format!("prompt {i} is empty: expected at least one token id")));
+    }
+    let t0 = Instant::now();
+    let dims = token_dims(model)?;
+    let n = prompts.len();
+    let rows = bucket(n);
+    let bs = opts.block_size;
+    let tp = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+    // Positions each sequence ever writes: its padded prompt, then its new tokens.
+    let need: Vec<usize> = prompts.iter().map(|p| tp.max(p.len() + opts.max_new_tokens)).collect();
+    let max_blocks = need.iter().map(|&x| x.div_ceil(bs)).max().unwrap_or(1).max(tp.div_ceil(bs));
+    let blocks = 1 + need.iter().map(|&x| x.div_ceil(bs)).sum::<usize>();
+    let shape = CacheShape { blocks, block_size: bs, max_blocks };
+    let prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
+    check_prompts(prompts, prefill.vocab)?;
+    let step = if opts.max_new_tokens > 1 { Some(Stage::rewrite(model, &dims, rows, 1, shape)?) } else { None };
+    let mut prefill = Stage::load(prefill, &opts.engine)?;
+    // The decode steps' stages by bucket, the prefill's bucket first.
+    let mut stages: Vec<(usize, Stage)> = step.map(|s| Stage::load(s, &opts.engine)).transpose()?.map(|s| (rows, s)).into_iter().collect();
+    let mut compile = t0.elapsed();
+
+    let mut pool = BlockPool::new(blocks, bs, n).map_err(err)?;
+    let g = &prefill.dec.graph;
+    let dt = g.inputs().iter().map(|&v| g.value(v)).find(|v| v.name == decoder::k_cache_name(0)).map_or(DType::F32, |v| v.ty.dtype);
+    let mut caches: Vec<Tensor> = vec![];
+    for l in &prefill.dec.layers {
+        caches.push(Tensor::try_zeros(dt, vec![blocks, bs, l.kv_heads, l.head_dim]).map_err(err)?);
+        caches.push(Tensor::try_zeros(dt, vec![blocks, bs, l.kv_heads, l.v_head_dim]).map_err(err)?);
+    }
+    let cache_inputs = |caches: Vec<Tensor>, m: &mut HashMap<String, Tensor>| {
+        for (i, c) in caches.into_iter().enumerate() {
+            let name = if i % 2 == 0 { decoder::k_cache_name(i / 2) } else { decoder::v_cache_name(i / 2) };
+            m.insert(name, c);
+        }
+    };
+
+    // Prefill.
+    let t1 = Instant::now();
+    let mut ids = vec![0i64; rows * tp];
+    for (b, p) in prompts.iter().enumerate() {
+        ids[b * tp..b * tp + p.len()].copy_from_slice(p);
+        pool.reserve(b, tp).map_err(err)?;
+    }
+    let pos: Vec<i64> = (0..rows).flat_map(|_| 0..tp as i64).collect();
+    let mut m = HashMap::from([
+        (decoder::INPUT_IDS.to_string(), i64_tensor(vec![rows, tp], ids)?),
+        (decoder::POSITION_IDS.to_string(), i64_tensor(vec![rows, tp], pos)?),
+        (decoder::BLOCK_TABLE.to_string(), pool.block_table(&(0..n).collect::<Vec<_>>(), rows, max_blocks).map_err(err)?),
+        (decoder::PAST_LENS.to_string(), i32_tensor(vec![rows], vec![0; rows])?),
+    ]);
+    cache_inputs(std::mem::take(&mut caches), &mut m);
+    let (logits, c) = prefill.run(m)?;
+    caches = c;
+    let mut rng = Rng::new(opts.sampling.seed);
+    let mut out: Vec<Vec<i64>> = vec![vec![]; n];
+    for (b, p) in prompts.iter().enumerate() {
+        let row = logits_row(&logits, b, p.len() - 1)?;
+        out[b].push(sample::sample(&row, &opts.sampling, &mut rng) as i64);
+    }
+    let prefill_time = t1.elapsed();
+
+    // Decode steps, over the sequences still running, in the bucket of their number.
+    let t2 = Instant::now();
+    let mut in_loop = Duration::ZERO;
+    let (mut steps, mut decode_tokens) = (0, 0);
+    let mut decode_buckets = vec![];
+    let stops = |t: i64| opts.eos == Some(t);
+    let mut done: Vec<bool> = out.iter().map(|o| stops(o[0])).collect();
+    for (b, _) in done.iter().enumerate().filter(|(_, d)| **d) {
+        pool.release(b);
+    }
+    for i in 1..opts.max_new_tokens {
+        let active: Vec<usize> = (0..n).filter(|&b| !done[b]).collect();
+        if active.is_empty() {
+            break;
+        }
+        let r = bucket(active.len());
+        let k = match stages.iter().position(|(b, _)| *b == r) {
+            Some(k) => k,
+            None => {
+                let tc = Instant::now();
+                let s = Stage::load(Stage::rewrite(model, &dims, r, 1, shape)?, &opts.engine)?;
+                stages.push((r, s));
+                in_loop += tc.elapsed();
+                stages.len() - 1
+            }
+        };
+        if !decode_buckets.contains(&r) {
+            decode_buckets.push(r);
+        }
+        // Row j feeds sequence active[j]'s last token at position len + i - 1.
+        let mut ids = vec![0i64; r];
+        let mut pos = vec![0i64; r];
+        for (j, &b) in active.iter().enumerate() {
+            ids[j] = out[b][i - 1];
+            pos[j] = (prompts[b].len() + i - 1) as i64;
+            pool.reserve(b, prompts[b].len() + i).map_err(err)?;
+        }
+        let mut m = HashMap::from([
+            (decoder::INPUT_IDS.to_string(), i64_tensor(vec![r, 1], ids)?),
+            (decoder::POSITION_IDS.to_string(), i64_tensor(vec![r, 1], pos.clone())?),
+            (decoder::BLOCK_TABLE.to_string(), pool.block_table(&active, r, max_blocks).map_err(err)?),
+            (decoder::PAST_LENS.to_string(), i32_tensor(vec![r], pos)?),
+        ]);
+        cache_inputs(std::mem::take(&mut caches), &mut m);
+        let (logits, c) = stages[k].1.run(m)?;
+        caches = c;
+        for (j, &b) in active.iter().enumerate() {
+            let row = logits_row(&logits, j, 0)?;
+            let t = sample::sample(&row, &opts.sampling, &mut rng) as i64;
+            out[b].push(t);
+            if stops(t) {
+                done[b] = true;
+                pool.release(b);
+            }
+        }
+        steps += 1;
+        decode_tokens += active.len();
+    }
+    let decode = t2.elapsed().saturating_sub(in_loop);
+    compile += in_loop;
+    for b in 0..n {
+        pool.release(b);
+    }
+    Ok(Generation {
+        tokens: out,
+        compile,
+        prefill: prefill_time,
+        decode,
+        prefill_tokens: prompts.iter().map(|p| p.len()).sum(),
+        decode_tokens,
+        steps,
+        bucket: rows,
+        decode_buckets,
+        blocks,
+        block_size: bs,
+        had_past: prefill.dec.had_past,
+    })
+}
