@@ -22,6 +22,7 @@ pub mod compiled;
 pub mod compiled_cuda;
 pub mod exec;
 pub mod cuda_families;
+pub mod session;
 pub mod tensor_io;
 pub mod tune;
 
