@@ -26,9 +26,10 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _tensor_arg(x):
+def _tensor_arg(x, dtype):
     """A dense tensor DLPack can export: NumPy arrays and PyTorch tensors as they are when
-    already contiguous (no copy), anything else through `numpy.asarray`."""
+    already contiguous (no copy), anything else (lists, scalars) through `numpy.asarray` with
+    the input's declared `dtype`."""
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous or not x.flags.writeable:
             # DLPack (legacy capsules) cannot export read-only arrays.
@@ -39,7 +40,10 @@ def _tensor_arg(x):
         if x.requires_grad:
             x = x.detach()
         return x if x.is_contiguous() else x.contiguous()
-    return np.ascontiguousarray(np.asarray(x))
+    try:
+        return np.ascontiguousarray(np.asarray(x, dtype=dtype))
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"cannot read {type(x).__name__} as a {dtype} tensor: {e}") from None
 
 
 def _alloc_numpy(spec):
@@ -66,6 +70,8 @@ class CompiledModel:
         self.input_names = session.input_names
         self.output_names = session.output_names
         self._index = {n: i for i, n in enumerate(self.input_names)}
+        # NumPy's name of each input's dtype (None where NumPy has none, e.g. bfloat16).
+        self._dtypes = [d if d != "bfloat16" and not d.startswith("float8") else None for _, d, _ in session.input_types]
 
     @property
     def input_types(self):
@@ -94,11 +100,11 @@ class CompiledModel:
                 raise InvalidInputError(
                     f"input {missing[0]!r} is missing (the model's inputs: {', '.join(self.input_names)})"
                 )
-            return [_tensor_arg(inputs[n]) for n in self.input_names]
+            return [_tensor_arg(inputs[n], d) for n, d in zip(self.input_names, self._dtypes)]
         if isinstance(inputs, (list, tuple)):
-            return [_tensor_arg(x) for x in inputs]
+            return [_tensor_arg(x, d) for x, d in zip(inputs, self._dtypes + [None] * len(inputs))]
         if len(self.input_names) == 1:
-            return [_tensor_arg(inputs)]
+            return [_tensor_arg(inputs, self._dtypes[0])]
         raise InvalidInputError(
             f"inputs: expected a dict by name or a list in input order ({', '.join(self.input_names)})"
         )

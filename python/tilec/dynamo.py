@@ -15,15 +15,19 @@ Options, as for Inductor: ``torch.compile(m, backend="tilec", options={...})`` w
 `tilec.compile` (``opt_level``, ``threads``, ...).
 """
 
+import logging
 import re
 import warnings
 
 import torch
 
-from ._model import compile as _compile
+from ._model import _alloc_like, compile as _compile
 from ._tilec import TilecError
 
 _warned = set()
+
+# Graphs compiled by tilec and graphs left to run eagerly, since the process started.
+stats = {"compiled": 0, "eager": 0}
 
 
 def _warn_once(reason):
@@ -38,19 +42,10 @@ def _op_of(err):
     return m.group(1) if m else None
 
 
-def _source_name(node):
-    ga = node.meta.get("grapharg")
-    src = getattr(ga, "source", None)
-    try:
-        return src.name if isinstance(getattr(src, "name", None), str) else src.name()
-    except Exception:
-        return ""
-
-
-def _is_state(node):
-    """Whether a placeholder is a module's parameter or buffer (lifted to an input by Dynamo)."""
-    name = _source_name(node) or ""
-    return "_parameters[" in name or "_buffers[" in name
+def _is_state(node, x):
+    """Whether a placeholder is a module's parameter or buffer, which Dynamo lifts to graph
+    inputs named after their source (`L_self_modules_bn_buffers_running_mean_`)."""
+    return isinstance(x, torch.nn.Parameter) or re.search(r"_(parameters|buffers)_", str(node.target)) is not None
 
 
 class _Exported(torch.nn.Module):
@@ -87,7 +82,7 @@ def _plan(gm, example_inputs, freeze):
     for pos, (node, x) in enumerate(zip(placeholders, example_inputs)):
         val = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(x, torch.Tensor):
-            if freeze and (_is_state(node) or isinstance(x, torch.nn.Parameter)):
+            if freeze and _is_state(node, x):
                 name = f"c{len(consts)}"
                 consts[name] = x.detach()
                 plan.append(("const", name))
@@ -133,15 +128,21 @@ def _to_onnx(gm, example_inputs, freeze):
                 names[key] = torch.export.Dim(f"s{len(names)}", min=1)
             spec[d] = names[key]
         shapes.append(spec or None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prog = torch.onnx.export(
-            module,
-            tuple(args),
-            dynamo=True,
-            dynamic_shapes=tuple(shapes) if names else None,
-            verbose=False,
-        )
+    quiet = logging.getLogger("torch.onnx")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the exporter's notes (optional torchvision ops, ...)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(
+                module,
+                tuple(args),
+                dynamo=True,
+                dynamic_shapes=(tuple(shapes),) if names else None,  # forward(*args)
+                verbose=False,
+            )
+    finally:
+        quiet.setLevel(level)
     return prog.model_proto.SerializeToString(), positions
 
 
@@ -178,31 +179,43 @@ def _compile_graph(gm, example_inputs, options):
 
 
 def tilec_backend(gm, example_inputs, options=None, mode=None, **_):
-    """The Dynamo backend: compiles `gm` with tilec, or returns it to run eagerly."""
-    try:
-        model, keep, as_list = _compile_graph(gm, example_inputs, options)
-    except _Fallback as e:
-        _warn_once(str(e))
-        return gm.forward
-    session = model._s
-    from ._model import _alloc_like
+    """The Dynamo backend. Compiling happens on the first call, outside Dynamo's tracing (the
+    exporter traces the graph again with its own shape environment), with the call's real
+    tensors; that build serves every later call of this guard set, or the graph runs eagerly
+    if tilec cannot take it."""
+    state = {}
+
+    def first(args):
+        try:
+            model, keep, as_list = _compile_graph(gm, list(args), options)
+        except _Fallback as e:
+            _warn_once(str(e))
+            state["eager"] = True
+            stats["eager"] += 1
+            return
+        stats["compiled"] += 1
+        state.update(session=model._s, keep=keep, as_list=as_list, model=model)
 
     def run(*args):
+        if not state:
+            first(args)
+        if "eager" in state:
+            return gm.forward(*args)
         xs = []
-        for k in keep:
+        for k in state["keep"]:
             x = args[k]
             if x.requires_grad:
                 x = x.detach()
             xs.append(x if x.is_contiguous() else x.contiguous())
         device = xs[0].device if xs else torch.device("cpu")
         try:
-            outs = session.run(xs, _alloc_like(device))
+            outs = state["session"].run(xs, _alloc_like(device))
         except TilecError as e:
             _warn_once(f"running the compiled graph failed ({str(e)[:200]})")
             return gm.forward(*args)
-        return outs if as_list else tuple(outs)
+        return outs if state["as_list"] else tuple(outs)
 
-    run.tilec_model = model
+    run.tilec_state = state
     return run
 
 
