@@ -157,5 +157,8 @@ def compile(model, target="cpu", dims=None, dtype=None, **options):
     if dims is not None and not isinstance(dims, dict):
         raise InvalidInputError("dims: expected a dict of dimension name to size")
     if dtype is not None and not isinstance(dtype, str):
-        dtype = str(dtype).replace("torch.", "")
+        try:
+            dtype = np.dtype(dtype).name  # numpy.float16
+        except TypeError:
+            dtype = str(dtype).replace("torch.", "")  # torch.bfloat16
     return CompiledModel(Session(_model_arg(model), target, dims, dtype, **options))
