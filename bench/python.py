@@ -10,7 +10,7 @@ Run from the repository root after scripts/test-python.sh (which builds the pack
 
 Writes bench/results/python-YYYY-MM-DD.json and .md. Every peer runs with the same number of
 threads (--threads, default 2), on the same inputs, timed the same way: warm-up calls, then
-the median of N timed calls from Python. Each model is a PyTorch module; Inductor compiles it
+the median of N timed calls from Python, the peers interleaved in rounds. Each model is a PyTorch module; Inductor compiles it
 directly, tilec and onnxruntime get its ONNX export (the dynamo exporter), and
 torch.compile(backend="tilec") is timed too. Outputs are checked against eager PyTorch.
 """
@@ -88,40 +88,63 @@ def models(torch):
 
 
 def to_onnx(torch, module, args) -> bytes:
+    import logging
+
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prog = torch.onnx.export(module, args, dynamo=True, verbose=False)
     return prog.model_proto.SerializeToString()
 
 
+BLOCK = 5
+
+
+def interleaved(fns: dict, runs: int, warmup: int) -> dict:
+    """Median milliseconds of `runs` calls of each callable, timed in rounds of `BLOCK` calls of
+    each peer, every block after `warmup` untimed calls: a change in the machine's load weighs
+    on every peer alike, and one peer's idle threads (PyTorch, onnxruntime and tilec each have
+    their own pool) have settled before the next peer's timed calls."""
+    ts = {k: [] for k in fns}
+    for _ in range(max(1, runs // BLOCK)):
+        for k, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            for _ in range(BLOCK):
+                t = time.perf_counter()
+                fn()
+                ts[k].append((time.perf_counter() - t) * 1e3)
+    return {k: statistics.median(v) for k, v in ts.items()}
+
+
 def bench_model(torch, tilec, ort, name, module, args, a) -> dict:
+    """Compiles the model with every peer (compile times and errors against eager recorded),
+    then times them interleaved."""
     rec = {"model": name}
+    fns = {}
     with torch.no_grad():
         want = module(*args)
-        rec["eager_ms"] = timed(lambda: module(*args), a.runs, a.warmup)
+        fns["eager"] = lambda: module(*args)
         onnx_bytes = to_onnx(torch, module, args)
         feeds = [x.numpy() for x in args]
 
         t = time.perf_counter()
         m = tilec.compile(onnx_bytes, threads=a.threads)
-        m.run(feeds)
-        rec["tilec_compile_s"] = time.perf_counter() - t
         (got,) = m.run(feeds)
+        rec["tilec_compile_s"] = time.perf_counter() - t
         rec["tilec_max_abs_err"] = float(np.abs(got - want.numpy()).max())
-        rec["tilec_ms"] = timed(lambda: m.run(feeds), a.runs, a.warmup)
+        fns["tilec"] = lambda: m.run(feeds)
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = a.threads
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         s = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
-        names = [i.name for i in s.get_inputs()]
-        ort_feeds = dict(zip(names, feeds))
+        ort_feeds = dict(zip([i.name for i in s.get_inputs()], feeds))
         (got,) = s.run(None, ort_feeds)
         rec["ort_max_abs_err"] = float(np.abs(got - want.numpy()).max())
-        rec["ort_ms"] = timed(lambda: s.run(None, ort_feeds), a.runs, a.warmup)
+        fns["ort"] = lambda: s.run(None, ort_feeds)
 
         for backend in ("inductor", "tilec"):
-            torch._dynamo.reset()
             c = torch.compile(module, backend=backend)
             t = time.perf_counter()
             try:
@@ -131,7 +154,10 @@ def bench_model(torch, tilec, ort, name, module, args, a) -> dict:
                 continue
             rec[f"torch_{backend}_compile_s"] = time.perf_counter() - t
             rec[f"torch_{backend}_max_abs_err"] = float((got - want).abs().max())
-            rec[f"torch_{backend}_ms"] = timed(lambda: c(*args), a.runs, a.warmup)
+            fns[f"torch_{backend}"] = lambda c=c: c(*args)
+
+        for k, ms in interleaved(fns, a.runs, a.warmup).items():
+            rec[f"{k}_ms"] = ms
     return rec
 
 
@@ -164,18 +190,22 @@ def overhead(tilec, a) -> list[dict]:
             m = tilec.compile(path, threads=a.threads)
             m.run(feeds)
             runs = max(a.runs, 2000) if "tiny" in name else a.runs
-            py_ms = timed(lambda: m.run(feeds), runs, a.warmup)
             args = [str(ROOT / "target" / "release" / "tilec"), "run", str(path), "--threads", str(a.threads),
                     "--bench", str(runs), "--json"]
             for k, v in feeds.items():
                 np.save(Path(d) / f"{k}.npy", v)
                 args += ["--input", f"{k}={Path(d) / f'{k}.npy'}"]
-            r = subprocess.run(args, capture_output=True, text=True)
-            cli_ms = None
-            try:
-                cli_ms = json.loads(r.stdout.strip().splitlines()[-1])["median_ms"]
-            except (ValueError, KeyError, IndexError):
-                pass
+            # Alternated three times (the median of each side's medians), as the load drifts.
+            py, cli = [], []
+            for _ in range(3):
+                py.append(timed(lambda: m.run(feeds), runs, a.warmup))
+                r = subprocess.run(args, capture_output=True, text=True)
+                try:
+                    cli.append(json.loads(r.stdout.strip().splitlines()[-1])["median_ms"])
+                except (ValueError, KeyError, IndexError):
+                    pass
+            py_ms = statistics.median(py)
+            cli_ms = statistics.median(cli) if cli else None
             out.append({
                 "model": name, "python_run_ms": py_ms, "cli_ms": cli_ms,
                 "overhead_us": None if cli_ms is None else (py_ms - cli_ms) * 1e3, "runs": runs,
@@ -210,8 +240,9 @@ def markdown(res: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['os']}; Python {m['python']}, torch {m['torch']}, "
         f"onnxruntime {m['onnxruntime']}, tilec {m['tilec']}; load average at the start {m['load_average_at_start']}. "
-        f"All peers measured in this run with {res['threads']} threads; median of {res['runs']} calls after "
-        f"{res['warmup']} warm-up calls, from Python.",
+        f"All peers measured in this run with {res['threads']} threads, from Python: median of {res['runs']} calls "
+        f"in rounds: each round times {BLOCK} calls of each peer after {res['warmup']} untimed ones, so that "
+        f"load from other processes weighs on all alike.",
         "",
         "## Model latency (ms)",
         "",
@@ -254,6 +285,7 @@ def main() -> int:
     res = {"date": dt.date.today().isoformat(), "threads": a.threads, "runs": a.runs, "warmup": a.warmup,
            "machine": machine(torch, ort, tilec), "models": [], "overhead": overhead(tilec, a)}
     print(json.dumps(res["overhead"]), flush=True)
+    torch._dynamo.reset()
     for name, module, args in models(torch):
         rec = bench_model(torch, tilec, ort, name, module, args, a)
         print(json.dumps(rec), flush=True)

@@ -42,6 +42,15 @@ def _op_of(err):
     return m.group(1) if m else None
 
 
+def _export_cause(err):
+    """The cause of an ONNX export failure in one line: the exporter's "Exception summary"
+    (`<class 'X'>: message`) when it has one, else the first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    m = re.search(r"<class '([\w.]+)'>: (.+)", text)
+    line = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}" if m else (text.strip().splitlines() or [type(err).__name__])[0]
+    return line[:240]
+
+
 def _is_state(node, x):
     """Whether a placeholder is a module's parameter or buffer, which Dynamo lifts to graph
     inputs named after their source (`L_self_modules_bn_buffers_running_mean_`)."""
@@ -163,9 +172,8 @@ def _compile_graph(gm, example_inputs, options):
         onnx_bytes, keep = _to_onnx(gm, example_inputs, freeze)
     except _Fallback:
         raise
-    except Exception as e:  # the exporter's errors are many and long: the first line says it
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise _Fallback(f"the ONNX export failed: {first[:200]}") from None
+    except Exception as e:  # the exporter's errors are many and long: keep the cause
+        raise _Fallback(f"the ONNX export failed: {_export_cause(e)}") from None
     try:
         model = _compile(onnx_bytes, target=target, dtype=dtype, **opts)
     except TilecError as e:

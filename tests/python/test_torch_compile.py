@@ -171,6 +171,20 @@ def test_unsupported_op_falls_back_with_one_warning_naming_it():
     assert tilec.dynamo.stats["eager"] == eager_before + 1
 
 
+def test_export_failure_falls_back_with_the_cause():
+    def f(x):
+        return torch.erfinv(x.clamp(-0.5, 0.5))  # no ONNX function in the exporter
+
+    c = torch.compile(f, backend="tilec")
+    tilec.dynamo._warned.clear()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(c(x), f(x))
+    (msg,) = [str(m.message) for m in w if "tilec" in str(m.message)]
+    assert msg.startswith("tilec: the ONNX export failed: ") and "erf_inv" in msg
+
+
 def test_training_graph_runs_eagerly_with_gradients():
     m = nn.Linear(4, 3)
     c = torch.compile(m, backend="tilec")
