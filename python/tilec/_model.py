@@ -128,9 +128,10 @@ class CompiledModel:
         run's (a model without symbolic dimensions needs neither)."""
         return self._s.explain(None if inputs is None else self._ordered(inputs))
 
-    def profile(self, inputs, reps=5):
-        """Runs `inputs` `reps` times kernel by kernel and returns the per-kernel time table."""
-        return self._s.profile(self._ordered(inputs), reps)
+    def profile(self, inputs=None, reps=5):
+        """Runs `inputs` (else zeros shaped as the last run's inputs) `reps` times kernel by
+        kernel and returns the per-kernel time table."""
+        return self._s.profile(None if inputs is None else self._ordered(inputs), reps)
 
     def __repr__(self):
         return f"CompiledModel(inputs={self.input_names}, outputs={self.output_names})"

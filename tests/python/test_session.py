@@ -115,12 +115,15 @@ def test_explain_and_profile():
     x = np.zeros((1, 8), np.int64)
     with pytest.raises(tilec.InvalidInputError, match="symbolic dimensions"):
         m.explain()
+    with pytest.raises(tilec.InvalidInputError, match="run the model first"):
+        m.profile()
     text = m.explain({"input_ids": x})
     assert "kernels (" in text and "gemm" in text
     table = m.profile({"input_ids": x}, reps=2)
     assert "kernel" in table and "calls" in table and "gemm" in table
     m.run([x])
     assert "kernels (" in m.explain()
+    assert "gemm" in m.profile(reps=1)  # zeros shaped as the last run's inputs
 
 
 def test_bf16_runs_close_to_f32():

@@ -107,6 +107,26 @@ impl Session {
             Ok((b, types))
         })
     }
+
+    /// Copies host inputs (a list as for `run`, checked against the model) into tensors.
+    fn host_tensors(&self, py: Python<'_>, inputs: &Bound<'_, PyList>) -> PyResult<Vec<Tensor>> {
+        let ins = self.borrow_inputs(inputs)?;
+        let raws: Vec<RawTensor> = ins.iter().map(|b| b.raw.clone()).collect();
+        self.prepare(py, &raws)?;
+        let mut ts = Vec::with_capacity(ins.len());
+        for (b, io) in ins.iter().zip(&self.inputs) {
+            let r = &b.raw;
+            if r.memory != tilec::exec::Memory::Host {
+                return Err(invalid(format!("input '{}': profile() takes host tensors", io.name)));
+            }
+            // The shape matched the compiled one (prepare), so the size cannot overflow.
+            let n = r.shape.iter().product::<usize>() * r.dtype.size_bytes();
+            // SAFETY: the capsule in `b` keeps `n` bytes alive at `addr` (a dense tensor).
+            let bytes = unsafe { std::slice::from_raw_parts(r.addr as *const u8, n) };
+            ts.push(Tensor::from_le_bytes(r.dtype, r.shape.clone(), bytes).map_err(tilec_err)?);
+        }
+        Ok(ts)
+    }
 }
 
 #[pymethods]
@@ -247,25 +267,20 @@ impl Session {
         })
     }
 
-    /// Runs `inputs` `reps` times kernel by kernel; returns the per-kernel time table.
-    #[pyo3(signature = (inputs, reps=5))]
-    fn profile(&self, py: Python<'_>, inputs: &Bound<'_, PyList>, reps: usize) -> PyResult<String> {
+    /// Runs `inputs` (else zeros shaped as the last run's inputs) `reps` times kernel by
+    /// kernel; returns the per-kernel time table.
+    #[pyo3(signature = (inputs=None, reps=5))]
+    fn profile(&self, py: Python<'_>, inputs: Option<&Bound<'_, PyList>>, reps: usize) -> PyResult<String> {
         guard(|| {
-            let ins = self.borrow_inputs(inputs)?;
-            let raws: Vec<RawTensor> = ins.iter().map(|b| b.raw.clone()).collect();
-            self.prepare(py, &raws)?;
-            let mut ts = Vec::with_capacity(ins.len());
-            for (b, io) in ins.iter().zip(&self.inputs) {
-                let r = &b.raw;
-                if r.memory != tilec::exec::Memory::Host {
-                    return Err(invalid(format!("input '{}': profile() takes host tensors", io.name)));
+            let ts = match inputs {
+                Some(l) => self.host_tensors(py, l)?,
+                None => {
+                    let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let b = last.ok_or_else(|| invalid("profile(): give inputs, or run the model first".into()))?;
+                    let types = py.detach(|| lock(&self.inner).0.io_types(&b, true)).map_err(tilec_err)?;
+                    types.into_iter().map(|(d, s)| Tensor::zeros(d, s)).collect()
                 }
-                let n = r.shape.iter().try_fold(r.dtype.size_bytes(), |a, &d| a.checked_mul(d));
-                let n = n.ok_or_else(|| invalid(format!("input '{}': too large", io.name)))?;
-                // SAFETY: the capsule in `b` keeps `n` bytes alive at `addr` (dense tensor).
-                let bytes = unsafe { std::slice::from_raw_parts(r.addr as *const u8, n) };
-                ts.push(Tensor::from_le_bytes(r.dtype, r.shape.clone(), bytes).map_err(tilec_err)?);
-            }
+            };
             py.detach(|| lock(&self.inner).0.profile(&ts, reps)).map_err(tilec_err)
         })
     }

@@ -285,9 +285,14 @@ impl Session {
 
     /// Dtypes and shapes of the outputs of `binding`'s build.
     pub fn output_types(&mut self, binding: &Binding) -> Result<Vec<(DType, Vec<usize>)>, Error> {
+        self.io_types(binding, false)
+    }
+
+    /// Dtypes and shapes of the inputs (`inputs`) or outputs of `binding`'s build.
+    pub fn io_types(&mut self, binding: &Binding, inputs: bool) -> Result<Vec<(DType, Vec<usize>)>, Error> {
         let io = match self.prepare(binding)? {
-            Loaded::Cpu(c) => c.io_types(false),
-            Loaded::Cuda(c) => c.io_types(false),
+            Loaded::Cpu(c) => c.io_types(inputs),
+            Loaded::Cuda(c) => c.io_types(inputs),
         };
         Ok(io.into_iter().map(|(_, d, s)| (d, s)).collect())
     }
