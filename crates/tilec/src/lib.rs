@@ -23,6 +23,7 @@ pub mod compiled_cuda;
 pub mod exec;
 pub mod generate;
 pub mod cuda_families;
+pub mod session;
 pub mod tensor_io;
 pub mod tune;
 

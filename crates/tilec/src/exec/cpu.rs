@@ -12,7 +12,7 @@ use tilec_cpu::families::CpuBuilt;
 use tilec_tile::family::{Decision, Problem, Registry};
 use tilec_tile::{CheckSite, Kernel};
 
-use super::{Backend, Build, Report};
+use super::{Backend, Build, Memory, Report};
 use crate::Error;
 
 /// Builds CPU kernels through the CPU families (`tilec_cpu::families`).
@@ -98,6 +98,16 @@ impl Cpu {
     }
 }
 
+/// The CPU back end reads and writes host memory only.
+fn host_only(mem: Memory) -> Result<(), Error> {
+    match mem {
+        Memory::Host => Ok(()),
+        Memory::Device(d) => Err(Error::Compile(format!(
+            "a tensor in the memory of GPU {d} was given to a model compiled for the CPU (move it to the host, or compile for cuda)"
+        ))),
+    }
+}
+
 /// A kernel bound to its arguments.
 pub enum CpuKernel {
     Plain { func: tilec_cpu::KernelFn, ptrs: Vec<*mut c_void> },
@@ -180,6 +190,22 @@ impl Backend for Cpu {
         let n = shape.iter().product::<usize>() * dtype.size_bytes();
         let bytes = self.arena()?.bytes(offset, n).map_err(|e| Error::Compile(e.to_string()))?;
         Tensor::from_le_bytes(dtype, shape.to_vec(), bytes).map_err(|e| Error::Compile(e.to_string()))
+    }
+
+    unsafe fn write_raw(&self, offset: usize, src: u64, len: usize, mem: Memory) -> Result<(), Error> {
+        host_only(mem)?;
+        let p = self.span(offset, len)?;
+        // SAFETY: the span lies in the arena; the caller vouches for `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, p, len) };
+        Ok(())
+    }
+
+    unsafe fn read_raw(&self, offset: usize, dst: u64, len: usize, mem: Memory) -> Result<(), Error> {
+        host_only(mem)?;
+        let p = self.span(offset, len)?;
+        // SAFETY: as in `write_raw`.
+        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, dst as *mut u8, len) };
+        Ok(())
     }
 
     fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error> {

@@ -12,7 +12,7 @@ use tilec_cuda::families::GpuBuilt;
 use tilec_tile::family::{Decision, Problem, Registry};
 use tilec_tile::{CheckSite, Kernel};
 
-use super::{Backend, Build, Executor, Report};
+use super::{Backend, Build, Executor, Memory, Report};
 use crate::cuda_families::FamilyInfo;
 use crate::Error;
 
@@ -123,6 +123,15 @@ impl Cuda {
         &self.device
     }
 
+    /// Checks that a caller's device buffer lies on this back end's GPU.
+    fn same_device(&self, ordinal: usize) -> Result<(), Error> {
+        let ours = self.device.props().ordinal;
+        if ordinal != ours {
+            return Err(Error::Compile(format!("a tensor on GPU {ordinal} was given to a model compiled for GPU {ours}")));
+        }
+        Ok(())
+    }
+
     fn arena(&self) -> Result<&DeviceBuffer, Error> {
         self.arena.as_ref().ok_or_else(|| Error::Compile("the device arena is not allocated".into()))
     }
@@ -195,6 +204,45 @@ impl Backend for Cuda {
 
     fn read(&self, offset: usize, dtype: DType, shape: &[usize]) -> Result<Tensor, Error> {
         self.arena()?.download(offset, dtype, shape).map_err(cuda_err("downloading a value"))
+    }
+
+    unsafe fn write_raw(&self, offset: usize, src: u64, len: usize, mem: Memory) -> Result<(), Error> {
+        let a = self.arena()?;
+        match mem {
+            Memory::Host => {
+                // SAFETY: the caller vouches for `src`.
+                let b = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+                a.write(offset, b).map_err(cuda_err("uploading an input"))
+            }
+            Memory::Device(d) => {
+                self.same_device(d)?;
+                if offset.checked_add(len).is_none_or(|e| e > a.len()) {
+                    return Err(Error::Compile(format!("{len} bytes at {offset} lie outside the arena")));
+                }
+                tilec_cuda::driver::copy_dtod(&self.stream, a.ptr() + offset as u64, src, len)
+                    .map_err(cuda_err("copying an input on the device"))
+            }
+        }
+    }
+
+    unsafe fn read_raw(&self, offset: usize, dst: u64, len: usize, mem: Memory) -> Result<(), Error> {
+        let a = self.arena()?;
+        match mem {
+            Memory::Host => {
+                self.stream.synchronize().map_err(cuda_err("synchronizing"))?;
+                // SAFETY: the caller vouches for `dst`.
+                let b = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+                a.read(offset, b).map_err(cuda_err("downloading an output"))
+            }
+            Memory::Device(d) => {
+                self.same_device(d)?;
+                if offset.checked_add(len).is_none_or(|e| e > a.len()) {
+                    return Err(Error::Compile(format!("{len} bytes at {offset} lie outside the arena")));
+                }
+                tilec_cuda::driver::copy_dtod(&self.stream, dst, a.ptr() + offset as u64, len)
+                    .map_err(cuda_err("copying an output on the device"))
+            }
+        }
     }
 
     fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error> {

@@ -26,6 +26,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod paged;
 mod plan;
+mod raw;
 mod steps;
 
 use std::collections::HashMap;
@@ -39,6 +40,7 @@ use tilec_tile::{CheckSite, IndexViolation, STATUS_WORDS};
 
 use crate::Error;
 
+pub use raw::{Memory, RawTensor};
 pub use steps::{prepare, Prepared, ProblemSpec};
 
 /// Bytes of one checking step's status words: every kernel argument stays 16-byte aligned.
@@ -117,6 +119,20 @@ pub trait Backend {
 
     /// Reads a tensor of `dtype` and `shape` from the arena at `offset`.
     fn read(&self, offset: usize, dtype: tilec_ir::DType, shape: &[usize]) -> Result<Tensor, Error>;
+
+    /// Copies `len` bytes of caller memory at address `src` (in `mem`) into the arena at
+    /// `offset` (ordered before the work launched after it).
+    ///
+    /// # Safety
+    /// `src` must be readable for `len` bytes in `mem` until the next [`Backend::sync`].
+    unsafe fn write_raw(&self, offset: usize, src: u64, len: usize, mem: Memory) -> Result<(), Error>;
+
+    /// Copies `len` bytes of the arena at `offset` to caller memory at address `dst` (in `mem`);
+    /// done at the next [`Backend::sync`].
+    ///
+    /// # Safety
+    /// `dst` must be writable for `len` bytes in `mem` until the next [`Backend::sync`].
+    unsafe fn read_raw(&self, offset: usize, dst: u64, len: usize, mem: Memory) -> Result<(), Error>;
 
     /// Fills `len` bytes of the arena at `offset` (queued after the launched work).
     fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error>;
