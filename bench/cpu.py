@@ -314,6 +314,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="benchmark only these models")
     ap.add_argument("--model", nargs="+", default=[], metavar="NAME=DIR",
                     help="extra model directories (model.onnx + test_data_set_0), e.g. from scripts/export-cnn-models.py")
+    ap.add_argument("--zoo", type=Path, nargs="?", const=ROOT / "target" / "zoo", metavar="DIR",
+                    help="every model folder in DIR (default target/zoo, from scripts/gen-zoo-models.py), "
+                         "instead of the light models and transformers")
     ap.add_argument("--sizes", type=int, nargs="+", default=SGEMM_SIZES, help="SGEMM sizes")
     ap.add_argument("--no-tilec", action="store_true", help="skip tilec (reference figures only)")
     ap.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
@@ -333,6 +336,10 @@ def main() -> int:
         "sgemm": [],
     }
     dirs = model_dirs()
+    if args.zoo:
+        if not args.zoo.is_dir():
+            ap.error(f"--zoo: {args.zoo} is not a folder (make it with scripts/gen-zoo-models.py)")
+        dirs = [(d.name, d.resolve()) for d in sorted(args.zoo.iterdir()) if (d / "model.onnx").is_file()]
     for spec in args.model:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
