@@ -77,8 +77,8 @@ pub enum ConvAlgo {
     /// Winograd F(4×4, 3×3) or F(2×2, 3×3) (`winograd.rs`): a 3×3 stride-1 f32 channels-last
     /// convolution with enough channels and tiles; anything else is `Unsupported`.
     Winograd,
-    /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one output channel per
-    /// group, vectorized along the channels in register blocks of output pixels, borders
+    /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one input channel per
+    /// group and up to 8 output channels per group (the channel multiplier), vectorized along the channels in register blocks of output pixels, borders
     /// without bounds checks; anything else is `Unsupported`.
     Depthwise,
 }

@@ -381,7 +381,8 @@ const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 /// Multiply-adds of the region's convolutions channels-last on the CPU, weighted by how much
 /// of the register tiles they fill (output channels per group padded as the CPU gemm tile
 /// pads them: one vector up to 16, three at exactly 48, else whole pairs of vectors; depthwise
-/// convs are direct loops over channels and fill them), and unweighted.
+/// convs, with any channel multiplier, are direct loops over the input channels and fill
+/// them), and unweighted.
 fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
     let (mut aligned, mut total) = (0.0, 0.0);
     for &ni in members {
@@ -392,8 +393,8 @@ fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
         let (Some(w), Some(o)) = (w, o) else { continue };
         let work = (o.iter().product::<usize>() * w[1..].iter().product::<usize>()) as f64;
         let mg = (w[0] / (*group).max(1)).max(1);
-        let padded = if w[1] == 1 && mg == 1 {
-            1
+        let padded = if w[1] == 1 && *group > 1 && mg <= 8 {
+            mg
         } else if mg <= 16 || mg == 48 {
             mg.div_ceil(16) * 16
         } else {
