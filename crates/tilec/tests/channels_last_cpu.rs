@@ -3,7 +3,7 @@
 //! the channels (mean, max, Lp; channel counts that are and are not multiples of the vector
 //! width, one image and several, a fused epilogue), and a squeeze-and-excitation block
 //! (EfficientNet's, with its spatial mean) that the layout pass keeps channels-last with its
-//! depthwise convolution on `cpu.depthwise`.
+//! depthwise convolution on `cpu.depthwise`, its scale moved onto the projection's weights.
 
 use std::collections::HashMap;
 
@@ -24,8 +24,8 @@ fn cache() -> std::path::PathBuf {
 
 /// Compiles `g`, returns the kernels' families, and compares two poisoned runs with the
 /// reference.
-fn check_graph(name: &str, g: &Graph, inputs: &[Tensor]) -> Vec<(String, String)> {
-    let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
+fn check_graph(name: &str, g: &Graph, inputs: &[Tensor]) -> Vec<(String, String, String)> {
+    let opts = CompileOptions { cache_dir: Some(cache()), keep_ir: true, ..Default::default() };
     let mut c = compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
     let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
@@ -41,7 +41,12 @@ fn check_graph(name: &str, g: &Graph, inputs: &[Tensor]) -> Vec<(String, String)
             assert!((a - b).abs() <= 1e-5 + 1e-5 * a.abs(), "{name} run {run}: element {i}: reference {a}, compiled {b}");
         }
     }
-    c.report.decisions.iter().map(|(k, d)| (k.clone(), d.family.to_string())).collect()
+    let ir: HashMap<&String, &String> = c.report.ir.iter().map(|(k, _, ir)| (k, ir)).collect();
+    c.report
+        .decisions
+        .iter()
+        .map(|(k, d)| (k.clone(), d.family.to_string(), ir.get(k).map(|s| s.to_string()).unwrap_or_default()))
+        .collect()
 }
 
 #[test]
@@ -102,11 +107,18 @@ fn squeeze_and_excitation_block_stays_channels_last() {
     g.set_outputs(vec![y]);
     let inputs = vec![random(&[2, cin, hw, hw], &mut rng, -1.0, 1.0)];
     let families = check_graph("mbconv", &g, &inputs);
-    let count = |f: &str| families.iter().filter(|(_, fam)| fam == f).count();
+    let count = |f: &str| families.iter().filter(|(_, fam, _)| fam == f).count();
     assert_eq!(count("cpu.depthwise"), 1, "{families:?}");
-    let pools = families.iter().filter(|(k, _)| k.contains("pool")).count();
-    let reductions = families.iter().filter(|(k, _)| k.contains("reduction")).count();
-    let layout = families.iter().filter(|(k, _)| k.contains("layout") || k.contains("transpose")).count();
+    let pools = families.iter().filter(|(k, _, _)| k.contains("pool")).count();
+    let reductions = families.iter().filter(|(k, _, _)| k.contains("reduction")).count();
+    let layout = families.iter().filter(|(k, _, _)| k.contains("layout") || k.contains("transpose")).count();
     assert_eq!((pools, reductions), (1, 0), "{families:?}");
     assert!(layout <= 2, "{families:?}");
+    // The projection reads the depthwise output in place; the scale multiplies its weights.
+    let scaled_b = families.iter().filter(|(_, _, ir)| {
+        let line = |p: &str| ir.lines().map(str::trim).find(|l| l.starts_with(p)).unwrap_or("").to_string();
+        let (a, b) = (line("A("), line("B("));
+        !a.is_empty() && !a.contains(" * ") && b.contains(" * ")
+    });
+    assert_eq!(scaled_b.count(), 1, "{families:?}");
 }
