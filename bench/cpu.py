@@ -126,7 +126,7 @@ def tail(text: str, limit: int = 400) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-def bench_tilec(tilec: Path, model_dir: Path, inputs, runs: int, timeout_s: float) -> dict:
+def bench_tilec(tilec: Path, model_dir: Path, inputs, runs: int, timeout_s: float, threads: int | None = None) -> dict:
     if not tilec.exists():
         return {"error": f"{tilec} not found (build it: cargo build --release -p tilec)"}
     with tempfile.TemporaryDirectory(prefix="tilec-bench-") as tmp:
@@ -136,6 +136,8 @@ def bench_tilec(tilec: Path, model_dir: Path, inputs, runs: int, timeout_s: floa
             np.save(path, arr)
             cmd += ["--input", f"{name}={path}"]
         cmd += ["--bench", str(runs), "--json"]
+        if threads:
+            cmd += ["--threads", str(threads)]
         try:
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -322,6 +324,7 @@ def main() -> int:
     ap.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
     ap.add_argument("--no-sgemm", action="store_true", help="skip the SGEMM comparison")
     ap.add_argument("--tilec", type=Path, default=ROOT / "target" / "release" / "tilec", help="tilec binary")
+    ap.add_argument("--tilec-threads", type=int, metavar="N", help="tilec's threads (default: tilec's own, all cores)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per tilec command")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="output directory")
     args = ap.parse_args()
@@ -331,7 +334,8 @@ def main() -> int:
     res = {
         "date": date,
         "machine": machine(),
-        "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads, "rounds": args.rounds},
+        "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads,
+                     "tilec_threads": args.tilec_threads, "rounds": args.rounds},
         "models": [],
         "sgemm": [],
     }
@@ -375,7 +379,7 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001
                     rec["ort_error"] = str(e).strip().splitlines()[0][:500] if str(e).strip() else repr(e)
             if not args.no_tilec and "tilec_error" not in rec:
-                t = bench_tilec(args.tilec, d, inputs, runs, args.timeout)
+                t = bench_tilec(args.tilec, d, inputs, runs, args.timeout, args.tilec_threads)
                 if "error" in t:
                     rec["tilec_error"] = t["error"]
                 else:
