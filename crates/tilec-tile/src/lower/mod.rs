@@ -95,12 +95,24 @@ pub enum AttentionAlgo {
     Gemm,
 }
 
+/// How a channels-last global pool becomes a loop nest.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PoolAlgo {
+    /// One output element at a time, its positions in an inner loop (any back end).
+    #[default]
+    PerOutput,
+    /// Per image and block of channels, one accumulator per channel and one pass over the
+    /// positions along the contiguous channels (`pool.rs`; the CPU's vector loops).
+    ChannelBlocks,
+}
+
 /// The algorithms lowering uses for the anchors that have several (the default suits every
 /// back end). Kernel families set them; lowering does not choose.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LowerOptions {
     pub conv: ConvAlgo,
     pub attention: AttentionAlgo,
+    pub pool: PoolAlgo,
 }
 
 /// Lowers one kernel group of a partition.

@@ -258,7 +258,7 @@ pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let r = xs.len();
-    if cl && r >= 3 {
+    if cl && r >= 3 && l.opts().pool == super::super::PoolAlgo::ChannelBlocks {
         return global_pool_channels_last(l, x, out, kind, &xs);
     }
     let d = l.dtype(x);
