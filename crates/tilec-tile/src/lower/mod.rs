@@ -78,8 +78,9 @@ pub enum ConvAlgo {
     /// convolution with enough channels and tiles; anything else is `Unsupported`.
     Winograd,
     /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one input channel per
-    /// group and up to 8 output channels per group (the channel multiplier), vectorized along the channels in register blocks of output pixels, borders
-    /// without bounds checks; anything else is `Unsupported`.
+    /// group and up to 8 output channels per group (the channel multiplier), vectorized
+    /// along the channels in register blocks of output pixels, borders without bounds
+    /// checks; anything else is `Unsupported`.
     Depthwise,
 }
 

@@ -181,8 +181,10 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let we = operand(l, &mut |l| val(l, wt, &wi))?;
     // A channels-last input scaled per channel (a squeeze-and-excitation's `x · s`, s one
     // value per image and channel) is a factor of the depth index alone: on the weights it
-    // costs K × N products per call instead of M × K, and the input is read in place again.
-    let (xe, we) = match (cl && rows >= cols).then(|| depth_factor(&xe, gv.i)).flatten() {
+    // costs K × N products per call instead of M × K, and the CPU GEMM reads the input in
+    // place again (`ConvAlgo::Gemm` is the CPU's choice; other back ends keep the form).
+    let movable = cl && rows >= cols && l.opts().conv == ConvAlgo::Gemm;
+    let (xe, we) = match movable.then(|| depth_factor(&xe, gv.i)).flatten() {
         Some((plain, factor)) => (plain, bin(BinOp::Mul, we, factor)),
         None => (xe, we),
     };
