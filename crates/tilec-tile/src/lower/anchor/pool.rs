@@ -258,7 +258,8 @@ pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let r = xs.len();
-    if cl && r >= 3 && l.opts().pool == super::super::PoolAlgo::ChannelBlocks {
+    // (Empty images or channels: the per-output form, which has nothing to divide.)
+    if cl && r >= 3 && xs[0] > 0 && xs[r - 1] > 0 && l.opts().pool == super::super::PoolAlgo::ChannelBlocks {
         return global_pool_channels_last(l, x, out, kind, &xs);
     }
     let d = l.dtype(x);
