@@ -126,7 +126,7 @@ def tail(text: str, limit: int = 400) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-def bench_tilec(tilec: Path, model_dir: Path, inputs, runs: int, timeout_s: float) -> dict:
+def bench_tilec(tilec: Path, model_dir: Path, inputs, runs: int, timeout_s: float, threads: int | None = None) -> dict:
     if not tilec.exists():
         return {"error": f"{tilec} not found (build it: cargo build --release -p tilec)"}
     with tempfile.TemporaryDirectory(prefix="tilec-bench-") as tmp:
@@ -136,6 +136,8 @@ def bench_tilec(tilec: Path, model_dir: Path, inputs, runs: int, timeout_s: floa
             np.save(path, arr)
             cmd += ["--input", f"{name}={path}"]
         cmd += ["--bench", str(runs), "--json"]
+        if threads:
+            cmd += ["--threads", str(threads)]
         try:
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -314,11 +316,15 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="benchmark only these models")
     ap.add_argument("--model", nargs="+", default=[], metavar="NAME=DIR",
                     help="extra model directories (model.onnx + test_data_set_0), e.g. from scripts/export-cnn-models.py")
+    ap.add_argument("--zoo", type=Path, nargs="?", const=ROOT / "target" / "zoo", metavar="DIR",
+                    help="every model folder in DIR (default target/zoo, from scripts/gen-zoo-models.py), "
+                         "instead of the light models and transformers")
     ap.add_argument("--sizes", type=int, nargs="+", default=SGEMM_SIZES, help="SGEMM sizes")
     ap.add_argument("--no-tilec", action="store_true", help="skip tilec (reference figures only)")
     ap.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
     ap.add_argument("--no-sgemm", action="store_true", help="skip the SGEMM comparison")
     ap.add_argument("--tilec", type=Path, default=ROOT / "target" / "release" / "tilec", help="tilec binary")
+    ap.add_argument("--tilec-threads", type=int, metavar="N", help="tilec's threads (default: tilec's own, all cores)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per tilec command")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="output directory")
     args = ap.parse_args()
@@ -328,11 +334,16 @@ def main() -> int:
     res = {
         "date": date,
         "machine": machine(),
-        "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads, "rounds": args.rounds},
+        "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads,
+                     "tilec_threads": args.tilec_threads, "rounds": args.rounds},
         "models": [],
         "sgemm": [],
     }
     dirs = model_dirs()
+    if args.zoo:
+        if not args.zoo.is_dir():
+            ap.error(f"--zoo: {args.zoo} is not a folder (make it with scripts/gen-zoo-models.py)")
+        dirs = [(d.name, d.resolve()) for d in sorted(args.zoo.iterdir()) if (d / "model.onnx").is_file()]
     for spec in args.model:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
@@ -368,7 +379,7 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001
                     rec["ort_error"] = str(e).strip().splitlines()[0][:500] if str(e).strip() else repr(e)
             if not args.no_tilec and "tilec_error" not in rec:
-                t = bench_tilec(args.tilec, d, inputs, runs, args.timeout)
+                t = bench_tilec(args.tilec, d, inputs, runs, args.timeout, args.tilec_threads)
                 if "error" in t:
                     rec["tilec_error"] = t["error"]
                 else:

@@ -711,3 +711,95 @@ fn thin_channels_last_convs_are_padded_explicitly() {
         "the pad is folded into the conv"
     );
 }
+
+/// A 1x1 convolution `cin → cout` with random weights and bias.
+fn conv1x1(g: &mut Graph, x: ValueId, cin: usize, cout: usize, seed: u64) -> ValueId {
+    let w = random_const(g, DType::F32, &[cout, cin, 1, 1], seed);
+    let b = random_const(g, DType::F32, &[cout], seed + 1);
+    let window = Window { kernel: vec![1, 1], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![0; 4]) };
+    g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[x, w, b]).unwrap()
+}
+
+/// The CPU pipeline on `g`, checked against `g` on random inputs; returns the optimized
+/// graph and its rank-4 transposes.
+fn cpu_pipeline(g: &Graph, seed: u64) -> (Graph, usize) {
+    let mut o = g.clone();
+    Pipeline::for_level_and_target(3, TargetKind::Cpu).run(&mut o, &PipelineOptions::default()).unwrap();
+    verify(&o).unwrap();
+    assert_same(g, &o, seed);
+    let tr4 = o
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Layout(LayoutOp::Transpose { perm }) if perm.len() == 4))
+        .count();
+    (o, tr4)
+}
+
+#[test]
+fn nhwc_regions_carry_squeeze_and_excitation() {
+    // conv → mean over H, W (kept) → 1x1 conv → relu → 1x1 conv → sigmoid → scale → conv,
+    // as EfficientNet's blocks: the mean becomes a channels-last global pool, the whole
+    // block one NHWC region with one transpose in and one out.
+    for kind in [ReduceKind::Mean, ReduceKind::Max] {
+        let mut g = Graph::new("se");
+        let x = input(&mut g, DType::F32, &[2, 32, 9, 7]);
+        let a = conv(&mut g, x, 32, 32, 1);
+        let s = g.add(Op::Reduce(ReduceOp::Reduce { kind, axes: vec![2, 3], keepdims: true }), &[a]).unwrap();
+        let s = conv1x1(&mut g, s, 32, 16, 3);
+        let s = g.add(Op::Unary(UnaryOp::Relu), &[s]).unwrap();
+        let s = conv1x1(&mut g, s, 16, 32, 5);
+        let s = g.add(Op::Unary(UnaryOp::Sigmoid), &[s]).unwrap();
+        let y = g.add(Op::Binary(BinaryOp::Mul), &[a, s]).unwrap();
+        let y = conv(&mut g, y, 32, 32, 7);
+        g.set_outputs(vec![y]);
+        let plan = plan_layout(&g, TargetKind::Cpu);
+        print!("{}", plan.report());
+        assert_eq!((plan.regions.len(), plan.nhwc_regions()), (1, 1), "{kind:?}");
+        assert_eq!(plan.regions[0].pools, 1);
+        let (o, tr4) = cpu_pipeline(&g, 13);
+        let pools = o
+            .nodes()
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Linalg(LinalgOp::GlobalPool { channels_last: true, .. })))
+            .count();
+        let reduces = o.nodes().iter().filter(|n| matches!(n.op, Op::Reduce(_))).count();
+        assert_eq!((pools, reduces, tr4), (1, 0, 2), "{kind:?}");
+    }
+    // A mean over H alone is no global pool: it stays outside, and the region NCHW.
+    let mut g = Graph::new("h-mean");
+    let x = input(&mut g, DType::F32, &[1, 32, 6, 6]);
+    let a = conv(&mut g, x, 32, 32, 1);
+    let s = g.add(Op::Reduce(ReduceOp::Reduce { kind: ReduceKind::Mean, axes: vec![2], keepdims: true }), &[a]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Mul), &[a, s]).unwrap();
+    let y = conv(&mut g, y, 32, 32, 7);
+    g.set_outputs(vec![y]);
+    let plan = plan_layout(&g, TargetKind::Cpu);
+    assert_eq!(plan.nhwc_regions(), 0, "{}", plan.report());
+    cpu_pipeline(&g, 17);
+}
+
+#[test]
+fn nhwc_regions_take_channels_last_mlps_without_transposes() {
+    // ConvNeXt's block: a conv, its output permuted to [N, H, W, C] for a matrix product,
+    // permuted back and added to the residual, then the next conv. The permutations cancel
+    // against the region's boundary transposes: NHWC on the CPU, no transposes inside.
+    let mut g = Graph::new("convnext");
+    let x = input(&mut g, DType::F32, &[1, 32, 7, 6]);
+    let mut h = conv(&mut g, x, 32, 32, 1);
+    for i in 0..3 {
+        let a = conv(&mut g, h, 32, 32, 10 + 2 * i);
+        let t = tr(&mut g, a, &[0, 2, 3, 1]);
+        let w = random_const(&mut g, DType::F32, &[32, 32], 20 + i);
+        let m = g.add(Op::Linalg(LinalgOp::MatMul), &[t, w]).unwrap();
+        let m = g.add(Op::Unary(UnaryOp::Relu), &[m]).unwrap();
+        let b = tr(&mut g, m, &[0, 3, 1, 2]);
+        h = g.add(Op::Binary(BinaryOp::Add), &[h, b]).unwrap();
+    }
+    g.set_outputs(vec![h]);
+    let plan = plan_layout(&g, TargetKind::Cpu);
+    print!("{}", plan.report());
+    assert_eq!(plan.nhwc_regions(), 1, "{}", plan.report());
+    assert_eq!((plan.regions[0].entry_transposes, plan.regions[0].exit_transposes), (1, 1));
+    let (_, tr4) = cpu_pipeline(&g, 19);
+    assert_eq!(tr4, 2, "one transpose in, one out");
+}

@@ -2,7 +2,8 @@
 //! interpreter on fresh random weights and inputs, the arena poisoned before each run: 3×3,
 //! 5×5 and 7×7 kernels, strides 1 and 2, symmetric, asymmetric and no padding, dilation,
 //! images smaller than the window, channel counts that are not a multiple of the vector
-//! width, batches, and the fused epilogues (batch norm, ReLU, ReLU6, SiLU, hardswish,
+//! width, batches, channel multipliers 2 to 8 (output channels per input channel), and the
+//! fused epilogues (batch norm, ReLU, ReLU6, SiLU, hardswish,
 //! residual add). Every case asserts that the family builds the convolution; a MobileNet
 //! block through the layout pass keeps the depthwise convolution channels-last.
 
@@ -41,10 +42,12 @@ struct Case {
     bn: bool,
     act: Act,
     residual: bool,
+    /// Output channels per input channel.
+    mult: usize,
 }
 
 fn case(c: usize, h: usize, w: usize, k: usize, stride: usize, p: usize) -> Case {
-    Case { n: 1, c, h, w, k, stride, dil: 1, pads: [p; 4], bn: false, act: Act::None, residual: false }
+    Case { n: 1, c, h, w, k, stride, dil: 1, pads: [p; 4], bn: false, act: Act::None, residual: false, mult: 1 }
 }
 
 fn out_size(i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize) -> usize {
@@ -61,8 +64,9 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     let xs = [t.n, t.h, t.w, t.c];
     let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
     let scale = 1.0 / (t.k * t.k) as f32;
-    let w = g.add_const("w", random(&[t.c, 1, t.k, t.k], rng, -scale * 2.0, scale * 2.0));
-    let b = g.add_const("b", random(&[t.c], rng, -0.5, 0.5));
+    let co = t.c * t.mult;
+    let w = g.add_const("w", random(&[co, 1, t.k, t.k], rng, -scale * 2.0, scale * 2.0));
+    let b = g.add_const("b", random(&[co], rng, -0.5, 0.5));
     let window = Window {
         kernel: vec![t.k, t.k],
         strides: vec![t.stride, t.stride],
@@ -73,7 +77,7 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     if t.bn {
         let mut ins = vec![y];
         for (j, (lo, hi)) in [(0.5, 1.5), (-0.3, 0.3), (-0.2, 0.2), (0.5, 1.5)].into_iter().enumerate() {
-            ins.push(g.add_const(&format!("bn{j}"), random(&[t.c], rng, lo, hi)));
+            ins.push(g.add_const(&format!("bn{j}"), random(&[co], rng, lo, hi)));
         }
         y = g.add(Op::Norm(NormOp::BatchNorm { epsilon: 1e-5, channels_last: true }), &ins).unwrap();
     }
@@ -95,9 +99,9 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     let ow = out_size(t.w, t.k, t.stride, t.dil, t.pads[1], t.pads[3]);
     let mut inputs = vec![random(&xs, rng, -2.0, 2.0)];
     if t.residual {
-        let r = g.add_input("r", TensorType::fixed(DType::F32, &[t.n, oh, ow, t.c]));
+        let r = g.add_input("r", TensorType::fixed(DType::F32, &[t.n, oh, ow, co]));
         y = g.add(Op::Binary(BinaryOp::Add), &[y, r]).unwrap();
-        inputs.push(random(&[t.n, oh, ow, t.c], rng, -1.0, 1.0));
+        inputs.push(random(&[t.n, oh, ow, co], rng, -1.0, 1.0));
     }
     g.set_outputs(vec![y]);
     (g, inputs)
@@ -168,25 +172,44 @@ fn kernel_7x7() {
     check("k7small", Case { act: Act::Relu, ..case(8, 5, 4, 7, 2, 3) });
 }
 
-/// Refused with a reason: a channel multiplier of 2 runs elsewhere, and so does padding
-/// far beyond the kernel.
+#[test]
+fn channel_multipliers() {
+    // Output channel c·M + j reads input channel c: strides, padding, dilation, ragged
+    // channels, batches and the epilogues on every multiple.
+    check("m2", Case { mult: 2, act: Act::Relu6, ..case(32, 12, 12, 3, 1, 1) });
+    check("m2s2", Case { n: 2, mult: 2, bn: true, residual: true, ..case(13, 11, 9, 3, 2, 1) });
+    check("m3dil", Case { mult: 3, dil: 2, act: Act::Silu, ..case(17, 9, 12, 3, 1, 2) });
+    check("m4k5", Case { mult: 4, pads: [2, 1, 0, 2], ..case(8, 10, 13, 5, 2, 0) });
+    check("m8", Case { mult: 8, act: Act::HardSwish, ..case(3, 7, 7, 3, 1, 1) });
+}
+
+/// Refused with a reason: a channel multiplier above 8 and a grouped convolution of two
+/// input channels per group run elsewhere, and so does padding far beyond the kernel.
 #[test]
 fn refusals_name_a_reason() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    let mut g = Graph::new("mult2");
-    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 6, 6, 8]));
-    let w = g.add_const("w", random(&[16, 1, 3, 3], &mut rng, -0.3, 0.3));
-    let b = g.add_const("b", random(&[16], &mut rng, -0.3, 0.3));
-    let window = Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
-    let y = g.add(Op::Linalg(LinalgOp::Conv { window, group: 8, channels_last: true }), &[x, w, b]).unwrap();
-    g.set_outputs(vec![y]);
-    let inputs = vec![random(&[1, 6, 6, 8], &mut rng, -1.0, 1.0)];
-    check_graph("mult2", &g, &inputs, 0);
-    let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
-    let c = compile(&g, &opts).unwrap();
-    let reasons: Vec<String> =
-        c.report.decisions.iter().flat_map(|(_, d)| d.rejected.iter().filter(|(f, _)| *f == "cpu.depthwise").map(|(_, r)| r.clone())).collect();
-    assert!(reasons.iter().any(|r| r.contains("one output channel per group")), "{reasons:?}");
+    for (name, cin, cout, group, reason) in
+        [("mult9", 4, 36, 4, "a channel multiplier of 9"), ("grouped", 8, 8, 4, "one input channel per group")]
+    {
+        let mut g = Graph::new(name);
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 6, 6, cin]));
+        let w = g.add_const("w", random(&[cout, cin / group, 3, 3], &mut rng, -0.3, 0.3));
+        let b = g.add_const("b", random(&[cout], &mut rng, -0.3, 0.3));
+        let window = Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+        let y = g.add(Op::Linalg(LinalgOp::Conv { window, group, channels_last: true }), &[x, w, b]).unwrap();
+        g.set_outputs(vec![y]);
+        let inputs = vec![random(&[1, 6, 6, cin], &mut rng, -1.0, 1.0)];
+        check_graph(name, &g, &inputs, 0);
+        let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
+        let c = compile(&g, &opts).unwrap();
+        let reasons: Vec<String> = c
+            .report
+            .decisions
+            .iter()
+            .flat_map(|(_, d)| d.rejected.iter().filter(|(f, _)| *f == "cpu.depthwise").map(|(_, r)| r.clone()))
+            .collect();
+        assert!(reasons.iter().any(|r| r.contains(reason)), "{name}: {reasons:?}");
+    }
 
     let (g, inputs) = graph(&case(8, 4, 4, 3, 1, 12), &mut rng);
     check_graph("farpad", &g, &inputs, 0);

@@ -18,7 +18,8 @@ use super::{build_with, CpuBuilt};
 pub struct Depthwise;
 pub static DEPTHWISE: Depthwise = Depthwise;
 
-const OPTS: LowerOptions = LowerOptions { conv: ConvAlgo::Depthwise, attention: tilec_tile::lower::AttentionAlgo::Rows };
+const OPTS: LowerOptions =
+    LowerOptions { conv: ConvAlgo::Depthwise, attention: tilec_tile::lower::AttentionAlgo::Rows, pool: tilec_tile::lower::PoolAlgo::PerOutput };
 
 /// The fixed dimensions of a value's shape (`None` if any is symbolic).
 fn dims(p: &Problem, v: tilec_ir::ValueId) -> Option<Vec<i64>> {

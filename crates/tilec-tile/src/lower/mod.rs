@@ -77,9 +77,10 @@ pub enum ConvAlgo {
     /// Winograd F(4×4, 3×3) or F(2×2, 3×3) (`winograd.rs`): a 3×3 stride-1 f32 channels-last
     /// convolution with enough channels and tiles; anything else is `Unsupported`.
     Winograd,
-    /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one output channel per
-    /// group, vectorized along the channels in register blocks of output pixels, borders
-    /// without bounds checks; anything else is `Unsupported`.
+    /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one input channel per
+    /// group and up to 8 output channels per group (the channel multiplier), vectorized
+    /// along the channels in register blocks of output pixels, borders without bounds
+    /// checks; anything else is `Unsupported`.
     Depthwise,
 }
 
@@ -95,12 +96,24 @@ pub enum AttentionAlgo {
     Gemm,
 }
 
+/// How a channels-last global pool becomes a loop nest.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PoolAlgo {
+    /// One output element at a time, its positions in an inner loop (any back end).
+    #[default]
+    PerOutput,
+    /// Per image and block of channels, one accumulator per channel and one pass over the
+    /// positions along the contiguous channels (`pool.rs`; the CPU's vector loops).
+    ChannelBlocks,
+}
+
 /// The algorithms lowering uses for the anchors that have several (the default suits every
 /// back end). Kernel families set them; lowering does not choose.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LowerOptions {
     pub conv: ConvAlgo,
     pub attention: AttentionAlgo,
+    pub pool: PoolAlgo,
 }
 
 /// Lowers one kernel group of a partition.

@@ -2,13 +2,17 @@
 //! graph, per [`TargetKind`].
 //!
 //! A *region* is a connected set of nodes that contains at least one convolution or pool:
-//! the layout-sensitive ops (conv, pool, global pool, batch/instance norm, LRN) plus the
-//! layout-agnostic ops between them (elementwise, cast, concat, softmax), connected through
-//! rank-4 values, and the channel splits and merges of a channel shuffle (below).
-//! Switching a region to NHWC costs one transpose per distinct
+//! the layout-sensitive ops (conv, pool, global pool, a mean or maximum over both spatial
+//! axes kept as `[N, C, 1, 1]` — a squeeze-and-excitation's pool —, batch/instance norm,
+//! LRN) plus the layout-agnostic ops between them (elementwise, cast, concat, softmax),
+//! connected through rank-4 values, and the channel splits and merges of a channel shuffle
+//! (below). Switching a region to NHWC costs one transpose per distinct
 //! non-constant value entering it and one per value leaving it (sinking removes any in
 //! between); constants (conv weights `OIHW → OHWI`, per-channel `[C,1,1]` operands) are
-//! permuted at compile time for free.
+//! permuted at compile time for free, and so are values whose transpose is a reshape
+//! (`[N, C, 1, 1]`), values entering from a transpose to NCHW (`[0, 3, 1, 2]`, as models that
+//! run their MLPs channels-last write, e.g. ConvNeXt) and values leaving only into
+//! transposes to NHWC: those transposes cancel.
 //!
 //! Decision:
 //! - [`TargetKind::Cuda`]: NHWC when the region has convolutions and its boundary transposes
@@ -31,7 +35,8 @@
 //! (`transpose(0, r-2, r-1, 1, .., r-3)`).
 //!
 //! Rewrite ([`apply_plan`]): for each NHWC region, conv, pool, batch norm and LRN get
-//! `channels_last` (weights stay OIHW, norm parameters stay `[C]`), concat/softmax axes are
+//! `channels_last` (weights stay OIHW, norm parameters stay `[C]`), a spatial mean or
+//! maximum becomes a channels-last global pool, concat/softmax axes are
 //! remapped, channel-split reshapes and channel transposes are rewritten on the
 //! channels-last dims, elementwise ops read their operands channels-last (rank-4 operands
 //! through `transpose(0,2,3,1)`, lower-rank broadcast operands such as `[C,1,1]` biases
@@ -45,7 +50,7 @@ use crate::partition::TargetKind;
 use crate::{OptError, Pass};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
-use tilec_ir::op::{LayoutOp, LinalgOp, NormOp, PoolKind};
+use tilec_ir::op::{LayoutOp, LinalgOp, NormOp, PoolKind, ReduceKind, ReduceOp};
 use tilec_ir::{Dim, Graph, IrError, Op, ValueId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -132,6 +137,7 @@ fn role(op: &Op) -> Option<Role> {
     Some(match op {
         Op::Linalg(LinalgOp::Conv { .. }) => Role::Conv,
         Op::Linalg(LinalgOp::Pool { .. } | LinalgOp::GlobalPool { .. }) => Role::Pool,
+        op if spatial_pool(op).is_some() => Role::Pool,
         Op::Norm(NormOp::BatchNorm { .. } | NormOp::InstanceNorm { .. } | NormOp::Lrn { .. }) => {
             Role::Norm
         }
@@ -147,6 +153,19 @@ fn role(op: &Op) -> Option<Role> {
         }
         _ => return None,
     })
+}
+
+/// The global pool a reduction over the spatial axes of `[N, C, H, W]`, dims kept, computes
+/// (a mean or a maximum); `None` for any other op.
+fn spatial_pool(op: &Op) -> Option<PoolKind> {
+    match op {
+        Op::Reduce(ReduceOp::Reduce { kind, axes, keepdims: true }) if axes[..] == [2, 3] => match kind {
+            ReduceKind::Mean => Some(PoolKind::Avg { count_include_pad: false }),
+            ReduceKind::Max => Some(PoolKind::Max { indices: false, column_major: false }),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// Whether a value can live in a region: rank 4 activations `[N, C, H, W]` and their
@@ -189,8 +208,25 @@ fn eligible_node(g: &Graph, n: &tilec_ir::Node) -> bool {
             let r = perm.len();
             region_rank(r) && perm[0] == 0 && perm[r - 2] == r - 2 && perm[r - 1] == r - 1
         }
+        // Global pools work on floats only.
+        op if spatial_pool(op).is_some() => xs.len() == 4 && ys.len() == 4 && g.value(x).ty.dtype.is_float(),
         op => role(op).is_some() && xs.len() == 4 && ys.len() == 4,
     }
+}
+
+/// Whether `x`'s channels-last form costs no transpose at run time: a transpose that only
+/// moves size-1 axes is a reshape (`[N, C, 1, 1]`).
+fn free_transpose(g: &Graph, x: ValueId) -> bool {
+    let s = &g.value(x).ty.shape;
+    s.len() == 4 && s[2] == Dim::Fixed(1) && s[3] == Dim::Fixed(1)
+}
+
+/// Whether `v` is the output of a transpose that its NHWC transpose cancels (a value
+/// permuted to NCHW from channels-last: `[0, 3, 1, 2]`).
+fn from_channels_last(g: &Graph, v: ValueId) -> bool {
+    g.producer(v).is_some_and(|p| {
+        matches!(&g.node(p).op, Op::Layout(LayoutOp::Transpose { perm }) if perm[..] == [0, 3, 1, 2])
+    })
 }
 
 fn find(parent: &mut [usize], mut i: usize) -> usize {
@@ -264,15 +300,24 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
                     {
                         consts.insert(x);
                     }
-                } else if rank4(x) && !g.producer(x).is_some_and(|p| inside.contains(&p.index())) {
+                } else if rank4(x)
+                    && !g.producer(x).is_some_and(|p| inside.contains(&p.index()))
+                    && !free_transpose(g, x)
+                    && !from_channels_last(g, x)
+                {
                     entries.insert(x);
                 }
             }
             for &o in &n.outputs {
                 let u = &uses[o.index()];
+                // Readers outside that transpose it to NHWC cancel the exit transpose.
+                let to_nhwc = |m: &tilec_ir::NodeId| {
+                    matches!(&g.node(*m).op, Op::Layout(LayoutOp::Transpose { perm }) if perm[..] == TO_NHWC)
+                };
                 if rank4(o)
+                    && !free_transpose(g, o)
                     && (!u.by_output.is_empty()
-                        || u.by_node.iter().any(|(m, _)| !inside.contains(&m.index())))
+                        || u.by_node.iter().any(|(m, _)| !inside.contains(&m.index()) && !to_nhwc(m)))
                 {
                     exits.insert(o);
                 }
@@ -336,7 +381,8 @@ const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 /// Multiply-adds of the region's convolutions channels-last on the CPU, weighted by how much
 /// of the register tiles they fill (output channels per group padded as the CPU gemm tile
 /// pads them: one vector up to 16, three at exactly 48, else whole pairs of vectors; depthwise
-/// convs are direct loops over channels and fill them), and unweighted.
+/// convs, with any channel multiplier, are direct loops over the input channels and fill
+/// them), and unweighted.
 fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
     let (mut aligned, mut total) = (0.0, 0.0);
     for &ni in members {
@@ -347,8 +393,8 @@ fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
         let (Some(w), Some(o)) = (w, o) else { continue };
         let work = (o.iter().product::<usize>() * w[1..].iter().product::<usize>()) as f64;
         let mg = (w[0] / (*group).max(1)).max(1);
-        let padded = if w[1] == 1 && mg == 1 {
-            1
+        let padded = if w[1] == 1 && *group > 1 && mg <= 8 {
+            mg
         } else if mg <= 16 || mg == 48 {
             mg.div_ceil(16) * 16
         } else {
@@ -462,6 +508,10 @@ impl Rewriter {
                 }
                 | LinalgOp::GlobalPool { .. }),
             ) => Some((Op::Linalg(l.with_channels_last(true)), first(g, self)?)),
+            op if spatial_pool(op).is_some() => {
+                let kind = spatial_pool(op).unwrap_or(PoolKind::Avg { count_include_pad: false });
+                Some((Op::Linalg(LinalgOp::GlobalPool { kind, channels_last: true }), first(g, self)?))
+            }
             Op::Norm(nm @ (NormOp::BatchNorm { .. } | NormOp::Lrn { .. })) => {
                 match nm.with_channels_last(true) {
                     Some(cl) => Some((Op::Norm(cl), first(g, self)?)),
@@ -598,15 +648,36 @@ pub fn apply_plan(g: &mut Graph, plan: &LayoutPlan) -> Result<usize, IrError> {
 }
 
 /// The number of transposes whose input is not known at compile time (constant folding
-/// turns the others into permuted constants).
+/// turns the others into permuted constants), not counting those that cancel: a transpose
+/// of a transpose that composes to the identity, and a transpose read only by such
+/// transposes (simplification removes both).
 fn runtime_transposes(g: &Graph) -> usize {
+    let perm_of = |v: ValueId| {
+        g.producer(v).and_then(|p| match &g.node(p).op {
+            Op::Layout(LayoutOp::Transpose { perm }) => Some(perm.clone()),
+            _ => None,
+        })
+    };
+    let cancels = |inner: &[usize], outer: &[usize]| {
+        inner.len() == outer.len() && outer.iter().enumerate().all(|(i, &q)| inner.get(q) == Some(&i))
+    };
+    let uses = g.uses();
     let mut known = vec![false; g.values().len()];
     let mut count = 0;
     for n in g.nodes() {
         let is_known = |v: &ValueId| g.const_value(*v).is_some() || known[v.index()];
         let all_known = n.inputs.iter().all(is_known);
-        if matches!(n.op, Op::Layout(LayoutOp::Transpose { .. })) && !all_known {
-            count += 1;
+        if let (Op::Layout(LayoutOp::Transpose { perm }), false) = (&n.op, all_known) {
+            let undone = perm_of(n.inputs[0]).is_some_and(|inner| cancels(&inner, perm));
+            let u = &uses[n.outputs[0].index()];
+            let only_undone = u.by_output.is_empty()
+                && !u.by_node.is_empty()
+                && u.by_node.iter().all(|(m, _)| {
+                    matches!(&g.node(*m).op, Op::Layout(LayoutOp::Transpose { perm: q }) if cancels(perm, q))
+                });
+            if !undone && !only_undone {
+                count += 1;
+            }
         }
         if all_known {
             for &o in &n.outputs {

@@ -8,8 +8,8 @@
 //! partitioner materializes in front of a thin convolution rather than folding it into the
 //! operand), the conv's operand is a plain read of contiguous `kernel width × channels` runs,
 //! and the CPU GEMM reads it in place. The copy is small: the input image with its border.
-//! Depthwise convolutions (one input and one output channel per group) keep their padding:
-//! `cpu.depthwise` computes the border pixels without bounds checks.
+//! Depthwise convolutions (one input channel per group, any channel multiplier) keep their
+//! padding: `cpu.depthwise` computes the border pixels without bounds checks.
 
 use super::super::{finish, ir};
 use crate::{OptError, Pass};
@@ -39,9 +39,10 @@ impl Pass for PadThinConvs {
             if r < 3 || ws.len() != r || ws[1] > MAX_CHANNELS || !g.value(n.inputs[0]).ty.dtype.is_float() {
                 continue;
             }
-            // A depthwise convolution (one input and one output channel per group): the CPU's
-            // depthwise family splits the padding off into border code, a copy only costs.
-            if *group > 1 && *group == xs[r - 1] && ws[0] == *group {
+            // A depthwise convolution (one input channel per group, output channels a multiple
+            // of the input's): the CPU's depthwise family splits the padding off into border
+            // code, a copy only costs.
+            if *group > 1 && *group == xs[r - 1] && ws[1] == 1 && ws[0] % *group == 0 {
                 continue;
             }
             // The spatial padding the conv applies (channels-last: axes 1..r-1).

@@ -179,6 +179,15 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let mut wi = vec![mch.clone(), cidx];
     wi.extend(t);
     let we = operand(l, &mut |l| val(l, wt, &wi))?;
+    // A channels-last input scaled per channel (a squeeze-and-excitation's `x · s`, s one
+    // value per image and channel) is a factor of the depth index alone: on the weights it
+    // costs K × N products per call instead of M × K, and the CPU GEMM reads the input in
+    // place again (`ConvAlgo::Gemm` is the CPU's choice; other back ends keep the form).
+    let movable = cl && rows >= cols && l.opts().conv == ConvAlgo::Gemm;
+    let (xe, we) = match movable.then(|| depth_factor(&xe, gv.i)).flatten() {
+        Some((plain, factor)) => (plain, bin(BinOp::Mul, we, factor)),
+        None => (xe, we),
+    };
     let (ae, be) = if cl { (xe, we) } else { (we, xe) };
     let oidx = out_at(n_, mch.clone(), o);
     let m2 = l.begin_block();
@@ -205,6 +214,18 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         epilogue: e,
         params: gemm_params(),
     }))])
+}
+
+/// `a · f` (or `f · a`) split into `a`, which reads the row variable `i`, and the factor
+/// `f`, which does not (it reads only the batch and depth variables); `None` for any other
+/// form.
+fn depth_factor(e: &Expr, i: VarId) -> Option<(Expr, Expr)> {
+    let Expr::Binary(BinOp::Mul, a, b) = e else { return None };
+    match (a.uses_var(i), b.uses_var(i)) {
+        (true, false) => Some(((**a).clone(), (**b).clone())),
+        (false, true) => Some(((**b).clone(), (**a).clone())),
+        _ => None,
+    }
 }
 
 pub(super) fn conv_transpose(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {

@@ -1,12 +1,14 @@
-//! Depthwise convolutions (one input and one output channel per group), channels-last and
-//! 2-D, as loops vectorized along the channels with register blocks of output pixels along W
-//! and no bounds checks at all.
+//! Depthwise convolutions (one input channel per group, `M >= 1` output channels per group:
+//! the channel multiplier), channels-last and 2-D, as loops vectorized along the input
+//! channels with register blocks of output pixels along W and no bounds checks at all.
 //!
-//! The kernel: the weights transposed once per call into a local `[taps, C]` buffer (so that
-//! a vector of channels reads one tap's weights contiguously); then, in parallel over the
-//! output rows (`N × OH`), a row's pixels in *blocks*: per block one loop over the channels
-//! (vectorized) holding one accumulator per pixel of the block, the taps unrolled into
-//! straight-line multiply-adds, then the bias and the group's epilogue per pixel.
+//! The kernel: the weights transposed once per call into a local `[taps, M, C]` buffer (so
+//! that a vector of channels reads one tap's weights contiguously); then, in parallel over
+//! the output rows (`N × OH`), a row's pixels in *blocks*: per block one loop over the input
+//! channels (vectorized) holding one accumulator per pixel and output channel of the group
+//! (`M` of them, output channels `c·M + j` a stride `M` apart), the taps unrolled into
+//! straight-line multiply-adds that load each input once for all `M`, then the bias and the
+//! group's epilogue per pixel and output channel.
 //!
 //! Padding never becomes a condition: the rows and columns whose windows lie wholly inside
 //! the input (the *interior*, a range of rows or columns computed here) read every tap; each
@@ -36,9 +38,11 @@ const MAX_BLOCK: i64 = 8;
 pub const ROW_LOOP: &str = "dwrow";
 pub const CHANNEL_LOOP: &str = "dwc";
 
-/// Pixels per register block for a kernel of `taps` taps.
-pub fn block_pixels(taps: i64) -> i64 {
-    (MAX_BLOCK_TERMS / taps.max(1)).clamp(1, MAX_BLOCK)
+/// Pixels per register block for a kernel of `taps` taps and channel multiplier `m` (one
+/// accumulator per pixel and multiple).
+pub fn block_pixels(taps: i64, m: i64) -> i64 {
+    let m = m.max(1);
+    (MAX_BLOCK_TERMS / (taps.max(1) * m)).clamp(1, (MAX_BLOCK / m).max(1))
 }
 
 /// One spatial axis: output size, the interior range `[lo, hi)` of output positions whose
@@ -88,11 +92,14 @@ pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Wi
         return Some("not channels-last".into());
     }
     let c = xs[3];
-    if group as i64 != c || ws[0] != c || ws[1] != 1 {
+    if group as i64 != c || ws[1] != 1 || ws[0] % c.max(1) != 0 || ws[0] == 0 {
         return Some(format!(
-            "not depthwise with one output channel per group ({group} groups, {c} input and {} output channels)",
+            "not depthwise with one input channel per group ({group} groups, {c} input and {} output channels)",
             ws[0]
         ));
+    }
+    if ws[0] / c > MAX_BLOCK {
+        return Some(format!("a channel multiplier of {}, more than {MAX_BLOCK}", ws[0] / c));
     }
     for (j, &(o, pb, _)) in geo.iter().enumerate() {
         let a = Axis::new(xs[1 + j], ws[2 + j], w.strides[j] as i64, w.dilations[j] as i64, pb, o);
@@ -123,23 +130,26 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: boo
     let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
     let (kh, kw) = (ws[2], ws[3]);
     let taps = kh * kw;
+    let mult = ws[0] / c;
     let ay = Axis::new(h, kh, w.strides[0] as i64, w.dilations[0] as i64, geo[0].1, geo[0].0);
     let ax = Axis::new(wd, kw, w.strides[1] as i64, w.dilations[1] as i64, geo[1].1, geo[1].0);
-    let rb = block_pixels(taps);
+    let rb = block_pixels(taps, mult);
 
-    // Weights transposed to [taps, C].
-    let wbuf = l.scratch(cd, vec![taps, c]);
+    // Weights transposed to [taps, M, C].
+    let wbuf = l.scratch(cd, vec![taps, mult, c]);
     let tv = l.loop_var("dwt", taps);
+    let jv = l.loop_var("dwj", mult);
     let cv = l.loop_var(CHANNEL_LOOP, c);
     let m = l.begin_block();
-    let wv = val(l, wt, &[Expr::Var(cv), Expr::Int(0), bin(BinOp::Div, Expr::Var(tv), Expr::Int(kw)), bin(BinOp::Rem, Expr::Var(tv), Expr::Int(kw))]);
+    let oc = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(cv), Expr::Int(mult)), Expr::Var(jv)));
+    let wv = val(l, wt, &[oc, Expr::Int(0), bin(BinOp::Div, Expr::Var(tv), Expr::Int(kw)), bin(BinOp::Rem, Expr::Var(tv), Expr::Int(kw))]);
     let mut wbody = l.end_block(m);
-    wbody.push(Stmt::store(wbuf, vec![Expr::Var(tv), Expr::Var(cv)], wv?));
-    let transpose = Lowerer::nest(&[(tv, taps), (cv, c)], wbody);
+    wbody.push(Stmt::store(wbuf, vec![Expr::Var(tv), Expr::Var(jv), Expr::Var(cv)], wv?));
+    let transpose = Lowerer::nest(&[(tv, taps), (jv, mult), (cv, c)], wbody);
 
     // Every pixel of every block runs the epilogue from the same state.
     let stored = l.stored();
-    let cx = Cx { x, bias, out, d, cd, c, kw, wbuf, ay: &ay, ax: &ax, stored };
+    let cx = Cx { x, bias, out, d, cd, c, mult, kw, wbuf, ay: &ay, ax: &ax, stored };
     let row = l.loop_var(ROW_LOOP, nb * ay.out);
     let n_e = l.simp(bin(BinOp::Div, Expr::Var(row), Expr::Int(ay.out)));
     let oh_e = l.simp(bin(BinOp::Rem, Expr::Var(row), Expr::Int(ay.out)));
@@ -176,6 +186,8 @@ struct Cx<'a> {
     d: DType,
     cd: DType,
     c: i64,
+    /// Output channels per input channel.
+    mult: i64,
     kw: i64,
     wbuf: BufId,
     ay: &'a Axis,
@@ -228,15 +240,22 @@ impl Cx<'_> {
         let ch = Expr::Var(cv);
         let mark = l.begin_block();
         let mut body = vec![];
-        let mut accs: Vec<Option<VarId>> = vec![None; cols.len()];
+        let mult = self.mult as usize;
+        // accs[i * M + j]: pixel i, output channel c·M + j.
+        let mut accs: Vec<Option<VarId>> = vec![None; cols.len() * mult];
         for &r in khs {
             let ih = self.ay.coord(l, oh_e, r);
             for t in 0..self.kw {
                 if !cols.iter().any(|(_, ts)| ts.contains(&t)) {
                     continue;
                 }
-                let wv = l.elem_var("w", self.cd, false);
-                body.push(Stmt::Let { var: wv, value: Expr::Load(self.wbuf, vec![Expr::Int(r * self.kw + t), ch.clone()]) });
+                let mut wvs = Vec::with_capacity(mult);
+                for j in 0..mult {
+                    let wv = l.elem_var("w", self.cd, false);
+                    let at = vec![Expr::Int(r * self.kw + t), Expr::Int(j as i64), ch.clone()];
+                    body.push(Stmt::Let { var: wv, value: Expr::Load(self.wbuf, at) });
+                    wvs.push(wv);
+                }
                 for (i, (ow, ts)) in cols.iter().enumerate() {
                     if !ts.contains(&t) {
                         continue;
@@ -244,30 +263,42 @@ impl Cx<'_> {
                     let iw = self.ax.coord(l, ow, t);
                     let xv = val(l, self.x, &[n_e.clone(), ih.clone(), iw, ch.clone()])?;
                     body.extend(l.take_lets());
-                    let prod = bin(BinOp::Mul, xv, Expr::Var(wv));
-                    match accs[i] {
-                        None => {
-                            let a = l.elem_var("acc", self.cd, true);
-                            body.push(Stmt::Let { var: a, value: prod });
-                            accs[i] = Some(a);
+                    let xv = if mult > 1 { l.hoist(xv, self.cd) } else { xv };
+                    body.extend(l.take_lets());
+                    for (j, &wv) in wvs.iter().enumerate() {
+                        let prod = bin(BinOp::Mul, xv.clone(), Expr::Var(wv));
+                        match accs[i * mult + j] {
+                            None => {
+                                let a = l.elem_var("acc", self.cd, true);
+                                body.push(Stmt::Let { var: a, value: prod });
+                                accs[i * mult + j] = Some(a);
+                            }
+                            Some(a) => body.push(Stmt::Assign { var: a, value: bin(BinOp::Add, Expr::Var(a), prod) }),
                         }
-                        Some(a) => body.push(Stmt::Assign { var: a, value: bin(BinOp::Add, Expr::Var(a), prod) }),
                     }
                 }
             }
         }
-        let bv = val(l, self.bias, &[ch.clone()])?;
+        let mut ocs = Vec::with_capacity(mult);
+        let mut bvs = Vec::with_capacity(mult);
+        for j in 0..mult as i64 {
+            let oc = if mult > 1 { l.simp(bin(BinOp::Add, bin(BinOp::Mul, ch.clone(), Expr::Int(self.mult)), Expr::Int(j))) } else { ch.clone() };
+            bvs.push(val(l, self.bias, std::slice::from_ref(&oc))?);
+            ocs.push(oc);
+        }
         body.extend(l.take_lets());
         for (i, (ow, _)) in cols.iter().enumerate() {
-            l.restore_stored(self.stored.clone());
-            let sum = match accs[i] {
-                Some(a) => bin(BinOp::Add, Expr::Var(a), bv.clone()),
-                // Every tap in the padding: the bias alone.
-                None => bin(BinOp::Add, lit(0.0, self.cd), bv.clone()),
-            };
-            let e = l.down(sum, self.d);
-            let oidx = vec![n_e.clone(), oh_e.clone(), ow.clone(), ch.clone()];
-            body.extend(l.epilogue(self.out, &oidx, e)?);
+            for j in 0..mult {
+                l.restore_stored(self.stored.clone());
+                let sum = match accs[i * mult + j] {
+                    Some(a) => bin(BinOp::Add, Expr::Var(a), bvs[j].clone()),
+                    // Every tap in the padding: the bias alone.
+                    None => bin(BinOp::Add, lit(0.0, self.cd), bvs[j].clone()),
+                };
+                let e = l.down(sum, self.d);
+                let oidx = vec![n_e.clone(), oh_e.clone(), ow.clone(), ocs[j].clone()];
+                body.extend(l.epilogue(self.out, &oidx, e)?);
+            }
         }
         l.end_block(mark);
         Ok(Stmt::for_(cv, self.c, body))

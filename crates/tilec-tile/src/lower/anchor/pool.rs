@@ -258,6 +258,10 @@ pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let (x, out) = (node.inputs[0], node.outputs[0]);
     let xs = l.shape(x);
     let r = xs.len();
+    // (Empty images or channels: the per-output form, which has nothing to divide.)
+    if cl && r >= 3 && xs[0] > 0 && xs[r - 1] > 0 && l.opts().pool == super::super::PoolAlgo::ChannelBlocks {
+        return global_pool_channels_last(l, x, out, kind, &xs);
+    }
     let d = l.dtype(x);
     let cd = compute_dtype(d);
     let sp: Vec<usize> = if cl {
@@ -292,6 +296,83 @@ pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let mut inner = l.end_block(m);
     inner.extend(body);
     Ok(Lowerer::nest(&loops, inner))
+}
+
+/// The loop name prefixes of [`global_pool_channels_last`]: the blocks of channels (made
+/// parallel by the default schedule) and the channel loops inside (vectorized).
+pub const GLOBAL_POOL_BLOCK: &str = "gpblk";
+pub const GLOBAL_POOL_CHANNEL: &str = "gpc";
+
+/// Channels per block of a channels-last global pool over `n` images: a divisor of `c` up
+/// to 64 that is a multiple of 8 (whole vectors), the largest that still gives two blocks or
+/// more (one per thread); else all the channels.
+pub fn global_pool_block(n: i64, c: i64) -> i64 {
+    let fits: Vec<i64> = (8..=64.min(c)).rev().filter(|&d| d % 8 == 0 && c % d == 0).collect();
+    fits.iter().copied().find(|&d| n * (c / d) >= 2).or(fits.first().copied()).unwrap_or(c)
+}
+
+/// A channels-last global pool `[N, *S, C] → [N, 1.., C]`, vectorized along the channels:
+/// per image and block of channels (the parallel loop) one accumulator per channel in a
+/// local buffer, a pass over the spatial positions adding each row of channels to it (a
+/// contiguous, vectorizable loop), then the result and the group's epilogue per channel.
+/// The accumulate-per-channel form reads the input once, in order, where a loop per
+/// channel over the positions would stride through it `C` times.
+fn global_pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_ir::ValueId, kind: &PoolKind, xs: &[i64]) -> R<Vec<Stmt>> {
+    let r = xs.len();
+    let d = l.dtype(x);
+    let cd = compute_dtype(d);
+    let (nb, c) = (xs[0], xs[r - 1]);
+    let cnt: i64 = xs[1..r - 1].iter().product();
+    let cb = global_pool_block(nb, c);
+    let per_image = c / cb;
+    let blk = l.loop_var(GLOBAL_POOL_BLOCK, nb * per_image);
+    let n_e = l.simp(bin(BinOp::Div, Expr::Var(blk), Expr::Int(per_image)));
+    let c0 = l.simp(bin(BinOp::Mul, bin(BinOp::Rem, Expr::Var(blk), Expr::Int(per_image)), Expr::Int(cb)));
+    let acc = l.scratch(cd, vec![cb]);
+    let (init, op) = match kind {
+        PoolKind::Max { .. } => (neg_inf(cd), BinOp::Max),
+        _ => (lit(0.0, cd), BinOp::Add),
+    };
+    let mut body = vec![Stmt::Alloc(acc)];
+    // acc = init
+    let ci = l.loop_var(GLOBAL_POOL_CHANNEL, cb);
+    body.push(Stmt::for_(ci, cb, vec![Stmt::store(acc, vec![Expr::Var(ci)], init)]));
+    // acc = op(acc, f(x)) over the positions
+    let sp: Vec<(VarId, i64)> = xs[1..r - 1].iter().map(|&e| (l.loop_var("gps", e), e)).collect();
+    let ci = l.loop_var(GLOBAL_POOL_CHANNEL, cb);
+    let ch = l.simp(bin(BinOp::Add, c0.clone(), Expr::Var(ci)));
+    let mut idx = vec![n_e.clone()];
+    idx.extend(sp.iter().map(|&(v, _)| Expr::Var(v)));
+    idx.push(ch);
+    let m = l.begin_block();
+    let v = val(l, x, &idx);
+    let mut inner = l.end_block(m);
+    let v = v?;
+    let t = match kind {
+        PoolKind::Lp { p } => bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(*p as f64, cd)),
+        _ => v,
+    };
+    inner.push(Stmt::store(acc, vec![Expr::Var(ci)], bin(op, Expr::Load(acc, vec![Expr::Var(ci)]), t)));
+    body.extend(Lowerer::nest(&sp, vec![Stmt::for_(ci, cb, inner)]));
+    // the result and the epilogue
+    let ci = l.loop_var(GLOBAL_POOL_CHANNEL, cb);
+    let ch = l.simp(bin(BinOp::Add, c0, Expr::Var(ci)));
+    let a = Expr::Load(acc, vec![Expr::Var(ci)]);
+    let res = match kind {
+        PoolKind::Max { .. } => a,
+        PoolKind::Avg { .. } => bin(BinOp::Div, a, lit(cnt as f64, cd)),
+        PoolKind::Lp { p } => bin(BinOp::Pow, a, lit(1.0 / *p as f64, cd)),
+    };
+    let mut oidx = vec![n_e];
+    oidx.extend((1..r - 1).map(|_| Expr::Int(0)));
+    oidx.push(ch);
+    let m = l.begin_block();
+    let e = l.down(res, d);
+    let st = l.epilogue(out, &oidx, e);
+    let mut fin = l.end_block(m);
+    fin.extend(st?);
+    body.push(Stmt::for_(ci, cb, fin));
+    Ok(vec![Stmt::for_(blk, nb * per_image, body)])
 }
 
 /// Local response normalization: each element over a window of channels around its own.

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Exports the CPU model set ("zoo"): CNNs and transformers with random weights.
+
+Run with the export venv's interpreter (scripts/setup-export-venv.sh):
+
+    .venv-export/bin/python scripts/gen-zoo-models.py [--out target/zoo] [--only convnext,vit]
+    .venv-export/bin/python scripts/gen-zoo-models.py --tiny   # models/zoo: the committed variants
+
+Each model is built from its architecture with random, seeded weights (nothing is
+downloaded): the CNNs of torchvision written out in plain PyTorch
+(`scripts/export-cnn-models.py`; torchvision is not in the export venv), the others from
+transformers configs. Batch-norm statistics and norm affines are randomized so that folding
+them is not an identity. Every model is exported with PyTorch's dynamo exporter for one
+fixed input shape (batch 1), and PyTorch eager's output on a random input is the
+reference; onnxruntime's output is checked against it before anything is written.
+
+  mobilenet_v2     MobileNet-V2 (width 1.0), 1x3x224x224
+  mobilenet_v3     MobileNet-V3-Large (SE with hard sigmoid, hard swish), 1x3x224x224
+  efficientnet_b0  EfficientNet-B0 (SE with SiLU and sigmoid), 1x3x224x224
+  convnext         ConvNextForImageClassification, ConvNeXt-T (depths 3-3-9-3, widths
+                   96-768), 4x4 stride-4 patch stem, 7x7 depthwise, LayerNorm over channels
+  regnet           RegNetForImageClassification, RegNetY-400MF (grouped 3x3 convs of 8
+                   channels per group, squeeze-and-excitation), 1x3x224x224
+  vit              ViTForImageClassification, 4 layers, hidden 256, 16x16 patches, 224x224
+  swin             SwinForImageClassification, Swin-T widths (96, heads 3-6-12-24, window 7)
+                   with depths 2-2-2-2, 224x224
+  distilbert       DistilBertModel, 6 layers, hidden 768 (distilbert-base), sequence 128
+  qwen2            Qwen2ForCausalLM, 4 layers, hidden 512, 8 query / 2 KV heads, vocab 8192,
+                   sequence 128
+  whisper_encoder  WhisperEncoder, whisper-tiny widths (4 layers, d_model 384), two 1-D
+                   convs (k3 s1, k3 s2) over 80 mel bins x 1000 frames
+
+With --tiny the same architectures are built narrow and small (200-450 KB each, images
+32x32 or 64x64, sequences of 16 tokens or 32 frames) into models/zoo, for the tests: by
+default only those whose architecture models/ and models/sdpa/ do not already cover
+(`TINY`); those files are committed. The full-size models go to a git-ignored folder
+(default target/zoo).
+
+Layout per model: <name>/model.onnx (+ model.onnx.data when large), <name>/meta.json
+(rtol, atol, versions, parameters, input shapes), <name>/test_data_set_0/{input,output}_<i>.pb
+(ONNX test data, read by `bench/cpu.py --zoo DIR` and the tests), and for the full-size
+models <name>/input_<i>.npy, <name>/expected_<i>.npy for `tilec run --input/--expect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.inliner
+import torch
+import transformers
+from onnx import numpy_helper
+from torch import nn
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cnn = _load("export_cnn_models", "export-cnn-models.py")
+gm = _load("gen_models", "gen-models.py")
+
+SEED = 0
+
+
+def image(size: int) -> dict:
+    return {"pixel_values": ("image", (1, 3, size, size))}
+
+
+def tokens(seq: int, mask: bool) -> dict:
+    d = {"input_ids": ("ids", (1, seq))}
+    if mask:
+        d["attention_mask"] = ("mask", (1, seq))
+    return d
+
+
+# The variants the tests read (models/zoo): those whose architecture the other committed
+# models do not already cover.
+TINY = ["mobilenet_v3", "efficientnet_b0", "convnext", "regnet", "swin", "whisper_encoder"]
+
+
+# Each builder takes `tiny` and returns (module, inputs {name: (kind, shape)}, output names).
+def build_mobilenet_v2(tiny):
+    m = cnn.MobileNetV2(classes=10, width=0.125, last=32) if tiny else cnn.MobileNetV2()
+    return m, image(32 if tiny else 224), ["logits"]
+
+
+def build_mobilenet_v3(tiny):
+    m = cnn.MobileNetV3Large(classes=10, width=0.125, last=32) if tiny else cnn.MobileNetV3Large()
+    return m, image(32 if tiny else 224), ["logits"]
+
+
+def build_efficientnet_b0(tiny):
+    m = cnn.EfficientNetB0(classes=10, width=0.125, last=32) if tiny else cnn.EfficientNetB0()
+    return m, image(32 if tiny else 224), ["logits"]
+
+
+def build_convnext(tiny):
+    if tiny:
+        c = transformers.ConvNextConfig(hidden_sizes=[16, 24, 32, 48], depths=[1, 1, 2, 1], num_labels=10, image_size=64)
+    else:
+        c = transformers.ConvNextConfig(hidden_sizes=[96, 192, 384, 768], depths=[3, 3, 9, 3], num_labels=1000)
+    c.layer_scale_init_value = 0.5  # not 1e-6: the residual branches must matter
+    return transformers.ConvNextForImageClassification(c), image(64 if tiny else 224), ["logits"]
+
+
+def build_regnet(tiny):
+    if tiny:
+        c = transformers.RegNetConfig(embedding_size=16, hidden_sizes=[16, 24, 48, 64], depths=[1, 1, 2, 1],
+                                      groups_width=8, layer_type="y", num_labels=10)
+    else:
+        c = transformers.RegNetConfig(embedding_size=32, hidden_sizes=[48, 104, 208, 440], depths=[1, 3, 6, 6],
+                                      groups_width=8, layer_type="y", num_labels=1000)
+    return transformers.RegNetForImageClassification(c), image(64 if tiny else 224), ["logits"]
+
+
+def build_vit(tiny):
+    if tiny:
+        c = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                   image_size=32, patch_size=8, num_labels=10)
+    else:
+        c = transformers.ViTConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, intermediate_size=1024,
+                                   image_size=224, patch_size=16, num_labels=1000)
+    return transformers.ViTForImageClassification(c), image(c.image_size), ["logits"]
+
+
+def build_swin(tiny):
+    if tiny:
+        c = transformers.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
+                                    window_size=4, num_labels=10)
+    else:
+        c = transformers.SwinConfig(image_size=224, patch_size=4, embed_dim=96, depths=[2, 2, 2, 2],
+                                    num_heads=[3, 6, 12, 24], window_size=7, num_labels=1000)
+    # The SDPA path reshapes a transposed output with `view`, which the exporter refuses.
+    c._attn_implementation = "eager"
+    return transformers.SwinForImageClassification(c), image(c.image_size), ["logits"]
+
+
+def build_distilbert(tiny):
+    if tiny:
+        c = transformers.DistilBertConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+                                          max_position_embeddings=64)
+    else:
+        c = transformers.DistilBertConfig(vocab_size=8192)
+    return transformers.DistilBertModel(c), tokens(16 if tiny else 128, True), ["last_hidden_state"]
+
+
+def build_qwen2(tiny):
+    if tiny:
+        c = transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     use_cache=False, tie_word_embeddings=True)
+    else:
+        c = transformers.Qwen2Config(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                                     num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+                                     use_cache=False, tie_word_embeddings=True)
+    return transformers.Qwen2ForCausalLM(c), tokens(16 if tiny else 128, False), ["logits"]
+
+
+class WhisperEncoder(nn.Module):
+    """transformers' WhisperEncoder returning its last hidden state alone."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.enc = transformers.models.whisper.modeling_whisper.WhisperEncoder(c)
+
+    def forward(self, input_features):
+        return self.enc(input_features).last_hidden_state
+
+
+def build_whisper_encoder(tiny):
+    if tiny:
+        c = transformers.WhisperConfig(num_mel_bins=16, d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                                       encoder_ffn_dim=128, max_source_positions=16)
+    else:
+        c = transformers.WhisperConfig(num_mel_bins=80, d_model=384, encoder_layers=4, encoder_attention_heads=6,
+                                       encoder_ffn_dim=1536, max_source_positions=500)
+    frames = 2 * c.max_source_positions
+    return WhisperEncoder(c), {"input_features": ("image", (1, c.num_mel_bins, frames))}, ["last_hidden_state"]
+
+
+MODELS = {
+    "mobilenet_v2": build_mobilenet_v2,
+    "mobilenet_v3": build_mobilenet_v3,
+    "efficientnet_b0": build_efficientnet_b0,
+    "convnext": build_convnext,
+    "regnet": build_regnet,
+    "vit": build_vit,
+    "swin": build_swin,
+    "distilbert": build_distilbert,
+    "qwen2": build_qwen2,
+    "whisper_encoder": build_whisper_encoder,
+}
+
+
+def randomize(m: nn.Module) -> None:
+    """Convolutions get He-normal weights (the stacks stay O(1) deep down), batch norms
+    random statistics and affines, and every other 1-D parameter (biases, LayerNorm
+    scales, layer scales) random values, so that no folding is an identity and no two
+    per-channel vectors are equal."""
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
+                nn.init.kaiming_normal_(mod.weight, mode="fan_in", generator=g)
+            elif isinstance(mod, nn.BatchNorm2d):
+                c = mod.num_features
+                mod.running_mean.copy_(0.1 * torch.randn(c, generator=g))
+                mod.running_var.copy_(0.5 + torch.rand(c, generator=g))
+        for name, p in m.named_parameters():
+            if p.dim() != 1:
+                continue
+            if name.endswith("bias"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=g))
+
+
+def make_input(kind: str, shape, rng, vocab: int) -> np.ndarray:
+    if kind == "image":
+        return rng.standard_normal(shape).astype(np.float32)
+    if kind == "ids":
+        return rng.integers(0, vocab, size=shape, dtype=np.int64)
+    mask = np.ones(shape, dtype=np.int64)
+    mask[..., shape[-1] - shape[-1] // 4:] = 0  # trailing quarter is padding
+    return mask
+
+
+def save_pb(arr: np.ndarray, name: str, path: Path) -> None:
+    path.write_bytes(numpy_helper.from_array(arr, name).SerializeToString())
+
+
+def gen(name: str, out: Path, tiny: bool, npy: bool) -> None:
+    torch.manual_seed(SEED)
+    module, spec, output_names = MODELS[name](tiny)
+    randomize(module)
+    module.eval()
+    cfg = getattr(module, "config", None)
+    if cfg is not None:
+        cfg.return_dict = True
+    vocab = getattr(cfg, "vocab_size", 2)
+    rng = np.random.default_rng(SEED)
+    inputs = {n: make_input(k, s, rng, vocab) for n, (k, s) in spec.items()}
+    example = tuple(torch.from_numpy(v) for v in inputs.values())
+    with torch.no_grad():
+        res = module(*example)
+    outs = [res] if isinstance(res, torch.Tensor) else [res[n] for n in output_names]
+    expected = [o.detach().numpy().astype(np.float32) for o in outs]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = torch.onnx.export(module, example, dynamo=True, input_names=list(inputs), output_names=output_names,
+                                 optimize=True, verbose=False)
+    model = prog.model_proto
+    if len(model.functions):
+        model = onnx.inliner.inline_local_functions(model)
+        del model.functions[:]
+    gm.strip_metadata(model)
+
+    d = out / name
+    if d.exists():
+        shutil.rmtree(d)
+    (d / "test_data_set_0").mkdir(parents=True)
+    path = d / "model.onnx"
+    large = model.ByteSize() > 20 << 20
+    onnx.save_model(model, path, save_as_external_data=large, location="model.onnx.data" if large else None)
+    onnx.checker.check_model(str(path), full_check=True)
+
+    params = sum(p.numel() for p in module.parameters())
+    # Outputs far larger than 1 get an absolute tolerance in proportion.
+    rtol = 1e-3
+    atol = 1e-4 * max(1.0, max(float(np.max(np.abs(e))) for e in expected))
+    got = gm.ort_run(path, inputs)
+    for n, g, e in zip(output_names, got, expected):
+        err = float(np.max(np.abs(g - e)))
+        ok = g.shape == e.shape and bool(np.allclose(g, e, rtol=rtol, atol=atol))
+        print(f"[{name}] onnxruntime vs torch eager {n}: max|diff| {err:.3e} (atol {atol:.3g}) ok={ok}", flush=True)
+        if not ok:
+            raise SystemExit(f"[{name}] onnxruntime output differs from torch eager")
+
+    for i, (n, v) in enumerate(inputs.items()):
+        save_pb(v, n, d / "test_data_set_0" / f"input_{i}.pb")
+        if npy:
+            np.save(d / f"input_{i}.npy", v)
+    for i, (n, v) in enumerate(zip(output_names, expected)):
+        save_pb(v, n, d / "test_data_set_0" / f"output_{i}.pb")
+        if npy:
+            np.save(d / f"expected_{i}.npy", v)
+    meta = {
+        "rtol": rtol,
+        "atol": atol,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "params": params,
+        "inputs": {n: list(v.shape) for n, v in inputs.items()},
+        "outputs": output_names,
+    }
+    (d / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    size = sum(f.stat().st_size for f in d.glob("model.onnx*"))
+    print(f"[{name}] {params} parameters, {size / 1e6:.2f} MB, inputs {meta['inputs']}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="output folder (default target/zoo, or models/zoo with --tiny)")
+    ap.add_argument("--only", help="comma-separated model names (default all; with --tiny those the tests read)")
+    ap.add_argument("--tiny", action="store_true", help="the narrow, small variants the tests use")
+    args = ap.parse_args()
+    out = args.out or REPO_ROOT / ("models/zoo" if args.tiny else "target/zoo")
+    torch.set_num_threads(2)
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    names = [n for n in args.only.split(",") if n] if args.only else (TINY if args.tiny else list(MODELS))
+    for n in names:
+        if n not in MODELS:
+            ap.error(f"unknown model {n!r}; known: {', '.join(MODELS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for n in names:
+        try:
+            gen(n, out, args.tiny, npy=not args.tiny)
+        except Exception as e:  # noqa: BLE001 - report and go on with the others
+            print(f"[{n}] FAILED: {type(e).__name__}: {e}", flush=True)
+            failed.append(n)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
