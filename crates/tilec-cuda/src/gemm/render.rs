@@ -817,6 +817,47 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
 /// distinct banks), then reads them back a row at a time, lane `l` on column `l`, and hands
 /// them to the epilogue function; warps need no block-wide barrier.
 fn render_staged_epilogue(q: &Params, sink: &str, scale: &str) -> String {
+    let readback = format!(
+        r#"#pragma unroll 4
+            for (int r = 0; r < 16; ++r) {{
+              const int row = row0 + r, col = n0 + ch * 32 + lane;
+              if (row < M && col < N) {{
+                const float v = tl_st[r * 40 + lane];
+                {sink}
+              }}
+            }}"#
+    );
+    render_parked(q, scale, &readback)
+}
+
+/// The staged custom epilogue with a vector epilogue function: the warp's slice is parked as
+/// in [`render_staged_epilogue`], then each lane reads [`EPILOGUE_VEC`] adjacent columns of a
+/// row (four lanes per 32-column row, eight rows per pass) and hands them to the vector
+/// function (whole-vector loads and stores), or element by element at the right edge of C.
+fn render_staged_vector_epilogue(q: &Params, scale: &str, split: &str, f: &str, vf: &str, args: &str) -> String {
+    let v = EPILOGUE_VEC;
+    let readback = format!(
+        r#"#pragma unroll
+            for (int pass = 0; pass < 2; ++pass) {{
+              const int r = pass * 8 + (lane >> 2);
+              const int row = row0 + r, col = n0 + ch * 32 + (lane & 3) * {v};
+              if (row < M && col < N) {{
+                {split}
+                const float* tl_src = tl_st + r * 40 + (lane & 3) * {v};
+                if (col + {v} <= N) {{
+                  {vf}({args}eb, er, col / {v}, tl_src);
+                }} else {{
+                  for (int x = 0; col + x < N; ++x) {f}({args}eb, er, col + x, tl_src[x]);
+                }}
+              }}
+            }}"#
+    );
+    render_parked(q, scale, &readback)
+}
+
+/// Each warp's accumulators parked 16 rows by 32 columns at a time in its slice `tl_st`, then
+/// `readback` (which sees `row0`, the chunk `ch` and the slice) between two `__syncwarp`s.
+fn render_parked(q: &Params, scale: &str, readback: &str) -> String {
     let mblocks = q.warp_m() / 64;
     // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
     let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
@@ -837,64 +878,7 @@ fn render_staged_epilogue(q: &Params, sink: &str, scale: &str) -> String {
                 *(float2*)(tl_st + ((lane >> 2) + 8 * h) * 40 + qq * 8 + 2 * (lane & 3)) =
                     make_float2(acc[{j}][4 * (ch * 4 + qq) + 2 * h]{scale}, acc[{j}][4 * (ch * 4 + qq) + 2 * h + 1]{scale});
             __syncwarp();
-#pragma unroll 4
-            for (int r = 0; r < 16; ++r) {{
-              const int row = row0 + r, col = n0 + ch * 32 + lane;
-              if (row < M && col < N) {{
-                const float v = tl_st[r * 40 + lane];
-                {sink}
-              }}
-            }}
-            __syncwarp();
-          }}
-        }}
-"#,
-            chunks = q.tile_n / 32,
-        );
-    }
-    s.push_str("      }\n");
-    s
-}
-
-/// The staged custom epilogue with a vector epilogue function: the warp's slice is parked as
-/// in [`render_staged_epilogue`], then each lane reads [`EPILOGUE_VEC`] adjacent columns of a
-/// row (four lanes per 32-column row, eight rows per pass) and hands them to the vector
-/// function (whole-vector loads and stores), or element by element at the right edge of C.
-fn render_staged_vector_epilogue(q: &Params, scale: &str, split: &str, f: &str, vf: &str, args: &str) -> String {
-    let mblocks = q.warp_m() / 64;
-    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
-    let v = EPILOGUE_VEC;
-    let mut s = String::from(
-        "      {\n        float* tl_st = (float*)tl_dyn_stage + (cw * 4 + warp) * 640;\n",
-    );
-    for j in 0..mblocks {
-        let _ = write!(
-            s,
-            r#"        {{
-          const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16;
-#pragma unroll
-          for (int ch = 0; ch < {chunks}; ++ch) {{
-#pragma unroll
-            for (int qq = 0; qq < 4; ++qq)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                *(float2*)(tl_st + ((lane >> 2) + 8 * h) * 40 + qq * 8 + 2 * (lane & 3)) =
-                    make_float2(acc[{j}][4 * (ch * 4 + qq) + 2 * h]{scale}, acc[{j}][4 * (ch * 4 + qq) + 2 * h + 1]{scale});
-            __syncwarp();
-#pragma unroll
-            for (int pass = 0; pass < 2; ++pass) {{
-              const int r = pass * 8 + (lane >> 2);
-              const int row = row0 + r, col = n0 + ch * 32 + (lane & 3) * {v};
-              if (row < M && col < N) {{
-                {split}
-                const float* tl_src = tl_st + r * 40 + (lane & 3) * {v};
-                if (col + {v} <= N) {{
-                  {vf}({args}eb, er, col / {v}, tl_src);
-                }} else {{
-                  for (int x = 0; col + x < N; ++x) {f}({args}eb, er, col + x, tl_src[x]);
-                }}
-              }}
-            }}
+            {readback}
             __syncwarp();
           }}
         }}
