@@ -7,13 +7,16 @@
 //! runs the chunks it did not claim. OpenMP's fork/join, by contrast, waits at every region's
 //! end for every thread of the team.
 //!
-//! Protocol. `state` holds the region's epoch (upper 40 bits) and the next unclaimed chunk
-//! (lower 24 bits). The caller owns the pool for the whole region (`owned`); it marks the new
-//! epoch busy, writes the region's description (release stores), then publishes the epoch with
-//! chunk 0. A claim is a compare-exchange of `(epoch, i)` to `(epoch, i + 1)` with `i < n`,
-//! so a worker that read a description and lost the processor can no longer claim anything
-//! once the epoch has moved on: the description it read is then older than the state its
-//! compare-exchange sees (the description's acquire loads order the busy mark before it).
+//! Protocol. `state` holds the region's epoch (upper 40 bits) and the unclaimed chunks
+//! `front..back` (12 bits each). The caller owns the pool for the whole region (`owned`); it
+//! marks the new epoch busy, writes the region's description (release stores), then publishes
+//! the epoch with `0..n`. The caller claims from the front, the workers from the back (a
+//! compare-exchange that moves one end while `front < back`): when both keep pace, each thread
+//! takes the same share of consecutive regions, as a static schedule would, and the data it
+//! wrote stays in its core's caches. A worker that read a description and lost the processor
+//! can no longer claim anything once the epoch has moved on: the description it read is then
+//! older than the state its compare-exchange sees (the description's acquire loads order the
+//! busy mark before it).
 //! Every finished chunk adds one to `done` (release); the caller returns when `done == n`
 //! (acquire), so the chunks' writes are visible to it and no worker touches the region after.
 //!
@@ -34,12 +37,15 @@ pub type Task = unsafe extern "C" fn(*mut c_void, i64, i64);
 /// The signature of [`run_chunks`] (`tc_pool_fn` in the prelude).
 pub type RunChunks = unsafe extern "C" fn(Task, *mut c_void, i64, i64);
 
-const INDEX_BITS: u32 = 24;
-const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
-/// The chunk index of an epoch whose description is being written.
-const BUSY: u64 = INDEX_MASK;
-/// The most chunks a region may have; larger regions run serially.
-pub const MAX_CHUNKS: i64 = (INDEX_MASK - 1) as i64;
+const END_BITS: u32 = 12;
+const END_MASK: u64 = (1 << END_BITS) - 1;
+/// Both ends of the chunks: the epoch's bits lie above.
+const INDEX_BITS: u32 = 2 * END_BITS;
+/// The front of an epoch whose description is being written.
+const BUSY: u64 = END_MASK;
+/// The most chunks a region may have (`TC_MAX_CHUNKS` in the prelude); larger regions run
+/// serially.
+pub const MAX_CHUNKS: i64 = (END_MASK - 1) as i64;
 /// How long idle workers of the process's pool spin before they sleep (`TILEC_POOL_SPIN_US`
 /// overrides it). Long enough to bridge the gaps between the kernels of a model on a quiet
 /// machine, short enough that a spinning worker does not hold a shared core for long.
@@ -81,8 +87,12 @@ fn epoch(s: u64) -> u64 {
     s >> INDEX_BITS
 }
 
-fn index(s: u64) -> u64 {
-    s & INDEX_MASK
+fn front(s: u64) -> u64 {
+    s >> END_BITS & END_MASK
+}
+
+fn back(s: u64) -> u64 {
+    s & END_MASK
 }
 
 impl Pool {
@@ -206,7 +216,7 @@ impl Inner {
     /// The caller's side of a region (the pool is owned).
     fn region(&self, task: Task, ctx: *mut c_void, chunks: u64, helpers: usize) {
         let e = epoch(self.state.load(Relaxed)) + 1;
-        self.state.store(e << INDEX_BITS | BUSY, Relaxed);
+        self.state.store(e << INDEX_BITS | BUSY << END_BITS, Relaxed);
         // Release: a worker that reads any of these also sees the busy mark above.
         self.task.store(task as usize, Release);
         self.ctx.store(ctx as usize, Release);
@@ -215,12 +225,12 @@ impl Inner {
         self.done.store(0, Relaxed);
         // SeqCst with the sleepers' count (see `sleep`): either a worker about to sleep sees
         // the new epoch, or the caller sees it counted and wakes it.
-        self.state.store(e << INDEX_BITS, SeqCst);
+        self.state.store(e << INDEX_BITS | chunks, SeqCst);
         if self.sleepers.load(SeqCst) > 0 {
             let _g = self.guard();
             self.wake.notify_all();
         }
-        self.claim_all(e, task, ctx, chunks);
+        self.claim_all(e, task, ctx, chunks, false);
         // Only chunks already started remain.
         let mut spins = 0u32;
         while self.done.load(Acquire) < chunks {
@@ -233,18 +243,24 @@ impl Inner {
         }
     }
 
-    /// Claims and runs chunks of epoch `e` until none is left.
-    fn claim_all(&self, e: u64, task: Task, ctx: *mut c_void, chunks: u64) {
+    /// Claims and runs chunks of epoch `e`, from the front or the back, until none is left.
+    fn claim_all(&self, e: u64, task: Task, ctx: *mut c_void, chunks: u64, from_back: bool) {
         let mut cur = self.state.load(Acquire);
         loop {
-            if epoch(cur) != e || index(cur) >= chunks {
+            // A busy front is never below the back of a published epoch.
+            if epoch(cur) != e || front(cur) >= back(cur) || back(cur) > chunks {
                 return;
             }
-            match self.state.compare_exchange_weak(cur, cur + 1, Acquire, Acquire) {
+            let (next, chunk) = if from_back {
+                (cur - 1, back(cur) - 1)
+            } else {
+                (cur + (1 << END_BITS), front(cur))
+            };
+            match self.state.compare_exchange_weak(cur, next, Acquire, Acquire) {
                 Ok(_) => {
                     // SAFETY: the region's caller vouches for `task` and `ctx` until every
                     // chunk is done, and this chunk is not done yet.
-                    unsafe { task(ctx, index(cur) as i64, chunks as i64) };
+                    unsafe { task(ctx, chunk as i64, chunks as i64) };
                     self.done.fetch_add(1, Release);
                     cur = self.state.load(Acquire);
                 }
@@ -275,7 +291,7 @@ impl Inner {
             // SAFETY: `task` was stored from a `Task`; if it belongs to another epoch than
             // `seen`, every claim below fails.
             let task: Task = unsafe { std::mem::transmute::<usize, Task>(task) };
-            self.claim_all(seen, task, ctx, chunks);
+            self.claim_all(seen, task, ctx, chunks, true);
         }
     }
 
@@ -284,7 +300,7 @@ impl Inner {
         let mut spins = 0u32;
         loop {
             let s = self.state.load(Acquire);
-            if index(s) != BUSY {
+            if front(s) != BUSY {
                 return s;
             }
             spins += 1;

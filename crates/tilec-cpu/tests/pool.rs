@@ -42,7 +42,7 @@ fn check_once(pool: &Pool, chunks: i64, threads: usize) {
 fn every_chunk_runs_once() {
     let pool = Pool::new(Duration::from_micros(50));
     for threads in [1, 2, 3, 4, 8] {
-        for chunks in [0, 1, 2, 3, 5, 8, 63, 1000, 4097] {
+        for chunks in [0, 1, 2, 3, 5, 8, 63, 1000, 4094, 4095] {
             check_once(&pool, chunks, threads);
         }
     }
@@ -150,4 +150,17 @@ fn concurrent_callers_all_complete() {
     for h in handles {
         h.join().unwrap();
     }
+}
+
+#[test]
+fn the_caller_takes_the_front_and_a_worker_the_back() {
+    // Chunks are claimed from both ends; whoever runs them, each runs once (also checked
+    // above). With the worker held, the caller takes every chunk in order from the front.
+    let pool = Pool::new(Duration::from_micros(50));
+    check_once(&pool, 2, 2);
+    pool.hold_workers(true);
+    let order = std::sync::Mutex::new(vec![]);
+    pool.run(9, 2, &|c, _| order.lock().unwrap().push(c));
+    pool.hold_workers(false);
+    assert_eq!(*order.lock().unwrap(), (0..9).collect::<Vec<_>>());
 }

@@ -38,7 +38,10 @@ TC_INLINE void tc_chunk_range(int64_t extent, int64_t c, int64_t n, int64_t *lo,
     *hi = *lo + q + (c < r);
 }
 
+/* The most chunks of a region (tilec_cpu::pool::MAX_CHUNKS); tasks read the count they get. */
+#define TC_MAX_CHUNKS 4094
 TC_INLINE void tc_parallel(tc_task task, void *ctx, int64_t chunks) {
+    if (chunks > TC_MAX_CHUNKS) chunks = TC_MAX_CHUNKS;
     if (chunks > 1 && tc_nthreads > 1 && tc_pool) {
         tc_pool(task, ctx, chunks, tc_nthreads);
     } else {
