@@ -35,7 +35,10 @@ fn main() {
         per.push(t.elapsed().as_secs_f64() / regions as f64 * 1e9);
     }
     per.sort_by(f64::total_cmp);
-    println!("back to back: {:.0} ns per region (median of 5 x {regions}, {threads} threads)", per[2]);
+    println!(
+        "back to back: {:.0} ns per region (median of 5 x {regions}, {threads} threads)",
+        per[2]
+    );
 
     let mut lat = vec![];
     for _ in 0..200 {

@@ -1,7 +1,7 @@
 //! The thread pool that runs the parallel regions of generated kernels.
 //!
 //! A region is `n` chunks of work, `task(ctx, c, n)` for every `c` in `0..n`. The calling thread
-//! takes part: it and the workers claim chunks from one atomic counter, and once no chunk is
+//! takes part: it and the workers claim chunks from one atomic word, and once no chunk is
 //! left unclaimed the caller waits only for the chunks already started. A worker that has not
 //! woken up (another process holds its core) therefore never holds a region back: the caller
 //! runs the chunks it did not claim. OpenMP's fork/join, by contrast, waits at every region's
@@ -216,7 +216,8 @@ impl Inner {
     /// The caller's side of a region (the pool is owned).
     fn region(&self, task: Task, ctx: *mut c_void, chunks: u64, helpers: usize) {
         let e = epoch(self.state.load(Relaxed)) + 1;
-        self.state.store(e << INDEX_BITS | BUSY << END_BITS, Relaxed);
+        self.state
+            .store(e << INDEX_BITS | BUSY << END_BITS, Relaxed);
         // Release: a worker that reads any of these also sees the busy mark above.
         self.task.store(task as usize, Release);
         self.ctx.store(ctx as usize, Release);
@@ -256,7 +257,10 @@ impl Inner {
             } else {
                 (cur + (1 << END_BITS), front(cur))
             };
-            match self.state.compare_exchange_weak(cur, next, Acquire, Acquire) {
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Acquire, Acquire)
+            {
                 Ok(_) => {
                     // SAFETY: the region's caller vouches for `task` and `ctx` until every
                     // chunk is done, and this chunk is not done yet.

@@ -31,7 +31,9 @@ impl Renderer<'_> {
         };
         self.parallel_region(&format!("tc_loop_chunks({extent}LL)"), |r| {
             r.line("int64_t tc_lo, tc_hi;");
-            r.line(&format!("tc_chunk_range({extent}LL, tc_c, tc_n, &tc_lo, &tc_hi);"));
+            r.line(&format!(
+                "tc_chunk_range({extent}LL, tc_c, tc_n, &tc_lo, &tc_hi);"
+            ));
             r.line(&format!("for (int64_t {v} = tc_lo; {v} < tc_hi; ++{v}) {{"));
             r.open_scope();
             r.declare(l.var);

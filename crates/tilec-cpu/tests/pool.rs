@@ -32,9 +32,16 @@ fn check_once(pool: &Pool, chunks: i64, threads: usize) {
         }
         counts[c as usize].fetch_add(1, Relaxed);
     });
-    assert!(!bad_n.load(Relaxed), "{chunks} chunks, {threads} threads: wrong chunk count");
+    assert!(
+        !bad_n.load(Relaxed),
+        "{chunks} chunks, {threads} threads: wrong chunk count"
+    );
     for (c, k) in counts.iter().enumerate() {
-        assert_eq!(k.load(Relaxed), 1, "chunk {c} of {chunks} on {threads} threads");
+        assert_eq!(
+            k.load(Relaxed),
+            1,
+            "chunk {c} of {chunks} on {threads} threads"
+        );
     }
 }
 
@@ -116,7 +123,10 @@ fn a_held_worker_does_not_hold_the_region_back() {
             ran[c as usize].fetch_add(1, Relaxed);
         });
         assert!(ran.iter().all(|k| k.load(Relaxed) == 1));
-        assert!(by_worker.load(Relaxed) > 0, "the released worker took no chunk");
+        assert!(
+            by_worker.load(Relaxed) > 0,
+            "the released worker took no chunk"
+        );
     });
 }
 
