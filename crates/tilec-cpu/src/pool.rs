@@ -200,10 +200,13 @@ impl Inner {
         while have < want {
             let inner = Arc::clone(this);
             let index = have;
+            // The epoch before the region about to start: a worker whose thread starts after
+            // that region is published still joins it.
+            let seen = epoch(self.state.load(Relaxed));
             let spawned = std::thread::Builder::new()
                 .name(format!("tilec-pool-{index}"))
                 .stack_size(8 << 20)
-                .spawn(move || inner.worker(index));
+                .spawn(move || inner.worker(index, seen));
             if spawned.is_err() {
                 break;
             }
@@ -273,9 +276,8 @@ impl Inner {
         }
     }
 
-    fn worker(&self, index: usize) {
+    fn worker(&self, index: usize, mut seen: u64) {
         IN_REGION.with(|f| f.set(true));
-        let mut seen = epoch(self.state.load(Acquire));
         loop {
             if !self.wait(seen) {
                 return;

@@ -104,21 +104,23 @@ fn a_held_worker_does_not_hold_the_region_back() {
             assert!(ran.iter().all(|k| k.load(Relaxed) == 1));
         }
     });
-    // Released in the middle of a region, the worker joins it and takes chunks left over.
+    // Released in the middle of a region, the worker joins it and takes chunks left over: the
+    // caller's first chunk waits for that (up to 10 s, however loaded the machine).
     let p = pool.clone();
     within(20, move || {
         let caller = std::thread::current().id();
         let by_worker = AtomicUsize::new(0);
         let ran: Vec<AtomicU32> = (0..256).map(|_| AtomicU32::new(0)).collect();
         p.run(256, 2, &|c, _| {
-            if c == 0 {
-                p.hold_workers(false);
-            }
             let on: ThreadId = std::thread::current().id();
             if on != caller {
                 by_worker.fetch_add(1, Relaxed);
-            } else {
-                std::thread::sleep(Duration::from_micros(200));
+            } else if c == 0 {
+                p.hold_workers(false);
+                let t = std::time::Instant::now();
+                while by_worker.load(Relaxed) == 0 && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
             }
             ran[c as usize].fetch_add(1, Relaxed);
         });
