@@ -68,7 +68,7 @@ struct Inner {
     ctx: AtomicUsize,
     chunks: AtomicU64,
     /// Workers that take part (the caller is one more).
-    helpers: AtomicUsize,
+    joining: AtomicUsize,
     done: AtomicU64,
     /// A thread runs a region on the pool.
     owned: AtomicBool,
@@ -104,7 +104,7 @@ impl Pool {
                 task: AtomicUsize::new(0),
                 ctx: AtomicUsize::new(0),
                 chunks: AtomicU64::new(0),
-                helpers: AtomicUsize::new(0),
+                joining: AtomicUsize::new(0),
                 done: AtomicU64::new(0),
                 owned: AtomicBool::new(false),
                 workers: AtomicUsize::new(0),
@@ -132,20 +132,20 @@ impl Pool {
         if chunks <= 0 {
             return;
         }
-        let helpers = threads.saturating_sub(1).min(chunks as usize - 1);
+        let joining = threads.saturating_sub(1).min(chunks as usize - 1);
         let nested = IN_REGION.with(|f| f.get());
-        if helpers == 0 || nested || chunks > MAX_CHUNKS || !self.inner.acquire() {
+        if joining == 0 || nested || chunks > MAX_CHUNKS || !self.inner.acquire() {
             serial(task, ctx, chunks);
             return;
         }
-        let helpers = self.inner.start_workers(helpers, &self.inner);
-        if helpers == 0 {
+        let joining = self.inner.start_workers(joining, &self.inner);
+        if joining == 0 {
             self.inner.owned.store(false, Release);
             serial(task, ctx, chunks);
             return;
         }
         IN_REGION.with(|f| f.set(true));
-        self.inner.region(task, ctx, chunks as u64, helpers);
+        self.inner.region(task, ctx, chunks as u64, joining);
         IN_REGION.with(|f| f.set(false));
         self.inner.owned.store(false, Release);
     }
@@ -217,7 +217,7 @@ impl Inner {
     }
 
     /// The caller's side of a region (the pool is owned).
-    fn region(&self, task: Task, ctx: *mut c_void, chunks: u64, helpers: usize) {
+    fn region(&self, task: Task, ctx: *mut c_void, chunks: u64, joining: usize) {
         let e = epoch(self.state.load(Relaxed)) + 1;
         self.state
             .store(e << INDEX_BITS | BUSY << END_BITS, Relaxed);
@@ -225,7 +225,7 @@ impl Inner {
         self.task.store(task as usize, Release);
         self.ctx.store(ctx as usize, Release);
         self.chunks.store(chunks, Release);
-        self.helpers.store(helpers, Release);
+        self.joining.store(joining, Release);
         self.done.store(0, Relaxed);
         // SeqCst with the sleepers' count (see `sleep`): either a worker about to sleep sees
         // the new epoch, or the caller sees it counted and wakes it.
@@ -287,11 +287,11 @@ impl Inner {
             }
             let s = self.published();
             seen = epoch(s);
-            let helpers = self.helpers.load(Acquire);
+            let joining = self.joining.load(Acquire);
             let chunks = self.chunks.load(Acquire);
             let ctx = self.ctx.load(Acquire) as *mut c_void;
             let task = self.task.load(Acquire);
-            if index >= helpers || task == 0 {
+            if index >= joining || task == 0 {
                 continue;
             }
             // SAFETY: `task` was stored from a `Task`; if it belongs to another epoch than
