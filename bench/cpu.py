@@ -15,6 +15,10 @@ execution and all graph optimizations. tilec's model latency comes from
 JSON line with `median_ms`; tilec's SGEMM figures come from the `sgemm`
 example of tilec-cpu (`--json`: a list of {"n", "gflops"}). Any tilec failure
 is recorded as an error in the results instead of stopping the run.
+
+`--baseline PATH` times a second tilec binary (an earlier build) in the same
+alternating rounds; `--hog N` keeps N CPU-bound processes running beside every
+measurement (how a model fares on a machine it shares).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +96,19 @@ def median_ms(fn, warmup: int, runs: int) -> tuple[float, float]:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), min(times)
+
+
+@contextmanager
+def hogs(n: int):
+    """`n` CPU-bound processes (busy loops) for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.5 if n else 0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def runs_for(first_ms: float, runs: int, budget_s: float) -> int:
@@ -271,20 +289,38 @@ def markdown(res: dict) -> str:
         "",
         "## Models",
         "",
-        "| model | tilec ms | onnxruntime ms | tilec / ort | onnxruntime fastest ms | note |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
+    base = res["settings"].get("baseline")
+    if res["settings"].get("hogs"):
+        out += [f"Beside {res['settings']['hogs']} CPU-bound process(es) (busy loops) during every measurement.", ""]
+    if base:
+        out += [f"Baseline: `{base}`, timed in the same rounds (onnxruntime, tilec, baseline).", ""]
+        out += [
+            "| model | tilec ms | baseline ms | onnxruntime ms | tilec / ort | baseline / ort | tilec / baseline | note |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+    else:
+        out += [
+            "| model | tilec ms | onnxruntime ms | tilec / ort | onnxruntime fastest ms | note |",
+            "| --- | ---: | ---: | ---: | ---: | --- |",
+        ]
     for r in res["models"]:
         # The first line of each error (the full text is in the JSON).
         note = "; ".join(
             f"{side}: {r[side + '_error'].split(' / ')[0][:120]}".replace("|", "\\|")
-            for side in ("tilec", "ort")
+            for side in ("tilec", "ort", "baseline")
             if r.get(side + "_error")
         )
-        out.append(
-            f"| {r['name']} | {fmt(r['tilec_ms'])} | {fmt(r['ort_ms'])} | {fmt(r['ratio'], '.2f')} "
-            f"| {fmt(r.get('ort_best_ms'))} | {note} |"
-        )
+        if base:
+            out.append(
+                f"| {r['name']} | {fmt(r['tilec_ms'])} | {fmt(r.get('baseline_ms'))} | {fmt(r['ort_ms'])} "
+                f"| {fmt(r['ratio'])} | {fmt(r.get('baseline_ratio'))} | {fmt(r.get('tilec_over_baseline'))} | {note} |"
+            )
+        else:
+            out.append(
+                f"| {r['name']} | {fmt(r['tilec_ms'])} | {fmt(r['ort_ms'])} | {fmt(r['ratio'], '.2f')} "
+                f"| {fmt(r.get('ort_best_ms'))} | {note} |"
+            )
     if res.get("sgemm"):
         out += [
             "",
@@ -325,6 +361,8 @@ def main() -> int:
     ap.add_argument("--no-sgemm", action="store_true", help="skip the SGEMM comparison")
     ap.add_argument("--tilec", type=Path, default=ROOT / "target" / "release" / "tilec", help="tilec binary")
     ap.add_argument("--tilec-threads", type=int, metavar="N", help="tilec's threads (default: tilec's own, all cores)")
+    ap.add_argument("--baseline", type=Path, help="a second tilec binary timed in the same rounds")
+    ap.add_argument("--hog", type=int, default=0, metavar="N", help="CPU-bound processes running beside the measurements")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per tilec command")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="output directory")
     args = ap.parse_args()
@@ -335,7 +373,8 @@ def main() -> int:
         "date": date,
         "machine": machine(),
         "settings": {"runs": args.runs, "warmup": args.warmup, "budget_s": args.budget, "ort_threads": args.threads,
-                     "tilec_threads": args.tilec_threads, "rounds": args.rounds},
+                     "tilec_threads": args.tilec_threads, "rounds": args.rounds,
+                     "hogs": args.hog, "baseline": str(args.baseline) if args.baseline else None},
         "models": [],
         "sgemm": [],
     }
@@ -355,6 +394,8 @@ def main() -> int:
             ap.error(f"unknown model(s) {sorted(unknown)}; known: {[n for n, _ in dirs]}")
         dirs = [(n, d) for n, d in dirs if n in args.only]
 
+    neighbours = ExitStack()
+    neighbours.enter_context(hogs(args.hog))
     for name, d in dirs:
         rec = {"name": name, "path": str(d.relative_to(ROOT)) if d.is_relative_to(ROOT) else str(d), "tilec_ms": None, "ort_ms": None, "ratio": None}
         try:
@@ -367,7 +408,7 @@ def main() -> int:
         runs = args.runs
         # Alternating rounds (onnxruntime, then tilec, again): the machine's speed drifts over
         # minutes, and each side's figure is the median of its rounds' medians.
-        ort_rounds, tilec_rounds = [], []
+        ort_rounds, tilec_rounds, base_rounds = [], [], []
         for _ in range(max(1, args.rounds)):
             if not args.no_ort and "ort_error" not in rec:
                 try:
@@ -386,15 +427,28 @@ def main() -> int:
                     tilec_rounds.append(t.pop("ms"))
                     rec["tilec_runs"] = t.pop("runs")
                     rec["tilec"] = t  # compile_ms and anything else the CLI reports
+            if args.baseline and "baseline_error" not in rec:
+                t = bench_tilec(args.baseline, d, inputs, runs, args.timeout, args.tilec_threads)
+                if "error" in t:
+                    rec["baseline_error"] = t["error"]
+                else:
+                    base_rounds.append(t["ms"])
+        if base_rounds:
+            rec["baseline_ms"], rec["baseline_rounds_ms"] = statistics.median(base_rounds), base_rounds
         if ort_rounds:
             rec["ort_ms"], rec["ort_rounds_ms"] = statistics.median(ort_rounds), ort_rounds
         if tilec_rounds:
             rec["tilec_ms"], rec["tilec_rounds_ms"] = statistics.median(tilec_rounds), tilec_rounds
         if rec["tilec_ms"] is not None and rec["ort_ms"]:
             rec["ratio"] = rec["tilec_ms"] / rec["ort_ms"]
+        if rec.get("baseline_ms") and rec["ort_ms"]:
+            rec["baseline_ratio"] = rec["baseline_ms"] / rec["ort_ms"]
+        if rec.get("baseline_ms") and rec["tilec_ms"] is not None:
+            rec["tilec_over_baseline"] = rec["tilec_ms"] / rec["baseline_ms"]
         res["models"].append(rec)
         print(
             f"{name:14s} ort {fmt(rec['ort_ms']):>9s} ms   tilec {fmt(rec['tilec_ms']):>9s} ms"
+            + (f"   baseline {fmt(rec.get('baseline_ms')):>9s} ms" if args.baseline else "")
             + (f"   ({rec['tilec_error'].splitlines()[0][:80]})" if rec.get("tilec_error") else ""),
             file=sys.stderr,
             flush=True,
@@ -429,6 +483,7 @@ def main() -> int:
                 flush=True,
             )
 
+    neighbours.close()
     args.out.mkdir(parents=True, exist_ok=True)
     jpath = args.out / f"cpu-{date}.json"
     mpath = args.out / f"cpu-{date}.md"

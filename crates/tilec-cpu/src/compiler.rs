@@ -29,7 +29,7 @@ pub type PackedKernelFn = unsafe extern "C" fn(*const *mut c_void, *const *mut c
 pub type PackFn = unsafe extern "C" fn(*const *mut c_void, i64, *mut c_void);
 
 /// Bumped whenever the generated code's conventions change, to invalidate cached libraries.
-pub const FORMAT_VERSION: &str = "tilec-cpu-2";
+pub const FORMAT_VERSION: &str = "tilec-cpu-3";
 /// Extension of cached libraries (a cache header, then the shared object).
 const ENTRY_EXT: &str = "so.tilec";
 
@@ -53,7 +53,9 @@ pub struct CompileOptions {
     pub keep_sources: bool,
 }
 
-/// `-O3 -march=native -fopenmp` and friends; no `-ffast-math` (NaN semantics must hold).
+/// `-O3 -march=native -fopenmp-simd` and friends; no `-ffast-math` (NaN semantics must hold).
+/// `-fopenmp-simd` honours the `omp simd` vectorization hints without the OpenMP runtime:
+/// parallel regions run on [`crate::pool`].
 /// With AVX-512, loops gcc vectorizes by itself use full 64-byte vectors (it prefers 32-byte
 /// ones on current cores, where the wider ones no longer lower the clock much).
 pub fn default_flags() -> Vec<String> {
@@ -61,7 +63,7 @@ pub fn default_flags() -> Vec<String> {
         "-std=gnu11",
         "-O3",
         "-march=native",
-        "-fopenmp",
+        "-fopenmp-simd",
         "-fno-math-errno",
         "-fno-trapping-math",
         "-fPIC",
@@ -477,11 +479,9 @@ fn load(
         path: path.to_path_buf(),
         msg,
     };
-    openmp_wait_policy();
     // SAFETY: the library was produced by this crate's code generator; its initializers are
-    // those of the C runtime and OpenMP.
+    // those of the C runtime.
     let lib = unsafe { libloading::Library::new(path) }.map_err(|e| lerr(e.to_string()))?;
-    pin_openmp_runtime();
     let mut fns = HashMap::new();
     for (name, sym) in symbol_of {
         // SAFETY: every generated kernel has the `KernelFn` signature.
@@ -500,62 +500,25 @@ fn load(
         let (pf, pk) = (*pf, *pk);
         packed.insert(name, (slots, pf, pk));
     }
-    // SAFETY: `tilec_set_threads(int)` is defined by the prelude of every unit.
+    // SAFETY: `tilec_set_threads(int)` and `tilec_set_pool(tc_pool_fn)` are defined by the
+    // prelude of every unit; `pool::run_chunks` has the signature of `tc_pool_fn`.
     let set_threads = unsafe { lib.get::<unsafe extern "C" fn(i32)>(b"tilec_set_threads") }
         .ok()
         .map(|f| *f);
-    Ok(Module {
+    type SetPool = unsafe extern "C" fn(crate::pool::RunChunks);
+    if let Ok(set_pool) = unsafe { lib.get::<SetPool>(b"tilec_set_pool") } {
+        unsafe { set_pool(crate::pool::run_chunks) };
+    }
+    let m = Module {
         fns,
         packed,
         set_threads,
         stats: CompileStats::default(),
         params,
         _lib: lib,
-    })
-}
-
-/// How long idle OpenMP threads spin before they sleep, unless the user chose
-/// (`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`); libgomp reads it once, when the first kernel library
-/// loads it. Its default (300000 spins, milliseconds) lets a thread that waits at a region's
-/// end take the CPU from the one it waits for whenever another process shares the cores:
-/// ResNet-50 ran 127-139 ms (median) beside a CPU-bound process with the default, 50 ms with
-/// 2000 spins and 56 ms with 5000 (onnxruntime: 47-61 ms). Too few spins cost on a quiet
-/// machine, where the gaps between small kernels outlast them: GPT-2 at sequence length 1 took
-/// 0.55-0.64 ms with 2000 spins, 0.36-0.44 ms with 5000 as with the default, SqueezeNet 2.20
-/// against 2.06 ms.
-const GOMP_SPINS: &str = "5000";
-
-fn openmp_wait_policy() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os("GOMP_SPINCOUNT").is_none() && std::env::var_os("OMP_WAIT_POLICY").is_none() {
-            std::env::set_var("GOMP_SPINCOUNT", GOMP_SPINS);
-        }
-    });
-}
-
-/// Keeps the OpenMP runtime loaded for good: its worker threads outlive any one module, and
-/// unloading the runtime under them (when the last module that pulled it in is dropped) would
-/// crash them.
-fn pin_openmp_runtime() {
-    #[cfg(target_os = "linux")]
-    {
-        const RTLD_NOW: std::os::raw::c_int = 0x2;
-        const RTLD_NOLOAD: std::os::raw::c_int = 0x4;
-        const RTLD_NODELETE: std::os::raw::c_int = 0x1000;
-        for name in ["libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so"] {
-            // SAFETY: RTLD_NOLOAD only looks up an already loaded library (no initializers run);
-            // RTLD_NODELETE marks it as never unloaded.
-            if let Ok(l) = unsafe {
-                libloading::os::unix::Library::open(
-                    Some(name),
-                    RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE,
-                )
-            } {
-                drop(l);
-            }
-        }
-    }
+    };
+    m.set_threads(0);
+    Ok(m)
 }
 
 impl Module {
@@ -580,8 +543,10 @@ impl Module {
         self.fns.keys().map(|s| s.as_str())
     }
 
-    /// Threads used by parallel loops and gemms of this module (0: the OpenMP default).
+    /// Threads used by parallel loops and gemms of this module, the calling thread included
+    /// (0: [`crate::pool::default_threads`], which a module starts with).
     pub fn set_threads(&self, n: usize) {
+        let n = if n == 0 { crate::pool::default_threads() } else { n };
         if let Some(f) = self.set_threads {
             // SAFETY: plain C function setting an int.
             unsafe { f(n.min(i32::MAX as usize) as i32) }

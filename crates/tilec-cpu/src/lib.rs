@@ -1,6 +1,6 @@
 //! The CPU back end: renders tile-IR kernels to C (with a BLIS-style GEMM template for
-//! `Stmt::Gemm`), compiles them with the system C compiler and OpenMP into a cached shared
-//! library, and loads it.
+//! `Stmt::Gemm`), compiles them with the system C compiler into a cached shared library, and
+//! loads it. Parallel regions run on the process's thread pool ([`pool`]).
 //!
 //! ```text
 //! render_c(&kernel)              -> C source of one kernel
@@ -12,6 +12,8 @@ pub mod compiler;
 pub mod cpuinfo;
 pub mod families;
 pub mod gemm;
+pub mod pool;
+mod region;
 pub mod render;
 
 pub use compiler::{

@@ -100,19 +100,23 @@ pub fn render_function_packs(
     symbol: &str,
     opts: &RenderOptions,
 ) -> Result<(String, Vec<gemm::PackSlot>), RenderError> {
+    let written = written_buffers(k);
     let mut r = Renderer {
         k,
         opts,
+        symbol: symbol.to_string(),
         out: String::new(),
         pre: String::new(),
         indent: 1,
         declared: vec![HashSet::new()],
         heap: vec![vec![]],
+        locals: vec![vec![]],
+        written: written.clone(),
+        regions: 0,
         packs: vec![],
     };
     r.validate()?;
     let mut head = String::new();
-    let written = written_buffers(k);
     for (i, &p) in k.params.iter().enumerate() {
         let b = k.buf(p);
         if b.scope != Scope::Global {
@@ -345,13 +349,15 @@ impl CStyle for C {
 pub(crate) struct Ctx {
     /// Inside a parallel loop: nested parallel loops render serial.
     pub in_parallel: bool,
-    /// Inside an `omp simd` loop: no OpenMP constructs allowed.
+    /// Inside an `omp simd` loop: no parallel regions allowed.
     pub in_simd: bool,
 }
 
 pub(crate) struct Renderer<'a> {
     pub k: &'a Kernel,
     pub opts: &'a RenderOptions,
+    /// The kernel function's C name (its parallel regions are named after it).
+    pub symbol: String,
     pub out: String,
     /// File-scope code the function needs (micro-kernels), emitted before it.
     pub pre: String,
@@ -360,6 +366,12 @@ pub(crate) struct Renderer<'a> {
     pub declared: Vec<HashSet<VarId>>,
     /// Heap-allocated local buffers of each open scope (freed at its end).
     pub heap: Vec<Vec<BufId>>,
+    /// Local buffers allocated in each open scope.
+    pub locals: Vec<Vec<BufId>>,
+    /// Parameters the kernel writes (the others are `const`).
+    pub written: HashSet<BufId>,
+    /// Parallel regions outlined so far.
+    pub regions: usize,
     /// Gemm operands packable ahead of the calls, with the C code that packs each into `tc_dst`.
     pub packs: Vec<(gemm::PackSlot, String)>,
 }
@@ -415,6 +427,7 @@ impl<'a> Renderer<'a> {
     pub fn open_scope(&mut self) {
         self.declared.push(HashSet::new());
         self.heap.push(vec![]);
+        self.locals.push(vec![]);
         self.indent += 1;
     }
 
@@ -425,6 +438,7 @@ impl<'a> Renderer<'a> {
             }
         }
         self.declared.pop();
+        self.locals.pop();
         self.indent -= 1;
     }
 
@@ -499,6 +513,9 @@ impl<'a> Renderer<'a> {
                 }
                 let n = buf.numel().max(1);
                 let t = storage_type(buf.dtype);
+                if let Some(l) = self.locals.last_mut() {
+                    l.push(*b);
+                }
                 let bytes = n.saturating_mul(buf.dtype.size_bytes() as i64);
                 if bytes > STACK_LIMIT_BYTES && buf.scope != Scope::Register {
                     self.line(&format!(
@@ -539,9 +556,7 @@ impl<'a> Renderer<'a> {
         match l.kind {
             LoopKind::Parallel if !ctx.in_parallel && !ctx.in_simd => {
                 if l.extent > 1 {
-                    self.line(
-                        "#pragma omp parallel for schedule(static) num_threads(tc_threads())",
-                    );
+                    return self.parallel_loop(l, ctx);
                 }
                 inner.in_parallel = true;
             }

@@ -361,6 +361,59 @@ fn gemm_inside_parallel_loop() {
     assert!(m.packs("mm_in_loop").is_empty());
 }
 
+/// A parallel gemm is one region chunk per thread, each computing its block of C: one thread,
+/// more threads than row or column tiles, and uneven splits over batches, rows and columns
+/// compute the same products. Also a gemm inside a serial loop (a region per iteration, the
+/// loop variable passed to the region).
+#[test]
+fn thread_counts() {
+    let mut ks = vec![
+        gemm_kernel("tc_rows", &spec(1, 257, 40, 64)),
+        gemm_kernel("tc_cols", &spec(1, 6, 600, 128)),
+        gemm_kernel("tc_batch", &spec(5, 40, 40, 40)),
+    ];
+    let mut k = gemm_kernel("tc_in_serial_loop", &spec(1, 64, 80, 60));
+    let Stmt::Gemm(g) = k.body.pop().unwrap() else {
+        unreachable!()
+    };
+    let t = k.index_var("t");
+    let mut g = *g;
+    for p in k.params.clone() {
+        let b = &mut k.buffers[p.0 as usize];
+        if b.shape.len() == 3 {
+            b.shape[0] = 3;
+        }
+    }
+    let bv = g.b_var;
+    g.a = g.a.substitute(bv, &v(t));
+    g.b = g.b.substitute(bv, &v(t));
+    for s in &mut g.epilogue {
+        s.substitute(bv, &v(t));
+    }
+    k.body.push(Stmt::For(Loop {
+        var: t,
+        extent: 3,
+        kind: LoopKind::Serial,
+        body: vec![Stmt::Gemm(Box::new(g))],
+    }));
+    ks.push(k);
+    let m = check_kernels(&ks, 31, false, gemm_tol);
+    let mut r = rng(31);
+    for threads in [1, 3, 5] {
+        m.set_threads(threads);
+        for k in &ks {
+            let args = make_args(k, &mut r, false);
+            let mut want = args.clone();
+            tilec_tile::interp::run(k, &mut want).unwrap();
+            let mut got = args.clone();
+            m.run(&k.name, &mut got).unwrap();
+            let out = k.params.len() - 1;
+            let what = format!("{} on {threads} threads", k.name);
+            assert_close(&what, &got[out], &want[out], gemm_tol(k, DType::F32));
+        }
+    }
+}
+
 /// Operands that read only parameters get pack slots (checked against the interpreter with
 /// every subset packed by `check_kernels`); operands that depend on an enclosing loop do not.
 #[test]

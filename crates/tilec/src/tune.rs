@@ -357,7 +357,7 @@ impl Measurer for CpuMeasurer<'_> {
                         let (i, k) = &built[j];
                         outs[*i] = Some(self.time(&module, &k.name, !k.checks.is_empty()));
                     }
-                    // Never unloaded: OpenMP worker threads may still hold its code.
+                    // Never unloaded: threads keep its per-thread scratch (see `exec::cpu`).
                     std::mem::forget(module);
                 }
                 Err(e) => {

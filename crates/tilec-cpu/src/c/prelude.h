@@ -4,44 +4,49 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define TC_INLINE static inline __attribute__((always_inline))
 #define TC_RESTRICT __restrict__
 
-/* Thread count used by every parallel region (0: the OpenMP default). One copy per library. */
-__attribute__((weak, visibility("hidden"))) int tc_nthreads = 0;
+/* ---- parallel regions ----
+   A region is n chunks, task(ctx, c, n) for c in [0, n); the thread pool the loader installs
+   (tilec_cpu::pool) runs them on up to tc_nthreads threads, the calling thread included, and
+   returns when all have run. Without a pool, or with one thread, they run here in order. */
+typedef void (*tc_task)(void *ctx, int64_t chunk, int64_t chunks);
+typedef void (*tc_pool_fn)(tc_task task, void *ctx, int64_t chunks, int64_t threads);
+/* One copy per library (weak and hidden: the translation units share it). */
+__attribute__((weak, visibility("hidden"))) tc_pool_fn tc_pool = 0;
+__attribute__((weak, visibility("hidden"))) int tc_nthreads = 1;
 
-__attribute__((weak)) void tilec_set_threads(int n) {
-    tc_nthreads = n > 0 ? n : 0;
-#ifdef _OPENMP
-    if (n > 0) omp_set_num_threads(n);
-#endif
+__attribute__((weak)) void tilec_set_pool(tc_pool_fn pool) { tc_pool = pool; }
+__attribute__((weak)) void tilec_set_threads(int n) { tc_nthreads = n > 0 ? n : 1; }
+
+TC_INLINE int64_t tc_threads(void) { return tc_nthreads; }
+
+/* Chunks of a parallel loop of `extent` iterations: a few per thread, so that a thread that
+   runs late (another process holds its core) leaves little for the others to wait for. */
+#define TC_CHUNKS_PER_THREAD 4
+TC_INLINE int64_t tc_loop_chunks(int64_t extent) {
+    int64_t n = tc_threads() * TC_CHUNKS_PER_THREAD;
+    return extent < n ? extent : n;
 }
 
-TC_INLINE int tc_threads(void) {
-#ifdef _OPENMP
-    return tc_nthreads > 0 ? tc_nthreads : omp_get_max_threads();
-#else
-    return 1;
-#endif
+/* The iterations [*lo, *hi) of chunk c of n over `extent`, balanced to within one. */
+TC_INLINE void tc_chunk_range(int64_t extent, int64_t c, int64_t n, int64_t *lo, int64_t *hi) {
+    const int64_t q = extent / n, r = extent % n;
+    *lo = c * q + (c < r ? c : r);
+    *hi = *lo + q + (c < r);
 }
 
-TC_INLINE int tc_team_size(void) {
-#ifdef _OPENMP
-    return omp_get_num_threads();
-#else
-    return 1;
-#endif
-}
-TC_INLINE int tc_team_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
+/* The most chunks of a region (tilec_cpu::pool::MAX_CHUNKS); tasks read the count they get. */
+#define TC_MAX_CHUNKS 4094
+TC_INLINE void tc_parallel(tc_task task, void *ctx, int64_t chunks) {
+    if (chunks > TC_MAX_CHUNKS) chunks = TC_MAX_CHUNKS;
+    if (chunks > 1 && tc_nthreads > 1 && tc_pool) {
+        tc_pool(task, ctx, chunks, tc_nthreads);
+    } else {
+        for (int64_t c = 0; c < chunks; ++c) task(ctx, c, chunks);
+    }
 }
 
 TC_INLINE void *tc_alloc(size_t bytes) {

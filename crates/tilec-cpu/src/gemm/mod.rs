@@ -136,14 +136,14 @@ pub(crate) fn render_gemm(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
     }
 }
 
-fn parallel_clause(r: &Renderer, g: &Gemm, ctx: Ctx) -> String {
+/// Whether the gemm is a parallel region of its own: large enough, and not inside one.
+fn is_parallel(r: &Renderer, g: &Gemm, ctx: Ctx) -> bool {
     let flops = g
         .batch
         .saturating_mul(g.m)
         .saturating_mul(g.n)
         .saturating_mul(g.k.max(1));
-    let par = !ctx.in_parallel && !ctx.in_simd && flops >= r.opts.gemm_parallel_min_flops;
-    format!("num_threads(tc_threads()) if({})", par as u8)
+    !ctx.in_parallel && !ctx.in_simd && flops >= r.opts.gemm_parallel_min_flops
 }
 
 /// Whether the epilogue can run under `omp simd` (straight-line stores, lets and ifs).
@@ -217,7 +217,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         r.var_name(g.k_var),
         r.var_name(g.acc_var),
     );
-    let par = parallel_clause(r, g, ctx);
+    let par = is_parallel(r, g, ctx);
 
     // Operand expressions and the epilogue, rendered with the template's variables in scope.
     r.open_scope();
@@ -483,13 +483,11 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         format!("({t} *)tc_scratch(0, sizeof({t}) * {mcb} * {kcb})")
     };
     let code = format!(
-        r#"{{ /* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb}{ind_note} */
-    {ind_tables}#pragma omp parallel {par}
-{{
-    /* Each thread computes its own block of C (no barriers): batches, else rows or columns,
+        r#"{ind_tables}{{
+    /* Each chunk computes its own block of C (no barriers): batches, else rows or columns,
        whichever costs less: its padded multiply-adds plus two per operand byte it reads
-       (splitting columns makes every thread read all of A, splitting rows all of B). */
-    const int64_t nt = tc_team_size(), tid = tc_team_id();
+       (splitting columns makes every chunk read all of A, splitting rows all of B). */
+    const int64_t nt = tc_n, tid = tc_c;
     const int64_t mt = ({m} + {mr} - 1) / {mr}, ntl = ({n} + {nr} - 1) / {nr};
     const int64_t cm = (mt + nt - 1) / nt, cn = (ntl + nt - 1) / nt;
     const int split_b = nt > 1 && {batch} >= nt && ({batch} % nt == 0 || {batch} >= 4 * nt);
@@ -545,15 +543,31 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         }}
         }}
     }}
-}}
 }}"#,
         ctn = mr * nr,
-        ind_note = if ind.is_some() { ", A in place" } else { "" },
     );
-    for l in code.lines() {
-        r.line(l);
+    let ind_note = if ind.is_some() { ", A in place" } else { "" };
+    r.line(&format!(
+        "/* gemm {batch} x {m} x {n} x {k}: mr={mr} nr={nr} kc={kcb} mc={mcb} nc={ncb}{ind_note} */"
+    ));
+    let emit = |r: &mut Renderer| {
+        for l in code.lines() {
+            r.line(l);
+        }
+    };
+    if par {
+        // One chunk per thread: the blocks above are the threads' shares.
+        r.parallel_region("tc_threads()", |r| {
+            emit(r);
+            Ok(())
+        })
+    } else {
+        r.line("{");
+        r.line("const int64_t tc_n = 1, tc_c = 0;");
+        emit(r);
+        r.line("}");
+        Ok(())
     }
-    Ok(())
 }
 
 /// A plain loop nest for accumulator types without a vector template (integers, f16, ...),
@@ -574,26 +588,42 @@ fn render_simple(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderError
         r.var_name(g.k_var),
         r.var_name(g.acc_var),
     );
-    let par = parallel_clause(r, g, ctx);
     r.line(&format!(
         "/* gemm {} x {} x {} x {} ({d}) */",
         g.batch, g.m, g.n, g.k
     ));
-    r.line(&format!(
-        "#pragma omp parallel for collapse(2) schedule(static) {par}"
-    ));
-    r.line(&format!(
-        "for (int64_t {vb} = 0; {vb} < {}; ++{vb}) {{",
-        g.batch
-    ));
-    r.open_scope();
-    r.declare(g.b_var);
-    r.line(&format!(
-        "for (int64_t {vi} = 0; {vi} < {}; ++{vi}) {{",
-        g.m
-    ));
-    r.open_scope();
-    r.declare(g.i_var);
+    // The (batch, row) pairs, in contiguous chunks when the gemm is a parallel region.
+    let rows = g.batch.saturating_mul(g.m);
+    let body = |r: &mut Renderer, lo: &str, hi: &str| -> Result<(), RenderError> {
+        r.line(&format!("for (int64_t tc_bi = {lo}; tc_bi < {hi}; ++tc_bi) {{"));
+        r.open_scope();
+        r.line(&format!("const int64_t {vb} = tc_bi / {m}, {vi} = tc_bi % {m};", m = g.m.max(1)));
+        r.declare(g.b_var);
+        r.declare(g.i_var);
+        simple_row(r, g, ct, acc_ty, [&vj, &vk, &vacc])?;
+        r.close_scope();
+        r.line("}");
+        Ok(())
+    };
+    if is_parallel(r, g, ctx) {
+        r.parallel_region(&format!("tc_loop_chunks({rows}LL)"), |r| {
+            r.line("int64_t tc_lo, tc_hi;");
+            r.line(&format!("tc_chunk_range({rows}LL, tc_c, tc_n, &tc_lo, &tc_hi);"));
+            body(r, "tc_lo", "tc_hi")
+        })
+    } else {
+        body(r, "0", &format!("{rows}LL"))
+    }
+}
+
+/// One row of [`render_simple`]: the columns, each a sum over `k` and the epilogue.
+fn simple_row(
+    r: &mut Renderer,
+    g: &Gemm,
+    ct: &str,
+    acc_ty: Ty,
+    [vj, vk, vacc]: [&str; 3],
+) -> Result<(), RenderError> {
     r.line(&format!(
         "for (int64_t {vj} = 0; {vj} < {}; ++{vj}) {{",
         g.n
@@ -638,10 +668,6 @@ fn render_simple(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderError
     for s in &g.epilogue {
         r.stmt(s, ectx)?;
     }
-    r.close_scope();
-    r.line("}");
-    r.close_scope();
-    r.line("}");
     r.close_scope();
     r.line("}");
     Ok(())

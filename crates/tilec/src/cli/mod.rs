@@ -13,7 +13,7 @@ use tilec::onnx::proto::{self, ModelProto};
 use tilec::{ImportError, ImportOptions, Tensor};
 
 /// The most threads `--threads` accepts: far more than any machine's cores, far fewer than
-/// what would exhaust the OpenMP runtime's memory.
+/// what would exhaust memory with the thread pool's stacks.
 pub const MAX_THREADS: usize = 4096;
 
 /// The most timed runs `--bench` accepts.

@@ -64,7 +64,8 @@ impl AlignedBytes {
 pub struct Cpu {
     compiler: tilec_cpu::Compiler,
     threads: usize,
-    /// Never unloaded: OpenMP worker threads may still hold code of the library after a run.
+    /// Never unloaded: every thread that ran its kernels keeps the library's per-thread scratch
+    /// (`tc_scratch`), which unloading would leak.
     module: Option<std::mem::ManuallyDrop<tilec_cpu::Module>>,
     arena: Option<Arena>,
     consts: Vec<AlignedBytes>,
