@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the model-export venv (.venv-export) used by scripts/gen-models.py:
-# PyTorch, transformers, onnxscript (the dynamo ONNX exporter's backend), onnx
+# PyTorch, torchvision, transformers, onnxscript (the dynamo ONNX exporter's backend), onnx
 # and onnxruntime (to cross-check the exported models), all pinned.
 #
 # Kept apart from .venv (scripts/setup-venv.sh) because it is large: the only
@@ -26,6 +26,7 @@ PINS=(
     "onnx==1.23.2"
     "numpy==2.4.6"
     "onnxruntime==1.31.1"
+    "torchvision==0.29.2"
 )
 # Everything they pull in, pinned too so the export is reproducible.
 PINS+=(
@@ -73,6 +74,7 @@ PINS+=(
     "pydantic==2.14.4"
     "pydantic_core==2.50.5"
     "Pygments==2.21.0"
+    "pillow==13.0.0"
     "PyYAML==6.0.4"
     "regex==2026.11.19"
     "rich==15.0.0"

@@ -50,8 +50,8 @@ if [[ "${TILEC_PY_TORCH:-1}" != 0 ]]; then
     export_site="$(.venv-export/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     echo "$export_site" >"$site/tilec-export-venv.pth"
     # The torch tests must run here, not be skipped: fail now if their packages do not import.
-    "$VPY" -c 'import torch, transformers, onnxruntime, onnxscript' || {
-        echo "test-python: torch, transformers or onnxruntime does not import from .venv-export" >&2
+    "$VPY" -c 'import torch, torchvision, transformers, onnxruntime, onnxscript' || {
+        echo "test-python: torch, torchvision, transformers or onnxruntime does not import from .venv-export" >&2
         exit 1
     }
 else

@@ -123,6 +123,15 @@ def test_mobilenet_style_matches_eager():
     compiled_by_tilec(m, (torch.randn(2, 3, 32, 32),))
 
 
+def test_torchvision_resnet18_and_mobilenet_v2_match_eager():
+    tv = pytest.importorskip("torchvision", reason="torchvision is not installed (scripts/setup-export-venv.sh)")
+    for seed, build in [(10, tv.models.resnet18), (11, tv.models.mobilenet_v2)]:
+        torch._dynamo.reset()
+        torch.manual_seed(seed)
+        m = randomized(build(weights=None, num_classes=10))
+        compiled_by_tilec(m, (torch.randn(2, 3, 64, 64),), atol=2e-3, rtol=2e-3)
+
+
 def test_gpt2_style_transformer_matches_eager():
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (scripts/setup-export-venv.sh)")
     cfg = transformers.GPT2Config(
