@@ -113,8 +113,9 @@ impl CustomEpilogue {
         // FNV-1a: stable across runs and builds, unlike the std hasher.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let rows = self.rows.map(|r| r.to_string()).unwrap_or_default();
-        let vector = self.vector.as_deref().unwrap_or_default();
-        for part in [self.name.as_str(), self.source.as_str(), rows.as_str(), vector]
+        // The vector function's name only when there is one (keys of epilogues without one
+        // are as before it existed).
+        for part in [self.name.as_str(), self.source.as_str(), rows.as_str()].into_iter().chain(self.vector.as_deref())
             .into_iter()
             .chain(self.params.iter().map(String::as_str))
         {

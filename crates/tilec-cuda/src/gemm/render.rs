@@ -878,7 +878,7 @@ fn render_parked(q: &Params, scale: &str, readback: &str) -> String {
                 *(float2*)(tl_st + ((lane >> 2) + 8 * h) * 40 + qq * 8 + 2 * (lane & 3)) =
                     make_float2(acc[{j}][4 * (ch * 4 + qq) + 2 * h]{scale}, acc[{j}][4 * (ch * 4 + qq) + 2 * h + 1]{scale});
             __syncwarp();
-            {readback}
+{readback}
             __syncwarp();
           }}
         }}
