@@ -20,7 +20,7 @@ use tilec_cuda::*;
 use tilec_ir::DType;
 
 mod common;
-use common::{from_bits, median, to_bits, Rng};
+use common::{from_bits, to_bits, Rng};
 
 struct Case {
     label: String,
@@ -281,18 +281,7 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usi
         "compile_s": compile_s, "grid": [cfg.grid.0, cfg.grid.1, cfg.grid.2], "smem": cfg.shared_mem_bytes,
     });
     if c.time && ok {
-        for _ in 0..3 {
-            kern.launch(stream, &ptrs).map_err(s)?;
-        }
-        let events: Vec<(Event, Event)> = (0..iters).map(|_| Ok((dev.event()?, dev.event()?))).collect::<Result<_>>().map_err(s)?;
-        for (e0, e1) in &events {
-            e0.record(stream).map_err(s)?;
-            kern.launch(stream, &ptrs).map_err(s)?;
-            e1.record(stream).map_err(s)?;
-        }
-        stream.synchronize().map_err(s)?;
-        let times: Vec<f32> = events.iter().map(|(e0, e1)| e1.elapsed_ms_since(e0)).collect::<Result<_>>().map_err(s)?;
-        let ms = median(times);
+        let ms = common::time_ms(dev, stream, 3, iters, || kern.launch(stream, &ptrs)).map_err(s)?;
         j["ms"] = json!(ms);
         j["tflops"] = json!(p.flops() / (ms * 1e-3) / 1e12);
     }

@@ -1,4 +1,5 @@
-//! What the GEMM benchmark drivers share: a seeded generator, 16-bit conversions and the median.
+//! What the benchmark drivers share: a seeded generator, 16-bit conversions, the median and
+//! the timing of a kernel's launches.
 
 #![allow(dead_code)]
 
@@ -76,4 +77,27 @@ pub fn run_all<C>(cases: &[C], label: impl Fn(&C) -> &str, mut run: impl FnMut(&
     }
     println!("{}", serde_json::json!({"cases": cases.len(), "failed": failed}));
     failed
+}
+
+/// The median time in ms of `iters` calls of `launch` on `stream`, each between two events,
+/// after `warmup` untimed calls.
+pub fn time_ms(
+    dev: &tilec_cuda::Device,
+    stream: &tilec_cuda::Stream,
+    warmup: usize,
+    iters: usize,
+    mut launch: impl FnMut() -> tilec_cuda::Result<()>,
+) -> tilec_cuda::Result<f64> {
+    for _ in 0..warmup {
+        launch()?;
+    }
+    let events = (0..iters).map(|_| Ok((dev.event()?, dev.event()?))).collect::<tilec_cuda::Result<Vec<_>>>()?;
+    for (e0, e1) in &events {
+        e0.record(stream)?;
+        launch()?;
+        e1.record(stream)?;
+    }
+    stream.synchronize()?;
+    let times = events.iter().map(|(e0, e1)| e1.elapsed_ms_since(e0)).collect::<tilec_cuda::Result<Vec<f32>>>()?;
+    Ok(median(times))
 }
