@@ -659,6 +659,15 @@ impl Event {
         // SAFETY: valid event and stream.
         unsafe { cu!(cuEventRecord(self.raw, stream.raw)) }
     }
+    /// Records the event so that a stream capture keeps it as a node of the graph (on a stream
+    /// that is not capturing, the same as [`Event::record`]): replaying the graph then stamps
+    /// it on the device's clock between the kernels around it.
+    pub fn record_in_graph(&self, stream: &Stream) -> Result<()> {
+        self.ctx.bind()?;
+        let flags = sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: valid event and stream.
+        unsafe { cu!(cuEventRecordWithFlags(self.raw, stream.raw, flags)) }
+    }
     /// Milliseconds from `start` to this event (both recorded; waits for this one).
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         self.ctx.bind()?;

@@ -14,6 +14,10 @@ pub struct KernelProfile {
     pub bytes: u64,
     /// Floating-point operations over all calls (a multiply-add counts as two).
     pub flops: u64,
+    /// What the back end says of the kernel: family parameters, launch shape, registers,
+    /// shared memory, spills (empty when nothing was said).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
 }
 
 impl KernelProfile {
@@ -90,6 +94,16 @@ impl Profile {
         self.spans.push(crate::trace::Span { name: name.to_string(), start_ns, dur_ns: ns });
     }
 
+    /// Sets what is known of kernel `name` beyond its figures (kept from the first call that
+    /// said something).
+    pub fn describe(&mut self, name: &str, detail: &str) {
+        if let Some(k) = self.kernels.iter_mut().find(|k| k.name == name) {
+            if k.detail.is_empty() {
+                k.detail = detail.to_string();
+            }
+        }
+    }
+
     /// Adds the records of `other` (for example from another run).
     pub fn merge(&mut self, other: &Profile) {
         for o in &other.kernels {
@@ -99,6 +113,9 @@ impl Profile {
                     k.total_ns = k.total_ns.saturating_add(o.total_ns);
                     k.bytes = k.bytes.saturating_add(o.bytes);
                     k.flops = k.flops.saturating_add(o.flops);
+                    if k.detail.is_empty() {
+                        k.detail = o.detail.clone();
+                    }
                 }
                 None => self.kernels.push(o.clone()),
             }

@@ -110,6 +110,102 @@ pub fn roofline_points(p: &Profile, c: &Ceilings) -> Vec<(String, f64, f64, f64)
         .collect()
 }
 
+/// One kernel against the roofline: what binds it on this device, how close it runs to its
+/// ceiling, and the time it would take at the ceiling.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Bound {
+    pub name: String,
+    pub calls: u64,
+    pub total_ms: f64,
+    /// FLOP per byte moved (0 for kernels that only move data).
+    pub intensity: f64,
+    pub gbps: f64,
+    pub gflops: f64,
+    /// `memory` below the ridge point (the ceilings' ratio), `compute` above.
+    pub bound: &'static str,
+    /// Achieved over the ceiling at this intensity (bandwidth for kernels without FLOPs).
+    pub roof_fraction: f64,
+    /// The time at the ceiling, all calls.
+    pub roof_ms: f64,
+    pub detail: String,
+}
+
+/// Every kernel with a recorded time against the ceilings, slowest first.
+pub fn bounds(p: &Profile, c: &Ceilings) -> Vec<Bound> {
+    p.rows()
+        .into_iter()
+        .filter(|r| r.kernel.total_ns > 0)
+        .map(|r| {
+            let k = &r.kernel;
+            let intensity = if k.bytes > 0 { k.flops as f64 / k.bytes as f64 } else { 0.0 };
+            let ridge = c.gflops / c.gbps.max(1e-9);
+            // Seconds at the ceilings: the longer of moving the bytes and doing the FLOPs.
+            let at_roof = (k.bytes as f64 / (c.gbps * 1e9).max(1e-9)).max(k.flops as f64 / (c.gflops * 1e9).max(1e-9));
+            let took = k.total_ns as f64 / 1e9;
+            Bound {
+                name: k.name.clone(),
+                calls: k.calls,
+                total_ms: took * 1e3,
+                intensity,
+                gbps: r.gbps,
+                gflops: r.gflops,
+                bound: if k.flops > 0 && intensity >= ridge { "compute" } else { "memory" },
+                roof_fraction: at_roof / took,
+                roof_ms: at_roof * 1e3,
+                detail: k.detail.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The profile of `runs` runs against the roofline as a table (slowest first; times per run),
+/// closed by the account of the gap: the time at the ceilings against the time taken, and the
+/// kernels that lose the most.
+pub fn bounds_table(p: &Profile, c: &Ceilings, runs: usize) -> String {
+    let b = bounds(p, c);
+    let per_run = 1.0 / runs.max(1) as f64;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "roofline: {:.1} GB/s ({}), {:.1} TFLOP/s ({}); ridge at {:.1} FLOP/B",
+        c.gbps,
+        c.gbps_from,
+        c.gflops / 1e3,
+        c.gflops_from,
+        c.gflops / c.gbps.max(1e-9)
+    );
+    let _ = writeln!(s, "{:<44} {:>9} {:>7} {:>9} {:>9} {:>8} {:>6}  detail", "kernel", "ms/run", "FLOP/B", "GB/s", "GFLOP/s", "bound", "roof");
+    for k in &b {
+        let name: String = k.name.chars().take(44).collect();
+        let _ = writeln!(
+            s,
+            "{name:<44} {:>9.3} {:>7.1} {:>9.1} {:>9.1} {:>8} {:>5.0}%  {}",
+            k.total_ms * per_run,
+            k.intensity,
+            k.gbps,
+            k.gflops,
+            k.bound,
+            100.0 * k.roof_fraction,
+            k.detail
+        );
+    }
+    let took: f64 = b.iter().map(|k| k.total_ms).sum::<f64>() * per_run;
+    let roof: f64 = b.iter().map(|k| k.roof_ms).sum::<f64>() * per_run;
+    let _ = writeln!(
+        s,
+        "gap to the roofline: {took:.3} ms taken per run, {roof:.3} ms at the ceilings ({:.0}% of the roofline over the run)",
+        if took > 0.0 { 100.0 * roof / took } else { 0.0 }
+    );
+    let mut lost: Vec<&Bound> = b.iter().collect();
+    lost.sort_by(|x, y| (y.total_ms - y.roof_ms).total_cmp(&(x.total_ms - x.roof_ms)));
+    for k in lost.iter().take(5) {
+        let lost = (k.total_ms - k.roof_ms) * per_run;
+        let share = if took > roof { 100.0 * lost / (took - roof) } else { 0.0 };
+        let _ = writeln!(s, "  {lost:.3} ms lost ({share:.0}% of the gap): {} ({}-bound)", k.name, k.bound);
+    }
+    s
+}
+
 /// A log-log roofline plot (SVG): the ceilings as lines, each kernel as a labelled point.
 pub fn roofline_svg(p: &Profile, c: &Ceilings, title: &str) -> String {
     let pts = roofline_points(p, c);
@@ -228,6 +324,24 @@ mod tests {
         assert_eq!(k[0].0, "conv");
         let pct: f64 = k.iter().map(|x| x.2).sum();
         assert!((pct - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bounds_say_what_binds_each_kernel_and_the_gap() {
+        let c = Ceilings { gbps: 20.0, gbps_from: "measured".into(), gflops: 150.0, gflops_from: "declared".into() };
+        let mut p = sample();
+        p.describe("k0_conv [cpu.blis_gemm]", "mr 6");
+        let b = bounds(&p, &c);
+        assert_eq!(b.len(), 2);
+        // 40 FLOP/B over a ridge of 7.5: compute-bound; 80 MFLOP at 150 GFLOP/s take 533 us
+        // (the sample runs faster than its ceilings allow: the fraction shows it as it is).
+        assert_eq!((b[0].name.as_str(), b[0].bound, b[0].detail.as_str()), ("k0_conv [cpu.blis_gemm]", "compute", "mr 6"));
+        assert!((b[0].roof_ms - 80e6 / 150e9 * 1e3).abs() < 1e-9);
+        // 4 MB at 20 GB/s: 200 us at the roof against 2 us taken.
+        assert_eq!(b[1].bound, "memory");
+        assert!((b[1].roof_fraction - 0.2e-3 / 2e-6).abs() < 1e-6);
+        let t = bounds_table(&p, &c, 2);
+        assert!(t.contains("ridge at 7.5 FLOP/B") && t.contains("gap to the roofline") && t.contains("mr 6"));
     }
 
     #[test]

@@ -31,6 +31,13 @@ enum Cmd {
     /// Inputs not given with --input (or found in --expect-dir) get random values of the
     /// right dtype and shape: floats uniform in [-1, 1), integers in [0, 4), random bools.
     Run(cli::run::RunArgs),
+    /// Run a model and show where its time goes: per kernel the time, share, bytes, FLOPs,
+    /// family and parameters, launch shape, registers and spills, what binds it and how close it
+    /// runs to the roofline (ceilings measured on this machine: a copy and a GEMM), time by kind
+    /// of kernel, and the gap to the roofline. Writes profile.txt, profile.json, trace.json
+    /// (Chrome trace, opens in Perfetto) and roofline.svg into --profile-dir (default:
+    /// MODEL's name with `.profile`). Takes every option of `run`.
+    Profile(cli::run::RunArgs),
     /// Print the graph in tilec's IR text form after import and optimization (-O0 shows
     /// the graph as imported).
     PrintIr(cli::opt::OptArgs),
@@ -91,6 +98,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Inspect { model } => cli::inspect::inspect(&model),
         Cmd::Run(args) => cli::run::run(&args),
+        Cmd::Profile(args) => cli::run::profile_cmd(args),
         Cmd::PrintIr(args) => cli::opt::print_ir(&args),
         Cmd::Explain(args) => cli::opt::explain(&args),
         Cmd::Tune(args) => cli::tune::tune(&args),

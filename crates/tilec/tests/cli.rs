@@ -590,3 +590,37 @@ fn profile_writes_a_trace_and_a_roofline() {
     assert!(s.starts_with("<svg") && s.contains("measured: a 32 MiB copy"), "{}", &s[..200.min(s.len())]);
     assert!(s.matches("<circle").count() >= 20, "{}", s.matches("<circle").count());
 }
+
+/// `tilec profile` writes the tables, a JSON account of every kernel against the roofline
+/// (what binds it, its fraction of the ceiling, its family's parameters), the trace and the
+/// plot into one directory.
+#[test]
+fn profile_command_writes_its_directory() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/gen/light/squeezenet/model.onnx");
+    if !model.is_file() {
+        eprintln!("note: {} missing", model.display());
+        return;
+    }
+    let dir = scratch("profile_command").join("out");
+    let o = tilec(&[&"profile", &model, &"--profile-dir", &dir]);
+    o.ok();
+    assert!(o.stdout.contains("gap to the roofline"), "{}", o.stdout);
+    let text = std::fs::read_to_string(dir.join("profile.txt")).unwrap();
+    assert!(text.contains("time by kind") && text.contains("ridge at"), "{text}");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("profile.json")).unwrap()).unwrap();
+    assert!(j["ceilings"]["gbps"].as_f64().is_some_and(|g| g > 0.0) && j["runs"] == 5, "{j}");
+    let ks = j["kernels"].as_array().unwrap();
+    assert!(ks.len() > 10, "{} kernels", ks.len());
+    for k in ks {
+        assert!(k["bound"] == "memory" || k["bound"] == "compute", "{k}");
+        assert!(k["roof_fraction"].as_f64().is_some_and(|f| f > 0.0) && k["calls"] == 5, "{k}");
+    }
+    // Blocked GEMMs carry their blocking; the slowest kernel comes first.
+    assert!(ks.iter().any(|k| k["name"].as_str().unwrap().contains("blis_gemm") && k["detail"].as_str().unwrap().contains("kc=")), "{j}");
+    let ms: Vec<f64> = ks.iter().map(|k| k["total_ms"].as_f64().unwrap()).collect();
+    assert!(ms.windows(2).all(|w| w[0] >= w[1]), "{ms:?}");
+    assert!(j["by_kind"].as_array().unwrap().iter().any(|k| k["kind"] == "conv"));
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).unwrap()).unwrap();
+    assert_eq!(t["traceEvents"].as_array().unwrap().len(), ks.len() * 5);
+    assert!(std::fs::read_to_string(dir.join("roofline.svg")).unwrap().starts_with("<svg"));
+}

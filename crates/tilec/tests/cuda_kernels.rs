@@ -306,3 +306,44 @@ fn the_cuda_executor_fails_cleanly_without_a_gpu_and_matches_the_reference_with_
         assert!(c.ok(), "max abs err {}, {} mismatches", c.max_abs, c.mismatches);
     }
 }
+
+/// A profiled run on the GPU times every kernel on the device's clock (a graph replayed with
+/// an event between kernels): one span per kernel per run, in launch order without overlap,
+/// each with its launch shape and registers, and a profiled run still computes the model.
+#[test]
+fn cuda_profiles_time_each_kernel_on_the_device() {
+    let dir = root().join("models/gpt2");
+    if !dir.join("model.onnx").is_file() || !tilec::cuda::is_available() {
+        eprintln!("note: needs models/gpt2 and a CUDA GPU");
+        return;
+    }
+    let g = model_graph(&dir, &[("batch", 2), ("seq", 16)]);
+    let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<i64> = (0..32).map(|i| (i * 53 % 1000) as i64).collect();
+    let x = Tensor::from_vec(vec![2, 16], ids).unwrap();
+    let want = tilec::reference::run(&g, vec![x.clone()]).unwrap();
+    let mut p = tilec::runtime::Profile::default();
+    c.poison().unwrap();
+    let got = c.run_profiled(&[x.clone()], Some(&mut p)).unwrap();
+    c.run_profiled(&[x.clone()], Some(&mut p)).unwrap();
+    for (w, gt) in want.iter().zip(&got) {
+        let d = tilec::compare::compare(w, gt, 1e-3, 1e-4).unwrap();
+        assert!(d.ok(), "profiled run: max abs err {}, {} mismatches", d.max_abs, d.mismatches);
+    }
+    let kernels = c.report.kernels;
+    assert_eq!(p.spans.len(), 2 * kernels, "{} spans for {kernels} kernels x 2 runs", p.spans.len());
+    assert!(p.kernels.iter().all(|k| k.calls == 2 && k.total_ns > 0), "{:?}", p.kernels);
+    assert!(p.kernels.iter().all(|k| k.detail.contains("grid ") && (k.detail.contains(" regs") || k.detail.contains("library"))), "{:?}", p.kernels);
+    for run in p.spans.chunks(kernels) {
+        for w in run.windows(2) {
+            assert!(w[1].start_ns >= w[0].start_ns + w[0].dur_ns, "{w:?}");
+        }
+    }
+    // Device time, not launches from the host: the kernels of a run take less than the run
+    // does when launched kernel by kernel and waited for.
+    let device: u64 = p.spans[..kernels].iter().map(|s| s.dur_ns).sum();
+    c.set_use_graphs(false);
+    let t = std::time::Instant::now();
+    c.run(&[x]).unwrap();
+    assert!((device as u128) < t.elapsed().as_nanos(), "{device} ns on the device");
+}

@@ -1,5 +1,6 @@
 //! Subcommands of the `tilec` tool and the helpers they share.
 
+pub mod ceilings;
 pub mod generate;
 pub mod inspect;
 pub mod opt;

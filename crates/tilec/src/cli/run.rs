@@ -50,6 +50,12 @@ pub struct RunArgs {
     /// memory ceiling (measured here with a copy on the CPU) and the compute ceiling.
     #[arg(long, value_name = "FILE")]
     pub roofline: Option<PathBuf>,
+    /// Profile (as --profile) and write everything into DIR: profile.txt (the tables),
+    /// profile.json (per kernel: time, bytes, FLOPs, family, parameters, launch, registers,
+    /// what binds it and its fraction of the roofline; time by kind; the ceilings), trace.json
+    /// (Chrome trace) and roofline.svg. The ceilings are measured on the device that runs.
+    #[arg(long, value_name = "DIR")]
+    pub profile_dir: Option<PathBuf>,
     /// Print compilation and memory statistics (kernels, fallbacks, arena vs intermediates).
     #[arg(long)]
     pub stats: bool,
@@ -361,6 +367,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
         println!("{}", serde_json::Value::Object(report));
     }
     r
+}
+
+/// `tilec profile`: `run` with the profile written into a directory (by default the model's
+/// path with the extension `.profile`).
+pub fn profile_cmd(mut a: RunArgs) -> Result<()> {
+    a.profile = true;
+    if a.profile_dir.is_none() {
+        a.profile_dir = Some(a.model.with_extension("profile"));
+    }
+    run(&a)
 }
 
 /// The work of [`run`]; statistics for `--json` go into `report`.
@@ -752,7 +768,7 @@ fn run_compiled(
             times[times.len() - 1]
         );
     }
-    if a.profile || a.trace.is_some() || a.roofline.is_some() {
+    if a.profile || a.trace.is_some() || a.roofline.is_some() || a.profile_dir.is_some() {
         profile(a, &mut c, inputs)?;
     }
     if a.stats {
@@ -846,7 +862,7 @@ fn run_cuda(
     let outs = c.run(inputs).context("running the model on the GPU")?;
     let first = start.elapsed();
     println!("ran on the cuda target in {:.3} ms (first run: graph capture, transfers included)", ms(first));
-    if a.profile || a.trace.is_some() || a.roofline.is_some() {
+    if a.profile || a.trace.is_some() || a.roofline.is_some() || a.profile_dir.is_some() {
         profile(a, &mut c, inputs)?;
     }
     let mut median_ms = None;
@@ -882,101 +898,65 @@ fn run_cuda(
     Ok(outs)
 }
 
-/// Prints the per-kernel profile of `--profile` (rows named `kernel [family]`).
+/// Prints the per-kernel profile of `--profile` (rows named `kernel [family]`), and writes what
+/// `--trace`, `--roofline` and `--profile-dir` ask for.
 fn profile<B: tilec::exec::Backend>(a: &RunArgs, c: &mut tilec::exec::Executor<B>, inputs: &[Tensor]) -> Result<()> {
+    use tilec::runtime::trace;
     let mut p = tilec::runtime::Profile::default();
     // As many profiled runs as timed ones (at least 5): single kernels vary more than runs.
     let reps = a.bench.unwrap_or(0).max(5);
     for _ in 0..reps {
         c.run_profiled(inputs, Some(&mut p)).context("running the compiled model")?;
     }
-    println!("{}", p.render_table());
-    println!("time by kind (gaps: between the calls of a run):");
-    for (kind, ns, pct) in tilec::runtime::trace::time_by_kind(&p) {
-        println!("  {kind:<16} {:>10.3} ms  {pct:>5.1}%", ns as f64 / 1e6);
+    let mut text = p.render_table();
+    text.push_str("\ntime by kind (gaps: between the calls of a run):\n");
+    let kinds = trace::time_by_kind(&p);
+    for (kind, ns, pct) in &kinds {
+        text.push_str(&format!("  {kind:<16} {:>10.3} ms  {pct:>5.1}%\n", *ns as f64 / 1e6));
     }
+    let ceilings = (a.roofline.is_some() || a.profile_dir.is_some()).then(|| {
+        if a.target == TargetArg::Cuda {
+            super::ceilings::cuda(a.device)
+        } else {
+            super::ceilings::cpu()
+        }
+    });
+    if let Some(c) = &ceilings {
+        text.push('\n');
+        text.push_str(&trace::bounds_table(&p, c, reps));
+        if trace::roofline_points(&p, c).iter().any(|x| x.3 > 1.05) {
+            text.push_str("note: kernels above the roof: the ceilings were measured slower than they ran (a busy machine), or their FLOPs are counted as the direct form's (Winograd)\n");
+        }
+    }
+    println!("{text}");
+    let target = if a.target == TargetArg::Cuda { "cuda" } else { "cpu" };
+    let title = format!("{} on {target}", a.model.display());
+    let write = |f: &std::path::Path, body: &str| std::fs::write(f, body).with_context(|| format!("writing {}", f.display()));
     if let Some(f) = &a.trace {
-        std::fs::write(f, tilec::runtime::trace::chrome_trace(&p)).with_context(|| format!("writing the trace {}", f.display()))?;
+        write(f, &trace::chrome_trace(&p))?;
         println!("wrote {} ({} calls; open it in Perfetto)", f.display(), p.spans.len());
     }
-    if let Some(f) = &a.roofline {
-        let c = ceilings(a);
-        let title = format!("{} on {}", a.model.display(), if a.target == TargetArg::Cuda { "cuda" } else { "cpu" });
-        std::fs::write(f, tilec::runtime::trace::roofline_svg(&p, &c, &title)).with_context(|| format!("writing the roofline {}", f.display()))?;
+    if let (Some(f), Some(c)) = (&a.roofline, &ceilings) {
+        write(f, &trace::roofline_svg(&p, c, &title))?;
         println!("wrote {} (ceilings: {:.1} GB/s {}, {:.0} GFLOP/s {})", f.display(), c.gbps, c.gbps_from, c.gflops, c.gflops_from);
-        let pts = tilec::runtime::trace::roofline_points(&p, &c);
-        for (name, ai, g, frac) in &pts {
-            println!("  {name}: {ai:.2} FLOP/B, {g:.2} GFLOP/s, {:.0}% of the roof", frac * 100.0);
-        }
-        if pts.iter().any(|x| x.3 > 1.05) {
-            println!("note: kernels above the roof: the ceilings were measured slower than they ran (a busy machine), or their FLOPs are counted as the direct form's (Winograd)");
-        }
+    }
+    if let (Some(dir), Some(c)) = (&a.profile_dir, &ceilings) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write(&dir.join("profile.txt"), &text)?;
+        write(&dir.join("trace.json"), &trace::chrome_trace(&p))?;
+        write(&dir.join("roofline.svg"), &trace::roofline_svg(&p, c, &title))?;
+        let j = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "target": target,
+            "runs": reps,
+            "ceilings": {"gbps": c.gbps, "gbps_from": c.gbps_from, "gflops": c.gflops, "gflops_from": c.gflops_from},
+            "kernels": trace::bounds(&p, c),
+            "by_kind": kinds.iter().map(|(k, ns, pct)| serde_json::json!({"kind": k, "ms": *ns as f64 / 1e6, "pct": pct})).collect::<Vec<_>>(),
+        });
+        write(&dir.join("profile.json"), &serde_json::to_string_pretty(&j)?)?;
+        println!("wrote {}/{{profile.txt,profile.json,trace.json,roofline.svg}}", dir.display());
     }
     Ok(())
-}
-
-/// The roofline's ceilings: on the CPU, both measured here (a copy, best of five, read and
-/// written bytes counted; tilec's own f32 GEMM at 2048^3 on every core, best of four); on
-/// CUDA, the device target's declared figures.
-fn ceilings(a: &RunArgs) -> tilec::runtime::trace::Ceilings {
-    use tilec_opt::target::Target;
-    if a.target == TargetArg::Cuda {
-        let t = Target::cuda_h200();
-        return tilec::runtime::trace::Ceilings {
-            gbps: t.mem_bw / 1e9,
-            gbps_from: "declared".into(),
-            gflops: t.peak_mma_16 / 1e9,
-            gflops_from: "declared, 16-bit tensor cores".into(),
-        };
-    }
-    let n = 32 << 20;
-    let src = vec![1u8; n];
-    let mut dst = vec![0u8; n];
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        dst.copy_from_slice(&src);
-        std::hint::black_box(&mut dst);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let gbps = 2.0 * n as f64 / best / 1e9;
-    match gemm_gflops() {
-        Ok(g) => tilec::runtime::trace::Ceilings {
-            gbps,
-            gbps_from: "measured: a 32 MiB copy".into(),
-            gflops: g,
-            gflops_from: "measured: tilec's f32 GEMM at 2048^3".into(),
-        },
-        Err(e) => {
-            println!("note: the GEMM ceiling could not be measured ({e}); using the declared peak");
-            tilec::runtime::trace::Ceilings {
-                gbps,
-                gbps_from: "measured: a 32 MiB copy".into(),
-                gflops: Target::host_cpu().peak_f32 / 1e9,
-                gflops_from: "declared f32 peak".into(),
-            }
-        }
-    }
-}
-
-/// GFLOP/s of tilec's own f32 matrix product at 2048^3 on this CPU (best of four runs).
-fn gemm_gflops() -> Result<f64> {
-    let n = 2048;
-    let mut g = Graph::new("ceiling");
-    let x = g.add_input("x", TensorType::fixed(DType::F32, &[n, n]));
-    let y = g.add_input("y", TensorType::fixed(DType::F32, &[n, n]));
-    let z = g.add(tilec::ir::Op::Linalg(tilec::ir::op::LinalgOp::MatMul), &[x, y])?;
-    g.set_outputs(vec![z]);
-    let mut c = tilec::compiled::compile(&g, &tilec::compiled::CompileOptions::default())?;
-    let t = Tensor::from_f64s(DType::F32, vec![n, n], &vec![0.5; n * n])?;
-    let ins = vec![t.clone(), t];
-    let mut best = f64::MAX;
-    for _ in 0..4 {
-        let s = Instant::now();
-        c.run(&ins)?;
-        best = best.min(s.elapsed().as_secs_f64());
-    }
-    Ok(2.0 * (n * n * n) as f64 / best / 1e9)
 }
 
 /// `--stats`: the family of every kernel, and what happened to it after the choice.

@@ -290,6 +290,59 @@ impl Backend for Cuda {
         }
     }
 
+    fn time_run<'a>(
+        &mut self,
+        steps: impl Iterator<Item = (&'a Self::Bound, &'a str)> + Clone,
+    ) -> Result<Option<Vec<(u64, u64)>>, Error> {
+        let n = steps.clone().count();
+        let events = (0..=n).map(|_| self.device.event()).collect::<Result<Vec<_>, _>>().map_err(cuda_err("creating an event"))?;
+        // An event before the first kernel and after each: kernel i takes the interval between
+        // events i and i + 1 (with the device's gap between two nodes of a graph).
+        let stream = &self.stream;
+        let body = |s: &Stream| -> Result<(), CudaError> {
+            events[0].record_in_graph(s)?;
+            for (i, ((k, ptrs), _)) in steps.clone().enumerate() {
+                k.launch(s, ptrs)?;
+                events[i + 1].record_in_graph(s)?;
+            }
+            Ok(())
+        };
+        // Replayed from a graph as `launch_run` does, so that no launch from the host shows
+        // between two kernels; launched one by one where capture fails or graphs are off.
+        let graph = if self.use_graphs { stream.capture(body).ok() } else { None };
+        match &graph {
+            Some(g) => g.launch(stream).map_err(cuda_err("launching a CUDA graph"))?,
+            None => body(stream).map_err(cuda_err("launching a profiled run"))?,
+        }
+        stream.synchronize().map_err(cuda_err("waiting for the GPU"))?;
+        let ns = |a: &tilec_cuda::Event, b: &tilec_cuda::Event| -> Result<u64, Error> {
+            let ms = b.elapsed_ms_since(a).map_err(cuda_err("reading an event"))?;
+            Ok((ms.max(0.0) as f64 * 1e6) as u64)
+        };
+        (0..n).map(|i| Ok((ns(&events[0], &events[i])?, ns(&events[i], &events[i + 1])?))).collect::<Result<Vec<_>, _>>().map(Some)
+    }
+
+    fn describe(&self, (k, _): &Self::Bound) -> String {
+        let cfg = k.family().map_or(k.launch, |f| f.launch_config());
+        let (g, b) = (cfg.grid, cfg.block);
+        let mut s = format!("grid {}x{}x{} block {}", g.0, g.1, g.2, b.0 * b.1 * b.2);
+        if cfg.shared_mem_bytes > 0 {
+            s.push_str(&format!(", smem {} KiB", cfg.shared_mem_bytes.div_ceil(1024)));
+        }
+        match k.function() {
+            Some(f) => {
+                if let Ok(r) = f.num_regs() {
+                    s.push_str(&format!(", {r} regs"));
+                }
+                if let Ok(l) = f.local_bytes() {
+                    s.push_str(&if l > 0 { format!(", {l} B local (stack, spills)") } else { ", no spills".to_string() });
+                }
+            }
+            None => s.push_str(", a library kernel"),
+        }
+        s
+    }
+
     fn sync(&self) -> Result<(), Error> {
         self.stream.synchronize().map_err(cuda_err("waiting for the GPU"))
     }

@@ -156,6 +156,26 @@ pub trait Backend {
         Ok(())
     }
 
+    /// Runs `steps` back to back, as [`Backend::launch_run`] would, and times each on the
+    /// device's own clock: (start, duration) in nanoseconds from the first one's start, in
+    /// launch order, the device idle afterwards. `None` where the back end keeps no device
+    /// clock: the caller then times the steps one by one on the host.
+    fn time_run<'a>(
+        &mut self,
+        _steps: impl Iterator<Item = (&'a Self::Bound, &'a str)> + Clone,
+    ) -> Result<Option<Vec<(u64, u64)>>, Error>
+    where
+        Self::Bound: 'a,
+    {
+        Ok(None)
+    }
+
+    /// What a profile should say of a bound kernel beyond its figures (launch shape,
+    /// registers, shared memory, spills); empty by default.
+    fn describe(&self, _k: &Self::Bound) -> String {
+        String::new()
+    }
+
     /// Waits for the launched work.
     fn sync(&self) -> Result<(), Error>;
 }
@@ -223,6 +243,8 @@ struct XStep<K> {
     exec: Exec<K>,
     /// The name profiles show: the step's name and its family.
     label: String,
+    /// What profiles add: the family's parameters and the back end's description.
+    detail: String,
 }
 
 /// A run of device steps, or one host step.
@@ -458,8 +480,9 @@ impl<B: Backend> Executor<B> {
         self.run_profiled(inputs, None)
     }
 
-    /// Runs the model; with `profile`, step by step, each step's time (until the device is idle)
-    /// recorded under its name and family.
+    /// Runs the model; with `profile`, each step's time recorded under its name and family:
+    /// on the device's clock where the back end keeps one ([`Backend::time_run`]: CUDA, the
+    /// kernels of a run replayed back to back), else step by step until the device is idle.
     pub fn run_profiled(&mut self, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>, Error> {
         if self.interpreted {
             return Ok(tilec_ref::run(&self.graph, inputs.to_vec())?);
@@ -473,13 +496,45 @@ impl<B: Backend> Executor<B> {
                 // One epoch per process, so that the calls of several runs share a timeline.
                 static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
                 let epoch = *EPOCH.get_or_init(Instant::now);
-                for si in 0..self.steps.len() {
-                    let start = Instant::now();
-                    self.step(si)?;
-                    self.backend.sync()?;
-                    let st = &self.steps[si];
-                    let at = start.duration_since(epoch).as_nanos() as u64;
-                    p.record_span(&st.label, at, start.elapsed().as_nanos() as u64, st.info.bytes as u64, st.info.flops as u64);
+                for seg in 0..self.segments.len() {
+                    let steps = match &self.segments[seg] {
+                        Segment::Host(i) => *i..*i + 1,
+                        Segment::Device(r) => r.clone(),
+                    };
+                    let kernels = steps.clone().all(|si| matches!(self.steps[si].exec, Exec::Kernel(_)));
+                    let begun = Instant::now();
+                    let timed = if kernels {
+                        let run = self.steps[steps.clone()].iter().filter_map(|s| match &s.exec {
+                            Exec::Kernel(k) => Some((k, s.info.name.as_str())),
+                            Exec::Host(_) => None,
+                        });
+                        self.backend.time_run(run)?
+                    } else {
+                        None
+                    };
+                    let at = begun.duration_since(epoch).as_nanos() as u64;
+                    match timed {
+                        // On the device's clock: the kernels ran back to back from a graph.
+                        Some(times) => {
+                            for (si, (start, ns)) in steps.zip(times) {
+                                let st = &self.steps[si];
+                                p.record_span(&st.label, at + start, ns, st.info.bytes as u64, st.info.flops as u64);
+                                p.describe(&st.label, &st.detail);
+                            }
+                        }
+                        // On the host's: each step until the device is idle.
+                        None => {
+                            for si in steps {
+                                let start = Instant::now();
+                                self.step(si)?;
+                                self.backend.sync()?;
+                                let st = &self.steps[si];
+                                let at = start.duration_since(epoch).as_nanos() as u64;
+                                p.record_span(&st.label, at, start.elapsed().as_nanos() as u64, st.info.bytes as u64, st.info.flops as u64);
+                                p.describe(&st.label, &st.detail);
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -176,11 +176,17 @@ impl<B: Backend> Executor<B> {
                     Exec::Kernel(backend.bind(k, &info.name, ptrs, &constant)?)
                 }
             };
+            let params = report.decisions.iter().find(|(n, _)| *n == info.name).map(|(_, d)| d.params.to_string()).unwrap_or_default();
+            let described = match &exec {
+                Exec::Kernel(k) => backend.describe(k),
+                Exec::Host(_) => String::new(),
+            };
+            let detail = [params, described].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join("; ");
             let label = match info.family {
                 Some(f) => format!("{} [{f}]", info.name),
                 None => format!("{} [interpreter]", info.name),
             };
-            xsteps.push(XStep { info, exec, label });
+            xsteps.push(XStep { info, exec, label, detail });
         }
         let segments = segments(&xsteps);
         report.graphs = segments.iter().filter(|s| matches!(s, Segment::Device(_))).count();
