@@ -139,6 +139,10 @@ fn bench_cases() -> Vec<Case> {
             add(format!("gpt2_{what}_f16_{m}x{n}x{k}"), DType::F16, gemm(m, n, k, 1, R, R));
         }
     }
+    // Its tied output projection: a vocabulary of 50257 (N not a multiple of 8), the weights
+    // as the embedding stores them (K-contiguous) and transposed.
+    add("gpt2_lmhead_f16_4096x50257x768".into(), DType::F16, gemm(4096, 50257, 768, 1, R, C));
+    add("gpt2_lmhead_rr_f16_4096x50257x768".into(), DType::F16, gemm(4096, 50257, 768, 1, R, R));
     for (i, (h, c, o, k, s)) in resnet50_convs().into_iter().enumerate() {
         add(format!("resnet50_conv{i:02}_{h}x{c}x{o}_k{k}s{s}"), DType::F16, conv(64, h, c, o, k, s, k / 2, 1));
     }
@@ -260,10 +264,13 @@ fn auto() -> bool {
 fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, String> {
     let p = problem(case);
     let mut q90 = gemm::heuristic(&p.gemm, sms);
-    // `SM90_PARAMS=tile_m,tile_n,stages,cluster_m` (sweeps of the Hopper template).
+    // `SM90_PARAMS=tile_m,tile_n,stages,cluster_m[,pingpong]` (sweeps of the Hopper template;
+    // ping-pong gives each of two consumer warpgroups whole tiles of tile_m rows).
     let env: Vec<usize> = std::env::var("SM90_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
-    if let [tile_m, tile_n, stages, cluster_m] = env[..] {
-        q90 = gemm::Params { tile_m, tile_n, stages, cluster_m, consumers: if tile_m >= 128 { 2 } else { 1 }, ..q90 };
+    if let [tile_m, tile_n, stages, cluster_m, ..] = env[..] {
+        let pingpong = env.get(4).is_some_and(|&p| p != 0);
+        let consumers = if tile_m >= 128 || pingpong { 2 } else { 1 };
+        q90 = gemm::Params { tile_m, tile_n, stages, cluster_m, consumers, pingpong, ..q90 };
     }
     let auto_sm90 = auto() && matches!(case.shape, Shape::Conv { .. }) && p.gemm.k > SHALLOW_CONV_K && gemm::applies(&p.gemm, &q90, cc).is_ok();
     if hopper() || auto_sm90 {

@@ -230,10 +230,10 @@ impl Sm90Kernel {
 pub struct Sm90TcGemm;
 pub static SM90_TC_GEMM: Sm90TcGemm = Sm90TcGemm;
 
-const NAMES: [&str; 7] = ["tile_m", "tile_n", "tile_k", "stages", "consumers", "cluster_m", "group_m"];
+const NAMES: [&str; 8] = ["tile_m", "tile_n", "tile_k", "stages", "consumers", "cluster_m", "group_m", "pingpong"];
 
 fn to_params(q: &Params) -> FParams {
-    let v = [q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m];
+    let v = [q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m, q.pingpong as usize];
     FParams(NAMES.iter().copied().zip(v.map(|x| x as i64)).collect())
 }
 
@@ -248,6 +248,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
         consumers: get("consumers", q.consumers),
         cluster_m: get("cluster_m", q.cluster_m),
         group_m: get("group_m", q.group_m),
+        pingpong: get("pingpong", q.pingpong as usize) != 0,
         ..q
     }
 }
@@ -294,6 +295,9 @@ impl Family for Sm90TcGemm {
                 ("consumers", vec![1, 2]),
                 ("cluster_m", vec![1, 2]),
                 ("group_m", vec![1, 4, 8, 16]),
+                // Each consumer warpgroup owning whole tiles, one's epilogue under the other's
+                // products (two consumers, no cluster).
+                ("pingpong", vec![0, 1]),
             ],
         }
     }

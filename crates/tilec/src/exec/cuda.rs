@@ -319,7 +319,10 @@ impl Backend for Cuda {
             let ms = b.elapsed_ms_since(a).map_err(cuda_err("reading an event"))?;
             Ok((ms.max(0.0) as f64 * 1e6) as u64)
         };
-        (0..n).map(|i| Ok((ns(&events[0], &events[i])?, ns(&events[i], &events[i + 1])?))).collect::<Result<Vec<_>, _>>().map(Some)
+        // Every stamp from the first event, each kernel's time the difference of two (no
+        // overlap from rounding).
+        let at = events.iter().map(|e| ns(&events[0], e)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(at.windows(2).map(|w| (w[0], w[1].saturating_sub(w[0]))).collect()))
     }
 
     fn describe(&self, (k, _): &Self::Bound) -> String {
