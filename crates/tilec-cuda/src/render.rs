@@ -89,6 +89,7 @@ pub fn render_function(k: &Kernel) -> Result<(String, LaunchConfig)> {
         bound: HashMap::new(),
         red_types: HashSet::new(),
         vec_count: 0,
+        whole_vector_stores: false,
     };
     let mut body = String::new();
     std::mem::swap(&mut r.out, &mut body);
@@ -222,6 +223,7 @@ pub fn render_gemm_epilogue_vec_fn(k: &Kernel, g: &Gemm, fn_name: &str) -> Resul
     let vloop = Stmt::For(Loop { var: lane, extent: EPILOGUE_VEC as i64, kind: LoopKind::Vectorized, body });
     let dims = Dims { grid: [1; 3], block: [1; 3] };
     let mut r = R::for_function(&kv, &dims);
+    r.whole_vector_stores = true;
     r.line("typedef long long idx_t;");
     for (v, arg) in [(g.b_var, "tl_b"), (g.i_var, "tl_i"), (jv, "tl_jv")] {
         let t = format!("const idx_t {} = {arg};", r.var(v)?);
@@ -630,6 +632,9 @@ struct R<'a> {
     /// Compute types used by block reductions (each gets a shared scratch array).
     red_types: HashSet<String>,
     vec_count: usize,
+    /// A vectorized loop whose global stores cannot all move as whole vectors is an error
+    /// (instead of lane-by-lane stores).
+    whole_vector_stores: bool,
 }
 
 impl<'a> R<'a> {
@@ -647,6 +652,7 @@ impl<'a> R<'a> {
             bound: HashMap::new(),
             red_types: HashSet::new(),
             vec_count: 0,
+            whole_vector_stores: false,
         }
     }
 }
@@ -975,6 +981,23 @@ impl R<'_> {
     /// A vectorized loop: contiguous, aligned global accesses move as whole vectors.
     fn vector_loop(&mut self, l: &Loop) -> Result<()> {
         let (loads, stores) = self.vector_accesses(l)?;
+        if self.whole_vector_stores {
+            let mut global = HashSet::new();
+            for s in &l.body {
+                s.visit(&mut |s| {
+                    if let Stmt::Store { buf, .. } = s {
+                        if self.k.buf(*buf).scope == Scope::Global {
+                            global.insert(*buf);
+                        }
+                    }
+                });
+            }
+            if let Some(b) = global.iter().find(|b| !stores.iter().any(|a| a.buf == **b)) {
+                // Lane-by-lane stores of adjacent columns scatter a warp's store over many
+                // partly written sectors: worse than the element-wise form.
+                return Err(err(self.k, format!("the store to {} is not a whole aligned vector", buf_name(self.k, *b))));
+            }
+        }
         let v = self.var(l.var)?;
         self.line("{");
         self.indent += 1;
