@@ -37,8 +37,8 @@ pub struct TuneArgs {
     /// Fix a symbolic dimension, e.g. --dim batch=8 (others not fixed by an input are 1).
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     pub dims: Vec<(String, usize)>,
-    /// Seconds of measuring in all, split over the kernels by their share of the model
-    /// (1 to 86,400).
+    /// Seconds of tuning in all, compiling and profiling the model included; the measurements
+    /// are split over the kernels by their share of the model (1 to 86,400).
     #[arg(long, default_value_t = 60, value_name = "SECONDS",
           value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=MAX_BUDGET_S))]
     pub budget: u64,

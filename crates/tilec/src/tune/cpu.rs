@@ -355,7 +355,7 @@ pub fn tune_model(
     let mut c = Executor::load(prep, Cpu::new(copts.cache_dir.clone(), copts.threads))?;
     let inputs = super::random_inputs(&g)?;
     let (per_kernel, total_ns) = super::profile_kernels(&mut |prof| c.run_profiled(&inputs, Some(prof)).map(drop), &mut report);
-    let prof = super::Profiled { graph: g, specs, decisions, per_kernel, total_ns };
+    let prof = super::Profiled { graph: g, specs, decisions, per_kernel, total_ns, started: t0 };
     let mut bench = CpuBench { threads: copts.threads, timing: opts.timing.clone() };
     super::tune_problems(&prof, tilec_cpu::families::registry(), &target, opts, db, ctx, progress, &mut report, &mut bench)?;
     report.elapsed = t0.elapsed();

@@ -399,7 +399,7 @@ pub fn tune_model_cuda(
     let inputs = super::random_inputs(&g)?;
     let (per_kernel, total_ns) = super::profile_kernels(&mut |prof| c.run_profiled(&inputs, Some(prof)).map(drop), &mut report);
     drop(c);
-    let prof = super::Profiled { graph: g, specs, decisions, per_kernel, total_ns };
+    let prof = super::Profiled { graph: g, specs, decisions, per_kernel, total_ns, started: t0 };
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
     let mut bench = CudaBench { device, compiler, timing: opts.timing.clone(), batch: threads.clamp(2, 8) };
     super::tune_problems(&prof, tilec_cuda::families::registry(), &target, opts, db, &ctx, progress, &mut report, &mut bench)?;

@@ -87,7 +87,8 @@ pub struct TuneOptions {
     pub compile: CompileOptions,
     /// How it is compiled for CUDA (device, families forced, tf32; its `tuning` is ignored).
     pub cuda: CudaOptions,
-    /// Wall-clock budget of the measurements, all kernels together.
+    /// Wall-clock budget of the whole tuning, all kernels together: compiling and profiling
+    /// the model first, then the measurements (a batch under way is finished).
     pub budget: Duration,
     /// Candidates measured per problem at most.
     pub max_candidates: usize,
@@ -187,6 +188,8 @@ pub(crate) struct Profiled {
     /// Nanoseconds per run, by kernel name.
     pub per_kernel: HashMap<String, f64>,
     pub total_ns: f64,
+    /// When tuning began (the budget counts from it).
+    pub started: Instant,
 }
 
 /// Random inputs for every graph input (see [`random`]).
@@ -291,7 +294,7 @@ pub(crate) fn tune_problems<B: 'static>(
     progress(Progress::Planned(groups.len() * opts.max_candidates));
     let share_of = |ns: f64| if total_ns > 0.0 { ns / total_ns } else { 0.0 };
     let mut left_share: f64 = groups.iter().map(|gr| share_of(gr.ns).max(1e-3)).sum();
-    let start = Instant::now();
+    let start = prof.started;
     for gr in &groups {
         let spec = &specs[gr.spec];
         let p = Problem::new(g, spec.nodes.clone(), &spec.name, spec.kind, spec.anchor);
