@@ -50,6 +50,11 @@ pub use schedule::{schedule_direct, schedule_gemm};
 
 use std::sync::Arc;
 
+/// The format of the CUDA code generator's output as the tuning database keys measurements
+/// (with tilec's version): a change that makes tuned parameters mean something else, or
+/// measure differently, bumps it.
+pub const FORMAT_VERSION: &str = "tilec-cuda-1";
+
 /// A tile-IR kernel compiled and loaded on a device, with its launch configuration and the
 /// element counts and dtypes of its parameters.
 pub struct GpuKernel {

@@ -10,9 +10,12 @@
 
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use tilec_cuda::GpuTarget;
 use tilec_ir::Graph;
-use tilec_tile::family::Choices;
+use tilec_opt::target::Target;
+use tilec_tile::family::{Choices, Tuned};
 
 use crate::exec::cuda::{gpu_target, Cuda, CudaBuild};
 use crate::exec::Executor;
@@ -46,12 +49,38 @@ pub struct CudaOptions {
     /// default, off with `TILEC_CUDA_ATTENTION=off`. When the family does not take some
     /// recognized attention, the whole graph is prepared again without it (with a note).
     pub flash_attention: bool,
+    /// The tuning database to take parameters from, keyed for this GPU (`None`: the families'
+    /// heuristics). The CLI opens the user's (`tune::open_cuda_tuning`) unless `--no-tuning`.
+    pub tuning: Option<Arc<tilec_tune::Tuning>>,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { opt_level: 3, device: 0, cache_dir: None, families: vec![], allow_tf32: false, flash_attention: true }
+        CudaOptions {
+            opt_level: 3,
+            device: 0,
+            cache_dir: None,
+            families: vec![],
+            allow_tf32: false,
+            flash_attention: true,
+            tuning: None,
+        }
     }
+}
+
+/// The GPU as [`prepare`] shows it to the families: `gpu` with the options' tf32 consent and
+/// FlashAttention applied.
+pub fn gpu_options(opts: &CudaOptions, gpu: &GpuTarget) -> GpuTarget {
+    GpuTarget {
+        allow_tf32: gpu.allow_tf32 || opts.allow_tf32,
+        flash_attention: (gpu.flash_attention || opts.flash_attention) && tilec_opt::manager::cuda_flash_attention_env(),
+        ..*gpu
+    }
+}
+
+/// The target the families see for `gpu` under `opts` (what the tuner builds candidates for).
+pub fn family_target(opts: &CudaOptions, gpu: &GpuTarget) -> Target {
+    gpu_target(&gpu_options(opts, gpu))
 }
 
 /// Optimizes for CUDA, partitions, lowers, schedules and renders a graph with concrete shapes.
@@ -59,12 +88,9 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
     // `TILEC_CUDA_FAMILIES=off` keeps every kernel on the tile-IR schedules (for comparisons);
     // `TILEC_CUBLAS=off` keeps cuBLAS from being picked unforced.
     let disabled = crate::cuda_families::disabled();
-    let choices = Choices { forced: &opts.families, disabled: &disabled, tuned: None };
-    let target = GpuTarget {
-        allow_tf32: target.allow_tf32 || opts.allow_tf32,
-        flash_attention: (target.flash_attention || opts.flash_attention) && tilec_opt::manager::cuda_flash_attention_env(),
-        ..*target
-    };
+    let tuned = opts.tuning.as_deref().map(|t| t as &dyn Tuned);
+    let choices = Choices { forced: &opts.families, disabled: &disabled, tuned };
+    let target = gpu_options(opts, target);
     let mut p = crate::exec::prepare(graph, opts.opt_level, &CudaBuild, &gpu_target(&target), &choices)?;
     // Recognized attention the FlashAttention family does not take would run on a direct nest
     // (one thread per query row): keep the whole graph's attention as products and a softmax.

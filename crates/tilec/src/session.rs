@@ -277,7 +277,11 @@ impl Session {
                 Ok(Loaded::Cpu(compiled::compile(&graph, &o)?))
             }
             Target::Cuda { device } => {
-                let o = CudaOptions { opt_level: self.opts.opt_level, device, ..Default::default() };
+                let mut o = CudaOptions { opt_level: self.opts.opt_level, device, ..Default::default() };
+                if self.opts.tuning {
+                    // A database or device that cannot be used is ignored, as `tilec run` does.
+                    o.tuning = crate::tune::open_cuda_tuning(None, device).ok().flatten();
+                }
                 Ok(Loaded::Cuda(compiled_cuda::compile(&graph, &o)?))
             }
         }

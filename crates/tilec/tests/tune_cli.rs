@@ -136,7 +136,7 @@ fn a_corrupted_database_is_ignored_by_run_and_refused_by_tune() {
     assert_eq!(std::fs::read(&bad).unwrap(), b"definitely not a database", "left as it was");
     // Bad arguments fail cleanly.
     tilec_db(&dir.join("x.sqlite"), &["tune"]).fails_with(&["nothing to do"]);
-    tilec_db(&dir.join("x.sqlite"), &["tune", m, "--target", "cuda"]).fails_with(&["CPU only"]);
+    tilec_db(&dir.join("x.sqlite"), &["tune", m, "--target", "cuda", "--threads", "2"]).fails_with(&["--threads"]);
     tilec_db(&dir.join("x.sqlite"), &["tune", m, "--budget", "0"]).fails_with(&["budget"]);
     tilec_db(&dir.join("x.sqlite"), &["tune", "--import", dir.join("missing.jsonl").to_str().unwrap()])
         .fails_with(&["missing.jsonl"]);

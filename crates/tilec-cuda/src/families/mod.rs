@@ -15,6 +15,7 @@ mod conv_view;
 mod cublas_gemm;
 mod direct;
 mod elementwise;
+mod estimate;
 mod operands;
 mod rows;
 mod simt_f32_gemm;

@@ -127,6 +127,31 @@ impl Family for Sm80MmaGemm {
         plan_of(p, t).ok().and_then(|plan| mma_parts(&plan)).map(|(q, _)| to_params(&q)).unwrap_or_default()
     }
 
+    /// A roofline over the blocks (split-K included) with wave quantization over the SMs;
+    /// mma.sync reaches about 60% of the tensor peak with at least 8 warps per SM.
+    fn estimate(&self, p: &FProblem, t: &Target, params: &FParams) -> Option<f64> {
+        let plan = plan_of(p, t).ok()?;
+        let (q0, _) = mma_parts(&plan)?;
+        let q = with_params(q0, params);
+        let pr = &plan.problem;
+        let warps = (q.warps_m * q.warps_n * q.blocks_per_sm()) as f64;
+        let g = super::estimate::TiledGemm {
+            m: pr.m,
+            n: pr.n,
+            k: pr.k,
+            batch: pr.batch,
+            tile_m: q.tile_m,
+            tile_n: q.tile_n,
+            tile_k: q.tile_k,
+            stages: q.stages,
+            split_k: q.split_k,
+            in_bytes: 2,
+            out_bytes: pr.out_dtype.size_bytes(),
+            efficiency: 0.6 * (warps / 8.0).min(1.0),
+        };
+        Some(super::estimate::roofline(&g, t))
+    }
+
     fn build(&self, p: &FProblem, t: &Target, params: &FParams) -> Result<super::GpuBuilt, String> {
         let mut built = plan_of(p, t)?;
         let (q0, conv) = mma_parts(&built).ok_or("not an mma plan")?;

@@ -312,6 +312,29 @@ impl Family for Sm90TcGemm {
         plan_of(p, t).map(|plan| to_params(&params_of(&plan))).unwrap_or_default()
     }
 
+    /// A roofline over the tiles with wave quantization over the SMs (one persistent block per
+    /// SM); one consumer warpgroup on 128-row tiles overlaps less.
+    fn estimate(&self, p: &FProblem, t: &Target, params: &FParams) -> Option<f64> {
+        let plan = plan_of(p, t).ok()?;
+        let q = with_params(params_of(&plan), params);
+        let pr = &plan.problem;
+        let g = super::estimate::TiledGemm {
+            m: pr.m,
+            n: pr.n,
+            k: pr.k,
+            batch: pr.batch,
+            tile_m: q.tile_m,
+            tile_n: q.tile_n,
+            tile_k: q.tile_k,
+            stages: q.stages,
+            split_k: 1,
+            in_bytes: pr.elem_bytes(),
+            out_bytes: pr.out_dtype.size_bytes(),
+            efficiency: if q.consumers == 1 && q.tile_m > 64 { 0.85 } else { 1.0 },
+        };
+        Some(super::estimate::roofline(&g, t))
+    }
+
     fn build(&self, p: &FProblem, t: &Target, params: &FParams) -> std::result::Result<super::GpuBuilt, String> {
         let mut plan = plan_of(p, t)?;
         let q = with_params(params_of(&plan), params);

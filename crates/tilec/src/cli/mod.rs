@@ -100,6 +100,45 @@ pub fn tuning(off: bool, threads: usize) -> Option<std::sync::Arc<tilec::tuner::
     }
 }
 
+/// The tuning database for compiling on CUDA GPU `device`, unless `off` (`--no-tuning`). A
+/// database or a device that cannot be used is ignored with a note.
+pub fn cuda_tuning(off: bool, device: usize) -> Option<std::sync::Arc<tilec::tuner::Tuning>> {
+    if off {
+        return None;
+    }
+    match tilec::tune::open_cuda_tuning(None, device) {
+        Ok(t) => t,
+        Err(e) => {
+            println!("note: {e}; tuning ignored (--no-tuning silences this)");
+            None
+        }
+    }
+}
+
+/// The GPU the CUDA target's kernels are built for where there is none to ask: the H200.
+pub fn preset_gpu() -> tilec_cuda::GpuTarget {
+    tilec_cuda::GpuTarget::hopper()
+}
+
+/// The GPU `device` as the families see it, its name and its tuning database (unless `off`);
+/// without a device, the H200 preset and no tuning (the database is keyed by GPU), with a note
+/// when tuning was not turned off.
+pub fn cuda_for_explain(off: bool, device: usize) -> (tilec_cuda::GpuTarget, String, Option<std::sync::Arc<tilec::tuner::Tuning>>) {
+    match tilec::compiled_cuda::open_device(device) {
+        Ok(d) => {
+            let p = d.props();
+            let title = format!("{} (sm_{}{}, {} SMs)", p.name, p.compute_capability.0, p.compute_capability.1, p.sm_count);
+            (p.gpu_target(), title, cuda_tuning(off, device))
+        }
+        Err(e) => {
+            if !off {
+                println!("note: {e}; showing the H200 preset's families with heuristic parameters (the tuning database is keyed by GPU)");
+            }
+            (preset_gpu(), "sm_90, 132 SMs".to_string(), None)
+        }
+    }
+}
+
 /// Prints what lookups in the tuning database ignored (stale, foreign, undecodable entries).
 pub fn tuning_notes(t: &Option<std::sync::Arc<tilec::tuner::Tuning>>) {
     if let Some(t) = t {

@@ -58,7 +58,7 @@ pub struct OptArgs {
     /// mantissas, as torch.backends.cuda.matmul.allow_tf32). Off: f32 stays exact.
     #[arg(long = "allow-tf32")]
     pub allow_tf32: bool,
-    /// Ignore the tuning database: show the families' heuristic parameters (CPU).
+    /// Ignore the tuning database: show the families' heuristic parameters.
     #[arg(long)]
     pub no_tuning: bool,
 }
@@ -157,13 +157,16 @@ pub fn print_ir(args: &OptArgs) -> Result<()> {
             }
         }
         partition::TargetKind::Cuda => {
+            let (gpu, _, tuning) = super::cuda_for_explain(args.no_tuning, 0);
             let opts = tilec::compiled_cuda::CudaOptions {
                 opt_level: 0,
                 families: args.families.clone(),
                 allow_tf32: args.allow_tf32,
+                tuning,
                 ..Default::default()
             };
-            let prep = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())?;
+            let prep = tilec::compiled_cuda::prepare(&g, &opts, &gpu)?;
+            super::tuning_notes(&opts.tuning);
             for k in prep.kernels() {
                 let mut steps = vec![format!("{} ({})", k.schedule, k.family.decision.summary())];
                 if let Some(p) = &k.family.plan {
@@ -195,6 +198,7 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
     print!("{}", partition::explain(&g, &p, &t));
     println!();
     // The graph is already optimized; level 0 keeps it as it is.
+    let title: String;
     let (title, prepared) = match a.target.kind() {
         TargetKind::Cpu => {
             let mut opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
@@ -204,15 +208,18 @@ pub fn explain(args: &ExplainArgs) -> Result<()> {
             ("kernels (families for this CPU; parameters: heuristic, forced with --family, or tuned by `tilec tune`):", (p.interpreted(), p.report))
         }
         TargetKind::Cuda => {
+            let (gpu, name, tuning) = super::cuda_for_explain(args.opt.no_tuning, 0);
             let opts = tilec::compiled_cuda::CudaOptions {
                 opt_level: 0,
                 families: args.opt.families.clone(),
                 allow_tf32: args.opt.allow_tf32,
+                tuning,
                 ..Default::default()
             };
-            let p = tilec::compiled_cuda::prepare(&g, &opts, &tilec_cuda::GpuTarget::hopper())
-                .context("building the kernels")?;
-            ("kernels (families for sm_90, 132 SMs):", (p.interpreted(), p.report))
+            let p = tilec::compiled_cuda::prepare(&g, &opts, &gpu).context("building the kernels")?;
+            super::tuning_notes(&opts.tuning);
+            title = format!("kernels (families for {name}; parameters: heuristic, forced with --family, or tuned by `tilec tune --target cuda`):");
+            (title.as_str(), (p.interpreted(), p.report))
         }
     };
     println!("{title}");

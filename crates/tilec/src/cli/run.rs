@@ -818,10 +818,16 @@ fn run_cuda(
         device: a.device,
         families: a.families.clone(),
         allow_tf32: a.allow_tf32,
+        tuning: super::cuda_tuning(a.no_tuning, a.device),
         ..Default::default()
     };
     let mut c = compile(graph, &opts).context("compiling the model for CUDA")?;
+    super::tuning_notes(&opts.tuning);
     let r = c.report.clone();
+    let tuned = r.decisions.iter().filter(|(_, d)| d.origin == tilec_tile::family::ParamOrigin::Tuned).count();
+    if tuned > 0 {
+        println!("tuning: {tuned} kernels with tuned parameters (--no-tuning ignores them)");
+    }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let scheds: Vec<String> = r.schedules.iter().map(|(s, n)| format!("{s} {n}")).collect();
     println!(
@@ -893,6 +899,7 @@ fn run_cuda(
         "arena_bytes": r.arena_bytes,
         "kernel_mismatches": kernel_mismatches,
         "families": families_json(&r),
+        "tuned_kernels": tuned,
     });
     add(report, j);
     Ok(outs)

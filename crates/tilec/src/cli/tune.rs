@@ -1,5 +1,5 @@
-//! `tilec tune MODEL`: measure the best parameters of every kernel of a model whose family has
-//! some, on this machine, and remember them in the tuning database (which `tilec run` and
+//! `tilec tune MODEL [--target cpu|cuda]`: measure the best parameters of every kernel of a
+//! model whose family has some, on this machine's CPU or GPU, and remember them in the tuning database (which `tilec run` and
 //! `tilec explain` read); `--export`/`--import` carry the database to other machines.
 
 use super::{check_dims, graph_of, input_names, load_model, parse_dim, parse_named_file, MAX_THREADS};
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tilec::ir::Dim;
 use tilec::tensor_io;
-use tilec::tune::{tune_model, Progress, TuneOptions};
+use tilec::tune::{tune_model, tune_model_cuda, Progress, TuneOptions};
 use tilec::{ImportOptions, Tensor};
 
 /// The most seconds `--budget` accepts (a day).
@@ -19,9 +19,17 @@ const MAX_BUDGET_S: u64 = 86_400;
 pub struct TuneArgs {
     /// The ONNX model file (may be left out with --import or --export alone).
     pub model: Option<PathBuf>,
-    /// Where the kernels run (only the CPU is tuned so far).
+    /// Where the kernels run: this CPU, or an NVIDIA GPU (CUDA driver and NVRTC loaded at run
+    /// time).
     #[arg(long, value_enum, default_value_t = super::run::TargetArg::Cpu)]
     pub target: super::run::TargetArg,
+    /// The CUDA device ordinal (with --target cuda).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// With --target cuda: let f32 matrix products run on the tensor cores as tf32 (as `run
+    /// --allow-tf32`; tune with the flag the model will run with).
+    #[arg(long = "allow-tf32")]
+    pub allow_tf32: bool,
     /// Give an input (a .npy or .pb file): its shape fixes the model's symbolic dimensions,
     /// and an input the importer needs as a constant is compiled in.
     #[arg(long = "input", short = 'i', value_name = "NAME=FILE", value_parser = parse_named_file)]
@@ -29,8 +37,8 @@ pub struct TuneArgs {
     /// Fix a symbolic dimension, e.g. --dim batch=8 (others not fixed by an input are 1).
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     pub dims: Vec<(String, usize)>,
-    /// Seconds of measuring in all, split over the kernels by their share of the model
-    /// (1 to 86,400).
+    /// Seconds of tuning in all, compiling and profiling the model included; the measurements
+    /// are split over the kernels by their share of the model (1 to 86,400).
     #[arg(long, default_value_t = 60, value_name = "SECONDS",
           value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=MAX_BUDGET_S))]
     pub budget: u64,
@@ -42,7 +50,7 @@ pub struct TuneArgs {
     #[arg(long)]
     pub retune: bool,
     /// Threads of the compiled code, 1 to 4096 (default: all cores); the database keys
-    /// measurements by it.
+    /// measurements by it (CPU only).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_THREADS as u64))]
     pub threads: Option<usize>,
     /// Before tuning: read entries from FILE (JSON lines, or a tuning database file).
@@ -119,8 +127,15 @@ fn kernels(ks: &[String]) -> String {
 }
 
 pub fn tune(a: &TuneArgs) -> Result<()> {
-    if a.target == super::run::TargetArg::Cuda {
-        bail!("--target cuda: tuning runs on the CPU only so far (the GPU families' spaces are not searched yet)");
+    let cuda = a.target == super::run::TargetArg::Cuda;
+    if cuda && a.threads.is_some() {
+        bail!("--threads sets the CPU's threads; it does not apply to --target cuda");
+    }
+    if !cuda && a.device.is_some() {
+        bail!("--device chooses a CUDA GPU; it needs --target cuda");
+    }
+    if !cuda && a.allow_tf32 {
+        bail!("--allow-tf32 is about the GPU's tensor cores; it needs --target cuda");
     }
     if a.model.is_none() && a.import.is_none() && a.export.is_none() {
         bail!("nothing to do: give a MODEL to tune, or --import/--export FILE");
@@ -147,18 +162,32 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
         if let Some(t) = a.threads {
             opts.compile.threads = t;
         }
-        let ctx = tilec::tune::host_context(opts.compile.threads);
+        if cuda {
+            opts.cuda.device = a.device.unwrap_or(0);
+            opts.cuda.allow_tf32 = a.allow_tf32;
+            opts.timing = tilec::tune::Timing::gpu();
+        }
+        let ctx = if cuda {
+            tilec::tune::gpu_context(opts.cuda.device).context("--target cuda")?
+        } else {
+            tilec::tune::host_context(opts.compile.threads)
+        };
         println!("tuning {} on {} ({}), budget {} s; database {}", model.display(), ctx.device, ctx.capability, a.budget, path.display());
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} candidates  {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        let r = tune_model(&graph, &opts, &db, &ctx, &mut |p| match p {
+        let mut on_progress = |p: Progress| match p {
             Progress::Planned(n) => bar.set_length(n as u64),
             Progress::Problem(name) => bar.set_message(name.to_string()),
             Progress::Measured => bar.inc(1),
-        });
+        };
+        let r = if cuda {
+            tune_model_cuda(&graph, &opts, &db, &mut on_progress).map(|(_, r)| r)
+        } else {
+            tune_model(&graph, &opts, &db, &ctx, &mut on_progress)
+        };
         bar.finish_and_clear();
         let r = r.context("tuning the model")?;
         println!(
@@ -203,7 +232,11 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
         for n in &r.notes {
             println!("note: {n}");
         }
-        println!("tuned in {:.1} s; `tilec run` now uses these parameters (--no-tuning ignores them)", r.elapsed.as_secs_f64());
+        println!(
+            "tuned in {:.1} s; `tilec run{}` now uses these parameters (--no-tuning ignores them)",
+            r.elapsed.as_secs_f64(),
+            if cuda { " --target cuda" } else { "" }
+        );
     }
     if let Some(f) = &a.export {
         let n = db.export(f)?;
