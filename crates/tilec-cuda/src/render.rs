@@ -982,20 +982,20 @@ impl R<'_> {
     fn vector_loop(&mut self, l: &Loop) -> Result<()> {
         let (loads, stores) = self.vector_accesses(l)?;
         if self.whole_vector_stores {
-            let mut global = HashSet::new();
-            for s in &l.body {
-                s.visit(&mut |s| {
-                    if let Stmt::Store { buf, .. } = s {
-                        if self.k.buf(*buf).scope == Scope::Global {
-                            global.insert(*buf);
-                        }
-                    }
-                });
-            }
-            if let Some(b) = global.iter().find(|b| !stores.iter().any(|a| a.buf == **b)) {
-                // Lane-by-lane stores of adjacent columns scatter a warp's store over many
-                // partly written sectors: worse than the element-wise form.
-                return Err(err(self.k, format!("the store to {} is not a whole aligned vector", buf_name(self.k, *b))));
+            // Lane-by-lane stores of a contiguous but misaligned run (rows of an odd length)
+            // scatter a warp's store over many partly written sectors: worse than the
+            // element-wise form. Strided runs (a transposed output) stay lane by lane.
+            let lane = Expr::Var(l.var);
+            for st in &l.body {
+                let Stmt::Store { buf, index, .. } = st else { continue };
+                if self.k.buf(*buf).scope != Scope::Global || stores.iter().any(|a| a.buf == *buf) {
+                    continue;
+                }
+                let flat = self.flat_index(*buf, index)?;
+                let unit = linear_offset(&[(flat, 1)]).is_some_and(|(atoms, _)| atoms.iter().any(|(c, a)| *c == 1 && *a == lane));
+                if unit {
+                    return Err(err(self.k, format!("the store to {} is contiguous but not whole aligned vectors", buf_name(self.k, *buf))));
+                }
             }
         }
         let v = self.var(l.var)?;
