@@ -1,8 +1,8 @@
 //! `sm80_paged_attn`: the paged decode kernels of [`crate::paged`] for a kernel that is one
 //! `paged_attention` node over 16-bit caches. The op has no tile-IR lowering, so the family
 //! builds its own parameter list (the node's seven inputs then its three outputs, the order
-//! the kernels take) and has no fallback: a node it refuses runs on the host. Any device (the
-//! kernels are plain SIMT code with 16-byte loads).
+//! the kernels take) and has no fallback: a node it refuses runs on the host. Plain SIMT code
+//! with 16-byte loads: f16 on any device, bf16 from compute capability 8.0.
 
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, Op};
@@ -105,6 +105,10 @@ fn with_params(q: Params, p: &FParams) -> Params {
 
 fn checked(p: &FProblem, t: &Target) -> Result<(PagedProblem, Params), String> {
     let pp = paged_problem(p)?;
+    let cc = t.gpu.compute_capability;
+    if pp.dtype == DType::BF16 && cc.0 < 8 {
+        return Err(format!("bf16 conversions need compute capability 8.0; the device has {}.{}", cc.0, cc.1));
+    }
     let q = paged::heuristic(&pp, t.gpu.sm_count as usize);
     paged::applies(&pp, &q)?;
     Ok((pp, q))
