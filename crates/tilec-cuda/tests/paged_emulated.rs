@@ -392,3 +392,48 @@ fn the_heuristic_plans_of_decode_shapes_apply() {
         paged::applies(&p, &q).unwrap_or_else(|e| panic!("{b} x {ctx}: {e}"));
     }
 }
+
+/// The rendered kernels compile with NVRTC (skips, saying so, when the library is not found:
+/// set TILEC_NVRTC_LIB), for Hopper and Ampere in both dtypes and for Turing in f16, every
+/// case's parameters and the decode benchmark's heuristic ones (`PAGED_DUMP=dir` writes the
+/// sources there).
+#[test]
+fn paged_kernels_compile_with_nvrtc() {
+    let nv = match tilec_cuda::Nvrtc::load() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("note: the paged kernels were not compiled: {e} (set TILEC_NVRTC_LIB to a libnvrtc.so)");
+            return;
+        }
+    };
+    let mut modules = vec![];
+    for c in cases() {
+        modules.push((paged::kernel_name(&c.p, &c.q), paged::render(&c.p, &c.q)));
+    }
+    for hkv in [32, 8] {
+        let p = problem(32, 32, hkv, 1, 128, 128, 16, 512, DType::BF16);
+        let q = paged::heuristic(&p, 132);
+        modules.push((paged::kernel_name(&p, &q), paged::render(&p, &q)));
+    }
+    if let Ok(dir) = std::env::var("PAGED_DUMP") {
+        for (name, src) in &modules {
+            std::fs::write(Path::new(&dir).join(format!("{name}.cu")), src).unwrap();
+        }
+    }
+    for arch in ["sm_90a", "sm_80"] {
+        let c = tilec_cuda::Compiler::new(nv.clone(), arch).with_cache_dir(None);
+        for ((name, _), r) in modules.iter().zip(c.compile_many(&modules)) {
+            let r = r.unwrap_or_else(|e| panic!("{arch} {name}: {e}"));
+            assert!(r.image.starts_with(b"\x7fELF"), "{arch} {name}: not a cubin");
+        }
+    }
+    let f16: Vec<(String, String)> = cases()
+        .into_iter()
+        .filter(|c| c.p.dtype == DType::F16)
+        .map(|c| (paged::kernel_name(&c.p, &c.q), paged::render(&c.p, &c.q)))
+        .collect();
+    let c = tilec_cuda::Compiler::new(nv, "sm_75").with_cache_dir(None);
+    for ((name, _), r) in f16.iter().zip(c.compile_many(&f16)) {
+        r.unwrap_or_else(|e| panic!("sm_75 {name}: {e}"));
+    }
+}
