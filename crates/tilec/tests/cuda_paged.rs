@@ -137,8 +137,13 @@ fn paged_decode_kernels_match_the_interpreter_on_a_gpu() {
             c.poison().unwrap();
             let got = c.run(&x).unwrap_or_else(|e| panic!("{what}: {e}"));
             for (i, (w, gt)) in want.iter().zip(&got).enumerate() {
-                let tol = if i == 0 { 2e-2 } else { 0.0 };
-                let cmp = tilec::compare::compare(w, gt, tol, tol).unwrap();
+                // The output rounded once to the dtype on both sides; the caches are copies.
+                let (rel, abs) = match (i, geo.dtype) {
+                    (0, DType::BF16) => (8e-3, 1e-4),
+                    (0, _) => (1e-3, 2e-5),
+                    _ => (0.0, 0.0),
+                };
+                let cmp = tilec::compare::compare(w, gt, rel, abs).unwrap();
                 assert!(cmp.ok(), "{what}: output {i}: max abs err {}, {} mismatches", cmp.max_abs, cmp.mismatches);
             }
         }

@@ -181,6 +181,10 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
     let compile_s = t0.elapsed().as_secs_f64();
     let kern = PagedKernel::from_image(dev, p, &q, &compiled.image, compiled.cache_hit).map_err(s)?;
     let (b, d, dt) = (p.batch, p.head_dim, p.dtype);
+    // Error over tolerance: the output is rounded once to the dtype, the sums run in f32 (one
+    // key dropped from a few hundred shows).
+    let (rel, abs) = if dt == DType::BF16 { (8e-3, 1e-4) } else { (1e-3, 2e-5) };
+    let excess = |g: f64, w: f64| (g - w).abs() / (rel * w.abs() + abs);
     let seed = rng.next();
     // Each sequence's blocks drawn from a shuffled pool.
     let mut ids: Vec<i32> = (0..p.blocks as i32).collect();
@@ -228,7 +232,7 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
             for (e, w) in want.iter().enumerate() {
                 let g = got(at + e);
                 nan += usize::from(!g.is_finite());
-                err = err.max((g - w).abs() / (1.0 + w.abs()));
+                err = err.max(excess(g, *w));
             }
             checked += 1;
         }
@@ -247,12 +251,11 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
         for (i, w) in want.iter().enumerate() {
             let g = got(i);
             nan += usize::from(!g.is_finite());
-            err = err.max((g - w).abs() / (1.0 + w.abs()));
+            err = err.max(excess(g, *w));
         }
         checked = rows;
     }
-    let tol = if dt == DType::BF16 { 2e-2 } else { 4e-3 };
-    let ok = nan == 0 && err < tol;
+    let ok = nan == 0 && err <= 1.0;
     let cfg = kern.launch_config();
     let f = kern.function();
     let lens: Vec<usize> = c.past.iter().map(|&l| l + p.new_tokens).collect();
@@ -263,7 +266,7 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
         "batch": b, "heads": [p.heads_q, p.heads_kv], "new_tokens": p.new_tokens, "head_dim": d, "dtype": dt.name(),
         "block_size": p.block_size, "max_context": p.context(), "kv_gb": kv_bytes / 1e9,
         "params": format!("chunk {} warps {} rows {} unroll {}", q.chunk, q.warps, q.rows, q.unroll),
-        "ok": ok, "max_err": err, "nan": nan, "rows_checked": checked,
+        "ok": ok, "max_err_over_tol": err, "nan": nan, "rows_checked": checked,
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "occupancy": f.max_active_blocks_per_sm(cfg.block.0, cfg.shared_mem_bytes).unwrap_or(0),
         "compile_s": compile_s, "grid": [cfg.grid.0, cfg.grid.1, cfg.grid.2],
