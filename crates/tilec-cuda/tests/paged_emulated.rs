@@ -1,6 +1,6 @@
 //! The paged decode kernels' rendered CUDA source run on the CPU under an emulation of CUDA,
 //! compared with the interpreter's `paged_attention` (f64): one OS thread per CUDA thread, a
-//! `std::barrier` per block for `__syncthreads` and one per warp for `__shfl_xor_sync` (lanes
+//! `std::barrier` per block for `__syncthreads` (and `__syncthreads_or`) and one per warp for `__shfl_xor_sync` (lanes
 //! exchange through per-warp slots), `__shared__` as static storage, blocks one after another,
 //! the four kernels launched in the order `PagedKernel::launch` launches them. Every 16-byte
 //! load is checked to be aligned and inside an input buffer; the outputs are poisoned (NaN)
@@ -24,6 +24,7 @@ use tilec_ir::op::NnOp;
 use tilec_ir::{DType, Graph, Op, Tensor};
 
 const EMU: &str = r#"
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -53,6 +54,16 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 static void fail(const char* what, long long a, long long b) { fprintf(stderr, "%s (%lld, %lld) block (%u,%u,%u) thread %u\n", what, a, b, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x); exit(4); }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline void __syncthreads() { g_bar->arrive_and_wait(); }
+static std::atomic<int> g_or;
+static inline int __syncthreads_or(int p) {
+  if (p) g_or = 1;
+  g_bar->arrive_and_wait();
+  const int r = g_or;
+  g_bar->arrive_and_wait();
+  if (threadIdx.x == 0) g_or = 0;
+  g_bar->arrive_and_wait();
+  return r;
+}
 static inline int tl_warp() { return threadIdx.x >> 5; }
 static inline float tl_h2f(unsigned short h) {
 #ifdef TL_EMU_BF16

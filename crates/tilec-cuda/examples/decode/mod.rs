@@ -153,7 +153,7 @@ fn interpreter(p: &PagedProblem, x: &Host, past: &[usize]) -> Result<Vec<f64>, S
         Tensor::from_f64s(p.dtype, shape, &vals).map_err(|e| e.to_string())
     };
     let (b, hq, hkv, tn, d) = (p.batch, p.heads_q, p.heads_kv, p.new_tokens, p.head_dim);
-    let args = vec![
+    let args = [
         t(vec![b, hq, tn, d], &x.q)?,
         t(vec![b, hkv, tn, d], &x.k)?,
         t(vec![b, hkv, tn, d], &x.v)?,

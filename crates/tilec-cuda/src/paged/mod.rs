@@ -139,15 +139,15 @@ pub fn applies(p: &PagedProblem, q: &Params) -> Result<(), String> {
     if p.batch == 0 || p.heads_kv == 0 || p.new_tokens == 0 || p.blocks == 0 || p.block_size == 0 || p.max_blocks == 0 {
         return Err("an empty batch, head count, token count, pool or table".into());
     }
-    if p.heads_q % p.heads_kv != 0 {
+    if !p.heads_q.is_multiple_of(p.heads_kv) {
         return Err(format!("{} query heads are not a multiple of {} KV heads", p.heads_q, p.heads_kv));
     }
     for (what, d) in [("head dim", p.head_dim), ("value head dim", p.v_head_dim)] {
-        if !(8..=256).contains(&d) || !(d / 8).is_power_of_two() || d % 8 != 0 {
+        if !(8..=256).contains(&d) || !(d / 8).is_power_of_two() || !d.is_multiple_of(8) {
             return Err(format!("{what} {d} (8, 16, 32, 64, 128 or 256: rows of whole 16-byte vectors spread over lanes)"));
         }
     }
-    if q.chunk == 0 || q.chunk % p.block_size != 0 {
+    if q.chunk == 0 || !q.chunk.is_multiple_of(p.block_size) {
         return Err(format!("a chunk of {} tokens is not a whole number of {}-token blocks", q.chunk, p.block_size));
     }
     if !(1..=8).contains(&q.warps) || !(1..=8).contains(&q.rows) || !(1..=8).contains(&q.unroll) {

@@ -118,7 +118,6 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
   __shared__ __align__(16) float s_buf[@BUF@];
   __shared__ int s_tbl[@CB@];
   __shared__ float s_max[@ROWS@], s_sum[@ROWS@];
-  __shared__ int s_bad;
   const int c = blockIdx.x, hk = blockIdx.y / @RG@, rg = blockIdx.y % @RG@, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r0 = rg * @ROWS@;
@@ -131,18 +130,17 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
   const int p0 = c * @CH@;
   const bool bad_len = past < 0 || past > @CTX@ - @T@;
   const int n = bad_len ? 0 : min(past + @T@ - p0, @CH@);
-  if (threadIdx.x == 0) s_bad = bad_len;
-  __syncthreads();
+  int bad = bad_len;
   for (int i = threadIdx.x; i * @BS@ < n; i += @THREADS@) {
     const int blk = tl_table[(long long)b * @M@ + p0 / @BS@ + i];
-    if (blk < 0 || blk >= @NBLK@) s_bad = 1;
+    bad |= blk < 0 || blk >= @NBLK@;
     s_tbl[i] = blk < 0 || blk >= @NBLK@ ? 0 : blk;
   }
-  __syncthreads();
-  if (s_bad || n <= 0) {
+  bad = __syncthreads_or(bad);
+  if (bad || n <= 0) {
     // Nothing to read: a chunk past the sequence's end weighs nothing; a bad table poisons.
     for (int i = threadIdx.x; i < nr; i += @THREADS@) {
-      ws_ml[2 * TL_PG_PART(i)] = s_bad ? TL_NAN_F : -TL_INF_F;
+      ws_ml[2 * TL_PG_PART(i)] = bad ? TL_NAN_F : -TL_INF_F;
       ws_ml[2 * TL_PG_PART(i) + 1] = 0.f;
     }
     return;
