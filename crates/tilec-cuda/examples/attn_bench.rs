@@ -1,4 +1,5 @@
-//! Checks and times the FlashAttention kernel (`tilec_cuda::flash`) on a GPU.
+//! Checks and times the FlashAttention kernel (`tilec_cuda::flash`) and the paged decode
+//! kernels (`tilec_cuda::paged`, see `decode/mod.rs`) on a GPU.
 //!
 //! Usage: `attn_bench check|bench [--iters N] [--only SUBSTRING] [--dump DIR]`
 //! - `check`: head dims 64 and 128, bf16 and f16, causal (both alignments) or not, ragged
@@ -11,8 +12,12 @@
 //!   events) in TFLOP/s of `4 * b * h * sq * sk * d` (halved when causal), checked on samples.
 //!   `bench/attn_peer.py` times PyTorch's SDPA (flash and cuDNN backends) on the same labels.
 //!
-//! `FLASH_PARAMS=block_m,block_n,warps,stages` overrides the heuristic. Prints one JSON object
-//! per line.
+//! - decode (both phases): the paged decode step, checked against the interpreter (`check`)
+//!   and timed in TB/s of K and V read on `attn_decode_bf16_b32h32kv8192d128` and its GQA
+//!   and ragged twins (`bench`); see `decode/mod.rs`.
+//!
+//! `FLASH_PARAMS=block_m,block_n,warps,stages` and `PAGED_PARAMS=chunk,warps,rows,unroll`
+//! override the heuristics. Prints one JSON object per line.
 
 use serde_json::json;
 use tilec_cuda::flash::{self, Causal, FlashArgs, FlashKernel, FlashProblem, Mask, MaskKind, Params, Strides};
@@ -20,6 +25,7 @@ use tilec_cuda::*;
 use tilec_ir::DType;
 
 mod common;
+mod decode;
 use common::{from_bits, to_bits, Rng};
 
 struct Case {
@@ -322,8 +328,18 @@ fn main() {
             Some((flash::kernel_name(&c.p, &q, &a), flash::render(&c.p, &q, &a)))
         })
         .collect();
+    let dcases = if phase == "bench" { decode::bench_cases(seed) } else { decode::check_cases() };
+    let dcases: Vec<decode::Case> = dcases.into_iter().filter(|c| only.as_ref().is_none_or(|o| c.label.contains(o.as_str()))).collect();
+    let mut modules = modules;
+    modules.extend(dcases.iter().filter_map(|c| decode::module(c, sms)));
     common::precompile(&comp, &modules);
-    let failed = common::run_all(&cases, |x| &x.label, |c| run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng));
+    let mut failed = 0;
+    if !cases.is_empty() {
+        failed += common::run_all(&cases, |x| &x.label, |c| run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng));
+    }
+    if !dcases.is_empty() {
+        failed += common::run_all(&dcases, |x| &x.label, |c| decode::run_case(&dev, &comp, &stream, c, iters, &mut rng));
+    }
     if failed > 0 {
         std::process::exit(1);
     }

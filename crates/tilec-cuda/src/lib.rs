@@ -31,6 +31,7 @@ pub mod gemv;
 pub mod handbuilt;
 pub mod mma;
 pub mod nvrtc;
+pub mod paged;
 pub mod render;
 pub mod repack;
 pub mod schedule;

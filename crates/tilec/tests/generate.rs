@@ -101,6 +101,20 @@ fn greedy_matches_recompute_compiled() {
     check_greedy("gpt2", false, Engine::Cpu(o), false);
 }
 
+/// On a GPU: greedy generation compiled for CUDA equals recomputing (the models' caches are
+/// f32, so `paged_attention` runs on the host kernel between captured device runs). Without a
+/// GPU, says so and passes.
+#[test]
+fn greedy_matches_recompute_on_a_gpu() {
+    if !tilec::cuda::is_available() {
+        eprintln!("note: no CUDA GPU; generation on the cuda target was not run");
+        return;
+    }
+    let o = tilec::compiled_cuda::CudaOptions::default();
+    check_greedy("llama", true, Engine::Cuda(o.clone()), true);
+    check_greedy("gpt2", false, Engine::Cuda(o), false);
+}
+
 #[test]
 fn end_of_sequence_stops_a_sequence_and_shrinks_the_bucket() {
     // Without an end token, then with one that some prompts produce: those stop there, the
@@ -236,7 +250,11 @@ fn cli_generates_ids_and_text() {
     assert!(!ok && out.contains("no prompt"), "{out}");
     let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1", "--temperature", "-1"]);
     assert!(!ok && out.contains("temperature -1"), "{out}");
-    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1", "--target", "cuda"]);
-    assert!(!ok && out.contains("--target cuda"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1", "--target", "cuda", "--backend", "ref"]);
+    assert!(!ok && out.contains("--target cuda") && out.contains("--backend ref"), "{out}");
+    if !tilec::cuda::is_available() {
+        let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1", "--target", "cuda"]);
+        assert!(!ok && out.contains("no CUDA GPU"), "{out}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

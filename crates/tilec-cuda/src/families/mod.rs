@@ -1,6 +1,6 @@
 //! The GPU's kernel families (see `tilec_tile::family`), each in its own file and listed in
 //! [`registry`] in the order they are tried: FlashAttention (`sm80_flash_attn`, attention
-//! anchors only), the decode-shaped GEMV (`sm80_gemv`, products of
+//! anchors only), paged decode attention (`sm80_paged_attn`, `paged_attention` nodes only), the decode-shaped GEMV (`sm80_gemv`, products of
 //! at most 16 rows), the Hopper tensor-core GEMM template, the `mma.sync` template, the
 //! exact-f32 SIMT template (`simt_f32_gemm`), then
 //! cuBLASLt (`cublas.gemm`, a library call; unforced only for 16-bit products), then the
@@ -23,6 +23,7 @@ mod simt_gemm;
 mod sm80_flash_attn;
 mod sm80_gemv;
 mod sm80_mma_gemm;
+mod sm80_paged_attn;
 mod sm90_tc_gemm;
 mod template;
 
@@ -42,6 +43,7 @@ pub use simt_f32_gemm::{simt_f32_gemm, SIMT_F32_GEMM};
 pub use sm80_flash_attn::{flash_parts, flash_plan, reshape_view, FLASH_ATTN};
 pub use sm80_gemv::{gemv_params, gemv_plan, GEMV};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
+pub use sm80_paged_attn::{paged_plan, paged_problem, PAGED_ATTN};
 pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM, SHALLOW_CONV_K};
 pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
 
@@ -74,6 +76,8 @@ pub fn registry() -> &'static Registry<Target, GpuBuilt> {
             // than the GEMM templates.
             // Only attention anchors (recognized on CUDA with TILEC_CUDA_ATTENTION=flash).
             Entry { family: &sm80_flash_attn::SM80_FLASH_ATTN as FamilyRef<Target, GpuBuilt>, kinds: &[] },
+            // Only paged_attention nodes (no tile-IR lowering: refused, they run on the host).
+            Entry { family: &sm80_paged_attn::SM80_PAGED_ATTN as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_gemv::SM80_GEMV as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm90_tc_gemm::SM90_TC_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_mma_gemm::SM80_MMA_GEMM as FamilyRef<Target, GpuBuilt>, kinds: &[] },

@@ -12,6 +12,7 @@ use crate::flash::{self, FlashArgs, FlashKernel, FlashProblem};
 use crate::gemm::{self, Layout, Problem};
 use crate::gemv::{self, GemvKernel};
 use crate::mma::{self, MmaKernel, MmaProblem};
+use crate::paged::{self, PagedKernel, PagedProblem};
 use crate::simt::{self, SimtKernel};
 
 use super::cublas_gemm::{CublasKernel, CublasParams};
@@ -43,6 +44,9 @@ pub enum PlanKind {
     /// FlashAttention (`crate::flash`): the problem (the plan's `problem` is only a GEMM-shaped
     /// summary: the second product per batch and head), parameters and operands.
     Flash(Box<FlashProblem>, flash::Params, FlashArgs),
+    /// Paged decode attention (`crate::paged`): the problem and parameters (the plan's
+    /// `problem` is a GEMM-shaped summary; the kernel takes `paged_attention`'s ten pointers).
+    Paged(Box<PagedProblem>, paged::Params),
 }
 
 /// A template family's plan for one kernel: what to compile and how to launch it.
@@ -77,6 +81,7 @@ impl FamilyPlan {
             PlanKind::SimtF32(q) => simt::launch_config(&self.problem, q),
             PlanKind::Gemv(q) => gemv::config(&self.problem, q),
             PlanKind::Flash(p, q, _) => flash::config(p, q),
+            PlanKind::Paged(p, q) => paged::configs(p, q)[1],
             // A library call: the library chooses its launches.
             PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }
@@ -89,6 +94,27 @@ impl FamilyPlan {
 
     /// One line for reports: shape, layouts and parameters.
     pub fn describe(&self) -> String {
+        if let PlanKind::Paged(p, q) = &self.kind {
+            return format!(
+                "{} paged attention batch {} heads {}/{} new tokens {} head dim {}/{} {}, {} blocks of {} tokens, {} per sequence; chunks of {} tokens ({} per sequence), {} warps, {} rows per block, unroll {}",
+                self.family,
+                p.batch,
+                p.heads_q,
+                p.heads_kv,
+                p.new_tokens,
+                p.head_dim,
+                p.v_head_dim,
+                p.dtype.name(),
+                p.blocks,
+                p.block_size,
+                p.max_blocks,
+                q.chunk,
+                paged::chunks(p, q),
+                q.warps,
+                q.rows,
+                q.unroll
+            );
+        }
         if let PlanKind::Flash(f, q, _) = &self.kind {
             return format!(
                 "{} attention batch {} heads {}/{} seq {}x{} head dim {} {}{}{}{}; block {}x{}, {} warps, {} stages",
@@ -166,7 +192,7 @@ impl FamilyPlan {
                 q.split_k,
                 q.prefetch
             ),
-            PlanKind::Flash(..) => String::new(),
+            PlanKind::Flash(..) | PlanKind::Paged(..) => String::new(),
             PlanKind::Cublas(q) => format!(
                 "cuBLASLt, {} out, compute {}",
                 q.out_dtype.name(),
@@ -195,6 +221,7 @@ pub enum FamilyKernel {
     SimtF32(SimtKernel, FamilyPlan),
     Gemv(GemvKernel, FamilyPlan),
     Flash(FlashKernel, FamilyPlan),
+    Paged(PagedKernel, FamilyPlan),
 }
 
 impl FamilyKernel {
@@ -220,13 +247,17 @@ impl FamilyKernel {
                 let k = FlashKernel::from_image(device, p, q, a, image, cache_hit)?;
                 Ok(FamilyKernel::Flash(k, plan.clone()))
             }
+            PlanKind::Paged(p, q) => {
+                let k = PagedKernel::from_image(device, p, q, image, cache_hit)?;
+                Ok(FamilyKernel::Paged(k, plan.clone()))
+            }
         }
     }
 
     pub fn plan(&self) -> &FamilyPlan {
         match self {
             FamilyKernel::Sm90(k) => k.plan(),
-            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) | FamilyKernel::Gemv(_, plan) | FamilyKernel::Flash(_, plan) => plan,
+            FamilyKernel::Mma(_, plan) | FamilyKernel::SimtF32(_, plan) | FamilyKernel::Gemv(_, plan) | FamilyKernel::Flash(_, plan) | FamilyKernel::Paged(_, plan) => plan,
             FamilyKernel::Cublas(k) => k.plan(),
         }
     }
@@ -239,6 +270,7 @@ impl FamilyKernel {
             FamilyKernel::SimtF32(k, _) => Some(k.function()),
             FamilyKernel::Gemv(k, _) => Some(k.function()),
             FamilyKernel::Flash(k, _) => Some(k.function()),
+            FamilyKernel::Paged(k, _) => Some(k.function()),
             FamilyKernel::Cublas(_) => None,
         }
     }
@@ -261,6 +293,7 @@ impl FamilyKernel {
             FamilyKernel::SimtF32(k, _) => k.launch_config(),
             FamilyKernel::Gemv(k, _) => k.launch_config(),
             FamilyKernel::Flash(k, _) => k.launch_config(),
+            FamilyKernel::Paged(k, _) => k.launch_config(),
             FamilyKernel::Cublas(k) => k.plan().launch(0),
         }
     }
@@ -272,7 +305,7 @@ impl FamilyKernel {
     pub fn bind(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         match self {
             FamilyKernel::Sm90(k) => k.bind(stream, ptrs),
-            FamilyKernel::SimtF32(..) | FamilyKernel::Flash(..) => Ok(()),
+            FamilyKernel::SimtF32(..) | FamilyKernel::Flash(..) | FamilyKernel::Paged(..) => Ok(()),
             FamilyKernel::Cublas(k) => {
                 k.launch(stream, ptrs)?;
                 stream.synchronize()
@@ -290,6 +323,7 @@ impl FamilyKernel {
             FamilyKernel::SimtF32(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Gemv(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Flash(k, _) => k.launch(stream, ptrs),
+            FamilyKernel::Paged(k, _) => k.launch(stream, ptrs),
             FamilyKernel::Cublas(k) => k.launch(stream, ptrs),
         }
     }

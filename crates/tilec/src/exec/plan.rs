@@ -61,6 +61,26 @@ fn segments<K>(steps: &[XStep<K>]) -> Vec<Segment> {
     out
 }
 
+/// The in-place hints of `paged_attention` kernels: each new cache on its old cache's storage
+/// (the op allows it: nothing else reads the old cache; the planner honours the hint only when
+/// the old cache's last reader is that kernel, else the kernel copies the cache first).
+fn paged_in_place<K>(g: &Graph, steps: &[(Step, Option<K>)], lives: &[(ValueId, usize, usize)], mut reqs: Vec<BufferReq>) -> Vec<BufferReq> {
+    let index: HashMap<ValueId, usize> = lives.iter().enumerate().map(|(i, &(v, _, _))| (v, i)).collect();
+    for (st, k) in steps {
+        let ([n], true) = (st.nodes.as_slice(), k.is_some()) else { continue };
+        let node = g.node(*n);
+        if !matches!(node.op, tilec_ir::Op::Nn(tilec_ir::op::NnOp::PagedAttention { .. })) || node.inputs.len() != 7 || node.outputs.len() != 3 {
+            continue;
+        }
+        for (old, new) in [(node.inputs[3], node.outputs[1]), (node.inputs[4], node.outputs[2])] {
+            if let (Some(&o), Some(&w)) = (index.get(&old), index.get(&new)) {
+                reqs[w].inplace_of = Some(o);
+            }
+        }
+    }
+    reqs
+}
+
 impl<B: Backend> Executor<B> {
     /// Loads a prepared model on `backend` (see the module documentation).
     pub fn load(prep: Prepared<B::Build>, mut backend: B) -> Result<Executor<B>, Error> {
@@ -134,6 +154,7 @@ impl<B: Backend> Executor<B> {
                 inplace_of: None,
             })
             .collect();
+        let reqs = paged_in_place(&g, &steps, &lives, reqs);
         let plan = tilec_runtime::plan(&reqs);
         for (i, &(v, _, _)) in lives.iter().enumerate() {
             slots.insert(v, Slot::Arena(plan.offsets[i]));

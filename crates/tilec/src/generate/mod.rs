@@ -13,9 +13,11 @@
 //! `rows` is the batch *bucket* (the number of prompts rounded up to a power of two): padding
 //! rows point at the null block. A sequence that produces the end-of-sequence token stops and
 //! frees its blocks; the decode steps then run in the bucket of the sequences left, each
-//! bucket's step built once, when first needed. On a GPU each bucket's decode step is one
-//! captured graph replayed every step (the block table, lengths and ids change, the addresses
-//! do not); on the CPU the compiled step simply runs. [`cache::BlockPool`] hands out the blocks, [`sample`]
+//! bucket's step built once, when first needed. On a GPU ([`Engine::Cuda`]) each bucket's
+//! decode step is one compiled executor whose device runs are captured CUDA graphs replayed
+//! every step (the block table, lengths and ids change, the addresses do not), the caches
+//! updated in place in its arena but uploaded and read back with every step; on the CPU the
+//! compiled step simply runs. [`cache::BlockPool`] hands out the blocks, [`sample`]
 //! chooses tokens, and the timings give prefill and decode tokens per second.
 
 pub mod cache;
@@ -41,6 +43,10 @@ pub enum Engine {
     Ref,
     /// Compiled for the host CPU.
     Cpu(CompileOptions),
+    /// Compiled for an NVIDIA GPU: `paged_attention` over 16-bit caches runs as the paged
+    /// decode kernels (`tilec_cuda::paged`), f32 caches on the host kernel. The caches go to
+    /// the device and back with every step's inputs and outputs (not kept on the device).
+    Cuda(crate::compiled_cuda::CudaOptions),
 }
 
 /// Options of [`generate`].
@@ -163,6 +169,7 @@ impl Stage {
         let runner = match engine {
             Engine::Ref => Runner::Ref(dec.graph.clone()),
             Engine::Cpu(o) => Runner::Compiled(Box::new(compiled::compile(&dec.graph, o)?)),
+            Engine::Cuda(o) => Runner::Compiled(Box::new(crate::compiled_cuda::compile(&dec.graph, o)?)),
         };
         Ok(Stage { dec, runner })
     }
