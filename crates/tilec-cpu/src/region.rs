@@ -15,10 +15,10 @@ use tilec_tile::ir::{Expr, Loop, Scope, Stmt};
 use crate::render::{storage_type, value_type, Ctx, RenderError, Renderer};
 
 /// Parallel loops with less estimated work than this ([`loop_work`]) run on their caller:
-/// about 10 µs on one core. A region costs its caller a few µs on a quiet machine, and on a
+/// about 10 µs on one core for vectorized code (50 or so operations a nanosecond). A region costs its caller a few µs on a quiet machine, and on a
 /// loaded one a worker descheduled inside its chunk holds the region until it runs again
 /// (MobileNet-V3's squeeze-and-excitation pools took 6-8x their one-thread time on 2 threads).
-pub const LOOP_PARALLEL_MIN_WORK: i64 = 1 << 17;
+pub const LOOP_PARALLEL_MIN_WORK: i64 = 1 << 19;
 
 /// The work of loop `l` (all its iterations), counted in operations: every load, store,
 /// arithmetic node and select of the values once per execution (index arithmetic is free), a gemm's multiply-adds, the longer branch

@@ -481,7 +481,7 @@ fn small_parallel_loops_run_on_their_caller() {
     assert_eq!(regions(&small, 3 * 64 * 3 + 1), 0);
     assert_eq!(regions(&small, 3 * 64 * 3), 1);
     assert_eq!(regions(&small, 0), 1);
-    assert_eq!(regions(&large, 1 << 17), 1);
+    assert_eq!(regions(&large, 1 << 19), 1);
     // Compiled with the default threshold (the small loop on its caller), on 2 threads.
     let m = tilec_cpu::Compiler::new(tilec_cpu::CompileOptions {
         cache_dir: Some(common::cache_dir("shared")),
