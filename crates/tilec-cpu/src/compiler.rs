@@ -49,6 +49,10 @@ pub struct CompileOptions {
     pub cpu: CpuInfo,
     /// Gemms with fewer multiply-adds than this run single-threaded.
     pub gemm_parallel_min_flops: i64,
+    /// Parallel loops with less estimated work than this (`region::loop_work`: loads, stores
+    /// and arithmetic, all iterations) run single-threaded; `$TILEC_LOOP_PARALLEL_MIN_WORK`
+    /// overrides the default (0: every parallel loop is a region, as before).
+    pub loop_parallel_min_work: i64,
     /// Also keep the generated C sources next to the cached library (`<library>.unitN.c`).
     pub keep_sources: bool,
 }
@@ -98,6 +102,10 @@ impl Default for CompileOptions {
                 .unwrap_or(1),
             cpu: CpuInfo::host(),
             gemm_parallel_min_flops: 1 << 18,
+            loop_parallel_min_work: std::env::var("TILEC_LOOP_PARALLEL_MIN_WORK")
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .unwrap_or(crate::region::LOOP_PARALLEL_MIN_WORK),
             keep_sources: std::env::var_os("TILEC_KEEP_SOURCES")
                 .is_some_and(|v| !v.is_empty() && v != "0"),
         }
@@ -250,6 +258,7 @@ impl Compiler {
         let ropts = RenderOptions {
             cpu: self.opts.cpu.clone(),
             gemm_parallel_min_flops: self.opts.gemm_parallel_min_flops,
+            loop_parallel_min_work: self.opts.loop_parallel_min_work,
         };
         // Render each kernel under a canonical name; identical bodies share one symbol.
         let mut by_hash: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();

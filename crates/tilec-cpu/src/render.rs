@@ -39,6 +39,9 @@ pub struct RenderOptions {
     pub cpu: CpuInfo,
     /// Gemms with fewer multiply-adds than this run on one thread.
     pub gemm_parallel_min_flops: i64,
+    /// Parallel loops whose estimated work (`region::loop_work`) is below this run on one
+    /// thread.
+    pub loop_parallel_min_work: i64,
 }
 
 impl Default for RenderOptions {
@@ -46,6 +49,7 @@ impl Default for RenderOptions {
         RenderOptions {
             cpu: CpuInfo::host(),
             gemm_parallel_min_flops: 1 << 18,
+            loop_parallel_min_work: crate::region::LOOP_PARALLEL_MIN_WORK,
         }
     }
 }
@@ -555,7 +559,9 @@ impl<'a> Renderer<'a> {
         let mut inner = ctx;
         match l.kind {
             LoopKind::Parallel if !ctx.in_parallel && !ctx.in_simd => {
-                if l.extent > 1 {
+                if l.extent > 1
+                    && crate::region::loop_work(l) >= self.opts.loop_parallel_min_work
+                {
                     return self.parallel_loop(l, ctx);
                 }
                 inner.in_parallel = true;

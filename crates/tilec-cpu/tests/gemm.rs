@@ -534,8 +534,8 @@ fn conv_kernel(
     k
 }
 
-/// The vectorized im2col packing (contiguous runs as masked loads, other columns gathered)
-/// against the interpreter: stride 1 and 2, padding, dilation, groups, batches, 1x1 without
+/// The vectorized im2col packing (contiguous runs as masked loads, every-other-element runs as
+/// two masked loads and a permute, other columns gathered) against the interpreter: stride 1 and 2, padding, dilation, groups, batches, 1x1 without
 /// bounds, column counts that leave partial vectors and panels.
 #[test]
 fn im2col_fast_paths() {
@@ -555,6 +555,10 @@ fn im2col_fast_paths() {
         conv_kernel("c5g2", (2, 6, 9, 17, 4), (5, 3), 1, 2, 1, 2, None),
         conv_kernel("c3small", (1, 5, 11, 13, 6), (3, 3), 1, 1, 1, 1, small),
         conv_kernel("c7s2p3", (1, 3, 30, 30, 8), (7, 7), 2, 3, 1, 1, small),
+        // Rows of 35 and 53 stride-2 columns (a 1-D conv along W): 16-column vectors of every
+        // other element, the padding column masked at the left, partial vectors at the right.
+        conv_kernel("c1x3s2", (1, 5, 3, 70, 6), (1, 3), 2, 1, 1, 1, None),
+        conv_kernel("c1x3s2b", (2, 3, 2, 105, 4), (1, 3), 2, 1, 1, 1, small),
     ];
     check_kernels(&ks, 24, true, gemm_tol);
     if CpuInfo::host().avx512f {
@@ -566,6 +570,8 @@ fn im2col_fast_paths() {
                 k.name
             );
         }
+        let c = tilec_cpu::render_c(&ks[8]).unwrap();
+        assert!(c.contains("_mm512_permutex2var_ps(lo, tc_even, hi)"), "no stride-2 packing");
     }
 }
 

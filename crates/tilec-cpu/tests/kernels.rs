@@ -311,7 +311,8 @@ fn nested_parallel_and_guarded_loads() {
         body: vec![inner],
     }));
     // One parallel region: the inner parallel loop runs serially inside it.
-    let src = tilec_cpu::render_function(&k, "k", &Default::default()).unwrap();
+    let opts = tilec_cpu::RenderOptions { loop_parallel_min_work: 0, ..Default::default() };
+    let src = tilec_cpu::render_function(&k, "k", &opts).unwrap();
     assert_eq!(src.matches("tc_parallel(").count(), 1, "{src}");
     check_kernels(&[k], 13, true, |_, d| tol_for(d));
 }
@@ -446,4 +447,54 @@ fn partitioned_windows_match_the_interpreter() {
         }
     }
     check_kernels(&kernels, 41, true, |_, d| tol_for(d));
+}
+
+/// A parallel loop with less estimated work than `loop_parallel_min_work` renders without a
+/// region (it runs on its caller) and still computes what the interpreter does; the same loop
+/// with more iterations, or with the threshold at 0, is a region.
+#[test]
+fn small_parallel_loops_run_on_their_caller() {
+    let scale = |rows: i64| {
+        let mut k = Kernel::new(&format!("scale_{rows}"));
+        let x = k.param("x", DType::F32, vec![rows, 64]);
+        let out = k.param("out", DType::F32, vec![rows, 64]);
+        let (i, j) = (k.index_var("i"), k.index_var("j"));
+        let body = Stmt::store(
+            out,
+            vec![v(i), v(j)],
+            Expr::bin(BinOp::Mul, Expr::load(x, vec![v(i), v(j)]), Expr::f32(3.0)),
+        );
+        k.body.push(Stmt::For(Loop {
+            var: i,
+            extent: rows,
+            kind: LoopKind::Parallel,
+            body: vec![Stmt::for_(j, 64, vec![body])],
+        }));
+        k
+    };
+    let regions = |k: &Kernel, min_work: i64| {
+        let opts = tilec_cpu::RenderOptions { loop_parallel_min_work: min_work, ..Default::default() };
+        tilec_cpu::render_function(k, "k", &opts).unwrap().matches("tc_parallel(").count()
+    };
+    // 3 rows of 64: 3 operations each (a load, a multiply, a store).
+    let (small, large) = (scale(3), scale(4096));
+    assert_eq!(regions(&small, 3 * 64 * 3 + 1), 0);
+    assert_eq!(regions(&small, 3 * 64 * 3), 1);
+    assert_eq!(regions(&small, 0), 1);
+    assert_eq!(regions(&large, 1 << 19), 1);
+    // Compiled with the default threshold (the small loop on its caller), on 2 threads.
+    let m = tilec_cpu::Compiler::new(tilec_cpu::CompileOptions {
+        cache_dir: Some(common::cache_dir("shared")),
+        ..Default::default()
+    })
+    .compile(std::slice::from_ref(&small))
+    .unwrap_or_else(|e| panic!("{e}"));
+    m.set_threads(2);
+    let mut r = common::rng(29);
+    let args = common::make_args(&small, &mut r, true);
+    let mut want = args.clone();
+    tilec_tile::interp::run(&small, &mut want).unwrap_or_else(|e| panic!("interpreter: {e}"));
+    let mut got = args.clone();
+    m.run(&small.name, &mut got).unwrap_or_else(|e| panic!("{e}"));
+    common::assert_close("scale_3 out", &got[1], &want[1], common::exact());
 }

@@ -1629,6 +1629,15 @@ fn default_cpu_schedules_apply_and_preserve_results() {
         }
         p => panic!("{p}"),
     }
+    // Fewer rows than a tile (a matrix-vector product): mr is the row count, not 8.
+    for m in [1, 3] {
+        let s = schedule::default_cpu(&gemm_case(1, m, 200, 64).k, t);
+        let mr = s.steps.iter().find_map(|p| match p {
+            Primitive::GemmBlocking { mr, nr, .. } => Some((*mr, *nr)),
+            _ => None,
+        });
+        assert_eq!(mr, Some((m, 32)), "{s}");
+    }
     // A column reduction over a short window: the column loop is vectorized around it.
     let s = schedule::default_cpu(&colmax_i32(8, 8).k, t);
     assert_eq!(s.to_string(), "vectorize j\n");

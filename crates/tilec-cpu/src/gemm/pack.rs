@@ -75,8 +75,11 @@ pub(super) fn im2col_of(r: &Renderer, g: &Gemm, e: &Expr, vec: VarId) -> Option<
 
 /// The B packing loop for an [`Im2col`] operand with AVX-512 (f32, `nr` a multiple of 16):
 /// per panel the column parts are tabulated once; per row, each 16-column vector is one masked
-/// load where the columns are contiguous in memory, a masked gather elsewhere (the masks are
-/// the bounds and the panel edge).
+/// load where the columns are contiguous in memory, two masked loads and an even-element
+/// permute where they are every other element (a stride-2 convolution along its last axis,
+/// Whisper's second 1-D conv), a masked gather elsewhere (the masks are the bounds and the
+/// panel edge; a stride-2 vector's loads are masked by the same bounds, spread to the even
+/// elements, so no masked-off element is read).
 pub(super) fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String, RenderError> {
     let (vb, vj, vk) = (r.var_name(g.b_var), r.var_name(g.j_var), r.var_name(g.k_var));
     r.open_scope();
@@ -124,7 +127,16 @@ pub(super) fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Re
         vecs.push_str(&format!(
             r#"
                             {{ const __mmask16 m = {m};
-                              const __m512 x = tc_ct[{v}] ? _mm512_maskz_loadu_ps(m, xr + tc_cc[{o}]) : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_load_si512((const void *)(tc_cc + {o})), xr, 4);
+                              __m512 x;
+                              if (tc_ct[{v}] == 1) x = _mm512_maskz_loadu_ps(m, xr + tc_cc[{o}]);
+                              else if (tc_ct[{v}] == 2) {{
+                                  uint32_t m2 = (uint32_t)m;
+                                  m2 = (m2 | (m2 << 8)) & 0x00FF00FFu; m2 = (m2 | (m2 << 4)) & 0x0F0F0F0Fu;
+                                  m2 = (m2 | (m2 << 2)) & 0x33333333u; m2 = (m2 | (m2 << 1)) & 0x55555555u;
+                                  const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)m2, xr + tc_cc[{o}]);
+                                  const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(m2 >> 16), xr + tc_cc[{o}] + 16);
+                                  x = _mm512_permutex2var_ps(lo, tc_even, hi);
+                              }} else x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_load_si512((const void *)(tc_cc + {o})), xr, 4);
                               _mm512_storeu_ps(dst + kk * {nr} + {o}, x); }}"#,
             o = v * 16
         ));
@@ -142,10 +154,14 @@ pub(super) fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Re
                     for (int64_t v = 0; v < {nv}; ++v) {{
                         const int64_t left = nvalid - v * 16;
                         tc_em[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
-                        int c = 1;
-                        for (int64_t l = 1; l < 16; ++l) c &= tc_cc[v * 16 + l] == tc_cc[v * 16] + l || v * 16 + l >= nvalid;
-                        tc_ct[v] = c;
+                        int c = 1, c2 = 1;
+                        for (int64_t l = 1; l < 16; ++l) {{
+                            c &= tc_cc[v * 16 + l] == tc_cc[v * 16] + l || v * 16 + l >= nvalid;
+                            c2 &= tc_cc[v * 16 + l] == tc_cc[v * 16] + 2 * l || v * 16 + l >= nvalid;
+                        }}
+                        tc_ct[v] = c ? 1 : c2 ? 2 : 0;
                     }}
+                    const __m512i tc_even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
                     for (int64_t kk = 0; kk < kc; ++kk) {{
                         const int64_t {vk} = pc + kk;
                         const float *xr = {src} + ({off_row});{row}{vecs}

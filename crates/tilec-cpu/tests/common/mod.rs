@@ -14,9 +14,12 @@ pub fn cache_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tilec-cpu-{name}"))
 }
 
+/// Every parallel loop of a test kernel, however small, runs as a region (the tests' kernels
+/// are small, and their parallel code is what they check).
 pub fn compiler() -> Compiler {
     Compiler::new(CompileOptions {
         cache_dir: Some(cache_dir("shared")),
+        loop_parallel_min_work: 0,
         ..CompileOptions::default()
     })
 }

@@ -31,8 +31,8 @@ fn work(stmts: &[Stmt]) -> u128 {
 
 /// Blocking for a gemm: an `mr × nr` register tile with `nr` two vectors wide (one or three
 /// when `A` is read in place and `n` is one or three vectors: channels-last convolutions with
-/// 16 or 48 output channels; `mr` then fitted to the rows), a `kc` deep B micro-panel filling half of L1, an `mc × kc` A
-/// block filling half of L2.
+/// 16 or 48 output channels; `mr` then fitted to the rows; `mr` at most `m` otherwise), a `kc`
+/// deep B micro-panel filling half of L1, an `mc × kc` A block filling half of L2.
 pub fn gemm_params(g: &Gemm, t: &CpuTarget, a_in_place: bool) -> GemmParams {
     let elem = g.acc_dtype.size_bytes().clamp(4, 8) as i64;
     let lanes = (t.vector_bytes as i64 / elem).max(1);
@@ -48,7 +48,11 @@ pub fn gemm_params(g: &Gemm, t: &CpuTarget, a_in_place: bool) -> GemmParams {
         let mr = [8, 7, 6].into_iter().min_by_key(|&r| waste(r)).unwrap_or(8);
         (mr, 2 * lanes)
     } else {
-        (if wide { 8 } else if t.vector_bytes >= 32 { 6 } else { 4 }, 2 * lanes)
+        // Fewer rows than a tile (a classifier's matrix-vector product, batch 1): as many as
+        // there are, since the micro-kernel computes every row of its tile (at m = 1 a tile
+        // of 8 did 8x the multiply-adds).
+        let mr = if wide { 8 } else if t.vector_bytes >= 32 { 6 } else { 4 };
+        (mr.min(g.m.max(1)), 2 * lanes)
     };
     let round_up = |x: i64, m: i64| (x.max(1) + m - 1) / m * m;
     let kc = ((t.l1_bytes as i64 / 2 / (nr * elem)) / 8 * 8)
