@@ -282,14 +282,15 @@ pub fn applies(p: &FlashProblem, q: &Params, cc: (u32, u32)) -> Result<(), Strin
 
 /// Default parameters on a device with `sm_count` multiprocessors: 128 query rows per block
 /// (8 warps) and 64 keys per step, two ring slots; 64 rows (4 warps) when that leaves fewer
-/// blocks than two per SM or the queries are few.
+/// blocks than two per SM or the queries are few. Head dim 64: 128 keys per step, and 64 rows
+/// up to 1024 queries (GPT-2's causal 8 x 12 x 512 ran 1.42x faster so when tuned on an H200).
 pub fn heuristic(p: &FlashProblem, sm_count: usize) -> Params {
     let mut q = Params::default();
     let blocks = p.batch * p.heads_q * p.seq_q.div_ceil(128);
-    if p.seq_q <= 64 || blocks < 2 * sm_count {
+    if p.seq_q <= 64 || blocks < 2 * sm_count || (p.head_dim == 64 && p.seq_q <= 1024) {
         q = Params { block_m: 64, warps: 4, ..q };
     }
-    if p.head_dim == 64 && p.seq_k >= 1024 && p.causal.is_none() {
+    if p.head_dim == 64 && (p.seq_k >= 1024 || q.block_m == 64) {
         q.block_n = 128;
     }
     q
