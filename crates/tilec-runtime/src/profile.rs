@@ -61,6 +61,9 @@ pub struct Profile {
     /// recorded without one.
     #[serde(default)]
     pub spans: Vec<crate::trace::Span>,
+    /// Runs begun ([`Profile::begin_run`]); the spans recorded since belong to the last.
+    #[serde(default)]
+    pub runs: u32,
 }
 
 impl Profile {
@@ -91,7 +94,13 @@ impl Profile {
     /// after the profile's epoch (any fixed instant of the caller's).
     pub fn record_span(&mut self, name: &str, start_ns: u64, ns: u64, bytes: u64, flops: u64) {
         self.record(name, ns, bytes, flops);
-        self.spans.push(crate::trace::Span { name: name.to_string(), start_ns, dur_ns: ns });
+        self.spans.push(crate::trace::Span { name: name.to_string(), start_ns, dur_ns: ns, run: self.runs });
+    }
+
+    /// Starts a run: the spans recorded after it belong together (gaps are counted within a
+    /// run, never between two).
+    pub fn begin_run(&mut self) {
+        self.runs += 1;
     }
 
     /// Sets what is known of kernel `name` beyond its figures (kept from the first call that

@@ -15,6 +15,9 @@ pub struct Span {
     pub name: String,
     pub start_ns: u64,
     pub dur_ns: u64,
+    /// The run it belongs to ([`Profile::begin_run`]; 0: recorded outside any run).
+    #[serde(default)]
+    pub run: u32,
 }
 
 /// The kind of a kernel from its name (`k12_conv [cpu.direct]` → `conv`, `k3_gemm_1` →
@@ -66,14 +69,14 @@ pub fn time_by_kind(p: &Profile) -> Vec<(String, u64, f64)> {
             None => kinds.push((kind, k.total_ns)),
         }
     }
-    // Gaps: between one call's end and the next call's start, when the next starts within
-    // 10 ms (calls further apart belong to different runs).
+    // Gaps: between one call's end and the next call's start within a run (calls recorded
+    // outside runs: when the next starts within 10 ms).
     let mut spans: Vec<&Span> = p.spans.iter().collect();
     spans.sort_by_key(|s| s.start_ns);
     let gaps: u64 = spans
         .windows(2)
+        .filter(|w| if w[0].run > 0 || w[1].run > 0 { w[0].run == w[1].run } else { w[1].start_ns < w[0].start_ns + w[0].dur_ns + 10_000_000 })
         .map(|w| w[1].start_ns.saturating_sub(w[0].start_ns + w[0].dur_ns))
-        .filter(|&g| g < 10_000_000)
         .sum();
     if !spans.is_empty() {
         kinds.push(("gaps".to_string(), gaps));
@@ -324,6 +327,20 @@ mod tests {
         assert_eq!(k[0].0, "conv");
         let pct: f64 = k.iter().map(|x| x.2).sum();
         assert!((pct - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn gaps_count_within_a_run_only_when_runs_are_marked() {
+        let mut p = Profile::default();
+        p.begin_run();
+        p.record_span("k0_conv", 0, 1_000, 0, 0);
+        p.record_span("k1_conv", 3_000, 1_000, 0, 0);
+        p.begin_run();
+        // 5 us after the last run's end: another run, not a gap.
+        p.record_span("k0_conv", 9_000, 1_000, 0, 0);
+        let k = time_by_kind(&p);
+        assert_eq!(k.iter().find(|x| x.0 == "gaps").map(|x| x.1), Some(2_000));
+        assert_eq!(p.spans.iter().map(|s| s.run).collect::<Vec<_>>(), vec![1, 1, 2]);
     }
 
     #[test]

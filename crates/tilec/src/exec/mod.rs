@@ -496,6 +496,7 @@ impl<B: Backend> Executor<B> {
                 // One epoch per process, so that the calls of several runs share a timeline.
                 static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
                 let epoch = *EPOCH.get_or_init(Instant::now);
+                p.begin_run();
                 for seg in 0..self.segments.len() {
                     let steps = match &self.segments[seg] {
                         Segment::Host(i) => *i..*i + 1,
