@@ -114,7 +114,8 @@ pub trait Measurer {
 pub struct SearchOptions {
     /// Candidates measured at most (the heuristic included).
     pub max_candidates: usize,
-    /// Wall-clock budget; the batch under way is finished, no new one started after it.
+    /// Wall-clock budget: a batch starts with only as many candidates as the time left covers
+    /// at the last batch's cost per candidate; confirmation only while time is left.
     pub budget: Duration,
     /// Candidates handed to the measurer at once (compiled together).
     pub batch: usize,
@@ -173,16 +174,30 @@ pub fn search(c: &Candidates, m: &mut dyn Measurer, o: &SearchOptions, progress:
     let mut r = SearchResult { space: c.space, pruned: c.pruned.len(), considered: c.list.len(), ..Default::default() };
     let todo: Vec<&Candidate> = c.list.iter().take(o.max_candidates.max(1)).collect();
     let mut i = 0;
+    // What one candidate of the last batch cost (building, compiling and timing it): a batch
+    // starts only with as many candidates as the budget still covers, so that the budget
+    // holds to within one candidate rather than one batch.
+    let mut per_candidate: Option<Duration> = None;
     while i < todo.len() {
-        if i > 0 && start.elapsed() >= o.budget {
-            r.out_of_time = true;
-            break;
-        }
+        let left = o.budget.saturating_sub(start.elapsed());
         // The heuristic alone first: its results are the reference.
-        let n = if i == 0 && todo[0].heuristic { 1 } else { o.batch.max(1) };
+        let mut n = if i == 0 && todo[0].heuristic { 1 } else { o.batch.max(1) };
+        if i > 0 {
+            let fits = match per_candidate {
+                Some(c) if !c.is_zero() => (left.as_secs_f64() / c.as_secs_f64()) as usize,
+                _ => usize::from(!left.is_zero()) * n,
+            };
+            n = n.min(fits);
+            if n == 0 {
+                r.out_of_time = true;
+                break;
+            }
+        }
         let batch: Vec<&Candidate> = todo[i..(i + n).min(todo.len())].to_vec();
         let params: Vec<Params> = batch.iter().map(|c| c.params.clone()).collect();
+        let began = Instant::now();
         let mut outs = m.measure(&params);
+        per_candidate = Some(began.elapsed() / params.len().max(1) as u32);
         outs.resize(batch.len(), Outcome::Failed("the measurer gave no result".into()));
         for (cand, out) in batch.into_iter().zip(outs) {
             r.measured.push(Measured { candidate: cand.clone(), outcome: out });
@@ -198,7 +213,8 @@ pub fn search(c: &Candidates, m: &mut dyn Measurer, o: &SearchOptions, progress:
         .filter_map(|x| x.outcome.ns().map(|t| (x.candidate.params.clone(), t)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     if let (Some(h), Some(def), Some((best, bt))) = (&heuristic, r.default_ns, r.best.clone()) {
-        if best != h.candidate.params && o.confirm_rounds > 0 {
+        // Confirmed while the budget lasts (the two are compiled already).
+        if best != h.candidate.params && o.confirm_rounds > 0 && start.elapsed() < o.budget {
             let (mut hs, mut bs) = (vec![def], vec![bt]);
             for round in 0..o.confirm_rounds {
                 let pair = if round % 2 == 0 {

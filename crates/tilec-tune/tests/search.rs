@@ -172,3 +172,37 @@ fn confirmation_rounds_undo_a_noisy_default() {
     assert_eq!(r.default_ns, Some(100.0));
     assert_eq!(r.best, Some((Params::new(&[("a", 2), ("b", 2)]), 100.0)), "the heuristic stays");
 }
+
+/// A measurer whose every candidate takes a fixed time.
+struct Slow {
+    each: Duration,
+    batches: Vec<usize>,
+}
+
+impl Measurer for Slow {
+    fn measure(&mut self, batch: &[Params]) -> Vec<Outcome> {
+        self.batches.push(batch.len());
+        std::thread::sleep(self.each * batch.len() as u32);
+        batch.iter().map(|q| Outcome::Time { median_ns: 100.0 + q.get("a").unwrap_or(0) as f64, runs: 5 }).collect()
+    }
+}
+
+/// The budget holds to within one candidate: batches shrink to what the time left covers
+/// instead of a whole batch running past it.
+#[test]
+fn batches_shrink_to_the_budget_left() {
+    let g = graph();
+    let p = Problem::of_node(&g, g.node_ids().next().unwrap(), "k0");
+    let f: &'static Toy = Box::leak(Box::new(Toy { builds: Mutex::new(vec![]) }));
+    let c = candidates(f, &p, &());
+    let each = Duration::from_millis(100);
+    let mut m = Slow { each, batches: vec![] };
+    let o = SearchOptions { max_candidates: 100, budget: Duration::from_millis(650), batch: 4, confirm_rounds: 0 };
+    let t = std::time::Instant::now();
+    let r = search(&c, &mut m, &o, &mut |_| {});
+    let took = t.elapsed();
+    // 100 ms for the heuristic, 400 for a batch of 4, then about 150 ms left: one more
+    // candidate, not four (which would end 250 ms past the budget).
+    assert_eq!(m.batches[..2], [1, 4], "{:?}", m.batches);
+    assert!(r.out_of_time && took < o.budget + each + Duration::from_millis(100), "{took:?} {:?}", m.batches);
+}
