@@ -115,11 +115,17 @@ class CompiledModel:
         inputs' device when the first input is one."""
         args = self._ordered(inputs)
         torch = _torch()
+        stream = None
         if args and torch is not None and isinstance(args[0], torch.Tensor):
             alloc = _alloc_like(args[0].device)
+            if args[0].is_cuda:
+                # The inputs may still be written by kernels queued on PyTorch's stream, and
+                # the outputs' memory reused from tensors it has queued work on: tilec's
+                # stream waits for it.
+                stream = torch.cuda.current_stream(args[0].device).cuda_stream
         else:
             alloc = _alloc_numpy
-        return self._s.run(args, alloc)
+        return self._s.run(args, alloc, stream)
 
     __call__ = run
 

@@ -38,6 +38,27 @@ def test_cuda_session_rejects_a_wrong_shape_with_a_clear_error():
         gpu.run({"input_ids": torch.zeros((2, 3, 4), dtype=torch.int64, device="cuda")})
 
 
+def test_cuda_session_waits_for_pytorchs_current_stream():
+    # The input is written on a side stream behind tens of milliseconds of queued products: a
+    # session that read it on its own stream without waiting would see stale memory.
+    cpu = tilec.compile(GPT2)
+    gpu = tilec.compile(GPT2, target="cuda")
+    ids_host = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(5))
+    want = cpu.run({"input_ids": ids_host.numpy()})
+    src = ids_host.cuda()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+        ids = src.clone()
+        got = gpu.run({"input_ids": ids})
+    torch.cuda.synchronize()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.cpu().numpy(), w, rtol=1e-3, atol=1e-3)
+
+
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -668,6 +668,19 @@ impl Event {
         // SAFETY: valid event and stream.
         unsafe { cu!(cuEventRecordWithFlags(self.raw, stream.raw, flags)) }
     }
+    /// Makes `stream` wait for everything queued so far on `foreign`, a stream handle made
+    /// elsewhere (another library's, such as PyTorch's current stream) in this event's context.
+    ///
+    /// # Safety
+    /// `foreign` must be a live stream of this event's context (or 0, the legacy default).
+    pub unsafe fn order_after_foreign(&self, stream: &Stream, foreign: u64) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: valid event and stream; the caller vouches for `foreign`.
+        unsafe {
+            cu!(cuEventRecord(self.raw, foreign as sys::CUstream))?;
+            cu!(cuStreamWaitEvent(stream.raw, self.raw, 0))
+        }
+    }
     /// Milliseconds from `start` to this event (both recorded; waits for this one).
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         self.ctx.bind()?;

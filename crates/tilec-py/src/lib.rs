@@ -211,8 +211,11 @@ impl Session {
     }
 
     /// Runs on `inputs` (a list of DLPack tensors in input order); `alloc([(shape, dtype)])`
-    /// returns the output tensors to fill.
-    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyList>, alloc: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// returns the output tensors to fill. `stream`: the caller's CUDA stream handle (PyTorch's
+    /// current stream) whose queued work the run waits for before it reads device inputs or
+    /// writes device outputs.
+    #[pyo3(signature = (inputs, alloc, stream=None))]
+    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyList>, alloc: &Bound<'py, PyAny>, stream: Option<u64>) -> PyResult<Bound<'py, PyAny>> {
         guard(|| {
             let ins = self.borrow_inputs(inputs)?;
             let raws: Vec<RawTensor> = ins.iter().map(|b| b.raw.clone()).collect();
@@ -231,8 +234,9 @@ impl Session {
                 let mut s = lock(&self.inner);
                 // SAFETY: the capsules in `ins` and `outb` keep every buffer alive and are
                 // held until after the call; their dtypes and shapes are checked by run_raw;
-                // the outputs were freshly allocated, so they overlap nothing.
-                unsafe { s.0.run_raw(&binding, &raws, &out_raws) }.map_err(tilec_err)
+                // the outputs were freshly allocated, so they overlap nothing; `stream` is
+                // the caller's current stream, on the device the tensors are on.
+                unsafe { s.0.run_raw_after(&binding, &raws, &out_raws, stream) }.map_err(tilec_err)
             })?;
             *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(binding);
             drop((ins, outb));

@@ -307,9 +307,20 @@ impl Session {
     /// As [`crate::exec::Executor::run_raw`]: every buffer valid for its dtype and shape.
     pub unsafe fn run_raw(&mut self, binding: &Binding, inputs: &[RawTensor], outputs: &[RawTensor]) -> Result<(), Error> {
         // SAFETY: forwarded from the caller.
+        unsafe { self.run_raw_after(binding, inputs, outputs, None) }
+    }
+
+    /// [`Session::run_raw`] ordered after the work queued on another library's stream `after`
+    /// (see [`crate::exec::Executor::run_raw_after`]).
+    ///
+    /// # Safety
+    /// As [`Session::run_raw`]; `after`, if given, must be a live stream handle of the
+    /// session's device and context.
+    pub unsafe fn run_raw_after(&mut self, binding: &Binding, inputs: &[RawTensor], outputs: &[RawTensor], after: Option<u64>) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
         match self.prepare(binding)? {
-            Loaded::Cpu(c) => unsafe { c.run_raw(inputs, outputs) },
-            Loaded::Cuda(c) => unsafe { c.run_raw(inputs, outputs) },
+            Loaded::Cpu(c) => unsafe { c.run_raw_after(inputs, outputs, after) },
+            Loaded::Cuda(c) => unsafe { c.run_raw_after(inputs, outputs, after) },
         }
     }
 

@@ -346,6 +346,12 @@ impl Backend for Cuda {
         s
     }
 
+    unsafe fn order_after(&self, foreign: u64) -> Result<(), Error> {
+        let e = self.device.event().map_err(cuda_err("creating an event"))?;
+        // SAFETY: the caller vouches for `foreign`.
+        unsafe { e.order_after_foreign(&self.stream, foreign) }.map_err(cuda_err("ordering tilec's stream after the caller's"))
+    }
+
     fn sync(&self) -> Result<(), Error> {
         self.stream.synchronize().map_err(cuda_err("waiting for the GPU"))
     }

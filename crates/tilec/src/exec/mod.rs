@@ -176,6 +176,16 @@ pub trait Backend {
         String::new()
     }
 
+    /// Orders the work queued after this call after everything queued so far on `foreign`,
+    /// another library's stream handle on this back end's device (a no-op where there is no
+    /// device queue).
+    ///
+    /// # Safety
+    /// `foreign` must be a live stream handle of the back end's device and context.
+    unsafe fn order_after(&self, _foreign: u64) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Waits for the launched work.
     fn sync(&self) -> Result<(), Error>;
 }

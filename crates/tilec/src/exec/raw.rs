@@ -82,6 +82,19 @@ impl<B: Backend> Executor<B> {
     /// at its address, in its memory, for the duration of the call; outputs must not overlap
     /// each other or the inputs.
     pub unsafe fn run_raw(&mut self, inputs: &[RawTensor], outputs: &[RawTensor]) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_raw_after(inputs, outputs, None) }
+    }
+
+    /// [`Executor::run_raw`] with device inputs and outputs that another library's stream
+    /// `after` (a handle on the same device and context, such as PyTorch's current stream)
+    /// may still be writing or reusing: everything queued on it so far completes before the
+    /// model reads or writes them. The call returns once the outputs are written.
+    ///
+    /// # Safety
+    /// As [`Executor::run_raw`]; `after`, if given, must be a live stream handle of the
+    /// back end's device and context.
+    pub unsafe fn run_raw_after(&mut self, inputs: &[RawTensor], outputs: &[RawTensor], after: Option<u64>) -> Result<(), Error> {
         check(self, self.graph.inputs(), inputs, "input")?;
         check(self, self.graph.outputs(), outputs, "output")?;
         if self.interpreted {
@@ -103,6 +116,10 @@ impl<B: Backend> Executor<B> {
             return Ok(());
         }
         self.backend.sync()?;
+        if let Some(s) = after {
+            // SAFETY: the caller vouches for the handle.
+            unsafe { self.backend.order_after(s)? };
+        }
         for (&v, t) in self.graph.inputs().iter().zip(inputs) {
             if let Some(&Slot::Arena(o)) = self.slots.get(&v) {
                 // SAFETY: as the caller vouches; the span was checked against the plan.
