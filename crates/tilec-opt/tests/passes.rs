@@ -3,7 +3,7 @@
 //! ops, optimized and compared against the original on the reference interpreter.
 
 use rand::{Rng, SeedableRng};
-use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, SliceBound, SourceOp, UnaryOp, Window};
+use tilec_ir::op::{BinaryOp, IndexOp, LayoutOp, LinalgOp, NormOp, Padding, SliceBound, SourceOp, UnaryOp, Window};
 use tilec_ir::{verify, DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions, Stage};
 use tilec_opt::passes::{Cse, Dce, FoldBatchNorm, FoldConstants, Simplify};
@@ -668,4 +668,39 @@ fn random_graphs_optimize_to_equivalent_graphs() {
     }
     println!("random graphs: {before} -> {after} nodes");
     assert!(after < before);
+}
+
+#[test]
+fn simplify_gathers_of_every_position_in_order() {
+    let gather = |axis: usize| Op::Index(IndexOp::Gather { axis });
+    let idx = |g: &mut Graph, v: &[i64]| g.add_const("i", Tensor::from_vec(vec![v.len()], v.to_vec()).unwrap());
+    // Every row in order, along axis 0 and axis 1 (i32 and i64 indices): the identity.
+    let (_, g) = simplified(|g| {
+        let x = input(g, DType::F32, &[4, 3]);
+        let i = idx(g, &[0, 1, 2, 3]);
+        g.add(gather(0), &[x, i]).unwrap()
+    });
+    assert!(g.nodes().is_empty(), "{:?}", ops(&g));
+    let (_, g) = simplified(|g| {
+        let x = input(g, DType::F32, &[2, 3]);
+        let i = g.add_const("i", Tensor::from_vec(vec![3], vec![0i32, 1, 2]).unwrap());
+        g.add(gather(1), &[x, i]).unwrap()
+    });
+    assert!(g.nodes().is_empty(), "{:?}", ops(&g));
+    // Not identities: a permutation, a prefix, a repeat, negative positions, indices of
+    // another shape ([4, 1]).
+    for v in [vec![1i64, 0, 2, 3], vec![0, 1, 2], vec![0, 1, 2, 3, 0], vec![-4, -3, -2, -1]] {
+        let (_, g) = simplified(|g| {
+            let x = input(g, DType::F32, &[4, 3]);
+            let i = idx(g, &v);
+            g.add(gather(0), &[x, i]).unwrap()
+        });
+        assert_eq!(ops(&g), ["gather"], "{v:?}");
+    }
+    let (_, g) = simplified(|g| {
+        let x = input(g, DType::F32, &[4, 3]);
+        let i = g.add_const("i", Tensor::from_vec(vec![4, 1], vec![0i64, 1, 2, 3]).unwrap());
+        g.add(gather(0), &[x, i]).unwrap()
+    });
+    assert_eq!(ops(&g), ["gather"]);
 }

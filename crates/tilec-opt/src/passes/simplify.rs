@@ -15,10 +15,13 @@
 //!   element → `x`; `concat` of one input → `x`.
 //! - `neg(neg(x))` → `x` for floats (for integers the kernel's overflow behaviour at MIN
 //!   would matter).
+//! - `gather{axis}(x, [0, 1, ..., n-1])` with constant indices that list every position of
+//!   the axis in order → `x` (Whisper's positional embedding, looked up by an `arange` of all
+//!   of its rows: the lookup's checked index kept the epilogue around it from vectorizing).
 
 use super::ir;
 use crate::{OptError, Pass};
-use tilec_ir::op::{BinaryOp, LayoutOp, UnaryOp};
+use tilec_ir::op::{BinaryOp, IndexOp, LayoutOp, UnaryOp};
 use tilec_ir::{DType, Graph, Op, ValueId};
 
 pub struct Simplify;
@@ -88,6 +91,16 @@ fn const_all(g: &Graph, v: ValueId, want: i64) -> bool {
     } else {
         false
     }
+}
+
+/// The constant behind `v` is the 1-D integer sequence `0, 1, ..., n - 1`.
+fn const_iota(g: &Graph, v: ValueId, n: usize) -> bool {
+    let Some(t) = g.const_value(v) else {
+        return false;
+    };
+    t.dtype().is_int()
+        && t.shape() == [n]
+        && t.to_i64_vec().iter().enumerate().all(|(i, &x)| x == i as i64)
 }
 
 enum Rw {
@@ -201,6 +214,10 @@ fn rewrite(g: &Graph, ni: usize) -> Option<Rw> {
             Some(Rw::Alias(x))
         }
         Op::Layout(LayoutOp::Concat { .. }) if n.inputs.len() == 1 && same(x) => Some(Rw::Alias(x)),
+        Op::Index(IndexOp::Gather { axis }) if n.inputs.len() == 2 && same(x) => {
+            let dim = g.value(x).ty.shape.get(*axis)?.fixed()?;
+            const_iota(g, n.inputs[1], dim).then_some(Rw::Alias(x))
+        }
         Op::Unary(UnaryOp::Neg) if out_ty.dtype.is_float() => match producer_op(g, x)? {
             (Op::Unary(UnaryOp::Neg), y) if same(y) => Some(Rw::Alias(y)),
             _ => None,
