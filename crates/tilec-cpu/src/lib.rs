@@ -13,6 +13,7 @@ pub mod cpuinfo;
 pub mod families;
 pub mod gemm;
 pub mod pool;
+mod prepare;
 mod region;
 pub mod render;
 

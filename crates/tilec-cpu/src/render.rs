@@ -381,7 +381,7 @@ pub(crate) struct Renderer<'a> {
 }
 
 /// Local buffers larger than this go on the heap.
-const STACK_LIMIT_BYTES: i64 = 64 * 1024;
+pub(crate) const STACK_LIMIT_BYTES: i64 = 64 * 1024;
 
 impl<'a> Renderer<'a> {
     pub fn err(&self, msg: impl Into<String>) -> RenderError {
@@ -447,9 +447,23 @@ impl<'a> Renderer<'a> {
     }
 
     /// Renders statements in a fresh C block scope (the caller emits the braces).
+    /// At the top of the function body, a local buffer prepared from parameters alone gets a
+    /// pack slot (`crate::prepare`).
     pub fn block_stmts(&mut self, stmts: &[Stmt], ctx: Ctx) -> Result<(), RenderError> {
-        for s in stmts {
-            self.stmt(s, ctx)?;
+        let top = self.declared.len() == 1;
+        let mut frees = vec![];
+        let mut i = 0;
+        while i < stmts.len() {
+            if let Some((b, params)) = top.then(|| crate::prepare::prepared(self, stmts, i)).flatten() {
+                frees.extend(crate::prepare::render(self, b, params, &stmts[i + 1], ctx)?);
+                i += 2;
+                continue;
+            }
+            self.stmt(&stmts[i], ctx)?;
+            i += 1;
+        }
+        for f in frees {
+            self.line(&f);
         }
         // Free heap buffers of the outermost scope (function body).
         if self.declared.len() == 1 {

@@ -256,3 +256,75 @@ fn mobilenet_block_stays_channels_last() {
     assert!(layout <= 2, "{:?}", c.report.decisions);
     check_graph("block", &g, &inputs, 1);
 }
+
+/// Compiles `g` and checks two poisoned runs per input set against the reference, the sets
+/// in turn (a weight that is a graph input changes between them).
+fn check_sets(name: &str, g: &Graph, sets: &[Vec<Tensor>], want_depthwise: usize) {
+    let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
+    let mut c = compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let dw = c.report.decisions.iter().filter(|(_, d)| d.family == "cpu.depthwise").count();
+    assert_eq!(dw, want_depthwise, "{name}: depthwise kernels in {:?}", c.report.decisions);
+    let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
+    for (s, inputs) in sets.iter().enumerate() {
+        let want = tilec_ref::run_named(g, names.iter().cloned().zip(inputs.iter().cloned()).collect::<HashMap<_, _>>())
+            .unwrap()
+            .remove(0);
+        for run in 0..2 {
+            c.poison().unwrap_or_else(|e| panic!("{name}: {e}"));
+            let got = c.run(inputs).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
+            let (w, o) = (want.to_f64_vec(), got.to_f64_vec());
+            assert_eq!(w.len(), o.len(), "{name}");
+            for (i, (a, b)) in w.iter().zip(&o).enumerate() {
+                assert!((a - b).abs() <= 1e-5 + 1e-5 * a.abs(), "{name} set {s} run {run}: element {i}: reference {a}, compiled {b}");
+            }
+        }
+    }
+}
+
+/// Two depthwise convs of one shape (one rendered kernel) with different constant weights,
+/// odd channel counts and a multiplier: each call must read its own weights, transposed once
+/// ahead of the calls, and never another kernel's or a stale copy.
+#[test]
+fn constant_weights_prepared_per_kernel() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4099);
+    for (c, m, k) in [(13usize, 1usize, 5usize), (7, 3, 3), (33, 2, 7)] {
+        let name = format!("twice_c{c}_m{m}_k{k}");
+        let mut g = Graph::new("dw2");
+        let xs = [1, 9, 11, c];
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
+        let window = Window { kernel: vec![k, k], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![k / 2; 4]) };
+        let mut y = x;
+        let mut cin = c;
+        for i in 0..2 {
+            // The second conv takes the first one's c·m channels with multiplier 1.
+            let mi = if i == 0 { m } else { 1 };
+            let w = g.add_const(&format!("w{i}"), random(&[cin * mi, 1, k, k], &mut rng, -0.3, 0.3));
+            let b = g.add_const(&format!("b{i}"), random(&[cin * mi], &mut rng, -0.5, 0.5));
+            let op = Op::Linalg(LinalgOp::Conv { window: window.clone(), group: cin, channels_last: true });
+            y = g.add(op, &[y, w, b]).unwrap();
+            cin *= mi;
+        }
+        g.set_outputs(vec![y]);
+        let sets: Vec<Vec<Tensor>> = (0..2).map(|_| vec![random(&xs, &mut rng, -2.0, 2.0)]).collect();
+        check_sets(&name, &g, &sets, 2);
+    }
+}
+
+/// Weights that are a graph input are transposed on every call: new weights in the second
+/// set must be used, not the first set's.
+#[test]
+fn input_weights_transposed_per_call() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8191);
+    let (c, m, k) = (19usize, 2usize, 3usize);
+    let mut g = Graph::new("dwin");
+    let xs = [1, 8, 10, c];
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
+    let w = g.add_input("w", TensorType::fixed(DType::F32, &[c * m, 1, k, k]));
+    let b = g.add_const("b", random(&[c * m], &mut rng, -0.5, 0.5));
+    let window = Window { kernel: vec![k, k], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+    let y = g.add(Op::Linalg(LinalgOp::Conv { window, group: c, channels_last: true }), &[x, w, b]).unwrap();
+    g.set_outputs(vec![y]);
+    let sets: Vec<Vec<Tensor>> =
+        (0..2).map(|_| vec![random(&xs, &mut rng, -2.0, 2.0), random(&[c * m, 1, k, k], &mut rng, -0.3, 0.3)]).collect();
+    check_sets("input_weights", &g, &sets, 1);
+}

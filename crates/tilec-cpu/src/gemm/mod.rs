@@ -61,6 +61,9 @@ pub enum PackOperand {
     A,
     /// `B[b, k, j]`, in `nr`-wide panels.
     B,
+    /// Not a gemm operand: a local buffer that a loop nest fills from parameters alone (the
+    /// transposed weights of `cpu.depthwise`), written exactly as that nest writes it.
+    Buffer,
 }
 
 /// A gemm operand that depends only on kernel parameters (no other loop or local values), so
@@ -237,10 +240,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     let b_batched = uses_var(&g.b, g.b_var);
     let slot = |r: &mut Renderer, op: PackOperand, ps: Vec<usize>, code: String| -> String {
         let s = r.packs.len();
-        let (rows, batched) = match op {
-            PackOperand::A => (mpad, a_batched),
-            PackOperand::B => (npad, b_batched),
-        };
+        let (rows, batched) = if op == PackOperand::B { (npad, b_batched) } else { (mpad, a_batched) };
         let nb = if batched { batch } else { 1 };
         let bytes = (nb * rows * k * eb) as usize;
         r.packs.push((

@@ -2,8 +2,10 @@
 //! the channel multiplier), channels-last and 2-D, as loops vectorized along the input
 //! channels with register blocks of output pixels along W and no bounds checks at all.
 //!
-//! The kernel: the weights transposed once per call into a local `[taps, M, C]` buffer (so
-//! that a vector of channels reads one tap's weights contiguously); then, in parallel over
+//! The kernel: the weights transposed into a local `[taps, M, C]` buffer (so that a vector of
+//! channels reads one tap's weights contiguously), a nest that reads only the weights, so that
+//! the CPU back end prepares it once ahead of the calls when they are constants (a pack slot)
+//! and per call otherwise; then, in parallel over
 //! the output rows (`N × OH`), a row's pixels in *blocks*: per block one loop over the input
 //! channels (vectorized) holding one accumulator per pixel and output channel of the group
 //! (`M` of them, output channels `c·M + j` a stride `M` apart), the taps unrolled into
