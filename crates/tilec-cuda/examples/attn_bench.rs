@@ -16,6 +16,7 @@
 //!   and timed in TB/s of K and V read on `attn_decode_bf16_b32h32kv8192d128` and its GQA
 //!   and ragged twins (`bench`); see `decode/mod.rs`.
 //!
+//! `FLASH_WGMMA=1` takes the Hopper variant (`flash::sm90`) instead of the `mma.sync` one;
 //! `FLASH_PARAMS=block_m,block_n,warps,stages` and `PAGED_PARAMS=chunk,warps,rows,unroll`
 //! override the heuristics. Prints one JSON object per line.
 
@@ -92,11 +93,12 @@ fn bench_cases() -> Vec<Case> {
 }
 
 fn params_of(p: &FlashProblem, sms: usize) -> Params {
-    let d = flash::heuristic(p, sms);
+    let wgmma = std::env::var("FLASH_WGMMA").is_ok_and(|v| v == "1");
+    let d = if wgmma { flash::sm90::heuristic(p, sms) } else { flash::heuristic(p, sms) };
     let env = std::env::var("FLASH_PARAMS").unwrap_or_default();
     let v: Vec<usize> = env.split(',').filter_map(|x| x.trim().parse().ok()).collect();
     match v[..] {
-        [block_m, block_n, warps, stages] => Params { block_m, block_n, warps, stages },
+        [block_m, block_n, warps, stages] => Params { block_m, block_n, warps, stages, wgmma },
         _ => d,
     }
 }
@@ -280,7 +282,7 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usi
         "label": c.label, "kernel": name,
         "batch": p.batch, "heads": [p.heads_q, p.heads_kv], "seq": [p.seq_q, p.seq_k], "head_dim": p.head_dim,
         "dtype": p.dtype.name(), "causal": format!("{:?}", p.causal), "mask": p.mask.map(|m| format!("{:?}", m.kind)),
-        "params": format!("m{} n{} w{} s{}", q.block_m, q.block_n, q.warps, q.stages),
+        "params": format!("m{} n{} w{} s{}{}", q.block_m, q.block_n, q.warps, q.stages, if q.wgmma { " wgmma" } else { "" }),
         "ok": ok, "max_err": max_err, "lse_err": lse_err, "nan": nans, "rows_checked": pts.len(),
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "occupancy": f.max_active_blocks_per_sm(cfg.block.0, cfg.shared_mem_bytes).unwrap_or(0),

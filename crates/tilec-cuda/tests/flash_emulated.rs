@@ -511,3 +511,43 @@ fn rendered_flash_kernels_match_an_f64_reference_under_emulation() {
     }
     assert!(failed.is_empty(), "{failed:#?} (sources in {})", dir.display());
 }
+
+/// The Hopper variant (`flash::sm90`, wgmma) is not emulated; its sources are compiled for
+/// sm_90a with NVRTC (skipped without the library), every feature the sm80 kernel has:
+/// both head dims and dtypes, causal alignments, masks, GQA, each parameter set in range.
+#[test]
+fn sm90_variants_compile_with_nvrtc() {
+    let Ok(nv) = tilec_cuda::Nvrtc::load() else {
+        eprintln!("note: sm90_variants_compile_with_nvrtc skipped: no NVRTC (set TILEC_NVRTC_LIB)");
+        return;
+    };
+    let c = tilec_cuda::Compiler::new(nv, "sm_90a").with_cache_dir(None);
+    let mut modules = vec![];
+    for dt in [DType::BF16, DType::F16] {
+        for d in [64, 128] {
+            let mut variants = vec![FlashProblem::new(2, 8, 2, 77, 131, d, dt)];
+            let mut causal = FlashProblem::new(2, 3, 3, 300, 300, d, dt);
+            causal.causal = Some(Causal::BottomRight);
+            variants.push(causal);
+            let mut masked = FlashProblem::new(2, 2, 2, 70, 150, d, dt);
+            masked.mask = Some(Mask { kind: MaskKind::Additive, strides: [70 * 150, 0, 150, 1], len: 150 });
+            masked.zero_nan_rows = true;
+            variants.push(masked);
+            for p in variants {
+                for (block_m, block_n, stages) in [(128, 128, 2), (64, 128, 3), (128, 64, 4), (64, 64, 2)] {
+                    let q = Params { block_m, block_n, warps: 4 * (1 + block_m / 64), stages, wgmma: true };
+                    if q.validate(d).is_err() {
+                        continue;
+                    }
+                    let a = FlashArgs::dense(p.mask.is_some());
+                    modules.push((flash::kernel_name(&p, &q, &a), flash::render(&p, &q, &a)));
+                }
+            }
+        }
+    }
+    assert!(modules.len() >= 40, "{}", modules.len());
+    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
+        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
+        assert!(img.starts_with(b"\x7fELF"), "{name}");
+    }
+}

@@ -45,7 +45,7 @@ pub struct CudaOptions {
     pub families: Vec<(String, String)>,
     /// Let f32 matrix products run on the tensor cores as tf32 (`--allow-tf32`).
     pub allow_tf32: bool,
-    /// Recognize attention and run it on the FlashAttention family (`sm80_flash_attn`); on by
+    /// Recognize attention and run it on a FlashAttention family (`sm90_flash_attn`, `sm80_flash_attn`); on by
     /// default, off with `TILEC_CUDA_ATTENTION=off`. When the family does not take some
     /// recognized attention, the whole graph is prepared again without it (with a note).
     pub flash_attention: bool,
@@ -98,7 +98,7 @@ pub fn prepare(graph: &Graph, opts: &CudaOptions, target: &GpuTarget) -> Result<
         let missed: Vec<String> = p
             .kernels()
             .iter()
-            .filter(|k| k.name.ends_with("_attention") && k.schedule != tilec_cuda::families::FLASH_ATTN)
+            .filter(|k| k.name.ends_with("_attention") && !tilec_cuda::families::is_flash(k.schedule))
             .map(|k| k.name.clone())
             .collect();
         if let Some(first) = missed.first() {

@@ -405,7 +405,7 @@ fn f16_transformer_exports_dispatch_their_matrix_products() {
         let att: Vec<_> = p.kernels().into_iter().filter(|k| k.name.contains("attention")).collect();
         let why: Vec<String> = att.iter().map(|k| format!("{} {}", k.schedule, k.family.describe())).collect();
         assert_eq!(att.len(), 4, "{m}: {why:#?}");
-        assert!(att.iter().all(|k| k.schedule == "sm80_flash_attn"), "{m}: {why:#?} {:?}", p.report.decisions.iter().filter(|(n, _)| n.contains("attention")).map(|(_, d)| d.rejected.clone()).collect::<Vec<_>>());
+        assert!(att.iter().all(|k| k.schedule == "sm90_flash_attn"), "{m}: {why:#?} {:?}", p.report.decisions.iter().filter(|(n, _)| n.contains("attention")).map(|(_, d)| d.rejected.clone()).collect::<Vec<_>>());
     }
     if let Ok(nv) = tilec::cuda::Nvrtc::load() {
         let c = tilec::cuda::Compiler::new(nv, "sm_90a");
@@ -913,14 +913,14 @@ fn attention_takes_the_flash_family_unless_turned_off() {
         ("split qkv", attention_graph(DType::BF16, 2, 45, 3, 64, Some("qkv"))),
     ] {
         let off = prepare(&g, &CudaOptions { flash_attention: false, ..CudaOptions::default() }, &h).unwrap();
-        assert!(!names(&off).contains(&"sm80_flash_attn"), "{what}: {:?}", names(&off));
+        assert!(!names(&off).iter().any(|n| is_flash(n)), "{what}: {:?}", names(&off));
         assert!(off.kernels().len() >= 2, "{what}: attention is products and a softmax by default: {:?}", names(&off));
         let on = prepare(&g, &flash_opts(), &h).unwrap();
-        let flash: Vec<_> = on.kernels().iter().filter(|k| k.schedule == "sm80_flash_attn").collect();
+        let flash: Vec<_> = on.kernels().iter().filter(|k| k.schedule == "sm90_flash_attn").collect();
         assert_eq!(flash.len(), 1, "{what}: {:?} {:?}", names(&on), on.report.fallbacks);
         let desc = flash[0].family.describe();
         eprintln!("{what}: {desc}");
-        assert!(desc.contains("sm80_flash_attn attention"), "{desc}");
+        assert!(desc.contains("sm90_flash_attn attention"), "{desc}");
         if what == "causal" {
             assert!(desc.contains("causal TopLeft"), "{desc}");
         }
@@ -929,7 +929,13 @@ fn attention_takes_the_flash_family_unless_turned_off() {
         }
         // The layouts are read in place: Q's rows are heads * dim apart.
         let src = &flash[0].source.source;
-        assert!(src.contains("mma.sync.aligned.m16n8k16"), "{what}");
+        assert!(src.contains("wgmma.mma_async.sync.aligned.m64n") && !src.contains("mma.sync"), "{what}");
+        // Before Hopper, the mma.sync kernel.
+        let ampere = GpuTarget { compute_capability: (8, 0), ..h.clone() };
+        let old = prepare(&g, &flash_opts(), &ampere).unwrap();
+        let f80: Vec<_> = old.kernels().iter().filter(|k| k.schedule == "sm80_flash_attn").collect();
+        assert_eq!(f80.len(), 1, "{what}: {:?}", names(&old));
+        assert!(f80[0].source.source.contains("mma.sync.aligned.m16n8k16"), "{what}");
         let (e, qe) = match what {
             "causal" | "plain" => (256, 256),
             "split qkv" => (192, 576),
@@ -945,7 +951,7 @@ fn attention_takes_the_flash_family_unless_turned_off() {
     // Not taken: recognized attention stays what it is today.
     for (what, g) in [("f32", attention_graph(DType::F32, 1, 16, 2, 64, None)), ("head dim 32", attention_graph(DType::F16, 1, 16, 2, 32, None))] {
         let on = prepare(&g, &flash_opts(), &h).unwrap();
-        assert!(!names(&on).contains(&"sm80_flash_attn"), "{what}: {:?}", names(&on));
+        assert!(!names(&on).iter().any(|n| is_flash(n)), "{what}: {:?}", names(&on));
         assert!(on.kernels().len() >= 2, "{what}: {:?}", names(&on));
     }
     // Before sm_80 the family refuses with the reason, and attention stays products and a
@@ -953,7 +959,7 @@ fn attention_takes_the_flash_family_unless_turned_off() {
     let old = GpuTarget { compute_capability: (7, 5), ..h };
     let g = attention_graph(DType::F16, 1, 16, 2, 64, None);
     let on = prepare(&g, &flash_opts(), &old).unwrap();
-    assert!(!names(&on).contains(&"sm80_flash_attn") && on.kernels().len() >= 2, "{:?}", names(&on));
+    assert!(!names(&on).iter().any(|n| is_flash(n)) && on.kernels().len() >= 2, "{:?}", names(&on));
     let note = on.report.notes.iter().find(|(_, n)| n.contains("attention kept")).expect("a note on attention");
     assert!(note.1.contains("8.0"), "{note:?}");
 }
@@ -967,7 +973,7 @@ fn attention_the_flash_family_does_not_take_stays_unfused() {
     let opts = CudaOptions { families: vec![("attention".into(), "cuda.direct".into())], ..CudaOptions::default() };
     let p = prepare(&g, &opts, &GpuTarget::hopper()).unwrap();
     let names: Vec<_> = p.kernels().iter().map(|k| k.schedule).collect();
-    assert!(!names.contains(&"sm80_flash_attn") && !names.contains(&"direct"), "{names:?}");
+    assert!(!names.iter().any(|n| is_flash(n)) && !names.contains(&"direct"), "{names:?}");
     assert!(names.iter().filter(|s| s.contains("gemm")).count() >= 2, "{names:?}");
     assert!(p.report.notes.iter().any(|(_, n)| n.contains("attention kept as products and a softmax")), "{:?}", p.report.notes);
 }
@@ -990,7 +996,7 @@ fn flash_attention_kernels_match_the_reference_on_a_gpu() {
     for (what, g) in cases {
         let mut c = tilec::compiled_cuda::compile(&g, &flash_opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
         let on = c.report.schedules.clone();
-        assert!(on.iter().any(|(s, n)| s == "sm80_flash_attn" && *n == 1), "{what}: not on the family: {on:?}");
+        assert!(on.iter().any(|(s, n)| s == "sm90_flash_attn" && *n == 1), "{what}: not on the family: {on:?}");
         assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
         let mut inputs = random_inputs(&g);
         if let Some(keep) = inputs.iter_mut().find(|t| t.dtype() == DType::Bool) {
@@ -1043,4 +1049,9 @@ fn unaligned_output_rows_keep_the_element_wise_epilogue() {
             assert!(cmp.ok(), "n {n}: max abs err {}, {} mismatches", cmp.max_abs, cmp.mismatches);
         }
     }
+}
+
+/// Whether a schedule is one of the FlashAttention families.
+fn is_flash(schedule: &str) -> bool {
+    schedule.ends_with("_flash_attn")
 }

@@ -1,6 +1,6 @@
 //! The GPU's kernel families (see `tilec_tile::family`), each in its own file and listed in
-//! [`registry`] in the order they are tried: FlashAttention (`sm80_flash_attn`, attention
-//! anchors only), paged decode attention (`sm80_paged_attn`, `paged_attention` nodes only), the decode-shaped GEMV (`sm80_gemv`, products of
+//! [`registry`] in the order they are tried: FlashAttention (`sm90_flash_attn` on `wgmma`, then `sm80_flash_attn` on
+//! `mma.sync`; attention anchors only), paged decode attention (`sm80_paged_attn`, `paged_attention` nodes only), the decode-shaped GEMV (`sm80_gemv`, products of
 //! at most 16 rows), the Hopper tensor-core GEMM template, the `mma.sync` template, the
 //! exact-f32 SIMT template (`simt_f32_gemm`), then
 //! cuBLASLt (`cublas.gemm`, a library call; unforced only for 16-bit products), then the
@@ -40,7 +40,7 @@ use crate::schedule::GpuTarget;
 pub use cublas_gemm::{cublas_plan, lt_gemm, plain_store, CublasKernel, CublasParams, CUBLAS_GEMM};
 pub use operands::{gemm_view, gemm_view_with, has_gemm, GemmView};
 pub use simt_f32_gemm::{simt_f32_gemm, SIMT_F32_GEMM};
-pub use sm80_flash_attn::{flash_parts, flash_plan, reshape_view, FLASH_ATTN};
+pub use sm80_flash_attn::{flash_parts, flash_plan, is_flash, reshape_view, FLASH_ATTN, FLASH_ATTN_SM90};
 pub use sm80_gemv::{gemv_params, gemv_plan, GEMV};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm80_paged_attn::{paged_plan, paged_problem, PAGED_ATTN};
@@ -75,6 +75,8 @@ pub fn registry() -> &'static Registry<Target, GpuBuilt> {
             // First: it takes only skinny products (at most 16 rows), which it streams faster
             // than the GEMM templates.
             // Only attention anchors (recognized on CUDA with TILEC_CUDA_ATTENTION=flash).
+            // On Hopper the wgmma kernel first, the mma.sync one where it does not apply.
+            Entry { family: &sm80_flash_attn::SM90_FLASH_ATTN as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             Entry { family: &sm80_flash_attn::SM80_FLASH_ATTN as FamilyRef<Target, GpuBuilt>, kinds: &[] },
             // Only paged_attention nodes (no tile-IR lowering: refused, they run on the host).
             Entry { family: &sm80_paged_attn::SM80_PAGED_ATTN as FamilyRef<Target, GpuBuilt>, kinds: &[] },

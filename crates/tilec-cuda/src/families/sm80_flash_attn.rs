@@ -26,6 +26,13 @@ use crate::schedule::GpuTarget;
 
 /// The family's name.
 pub const FLASH_ATTN: &str = "sm80_flash_attn";
+/// The Hopper variant's name (`flash::sm90`: both products on `wgmma`).
+pub const FLASH_ATTN_SM90: &str = "sm90_flash_attn";
+
+/// Whether a schedule is one of the FlashAttention families.
+pub fn is_flash(schedule: &str) -> bool {
+    schedule == FLASH_ATTN || schedule == FLASH_ATTN_SM90
+}
 
 /// Strides of `shape` viewed as `new` without copying (size-1 axes get stride 0), or `None`
 /// when the reshape merges axes that are not contiguous with each other.
@@ -222,8 +229,11 @@ fn bhs(shape: &[usize], st: &[usize], heads: usize, d: usize, what: &str) -> Res
 }
 
 /// The family's plan for a lowered attention kernel, or why the family does not take it.
-pub fn flash_plan(p: &FProblem, lw: &Lowered, target: &GpuTarget) -> Result<FamilyPlan, String> {
+pub fn flash_plan(p: &FProblem, lw: &Lowered, target: &GpuTarget, wgmma: bool) -> Result<FamilyPlan, String> {
     let cc = target.compute_capability;
+    if wgmma && cc != (9, 0) {
+        return Err(format!("wgmma needs compute capability 9.0 (sm_90a); the device has {}.{}", cc.0, cc.1));
+    }
     if cc.0 < 8 {
         return Err(format!("mma.sync and cp.async need compute capability 8.0; the device has {}.{}", cc.0, cc.1));
     }
@@ -329,7 +339,11 @@ pub fn flash_plan(p: &FProblem, lw: &Lowered, target: &GpuTarget) -> Result<Fami
     }
     let at = |param, off: usize| OperandRef { param, offset_bytes: (off * esize) as u64 };
     let args = FlashArgs { params: lw.inputs.len() + lw.outputs.len(), q: at(pq, oq), k: at(pk, ok), v: at(pv, ov), o: at(po, 0), mask: mask_ref };
-    let params = flash::heuristic(&problem, target.sm_count as usize);
+    let params = if wgmma {
+        flash::sm90::heuristic(&problem, target.sm_count as usize)
+    } else {
+        flash::heuristic(&problem, target.sm_count as usize)
+    };
     flash::applies(&problem, &params, cc)?;
     Ok(plan(problem, params, args))
 }
@@ -339,7 +353,7 @@ fn plan(problem: FlashProblem, params: Params, args: FlashArgs) -> FamilyPlan {
     let mut summary = Problem::new(problem.seq_q, problem.head_dim, problem.seq_k, problem.dtype);
     summary.batch = problem.batch * problem.heads_q;
     FamilyPlan {
-        family: FLASH_ATTN,
+        family: if params.wgmma { FLASH_ATTN_SM90 } else { FLASH_ATTN },
         entry: flash::kernel_name(&problem, &params, &args),
         source: flash::render(&problem, &params, &args),
         problem: summary,
@@ -357,9 +371,12 @@ pub fn flash_parts(plan: &FamilyPlan) -> Option<(&FlashProblem, Params, &FlashAr
     }
 }
 
-/// The family as the registry holds it.
-pub struct Sm80FlashAttn;
-pub static SM80_FLASH_ATTN: Sm80FlashAttn = Sm80FlashAttn;
+/// The family as the registry holds it: the `mma.sync` kernel, or with `wgmma` the Hopper one.
+pub struct FlashAttn {
+    wgmma: bool,
+}
+pub static SM80_FLASH_ATTN: FlashAttn = FlashAttn { wgmma: false };
+pub static SM90_FLASH_ATTN: FlashAttn = FlashAttn { wgmma: true };
 
 const NAMES: [&str; 4] = ["block_m", "block_n", "warps", "stages"];
 
@@ -370,50 +387,62 @@ fn to_params(q: &Params) -> FParams {
 
 fn with_params(q: Params, p: &FParams) -> Params {
     let get = |n: &str, d: usize| p.get(n).map_or(d, |v| v.max(0) as usize);
-    Params { block_m: get("block_m", q.block_m), block_n: get("block_n", q.block_n), warps: get("warps", q.warps), stages: get("stages", q.stages) }
+    if q.wgmma {
+        let block_m = get("block_m", q.block_m);
+        return Params { block_m, block_n: get("block_n", q.block_n), warps: 4 * (1 + block_m / 64), stages: get("stages", q.stages), wgmma: true };
+    }
+    Params { block_m: get("block_m", q.block_m), block_n: get("block_n", q.block_n), warps: get("warps", q.warps), stages: get("stages", q.stages), wgmma: q.wgmma }
 }
 
-fn plan_of(p: &FProblem, t: &Target) -> Result<FamilyPlan, String> {
-    p.memo("sm80_flash_attn.plan", || {
+fn plan_of(p: &FProblem, t: &Target, wgmma: bool) -> Result<FamilyPlan, String> {
+    p.memo(if wgmma { "sm90_flash_attn.plan" } else { "sm80_flash_attn.plan" }, || {
         // Cheap refusals first: only attention anchors.
         match p.anchor_op() {
             Some(Op::Nn(NnOp::Attention { .. })) => {}
             _ => return Err("not an attention kernel".into()),
         }
-        flash_plan(p, &super::lowered(p)?, &t.gpu)
+        flash_plan(p, &super::lowered(p)?, &t.gpu, wgmma)
     })
 }
 
-impl Family for Sm80FlashAttn {
+impl Family for FlashAttn {
     type Target = Target;
     type Built = super::GpuBuilt;
 
     fn name(&self) -> &'static str {
-        FLASH_ATTN
+        if self.wgmma {
+            FLASH_ATTN_SM90
+        } else {
+            FLASH_ATTN
+        }
     }
 
     fn applies(&self, p: &FProblem, t: &Target) -> Result<(), String> {
-        plan_of(p, t).map(drop)
+        plan_of(p, t, self.wgmma).map(drop)
     }
 
     fn space(&self, _p: &FProblem, _t: &Target) -> ParamSpace {
+        if self.wgmma {
+            // Warps follow from block_m (a producer and one consumer warpgroup per 64 rows).
+            return ParamSpace { axes: vec![("block_m", vec![64, 128]), ("block_n", vec![64, 128]), ("stages", vec![2, 3, 4])] };
+        }
         ParamSpace {
             axes: vec![("block_m", vec![64, 128]), ("block_n", vec![64, 128]), ("warps", vec![4, 8]), ("stages", vec![2, 3])],
         }
     }
 
     fn check(&self, p: &FProblem, t: &Target, params: &FParams) -> Result<(), String> {
-        let plan = plan_of(p, t)?;
+        let plan = plan_of(p, t, self.wgmma)?;
         let (fp, q, _) = flash_parts(&plan).ok_or("not a flash plan")?;
         flash::applies(fp, &with_params(q, params), t.gpu.compute_capability)
     }
 
     fn heuristic(&self, p: &FProblem, t: &Target) -> FParams {
-        plan_of(p, t).ok().and_then(|plan| flash_parts(&plan).map(|(_, q, _)| to_params(&q))).unwrap_or_default()
+        plan_of(p, t, self.wgmma).ok().and_then(|plan| flash_parts(&plan).map(|(_, q, _)| to_params(&q))).unwrap_or_default()
     }
 
     fn build(&self, p: &FProblem, t: &Target, params: &FParams) -> Result<super::GpuBuilt, String> {
-        let mut built = plan_of(p, t)?;
+        let mut built = plan_of(p, t, self.wgmma)?;
         let (fp, q0, args) = flash_parts(&built).map(|(a, b, c)| (a.clone(), b, c.clone())).ok_or("not a flash plan")?;
         let q = with_params(q0, params);
         if q != q0 {
@@ -425,7 +454,7 @@ impl Family for Sm80FlashAttn {
         Ok(super::GpuBuilt {
             lowered: direct.lowered,
             scheduled: direct.scheduled,
-            schedule: FLASH_ATTN,
+            schedule: self.name(),
             source,
             plan: Some(built),
             fallback: Some((direct.schedule, direct.source)),

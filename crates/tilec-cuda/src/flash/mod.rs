@@ -31,6 +31,7 @@
 
 mod launch;
 pub mod render;
+pub mod sm90;
 
 pub use launch::{config, FlashKernel};
 pub use render::{kernel_name, render, FlashArgs, KERNEL_MARK};
@@ -176,13 +177,17 @@ pub struct Params {
     pub block_n: usize,
     /// Warps per block (4 or 8): `block_m / 16`.
     pub warps: usize,
-    /// Shared-memory slots of K and V tiles in the ring (2 or 3).
+    /// Shared-memory slots of K and V tiles in the ring (2 or 3; up to 4 with `wgmma`).
     pub stages: usize,
+    /// The Hopper variant (sm_90a, [`sm90`]): both products on `wgmma`, a producer
+    /// warpgroup filling the ring, one consumer warpgroup per 64 query rows; `warps` is then
+    /// `4 x (1 + block_m / 64)`.
+    pub wgmma: bool,
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { block_m: 128, block_n: 64, warps: 8, stages: 2 }
+        Params { block_m: 128, block_n: 64, warps: 8, stages: 2, wgmma: false }
     }
 }
 
@@ -204,13 +209,22 @@ impl Params {
         2 * self.block_n * head_dim * 2
     }
 
-    /// Dynamic shared memory: the Q tile and the ring.
+    /// Dynamic shared memory: the Q tile and the ring (with `wgmma`, also the ring's barriers
+    /// and the slack that aligns the tiles to 1024 bytes).
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
-        self.q_bytes(head_dim) + self.stages * self.stage_bytes(head_dim)
+        let tiles = self.q_bytes(head_dim) + self.stages * self.stage_bytes(head_dim);
+        if self.wgmma {
+            tiles + 1024 + sm90::barrier_bytes(self.stages)
+        } else {
+            tiles
+        }
     }
 
     /// Checks the parameters for a head dimension.
     pub fn validate(&self, head_dim: usize) -> Result<(), String> {
+        if self.wgmma {
+            return sm90::validate(self, head_dim);
+        }
         if ![4, 8].contains(&self.warps) {
             return Err(format!("{} warps (4 or 8)", self.warps));
         }
@@ -238,6 +252,9 @@ impl Params {
 pub fn applies(p: &FlashProblem, q: &Params, cc: (u32, u32)) -> Result<(), String> {
     if cc.0 < 8 {
         return Err(format!("mma.sync with bf16 and cp.async need compute capability 8.0; the device has {}.{}", cc.0, cc.1));
+    }
+    if q.wgmma && cc != (9, 0) {
+        return Err(format!("wgmma needs compute capability 9.0 (sm_90a); the device has {}.{}", cc.0, cc.1));
     }
     if !matches!(p.dtype, DType::BF16 | DType::F16) {
         return Err(format!("attention in {}, not bf16 or f16", p.dtype.name()));

@@ -17,7 +17,7 @@ use std::fmt::Write;
 
 use tilec_ir::DType;
 
-use super::{FlashProblem, MaskKind, Params};
+use super::{sm90, FlashProblem, MaskKind, Params};
 use crate::families::OperandRef;
 use crate::mma::render::{mma_fn, HELPERS};
 use crate::render::{PRELUDE, source_hash as fnv, short16 as short};
@@ -54,7 +54,7 @@ pub const KERNEL_MARK: &str = "// ---- tl_flash kernel ----\n";
 pub fn kernel_name(p: &FlashProblem, q: &Params, a: &FlashArgs) -> String {
     let body = render_kernel(p, q, a, "tl_flash");
     format!(
-        "tl_flash_{}_d{}_{}m{}n{}w{}s{}_{:012x}",
+        "tl_flash_{}_d{}_{}m{}n{}w{}s{}{}_{:012x}",
         short(p.dtype),
         p.head_dim,
         if p.causal.is_some() { "causal_" } else { "" },
@@ -62,6 +62,7 @@ pub fn kernel_name(p: &FlashProblem, q: &Params, a: &FlashArgs) -> String {
         q.block_n,
         q.warps,
         q.stages,
+        if q.wgmma { "_wg" } else { "" },
         fnv(&body) & 0xffff_ffff_ffff
     )
 }
@@ -72,8 +73,14 @@ pub fn render(p: &FlashProblem, q: &Params, a: &FlashArgs) -> String {
     let mut s = String::from(PRELUDE);
     s.push_str("#define TL_L2_HINT \"\"\n");
     s.push_str(HELPERS);
-    s.push_str(&mma_fn(short(p.dtype)));
+    if !q.wgmma {
+        s.push_str(&mma_fn(short(p.dtype)));
+    }
     s.push_str(&helpers(p.dtype));
+    if q.wgmma {
+        s.push_str(crate::gemm::render::HELPERS);
+        s.push_str(&sm90::helpers(p, q, short(p.dtype)));
+    }
     s.push_str(KERNEL_MARK);
     s.push_str(&render_kernel(p, q, a, &name));
     s
@@ -194,7 +201,11 @@ fn render_kernel(p: &FlashProblem, q: &Params, a: &FlashArgs, name: &str) -> Str
         ("@MASKDECL@", mask_decl),
         ("@MASKCODE@", mask_code),
     ];
-    let mut s = KERNEL.to_string();
+    let mut vars = vars;
+    if q.wgmma {
+        vars.extend(sm90::vars(p, q));
+    }
+    let mut s = if q.wgmma { sm90::KERNEL } else { KERNEL }.to_string();
     for (k, v) in &vars {
         s = s.replace(k, v);
     }

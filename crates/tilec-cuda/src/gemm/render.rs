@@ -139,7 +139,7 @@ __device__ __forceinline__ void tl_tma_im2col4(unsigned dst, const tl_tmap* map,
 "#;
 
 /// Device helpers: shared addresses, mbarriers, the bulk tensor copy and wgmma control.
-const HELPERS: &str = r#"
+pub(crate) const HELPERS: &str = r#"
 struct __align__(128) tl_tmap { unsigned long long opaque[16]; };
 
 __device__ __forceinline__ unsigned tl_smem_addr(const void* p) {
@@ -218,7 +218,7 @@ template <int N> __device__ __forceinline__ void tl_wgmma_wait() {
 /// One `wgmma.mma_async` of shape m64nNkK over accumulator array `acc` (n/2 registers per
 /// thread), A of type `ta` and B of `tb`; `trans` gives the transpose bits (16-bit types only:
 /// the fp8 and tf32 forms have none).
-fn wgmma_fn(name: &str, n: usize, k: usize, ta: &str, tb: &str, trans: Option<(u32, u32)>) -> String {
+pub(crate) fn wgmma_fn(name: &str, n: usize, k: usize, ta: &str, tb: &str, trans: Option<(u32, u32)>) -> String {
     let regs = n / 2;
     let mut s = String::new();
     let _ = writeln!(
