@@ -164,6 +164,9 @@ enum Mask {
     PaddingSelect,
     /// Causal, built from iotas: `where(j <= i, 0, -inf)` added.
     CausalIota,
+    /// Causal from iotas with the `finfo.min` fill transformers writes, expanded over the
+    /// batch (`[B, 1, S, T]`: more elements than constant matching inspects by default).
+    CausalMinBatch,
     /// Sliding window of 2 behind the diagonal, causal, from iotas.
     Window,
     /// ALiBi-style: `scores + slope_h * (j - i)` with per-head slopes.
@@ -305,6 +308,15 @@ fn build(cfg: &Cfg) -> Graph {
             let m = additive(&mut b, keep);
             b.bin(BinaryOp::Add, scores, m)
         }
+        Mask::CausalMinBatch => {
+            let keep = iota_keep(&mut b, None);
+            let z = b.c(0.0);
+            let f = b.c(f32::MIN);
+            let m = b.op(Op::Where, &[keep, z, f]);
+            let m4 = b.reshape(m, &[1, 1, S, t]);
+            let e = b.op(Op::Layout(LayoutOp::Expand { shape: dims(&[BSZ, 1, S, t]) }), &[m4]);
+            b.bin(BinaryOp::Add, scores, e)
+        }
         Mask::Alibi => {
             let i = b.iota(S);
             let j = b.iota(t);
@@ -428,13 +440,14 @@ fn sdpa_masks() {
         (Mask::PaddingAdditive, true),
         (Mask::PaddingSelect, true),
         (Mask::CausalIota, true),
+        (Mask::CausalMinBatch, false),
         (Mask::Window, true),
         (Mask::Alibi, false),
         (Mask::Float, false),
     ] {
         let h = check(&build(&Cfg { mask, ..Default::default() }), &["softmax"], &[]);
         let n = h.nodes().iter().find(|n| n.op.name() == "attention").unwrap();
-        if mask == Mask::CausalIota {
+        if matches!(mask, Mask::CausalIota | Mask::CausalMinBatch) {
             // Small enough to evaluate: the constant causal mask becomes `is_causal`.
             let (_, has_mask, is_causal, _) = attn_fields(&h);
             assert!(!has_mask && is_causal, "{mask:?}");

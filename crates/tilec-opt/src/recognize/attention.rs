@@ -269,12 +269,10 @@ fn zero_guard(m: &mut Matcher, v: ValueId) -> Option<(ValueId, ValueId)> {
     ok.then_some((c, s))
 }
 
-/// The value of a constant (or small constant-computed) value, up to `MAX_MASK_ELEMS`.
-fn known(m: &Matcher, v: ValueId) -> Option<Tensor> {
-    match m.g.const_value(v) {
-        Some(t) => (t.numel() <= MAX_MASK_ELEMS).then(|| t.clone()),
-        None => m.const_tensor(v),
-    }
+/// The value of a constant or constant-computed value, up to `MAX_MASK_ELEMS` elements
+/// along the way (masks that exports build from position iotas are computed, not stored).
+fn known(m: &Matcher, v: ValueId) -> Option<std::rc::Rc<Tensor>> {
+    m.const_tensor_upto(v, MAX_MASK_ELEMS)
 }
 
 /// Largest constant mask inspected (causal detection, all-false guards).
@@ -312,9 +310,13 @@ fn guard_ok(m: &Matcher, c: ValueId, additive: Option<ValueId>) -> bool {
         })
 }
 
-/// Whether `mask` is a constant causal mask for scores `[.., S, T]`: leading dims 1, then
-/// `[S, T]`, allowing exactly `j <= i` (0 / true) and masking the rest (-inf / false) —
-/// the op's `is_causal` without past or padding.
+/// Whether `mask` is a constant (or constant-computed) causal mask for scores `[.., S, T]`:
+/// `[S, T]` after leading dims that broadcast to the scores' (every slice the same),
+/// allowing exactly `j <= i` (0 / true) and masking the rest (false; -inf, or an additive
+/// fill at or below f16's lowest finite value, -65504, as exporters write `finfo.min`) —
+/// the op's `is_causal` without past or padding. A finite fill is exact here because no
+/// row is masked whole (every row keeps its diagonal): a masked logit adds nothing unless it
+/// exceeds its row's largest visible logit by more than about 65400.
 fn is_causal_mask(m: &Matcher, mask: ValueId, scores: &[Dim]) -> bool {
     let Some(t) = known(m, mask) else {
         return false;
@@ -326,19 +328,28 @@ fn is_causal_mask(m: &Matcher, mask: ValueId, scores: &[Dim]) -> bool {
         return false;
     };
     let r = sh.len();
-    if r < 2 || sh[r - 2] != *s || sh[r - 1] != *tk || sh[..r - 2].iter().any(|&d| d != 1) {
+    let lead = &scores[..scores.len() - 2];
+    if r < 2 || r > scores.len() || sh[r - 2] != *s || sh[r - 1] != *tk {
+        return false;
+    }
+    // Leading dims: 1 or the scores' own.
+    let offset = scores.len() - r;
+    if sh[..r - 2].iter().enumerate().any(|(i, &d)| d != 1 && lead.get(offset + i) != Some(&Dim::Fixed(d))) {
         return false;
     }
     let boolean = t.dtype() == DType::Bool;
     let vals = t.to_f64_vec();
-    (0..*s).all(|i| {
-        (0..*tk).all(|j| {
-            let x = vals[i * tk + j];
-            match (boolean, j <= i) {
-                (true, keep) => (x != 0.0) == keep,
-                (false, true) => x == 0.0,
-                (false, false) => x == f64::NEG_INFINITY,
-            }
+    let (s, tk) = (*s, *tk);
+    vals.chunks(s * tk).all(|slice| {
+        (0..s).all(|i| {
+            (0..tk).all(|j| {
+                let x = slice[i * tk + j];
+                match (boolean, j <= i) {
+                    (true, keep) => (x != 0.0) == keep,
+                    (false, true) => x == 0.0,
+                    (false, false) => x <= -65504.0,
+                }
+            })
         })
     })
 }

@@ -10,7 +10,9 @@
 //! functions), evaluated with the reference kernels.
 
 use crate::OptError;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use tilec_ir::op::{BinaryOp, UnaryOp};
 use tilec_ir::{Graph, IrError, Node, NodeId, Op, Tensor, Uses, ValueId};
 
@@ -26,6 +28,9 @@ pub struct Matcher<'g> {
     /// Whether [`Matcher::product`] also opens single-use float-to-float casts (mixed
     /// precision exports compute norms in f32 between casts).
     pub through_casts: bool,
+    /// Large constant-computed values already evaluated in this pass
+    /// ([`Matcher::const_tensor_upto`]), by value and size limit.
+    consts: &'g RefCell<HashMap<(ValueId, usize), Option<Rc<Tensor>>>>,
 }
 
 impl<'g> Matcher<'g> {
@@ -115,6 +120,40 @@ impl<'g> Matcher<'g> {
     /// The value of `v` when it is a (small) constant or computed from constants only.
     pub fn const_tensor(&self, v: ValueId) -> Option<Tensor> {
         self.const_rec(v, 0)
+    }
+
+    /// The value of `v` when it is a constant or computed from constants only, through
+    /// subgraphs of any shape (at most 64 nodes deep) whose values all have at most
+    /// `max_elems` elements: masks that exports build from position iotas, too large for
+    /// constant folding. Evaluated once per pass (shared by every match that asks).
+    pub fn const_tensor_upto(&self, v: ValueId, max_elems: usize) -> Option<Rc<Tensor>> {
+        self.const_big(v, max_elems, 0)
+    }
+
+    fn const_big(&self, v: ValueId, max_elems: usize, depth: usize) -> Option<Rc<Tensor>> {
+        if let Some(t) = self.g.const_value(v) {
+            return (t.numel() <= max_elems).then(|| Rc::new(t.clone()));
+        }
+        if let Some(hit) = self.consts.borrow().get(&(v, max_elems)) {
+            return hit.clone();
+        }
+        let out = (|| {
+            if depth > 64 || self.g.value(v).ty.fixed_shape()?.iter().product::<usize>() > max_elems {
+                return None;
+            }
+            let n = self.node(v)?;
+            if n.outputs.len() != 1 {
+                return None;
+            }
+            let args: Vec<Rc<Tensor>> = n.inputs.iter().map(|&x| self.const_big(x, max_elems, depth + 1)).collect::<Option<_>>()?;
+            let refs: Vec<&Tensor> = args.iter().map(|t| t.as_ref()).collect();
+            let bound = HashMap::new();
+            let cx = tilec_ref::EvalCtx { graph: self.g, bound: &bound };
+            let out = tilec_ref::eval_op(&n.op, &refs, &cx).ok()?.into_iter().next()?;
+            (out.numel() <= max_elems).then(|| Rc::new(out))
+        })();
+        self.consts.borrow_mut().insert((v, max_elems), out.clone());
+        out
     }
 
     fn const_rec(&self, v: ValueId, depth: usize) -> Option<Tensor> {
@@ -280,6 +319,7 @@ pub fn rewrite_all(g: &mut Graph, pass: &'static str, rec: Recognize) -> Result<
     let uses = g.uses();
     let mut dead: HashSet<NodeId> = HashSet::new();
     let mut plans: Vec<(ValueId, Build)> = Vec::new();
+    let consts = RefCell::new(HashMap::new());
     let n_nodes = g.nodes().len();
     // Latest roots first, so the largest pattern (e.g. a norm with its affine tail) wins
     // over a sub-pattern rooted earlier.
@@ -300,6 +340,7 @@ pub fn rewrite_all(g: &mut Graph, pass: &'static str, rec: Recognize) -> Result<
             dead: &dead,
             matched: Vec::new(),
             through_casts: false,
+            consts: &consts,
         };
         let Some(build) = rec(&mut m, root) else {
             continue;
