@@ -94,8 +94,8 @@ def tilec_case(tilec: str, path: Path, x: Path, threads: int, runs: int, extra: 
         return {"error": (out.stderr or out.stdout).strip()[-400:]}
     text = out.stdout
     r: dict = {}
-    if m := re.search(r"bench: \d+ runs, median ([\d.]+) ms", text):
-        r["model_median_ms"] = float(m.group(1))
+    if m := re.search(r"bench: \d+ runs, median ([\d.]+) ms, min ([\d.]+) ms", text):
+        r["model_median_ms"], r["model_min_ms"] = float(m.group(1)), float(m.group(2))
     rows = [ln.split() for ln in text.splitlines() if "[cpu." in ln and ln.startswith("k")]
     mm = [row for row in rows if row[1] in ("[cpu.gemv]", "[cpu.blis_gemm]")]
     r["families"] = sorted({row[1].strip("[]") for row in mm})
@@ -109,7 +109,7 @@ def tilec_case(tilec: str, path: Path, x: Path, threads: int, runs: int, extra: 
     return r
 
 
-def ort_case(path: Path, x: np.ndarray, threads: int, runs: int) -> float:
+def ort_case(path: Path, x: np.ndarray, threads: int, runs: int) -> tuple[float, float]:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -123,7 +123,7 @@ def ort_case(path: Path, x: np.ndarray, threads: int, runs: int) -> float:
         t = time.perf_counter()
         s.run(None, {"x": x})
         ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(ts), min(ts)
 
 
 def load() -> float:
@@ -133,7 +133,7 @@ def load() -> float:
 def fmt(t: dict) -> str:
     if "error" in t:
         return f"error: {t['error'][:120]}"
-    return f"{t['model_median_ms']:7.3f} ms (kernels {t['kernel_ms']:7.3f} ms, {t['gbps']:6.1f} GB/s, {'/'.join(t['families'])})"
+    return f"{t['model_median_ms']:7.3f} ms (min {t['model_min_ms']:.3f}; kernels {t['kernel_ms']:7.3f} ms, {t['gbps']:6.1f} GB/s, {'/'.join(t['families'])})"
 
 
 def compare(a, tmp: Path) -> dict:
@@ -153,7 +153,7 @@ def compare(a, tmp: Path) -> dict:
         for c in res["cases"]:
             p, x, xp = inputs[c["name"]]
             r = {"round": rnd}
-            r["ort_ms"], r["ort_load"] = ort_case(p, x, a.threads, a.runs), load()
+            (r["ort_ms"], r["ort_min_ms"]), r["ort_load"] = ort_case(p, x, a.threads, a.runs), load()
             r["before"] = tilec_case(a.baseline, p, xp, a.threads, a.runs, [])
             r["before"]["load"] = load()
             r["after"] = tilec_case(a.tilec, p, xp, a.threads, a.runs, [])
@@ -195,8 +195,8 @@ def markdown(res: dict) -> list[str]:
     if res["mode"] == "compare":
         lines += [
             "| case | rows | weights MB | ort ms | before ms | after ms | after / ort | before / ort | "
-            "before kernels ms, GB/s | after kernels ms, GB/s | loads |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
+            "min ort, before, after ms | before kernels ms, GB/s | after kernels ms, GB/s | loads |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |",
         ]
         for c in res["cases"]:
             rs = c["rounds"]
@@ -207,13 +207,15 @@ def markdown(res: dict) -> list[str]:
             fk = med([r["after"].get("kernel_ms") for r in rs])
             bg = med([r["before"].get("gbps") for r in rs])
             fg = med([r["after"].get("gbps") for r in rs])
+            mins = [min(r["ort_min_ms"] for r in rs), min(r["before"].get("model_min_ms", float("nan")) for r in rs),
+                    min(r["after"].get("model_min_ms", float("nan")) for r in rs)]
             loads = ", ".join(str(r["after"]["load"]) for r in rs)
             lines.append(f"| {c['name']} | {c['rows']} | {c['weights_mb']:.1f} | {o:.3f} | {b:.3f} | {f:.3f} | "
-                         f"{f / o:.2f} | {b / o:.2f} | {bk:.3f}, {bg:.0f} | {fk:.3f}, {fg:.0f} | {loads} |")
+                         f"{f / o:.2f} | {b / o:.2f} | {', '.join(f'{x:.3f}' for x in mins)} | {bk:.3f}, {bg:.0f} | {fk:.3f}, {fg:.0f} | {loads} |")
     else:
         lines += [
-            "| rows | weights | blis_gemm kernels ms | GB/s | gemv kernels ms | GB/s | gemv / blis | loads |",
-            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+            "| rows | weights | blis_gemm model ms (min) | kernels ms | GB/s | gemv model ms (min) | kernels ms | GB/s | gemv / blis (model medians) | loads |",
+            "| ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | --- |",
         ]
         for c in res["cases"]:
             rs = c["rounds"]
@@ -221,8 +223,12 @@ def markdown(res: dict) -> list[str]:
             gk = med([r["cpu.gemv"].get("kernel_ms") for r in rs])
             bg = med([r["cpu.blis_gemm"].get("gbps") for r in rs])
             gg = med([r["cpu.gemv"].get("gbps") for r in rs])
+            bm = med([r["cpu.blis_gemm"].get("model_median_ms") for r in rs])
+            gm = med([r["cpu.gemv"].get("model_median_ms") for r in rs])
+            bn = min(r["cpu.blis_gemm"].get("model_min_ms", float("nan")) for r in rs)
+            gn = min(r["cpu.gemv"].get("model_min_ms", float("nan")) for r in rs)
             loads = ", ".join(str(r["cpu.gemv"]["load"]) for r in rs)
-            lines.append(f"| {c['rows']} | {c['weights']} | {bk:.3f} | {bg:.0f} | {gk:.3f} | {gg:.0f} | {gk / bk:.2f} | {loads} |")
+            lines.append(f"| {c['rows']} | {c['weights']} | {bm:.3f} ({bn:.3f}) | {bk:.3f} | {bg:.0f} | {gm:.3f} ({gn:.3f}) | {gk:.3f} | {gg:.0f} | {gm / bm:.2f} | {loads} |")
     return lines
 
 

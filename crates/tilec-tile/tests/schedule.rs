@@ -840,6 +840,7 @@ fn candidates(k: &Kernel, rng: &mut StdRng) -> Vec<Primitive> {
         nc: 256,
     });
     out.push(Primitive::GemmTranspose { gemm: None });
+    out.push(Primitive::GemmVector { gemm: None });
     out
 }
 
