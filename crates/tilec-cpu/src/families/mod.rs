@@ -46,7 +46,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
-            Entry { family: &gemv::GEMV, kinds: &[] },
+            Entry { family: &gemv::GEMV, kinds: &[GroupKind::Gemm] },
             Entry { family: &blis_gemm::BLIS_GEMM, kinds: &[] },
             Entry { family: &direct::DIRECT, kinds: &[] },
         ],
