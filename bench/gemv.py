@@ -195,8 +195,9 @@ def markdown(res: dict) -> list[str]:
     if res["mode"] == "compare":
         lines += [
             "| case | rows | weights MB | ort ms | before ms | after ms | after / ort | before / ort | "
-            "min ort, before, after ms | before kernels ms, GB/s | after kernels ms, GB/s | loads |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |",
+            "min ort, before, after ms | weights GB/s at the median (min), before | after | "
+            "before kernels ms, GB/s (profiled) | after kernels ms, GB/s (profiled) | loads |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- |",
         ]
         for c in res["cases"]:
             rs = c["rounds"]
@@ -211,7 +212,9 @@ def markdown(res: dict) -> list[str]:
                     min(r["after"].get("model_min_ms", float("nan")) for r in rs)]
             loads = ", ".join(str(r["after"]["load"]) for r in rs)
             lines.append(f"| {c['name']} | {c['rows']} | {c['weights_mb']:.1f} | {o:.3f} | {b:.3f} | {f:.3f} | "
-                         f"{f / o:.2f} | {b / o:.2f} | {', '.join(f'{x:.3f}' for x in mins)} | {bk:.3f}, {bg:.0f} | {fk:.3f}, {fg:.0f} | {loads} |")
+                         f"{f / o:.2f} | {b / o:.2f} | {', '.join(f'{x:.3f}' for x in mins)} | "
+                         f"{c['weights_mb'] / b:.0f} ({c['weights_mb'] / mins[1]:.0f}) | {c['weights_mb'] / f:.0f} ({c['weights_mb'] / mins[2]:.0f}) | "
+                         f"{bk:.3f}, {bg:.0f} | {fk:.3f}, {fg:.0f} | {loads} |")
     else:
         lines += [
             "| rows | weights | blis_gemm model ms (min) | kernels ms | GB/s | gemv model ms (min) | kernels ms | GB/s | gemv / blis (model medians) | loads |",
@@ -242,7 +245,12 @@ def main() -> None:
     ap.add_argument("--rows", action="store_true")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the markdown table of an earlier run")
     a = ap.parse_args()
+    if a.render:
+        res = json.loads(Path(a.render).read_text())
+        write_md(Path(a.render).with_suffix(".md"), res)
+        return
     unknown = [n for n in a.only or [] if n not in CASES]
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; known: {', '.join(CASES)}")
@@ -261,11 +269,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = "gemv-rows" if a.rows else "gemv"
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1) + "\n")
-    lines = [f"# {stem}, {res['date'][:10]}", "",
-             f"{a.threads} threads, medians over {a.rounds} rounds of {a.runs} runs each; load average at the start "
-             f"{res['load_average_at_start']}; onnxruntime {res['onnxruntime']}.", ""] + markdown(res)
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_md(out / f"{stem}.md", res)
     print(f"wrote {out / stem}.json and .md")
+
+
+def write_md(path: Path, res: dict) -> None:
+    lines = [f"# {path.stem}, {res['date'][:10]}", "",
+             f"{res['threads']} threads, medians over {res['rounds']} rounds of {res['runs']} runs each; load average at "
+             f"the start {res['load_average_at_start']}; onnxruntime {res['onnxruntime']}.", ""] + markdown(res)
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
