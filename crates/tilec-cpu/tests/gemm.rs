@@ -19,6 +19,8 @@ struct Spec {
     params: Option<GemmParams>,
     /// Rendered by the matrix-vector template (`Gemm::vector`).
     vector: bool,
+    /// One `B` (`[k, n]`, or `[n, k]` transposed) for every batch.
+    shared_b: bool,
 }
 
 fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
@@ -33,6 +35,7 @@ fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
         out_dtype: DType::F32,
         params: None,
         vector: false,
+        shared_b: false,
     }
 }
 
@@ -40,10 +43,11 @@ fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
 fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
     let mut k = Kernel::new(name);
     let a = k.param("a", s.in_dtype, vec![s.batch, s.m, s.k]);
+    let lead = if s.shared_b { vec![] } else { vec![s.batch] };
     let b = if s.transposed_b {
-        k.param("bt", s.in_dtype, vec![s.batch, s.n, s.k])
+        k.param("bt", s.in_dtype, [lead.clone(), vec![s.n, s.k]].concat())
     } else {
-        k.param("b", s.in_dtype, vec![s.batch, s.k, s.n])
+        k.param("b", s.in_dtype, [lead.clone(), vec![s.k, s.n]].concat())
     };
     let bias = k.param("bias", s.out_dtype, vec![s.n]);
     let res = k.param("res", s.out_dtype, vec![s.batch, s.m, s.n]);
@@ -74,10 +78,11 @@ fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
         ),
         Expr::load(res, vec![v(vb), v(vi), v(vj)]),
     );
+    let lead: Vec<Expr> = if s.shared_b { vec![] } else { vec![v(vb)] };
     let b_expr = if s.transposed_b {
-        Expr::load(b, vec![v(vb), v(vj), v(vk)])
+        Expr::load(b, [lead, vec![v(vj), v(vk)]].concat())
     } else {
-        Expr::load(b, vec![v(vb), v(vk), v(vj)])
+        Expr::load(b, [lead, vec![v(vk), v(vj)]].concat())
     };
     k.body.push(Stmt::Gemm(Box::new(Gemm {
         batch: s.batch,
@@ -189,9 +194,10 @@ fn edge_sizes_with_epilogue() {
 }
 
 /// The matrix-vector template (`Gemm::vector`): 1 to 8 rows, K and N off the vector width
-/// (a narrower last panel, a single column, a reduction of one), `B` transposed, with and
-/// without `B` laid out ahead of the call, one and two threads; a batch of two (which the
-/// template does not take) and wider accumulators fall back to the blocked template.
+/// (a narrower last panel, a single column, a reduction of one), `B` transposed, batches
+/// sharing `B` (their rows the template's), with and without `B` laid out ahead of the call,
+/// one and two threads; batches with a `B` each, more than 8 rows over the batches and wider
+/// accumulators fall back to the blocked template.
 #[test]
 fn matrix_vector_template() {
     let mut ks = vec![];
@@ -213,7 +219,13 @@ fn matrix_vector_template() {
         let s = Spec { transposed_b: t, vector: true, ..spec(1, m, n, kk) };
         ks.push(gemm_kernel(&format!("gemv{i}"), &s));
     }
+    // Batches sharing B: their rows are the template's rows.
+    ks.push(gemm_kernel("gemv_shared2", &Spec { vector: true, shared_b: true, ..spec(2, 1, 140, 30) }));
+    ks.push(gemm_kernel("gemv_shared3", &Spec { vector: true, shared_b: true, transposed_b: true, ..spec(3, 2, 33, 47) }));
+    let rendered = ks.len();
+    // Batches with a B each, and too many rows over the batches: the blocked template.
     ks.push(gemm_kernel("gemv_batched", &Spec { vector: true, ..spec(2, 1, 40, 30) }));
+    ks.push(gemm_kernel("gemv_shared9", &Spec { vector: true, shared_b: true, ..spec(3, 3, 40, 30) }));
     ks.push(gemm_kernel("gemv_f64", &Spec { vector: true, acc: DType::F64, ..spec(1, 2, 40, 30) }));
     let m = check_kernels(&ks, 41, false, gemm_tol);
     let mut r = rng(41);
@@ -232,7 +244,7 @@ fn matrix_vector_template() {
     // The template renders these (and not the others), with one pack slot for B.
     for (i, k) in ks.iter().enumerate() {
         let src = tilec_cpu::render_c(k).unwrap();
-        assert_eq!(src.contains("/* matrix-vector product"), i < 10, "{}", k.name);
+        assert_eq!(src.contains("/* matrix-vector product"), i < rendered, "{}", k.name);
         assert_eq!(m.packs(&k.name).iter().filter(|s| s.operand == tilec_cpu::PackOperand::B).count(), 1, "{}", k.name);
     }
 }

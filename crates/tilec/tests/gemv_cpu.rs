@@ -4,7 +4,7 @@
 //! transposed `[N, K]` (as PyTorch's Linear exports them), with and without bias, ReLU,
 //! hardswish, SiLU and a residual add fused, weights as constants (laid out once at bind) and
 //! as graph inputs (forced: laid out on every call), and the product with the weights on the
-//! left (`W · x`, transposed onto the template). Every case asserts which family builds the
+//! left (`W · x`, transposed onto the template), batches of rows sharing the weights. Every case asserts which family builds the
 //! product, so that a dispatcher that stops choosing `cpu.gemv` fails here.
 
 use std::collections::HashMap;
@@ -42,15 +42,20 @@ struct Case {
     input_weights: bool,
     /// `W · xᵀ`: the weights on the left, the output `[N, M]`.
     left: bool,
+    /// A leading batch axis of `x` (and the output) over the one weight matrix: `[lead, M, K]`.
+    lead: usize,
 }
 
 fn case(m: usize, k: usize, n: usize) -> Case {
-    Case { m, k, n, trans: false, bias: false, act: Act::None, residual: false, input_weights: false, left: false }
+    Case { m, k, n, trans: false, bias: false, act: Act::None, residual: false, input_weights: false, left: false, lead: 0 }
 }
 
 fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     let mut g = Graph::new("gemv");
-    let xs = if t.left { [t.k, t.m] } else { [t.m, t.k] };
+    let mut xs = if t.left { vec![t.k, t.m] } else { vec![t.m, t.k] };
+    if t.lead > 0 {
+        xs.insert(0, t.lead);
+    }
     let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
     let mut inputs = vec![random(&xs, rng)];
     let ws = if t.trans != t.left { [t.n, t.k] } else { [t.k, t.n] };
@@ -63,7 +68,10 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     let w = if t.trans { g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0] }), &[w]).unwrap() } else { w };
     let (a, b) = if t.left { (w, x) } else { (x, w) };
     let mut y = g.add(Op::Linalg(LinalgOp::MatMul), &[a, b]).unwrap();
-    let os = if t.left { [t.n, t.m] } else { [t.m, t.n] };
+    let mut os = if t.left { vec![t.n, t.m] } else { vec![t.m, t.n] };
+    if t.lead > 0 {
+        os.insert(0, t.lead);
+    }
     if t.bias {
         let bs: &[usize] = if t.left { &[t.n, 1] } else { &[t.n] };
         let b = g.add_const("b", random(bs, rng));
@@ -176,6 +184,15 @@ fn row_limits() {
     check_with("m8", Case { bias: true, ..case(8, 200, 300) }, &[], "cpu.blis_gemm");
     check_with("m8f", Case { bias: true, act: Act::Relu, ..case(8, 200, 300) }, &[("matmul", "cpu.gemv")], "cpu.gemv");
     check_with("m6f", Case { trans: true, ..case(6, 99, 61) }, &[("matmul", "cpu.gemv")], "cpu.gemv");
+}
+
+#[test]
+fn batches_sharing_the_weights() {
+    // [B, M, K] · [K, N]: the batches' rows are rows of one product.
+    check("b3m1", Case { lead: 3, bias: true, act: Act::Relu, ..case(1, 96, 130) });
+    check("b2m2t", Case { lead: 2, trans: true, residual: true, ..case(2, 61, 45) });
+    check_with("b3m2", Case { lead: 3, bias: true, ..case(2, 50, 70) }, &[], "cpu.blis_gemm");
+    check_with("b3m2f", Case { lead: 3, bias: true, ..case(2, 50, 70) }, &[("matmul", "cpu.gemv")], "cpu.gemv");
 }
 
 /// Forced on a product of too many rows, the family says why and the blocked template runs.

@@ -3,9 +3,10 @@
 //! once per call from panels laid out ahead of the calls, `m × v` vector accumulators per
 //! panel, the panels shared out among the threads, the fused epilogue per panel.
 //!
-//! It applies to a kernel whose anchor is a matrix product lowering to one f32 `Gemm` of one
-//! batch with at most [`GEMV_MAX_ROWS`] rows on one side (the product is transposed when the
-//! few rows are `B`'s columns) and the other operand a function of kernel parameters alone.
+//! It applies to a kernel whose anchor is a matrix product lowering to one f32 `Gemm` with at
+//! most [`GEMV_MAX_ROWS`] rows on one side over all its batches (the product is transposed
+//! when the few rows are `B`'s columns) and the other operand one matrix for all batches, a
+//! function of kernel parameters alone.
 //! By default it is chosen only when that operand is a constant of the graph (weights, packed
 //! once at bind) and the rows are at most [`DEFAULT_ROWS`]; forced, it packs a non-constant
 //! operand panel by panel on every call.
@@ -58,17 +59,19 @@ fn plan_of(k: &Kernel, g: &Gemm) -> Result<Plan, String> {
     if g.acc_dtype != DType::F32 {
         return Err(format!("it accumulates in {}, not f32", g.acc_dtype));
     }
-    if g.batch != 1 {
-        return Err(format!("a batch of {} products", g.batch));
-    }
-    let b_params = reads_params(k, &g.b, &[g.b_var, g.k_var, g.j_var]);
-    let a_params = reads_params(k, &g.a, &[g.b_var, g.k_var, g.i_var]);
+    // The streamed operand is one for all batches (it does not use the batch variable), so
+    // the batches' rows are rows of one product.
+    let one = |v| if g.batch == 1 { vec![g.b_var, g.k_var, v] } else { vec![g.k_var, v] };
+    let b_params = reads_params(k, &g.b, &one(g.j_var));
+    let a_params = reads_params(k, &g.a, &one(g.i_var));
+    let (rows, cols) = (g.batch.saturating_mul(g.m), g.batch.saturating_mul(g.n));
     match (b_params, a_params) {
-        (Some(params), _) if g.m <= GEMV_MAX_ROWS => Ok(Plan { transpose: false, rows: g.m, params }),
-        (_, Some(params)) if g.n <= GEMV_MAX_ROWS => Ok(Plan { transpose: true, rows: g.n, params }),
+        (Some(params), _) if rows <= GEMV_MAX_ROWS => Ok(Plan { transpose: false, rows, params }),
+        (_, Some(params)) if cols <= GEMV_MAX_ROWS => Ok(Plan { transpose: true, rows: cols, params }),
+        (None, None) => Err("neither operand is one matrix for all batches read from kernel parameters alone".into()),
         _ => Err(format!(
-            "a {}x{} product has more than {GEMV_MAX_ROWS} rows on the side whose other operand reads kernel parameters alone",
-            g.m, g.n
+            "{} batch(es) of a {}x{} product have more than {GEMV_MAX_ROWS} rows on the side whose other operand reads kernel parameters alone",
+            g.batch, g.m, g.n
         )),
     }
 }

@@ -1,5 +1,6 @@
 //! The matrix-vector template for a [`Gemm`] marked `vector` (`cpu.gemv`): a product of a few
-//! rows (`m` up to [`MAX_ROWS`], one batch, f32) whose `B` operand is streamed once per call.
+//! rows (f32; `batch × m` up to [`MAX_ROWS`], the batches sharing `B`, so that they are rows
+//! too) whose `B` operand is streamed once per call.
 //!
 //! `B` is laid out in panels of `nr = v × lanes` columns, each `k × nr` with the `nr` columns
 //! of one `k` contiguous (the last panel as narrow as whole vectors allow): panel `p` starts at
@@ -17,13 +18,19 @@
 use tilec_ir::DType;
 use tilec_tile::ir::*;
 
-use super::pack::operand_params;
+use super::pack::{operand_params, uses_var};
 use super::ukr::isa;
 use super::{epilogue_code, PackOperand, PackSlot};
 use crate::render::{convert, Ctx, RenderError, Renderer};
 
 /// The most rows the template takes (its accumulators are `rows × vectors` registers).
 pub const MAX_ROWS: i64 = 8;
+
+/// Whether the template takes `g` (otherwise the blocked one renders it): few rows over all
+/// batches, and one `B` for all of them (at one batch, `B` may name the batch variable: 0).
+pub(crate) fn takes(g: &Gemm) -> bool {
+    g.acc_dtype == DType::F32 && g.batch.saturating_mul(g.m) <= MAX_ROWS && (g.batch == 1 || !uses_var(&g.b, g.b_var))
+}
 
 /// Vector registers the accumulators may take.
 fn acc_budget(vector_bytes: usize) -> i64 {
@@ -103,12 +110,14 @@ fn panel_kernel(m: i64, nv: i64, dual: bool, vector_bytes: usize, fma: bool) -> 
     (s, name)
 }
 
-/// Renders `g` (marked `vector`, f32, one batch, at most [`MAX_ROWS`] rows) into `r`.
+/// Renders `g` (marked `vector`, and [`takes`] holds) into `r`: row `r` of the template is
+/// row `r % m` of batch `r / m`.
 pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderError> {
     let cpu = r.opts.cpu.clone();
     let vb = cpu.vector_bytes;
     let lanes = (vb / 4) as i64;
-    let (m, n, k) = (g.m, g.n, g.k);
+    let (m, n, k) = (g.batch * g.m, g.n, g.k);
+    let per = g.m.max(1);
     let (v, dual) = panel_vectors(m, vb);
     let nr = v * lanes;
     // The kernels: full panels, and the narrower last one.
@@ -151,7 +160,7 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
             let code = format!(
                 r#"{{ /* B of matrix-vector product {m} x {n} x {k} in panels of {nr} columns */
     float *TC_RESTRICT pdst = (float *)tc_dst;
-    const int64_t {vb_} = 0; (void){vb_};
+    const int64_t {vb_} = 0; (void){vb_}; /* B is one for every batch */
     for (int64_t p = 0; p < {panels}; ++p) {{
         const int64_t j0 = p * {nr}, w = p + 1 < {panels} ? {nr} : {tail_w};
         float *TC_RESTRICT dst = pdst + p * {k} * {nr};
@@ -175,10 +184,9 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
     int64_t p0, p1;
     tc_chunk_range({panels}, tc_c, tc_n, &p0, &p1);
     if (p0 < p1) {{
-        const int64_t {vb_} = 0; (void){vb_};
         float *TC_RESTRICT pa = (float *)tc_scratch(0, sizeof(float) * {m} * {kk});
         for (int64_t ii = 0; ii < {m}; ++ii) {{
-            const int64_t {vi} = ii; (void){vi};
+            const int64_t {vb_} = ii / {per}, {vi} = ii % {per}; (void){vb_}; (void){vi};
             for (int64_t kk = 0; kk < {k}; ++kk) {{
                 const int64_t {vk} = kk; (void){vk};
                 pa[ii * {kk} + kk] = {a_code};
@@ -190,13 +198,14 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
             const int64_t j0 = p * {nr}, w = p + 1 < {panels} ? {nr} : {tail_w};
             const float *TC_RESTRICT bp = ppb ? ppb + p * {k} * {nr} : pb;
             if (!ppb) {{
+                const int64_t {vb_} = 0; (void){vb_};
                 {fill}
             }}
             float ct[{ctn}] __attribute__((aligned(64)));
             if (w == {nr}) {full}({k}, pa, bp, ct, {nr}); else {tail}({k}, pa, bp, ct, {nr});
             const int64_t nre = {n} - j0 < w ? {n} - j0 : w;
             for (int64_t ii = 0; ii < {m}; ++ii) {{
-                const int64_t {vi} = ii;
+                const int64_t {vb_} = ii / {per}, {vi} = ii % {per}; (void){vb_};
                 {simd_pragma}
                 for (int64_t jj = 0; jj < nre; ++jj) {{
                     const int64_t {vj} = j0 + jj;

@@ -137,7 +137,7 @@ pub(crate) fn render_gemm(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
         }
     }
     match g.acc_dtype {
-        DType::F32 if g.vector && g.batch == 1 && g.m <= gemv::MAX_ROWS => gemv::render_gemv(r, g, ctx),
+        DType::F32 if g.vector && gemv::takes(g) => gemv::render_gemv(r, g, ctx),
         DType::F32 | DType::F64 => render_blocked(r, g, ctx),
         _ => render_simple(r, g, ctx),
     }
