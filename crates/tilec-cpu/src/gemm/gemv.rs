@@ -184,16 +184,16 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
     int64_t p0, p1;
     tc_chunk_range({panels}, tc_c, tc_n, &p0, &p1);
     if (p0 < p1) {{
-        float *TC_RESTRICT pa = (float *)tc_scratch(0, sizeof(float) * {m} * {kk});
+        float *TC_RESTRICT pa = (float *)tc_scratch(0, sizeof(float) * {m} * {kst});
         for (int64_t ii = 0; ii < {m}; ++ii) {{
             const int64_t {vb_} = ii / {per}, {vi} = ii % {per}; (void){vb_}; (void){vi};
             for (int64_t kk = 0; kk < {k}; ++kk) {{
                 const int64_t {vk} = kk; (void){vk};
-                pa[ii * {kk} + kk] = {a_code};
+                pa[ii * {kst} + kk] = {a_code};
             }}
         }}
         const float *ppb = {ppb};
-        float *TC_RESTRICT pb = ppb ? NULL : (float *)tc_scratch(1, sizeof(float) * {nr} * {kk});
+        float *TC_RESTRICT pb = ppb ? NULL : (float *)tc_scratch(1, sizeof(float) * {nr} * {kst});
         for (int64_t p = p0; p < p1; ++p) {{
             const int64_t j0 = p * {nr}, w = p + 1 < {panels} ? {nr} : {tail_w};
             const float *TC_RESTRICT bp = ppb ? ppb + p * {k} * {nr} : pb;
@@ -215,7 +215,7 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
         }}
     }}
 }}"#,
-        kk = k.max(1),
+        kst = k.max(1),
         tail_w = tail_nv * lanes,
         ctn = m * nr,
         fill = pack_panel("pb", "j0", "w"),
