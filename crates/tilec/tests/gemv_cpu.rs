@@ -103,9 +103,13 @@ fn cache() -> std::path::PathBuf {
 /// and that `family` builds it, and compares two poisoned runs with the reference.
 fn check_graph(name: &str, g: &Graph, inputs: &[Tensor], families: &[(&str, &str)], family: &str) {
     let families = families.iter().map(|(o, f)| (o.to_string(), f.to_string())).collect();
-    let opts = CompileOptions { cache_dir: Some(cache()), families, ..Default::default() };
+    let opts = CompileOptions { cache_dir: Some(cache()), families, keep_ir: true, ..Default::default() };
     let mut c = compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
+    // The scheduled kernel's product is marked for the matrix-vector template exactly when
+    // the family is the one chosen.
+    let marked = c.report.ir.iter().filter(|(_, _, scheduled)| scheduled.contains("(matrix-vector)")).count();
+    assert_eq!(marked, usize::from(family == "cpu.gemv"), "{name}: {:?}", c.report.ir);
     let products: Vec<&str> = c
         .report
         .decisions

@@ -171,7 +171,7 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
                 fill = pack_panel("dst", "j0", "w"),
             );
             let s = r.packs.len();
-            r.packs.push((PackSlot { operand: PackOperand::B, params: ps, bytes: ((k * npad * 4) as usize).max(64) }, code));
+            r.packs.push((PackSlot { operand: PackOperand::B, params: ps, bytes: (k.saturating_mul(npad).saturating_mul(4) as usize).max(64) }, code));
             format!("(tc_pk ? (const float *)tc_pk[{s}] : NULL)")
         }
         None => "NULL".into(),
