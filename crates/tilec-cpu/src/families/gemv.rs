@@ -25,9 +25,10 @@ use crate::gemm::GEMV_MAX_ROWS;
 pub struct Gemv;
 pub static GEMV: Gemv = Gemv;
 
-/// Rows up to which the family is chosen by default (measured in
-/// `bench/results/gemv-2026-12-02`: at 8 rows the blocked template's 8-row register tiles are
-/// already full).
+/// Rows up to which the family is chosen by default (`bench/results/gemv-2026-12-02`: at one
+/// and two rows it is well ahead of the packed gemm, whose `m × 2` accumulators wait on FMA
+/// latency; at three and four both stream the weights alike, its best runs no slower; at six
+/// and eight it gains nothing).
 pub const DEFAULT_ROWS: i64 = 4;
 
 /// How the problem's gemm maps onto the template: whether it must be transposed first, and
