@@ -45,6 +45,7 @@ fn sgemm_kernel(n: i64, cpu: &CpuInfo, fixed: Option<GemmParams>) -> Kernel {
             Expr::Var(acc),
         )],
         params: fixed.unwrap_or_else(|| gemm_params(n, n, n, cpu)),
+        vector: false,
     })));
     k
 }

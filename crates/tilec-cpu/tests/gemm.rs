@@ -17,6 +17,10 @@ struct Spec {
     acc: DType,
     out_dtype: DType,
     params: Option<GemmParams>,
+    /// Rendered by the matrix-vector template (`Gemm::vector`).
+    vector: bool,
+    /// One `B` (`[k, n]`, or `[n, k]` transposed) for every batch.
+    shared_b: bool,
 }
 
 fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
@@ -30,6 +34,8 @@ fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
         acc: DType::F32,
         out_dtype: DType::F32,
         params: None,
+        vector: false,
+        shared_b: false,
     }
 }
 
@@ -37,10 +43,11 @@ fn spec(batch: i64, m: i64, n: i64, k: i64) -> Spec {
 fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
     let mut k = Kernel::new(name);
     let a = k.param("a", s.in_dtype, vec![s.batch, s.m, s.k]);
+    let lead = if s.shared_b { vec![] } else { vec![s.batch] };
     let b = if s.transposed_b {
-        k.param("bt", s.in_dtype, vec![s.batch, s.n, s.k])
+        k.param("bt", s.in_dtype, [lead.clone(), vec![s.n, s.k]].concat())
     } else {
-        k.param("b", s.in_dtype, vec![s.batch, s.k, s.n])
+        k.param("b", s.in_dtype, [lead.clone(), vec![s.k, s.n]].concat())
     };
     let bias = k.param("bias", s.out_dtype, vec![s.n]);
     let res = k.param("res", s.out_dtype, vec![s.batch, s.m, s.n]);
@@ -71,10 +78,11 @@ fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
         ),
         Expr::load(res, vec![v(vb), v(vi), v(vj)]),
     );
+    let lead: Vec<Expr> = if s.shared_b { vec![] } else { vec![v(vb)] };
     let b_expr = if s.transposed_b {
-        Expr::load(b, vec![v(vb), v(vj), v(vk)])
+        Expr::load(b, [lead, vec![v(vj), v(vk)]].concat())
     } else {
-        Expr::load(b, vec![v(vb), v(vk), v(vj)])
+        Expr::load(b, [lead, vec![v(vk), v(vj)]].concat())
     };
     k.body.push(Stmt::Gemm(Box::new(Gemm {
         batch: s.batch,
@@ -93,6 +101,7 @@ fn gemm_kernel(name: &str, s: &Spec) -> Kernel {
         params: s
             .params
             .unwrap_or_else(|| gemm_params(s.m, s.n, s.k, &CpuInfo::host())),
+        vector: s.vector,
     })));
     k
 }
@@ -182,6 +191,62 @@ fn edge_sizes_with_epilogue() {
         },
     ));
     check_kernels(&ks, 20, false, gemm_tol);
+}
+
+/// The matrix-vector template (`Gemm::vector`): 1 to 8 rows, K and N off the vector width
+/// (a narrower last panel, a single column, a reduction of one), `B` transposed, batches
+/// sharing `B` (their rows the template's), with and without `B` laid out ahead of the call,
+/// one and two threads; batches with a `B` each, more than 8 rows over the batches and wider
+/// accumulators fall back to the blocked template.
+#[test]
+fn matrix_vector_template() {
+    let mut ks = vec![];
+    for (i, &(m, n, kk, t)) in [
+        (1, 1280, 960, false),
+        (1, 1000, 1280, true),
+        (1, 53, 37, false),
+        (2, 77, 131, true),
+        (3, 16, 17, false),
+        (4, 129, 64, true),
+        (5, 1, 40, false),
+        (6, 70, 1, true),
+        (7, 33, 250, false),
+        (8, 200, 99, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let s = Spec { transposed_b: t, vector: true, ..spec(1, m, n, kk) };
+        ks.push(gemm_kernel(&format!("gemv{i}"), &s));
+    }
+    // Batches sharing B: their rows are the template's rows.
+    ks.push(gemm_kernel("gemv_shared2", &Spec { vector: true, shared_b: true, ..spec(2, 1, 140, 30) }));
+    ks.push(gemm_kernel("gemv_shared3", &Spec { vector: true, shared_b: true, transposed_b: true, ..spec(3, 2, 33, 47) }));
+    let rendered = ks.len();
+    // Batches with a B each, and too many rows over the batches: the blocked template.
+    ks.push(gemm_kernel("gemv_batched", &Spec { vector: true, ..spec(2, 1, 40, 30) }));
+    ks.push(gemm_kernel("gemv_shared9", &Spec { vector: true, shared_b: true, ..spec(3, 3, 40, 30) }));
+    ks.push(gemm_kernel("gemv_f64", &Spec { vector: true, acc: DType::F64, ..spec(1, 2, 40, 30) }));
+    let m = check_kernels(&ks, 41, false, gemm_tol);
+    let mut r = rng(41);
+    for threads in [1, 2] {
+        m.set_threads(threads);
+        for k in &ks {
+            let args = make_args(k, &mut r, false);
+            let mut want = args.clone();
+            tilec_tile::interp::run(k, &mut want).unwrap();
+            let mut got = args.clone();
+            m.run(&k.name, &mut got).unwrap();
+            let out = k.params.len() - 1;
+            assert_close(&format!("{} on {threads} threads", k.name), &got[out], &want[out], gemm_tol(k, DType::F32));
+        }
+    }
+    // The template renders these (and not the others), with one pack slot for B.
+    for (i, k) in ks.iter().enumerate() {
+        let src = tilec_cpu::render_c(k).unwrap();
+        assert_eq!(src.contains("/* matrix-vector product"), i < rendered, "{}", k.name);
+        assert_eq!(m.packs(&k.name).iter().filter(|s| s.operand == tilec_cpu::PackOperand::B).count(), 1, "{}", k.name);
+    }
 }
 
 #[test]
@@ -322,6 +387,7 @@ fn im2col_operand() {
             b: b_expr,
             epilogue: vec![Stmt::store(out, vec![v(vi), v(vj)], v(acc))],
             params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * 9, &CpuInfo::host())),
+            vector: false,
         })));
         check_kernels(&[k], 22, false, gemm_tol);
     }
@@ -530,6 +596,7 @@ fn conv_kernel(
         b: b_expr,
         epilogue: vec![Stmt::store(out, vec![n_, mch, v(vj)], v(acc))],
         params: params.unwrap_or_else(|| gemm_params(og, oh * ow, cg * taps, &CpuInfo::host())),
+        vector: false,
     })));
     k
 }
@@ -763,6 +830,7 @@ fn concat_conv_kernel(
         b: b_expr,
         epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], v(acc))],
         params: params.unwrap_or_else(|| gemm_params(o, oh * ow, c * taps, &CpuInfo::host())),
+        vector: false,
     })));
     k
 }

@@ -95,6 +95,7 @@ fn gemm_kernel(batch: i64, m: i64, n: i64, kk: i64, d: DType, ta: bool) -> Kerne
         b: up(be),
         epilogue: epi,
         params: GemmParams { mr: 4, nr: 8, kc: 16, mc: 16, nc: 32 },
+        vector: false,
     })));
     k
 }

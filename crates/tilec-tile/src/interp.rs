@@ -590,6 +590,7 @@ mod tests {
             b: Expr::load(b, vec![Expr::Var(vk), Expr::Var(vj)]),
             epilogue: vec![Stmt::store(out, vec![Expr::Var(vi), Expr::Var(vj)], value)],
             params: GemmParams { mr: 4, nr: 8, kc: 4, mc: 4, nc: 8 },
+            vector: false,
         })));
         let av: Vec<f32> = (0..12).map(|x| x as f32 * 0.5 - 2.0).collect();
         let bv: Vec<f32> = (0..20).map(|x| 1.0 - x as f32 * 0.25).collect();

@@ -469,6 +469,11 @@ pub struct Gemm {
     pub b: Expr,
     pub epilogue: Vec<Stmt>,
     pub params: GemmParams,
+    /// Render as a matrix-vector product (few rows; `B` streamed once from panels prepared
+    /// ahead of the calls) instead of the blocked template, whose `params` it then ignores.
+    /// Set by the `gemm_vector` schedule primitive (the CPU's `cpu.gemv`); back ends without
+    /// such a template ignore it.
+    pub vector: bool,
 }
 
 /// Blocking of the GEMM template: an `mr × nr` register tile, `kc` deep panels, `mc × nc`

@@ -120,17 +120,17 @@ impl Printer<'_> {
             }
             Stmt::Gemm(g) => {
                 let p = g.params;
+                let how = if g.vector {
+                    "matrix-vector".to_string()
+                } else {
+                    format!("mr={} nr={} kc={} mc={} nc={}", p.mr, p.nr, p.kc, p.mc, p.nc)
+                };
                 let t = format!(
-                    "gemm[{} x {} x {} x {}] (mr={} nr={} kc={} mc={} nc={}) acc {}: {} {{",
+                    "gemm[{} x {} x {} x {}] ({how}) acc {}: {} {{",
                     g.batch,
                     g.m,
                     g.n,
                     g.k,
-                    p.mr,
-                    p.nr,
-                    p.kc,
-                    p.mc,
-                    p.nc,
                     g.acc_dtype,
                     self.var(g.acc_var)
                 );

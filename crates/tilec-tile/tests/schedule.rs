@@ -432,6 +432,7 @@ fn gemm_case(batch: i64, m: i64, n: i64, kk: i64) -> Case {
             mc: 1,
             nc: 1,
         },
+        vector: false,
     };
     k.body.push(for_(bt, batch, vec![Stmt::Gemm(Box::new(g))]));
     Case {
@@ -839,6 +840,7 @@ fn candidates(k: &Kernel, rng: &mut StdRng) -> Vec<Primitive> {
         nc: 256,
     });
     out.push(Primitive::GemmTranspose { gemm: None });
+    out.push(Primitive::GemmVector { gemm: None });
     out
 }
 

@@ -10,9 +10,9 @@ use tilec_opt::target::Target;
 use tilec_tile::family::{Family, ParamSpace, Params, Problem};
 use tilec_tile::lower::{ConvAlgo, LowerOptions};
 use tilec_tile::schedule::{default_cpu, Primitive, Schedule};
-use tilec_tile::{Kernel, Stmt};
+use tilec_tile::Kernel;
 
-use super::{build_with, has_gemm, CpuBuilt};
+use super::{build_with, has_gemm, the_gemm, CpuBuilt};
 
 pub struct BlisGemm;
 pub static BLIS_GEMM: BlisGemm = BlisGemm;
@@ -33,22 +33,6 @@ fn opts(p: &Problem) -> LowerOptions {
     match p.anchor_op() {
         Some(Op::Linalg(LinalgOp::Conv { .. })) => LowerOptions { conv: ConvAlgo::Gemm, ..Default::default() },
         _ => LowerOptions::default(),
-    }
-}
-
-/// The single gemm of a kernel.
-fn the_gemm(k: &Kernel) -> Option<tilec_tile::Gemm> {
-    let mut gemms = vec![];
-    for s in &k.body {
-        s.visit(&mut |s| {
-            if let Stmt::Gemm(g) = s {
-                gemms.push((**g).clone());
-            }
-        });
-    }
-    match gemms.len() {
-        1 => gemms.pop(),
-        _ => None,
     }
 }
 

@@ -12,6 +12,7 @@ mod attention_gemm;
 mod blis_gemm;
 mod depthwise;
 mod direct;
+mod gemv;
 mod winograd;
 
 use std::sync::OnceLock;
@@ -24,6 +25,7 @@ use tilec_tile::schedule::{self, Schedule};
 use tilec_tile::{Kernel, Stmt};
 
 pub use blis_gemm::BLIS_GEMM;
+pub use gemv::GEMV;
 
 /// What a CPU family builds: the kernel as lowered and as scheduled.
 #[derive(Clone, Debug)]
@@ -44,6 +46,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
+            Entry { family: &gemv::GEMV, kinds: &[GroupKind::Gemm] },
             Entry { family: &blis_gemm::BLIS_GEMM, kinds: &[] },
             Entry { family: &direct::DIRECT, kinds: &[] },
         ],
@@ -57,6 +60,22 @@ pub(crate) fn has_gemm(k: &Kernel) -> bool {
         s.visit(&mut |s| found |= matches!(s, Stmt::Gemm(_)));
     }
     found
+}
+
+/// The single gemm of a kernel.
+pub(crate) fn the_gemm(k: &Kernel) -> Option<tilec_tile::Gemm> {
+    let mut gemms = vec![];
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::Gemm(g) = s {
+                gemms.push((**g).clone());
+            }
+        });
+    }
+    match gemms.len() {
+        1 => gemms.pop(),
+        _ => None,
+    }
 }
 
 /// Lowers the problem with `opts` and applies `schedule` (computed from the lowered kernel).

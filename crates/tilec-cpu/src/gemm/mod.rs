@@ -19,8 +19,11 @@
 use tilec_ir::DType;
 use tilec_tile::ir::*;
 
+mod gemv;
 mod pack;
 mod ukr;
+
+pub use gemv::MAX_ROWS as GEMV_MAX_ROWS;
 
 use crate::cpuinfo::CpuInfo;
 use crate::render::{convert, value_type, Ctx, RenderError, Renderer};
@@ -134,6 +137,7 @@ pub(crate) fn render_gemm(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
         }
     }
     match g.acc_dtype {
+        DType::F32 if g.vector && gemv::takes(g) => gemv::render_gemv(r, g, ctx),
         DType::F32 | DType::F64 => render_blocked(r, g, ctx),
         _ => render_simple(r, g, ctx),
     }
@@ -156,6 +160,40 @@ fn simple_epilogue(stmts: &[Stmt]) -> bool {
         Stmt::If { then_, else_, .. } => simple_epilogue(then_) && simple_epilogue(else_),
         _ => false,
     })
+}
+
+/// The gemm's epilogue rendered for the templates' tile loops (indented for them, with the
+/// batch, row, column and accumulator variables in scope), the declaration of the
+/// accumulator variable from the tile element `elem` (of type `acc_ty`), and whether the
+/// epilogue can run under `omp simd`.
+pub(crate) fn epilogue_code(r: &mut Renderer, g: &Gemm, elem: &str, acc_ty: Ty) -> Result<(String, String, bool), RenderError> {
+    let simd = simple_epilogue(&g.epilogue);
+    let saved_out = std::mem::take(&mut r.out);
+    let saved_indent = r.indent;
+    r.indent = 8;
+    r.open_scope();
+    for v in [g.b_var, g.i_var, g.j_var, g.acc_var] {
+        r.declare(v);
+    }
+    let ectx = Ctx {
+        in_parallel: true,
+        in_simd: simd,
+    };
+    let mut res = Ok(());
+    for s in &g.epilogue {
+        res = r.stmt(s, ectx);
+        if res.is_err() {
+            break;
+        }
+    }
+    r.close_scope();
+    r.indent = saved_indent;
+    let epilogue = std::mem::replace(&mut r.out, saved_out);
+    res?;
+    let acc_var_ty = r.k.var_info(g.acc_var).ty;
+    let vacc = r.var_name(g.acc_var);
+    let acc_decl = format!("const {} {vacc} = {};", value_type(acc_var_ty), convert(elem, acc_ty, acc_var_ty));
+    Ok((epilogue, acc_decl, simd))
 }
 
 fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderError> {
@@ -213,12 +251,11 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         nc: ncb,
         ..
     } = bl;
-    let (vb, vi, vj, vk, vacc) = (
+    let (vb, vi, vj, vk) = (
         r.var_name(g.b_var),
         r.var_name(g.i_var),
         r.var_name(g.j_var),
         r.var_name(g.k_var),
-        r.var_name(g.acc_var),
     );
     let par = is_parallel(r, g, ctx);
 
@@ -348,35 +385,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     };
     let pa_off = if a_batched { format!("{vb} * {mpad} * {k} + ") } else { String::new() };
     let pb_off = if b_batched { format!("{vb} * {npad} * {k} + ") } else { String::new() };
-    let simd = simple_epilogue(&g.epilogue);
-    let saved_out = std::mem::take(&mut r.out);
-    let saved_indent = r.indent;
-    r.indent = 8;
-    r.open_scope();
-    for v in [g.b_var, g.i_var, g.j_var, g.acc_var] {
-        r.declare(v);
-    }
-    let ectx = Ctx {
-        in_parallel: true,
-        in_simd: simd,
-    };
-    let mut res = Ok(());
-    for s in &g.epilogue {
-        res = r.stmt(s, ectx);
-        if res.is_err() {
-            break;
-        }
-    }
-    r.close_scope();
-    r.indent = saved_indent;
-    let epilogue = std::mem::replace(&mut r.out, saved_out);
-    res?;
-    let acc_var_ty = r.k.var_info(g.acc_var).ty;
-    let acc_decl = format!(
-        "const {} {vacc} = {};",
-        value_type(acc_var_ty),
-        convert(&format!("ct[ii * {nr} + jj]"), acc_ty, acc_var_ty)
-    );
+    let (epilogue, acc_decl, simd) = epilogue_code(r, g, &format!("ct[ii * {nr} + jj]"), acc_ty)?;
     let simd_pragma = if simd { "#pragma omp simd" } else { "" };
     // Implicit im2col A operands (a convolution over few channels): a vectorized packing loop.
     let a_fast = match (&ind, im2col_of(r, g, &g.a, g.i_var)) {

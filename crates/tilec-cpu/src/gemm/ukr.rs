@@ -6,17 +6,17 @@ use super::Blocking;
 use crate::cpuinfo::CpuInfo;
 /// Intrinsics for one vector type.
 pub(super) struct Isa {
-    vty: &'static str,
-    load: &'static str,
-    loadu: &'static str,
-    storeu: &'static str,
-    set1: &'static str,
-    fma: Option<&'static str>,
-    add: &'static str,
-    mul: &'static str,
-    zero: &'static str,
+    pub(super) vty: &'static str,
+    pub(super) load: &'static str,
+    pub(super) loadu: &'static str,
+    pub(super) storeu: &'static str,
+    pub(super) set1: &'static str,
+    pub(super) fma: Option<&'static str>,
+    pub(super) add: &'static str,
+    pub(super) mul: &'static str,
+    pub(super) zero: &'static str,
     /// Preprocessor condition under which the intrinsics exist.
-    cond: &'static str,
+    pub(super) cond: &'static str,
 }
 
 pub(super) fn isa(double: bool, vector_bytes: usize, fma: bool) -> Isa {

@@ -474,21 +474,33 @@ pub fn gemm_blocking(
 /// register tile then runs along the other dimension: worth it when `n` wastes more of a
 /// tile's width than `m` would. The gemm's row variable afterwards is the former column one.
 pub fn gemm_transpose(k: &mut Kernel, gemm: Option<&str>) -> Result<(), ScheduleError> {
-    const P: &str = "gemm_transpose";
-    fn go(stmts: &mut [Stmt], want: Option<VarId>, n: &mut usize) {
+    each_gemm(k, gemm, "gemm_transpose", &mut |g| {
+        std::mem::swap(&mut g.m, &mut g.n);
+        std::mem::swap(&mut g.i_var, &mut g.j_var);
+        std::mem::swap(&mut g.a, &mut g.b);
+    })
+}
+
+/// Marks the gemm whose row variable is `gemm` (all gemms when absent) for the matrix-vector
+/// template (`Gemm::vector`).
+pub fn gemm_vector(k: &mut Kernel, gemm: Option<&str>) -> Result<(), ScheduleError> {
+    each_gemm(k, gemm, "gemm_vector", &mut |g| g.vector = true)
+}
+
+/// Runs `f` on the gemm whose row variable is `gemm` (every gemm when absent); an error for
+/// primitive `p` when there is none.
+fn each_gemm(k: &mut Kernel, gemm: Option<&str>, p: &str, f: &mut dyn FnMut(&mut Gemm)) -> Result<(), ScheduleError> {
+    fn go(stmts: &mut [Stmt], want: Option<VarId>, f: &mut dyn FnMut(&mut Gemm), n: &mut usize) {
         for s in stmts {
             match s {
                 Stmt::Gemm(g) if want.is_none() || want == Some(g.i_var) => {
-                    let g = &mut **g;
-                    std::mem::swap(&mut g.m, &mut g.n);
-                    std::mem::swap(&mut g.i_var, &mut g.j_var);
-                    std::mem::swap(&mut g.a, &mut g.b);
+                    f(g);
                     *n += 1;
                 }
-                Stmt::For(l) => go(&mut l.body, want, n),
+                Stmt::For(l) => go(&mut l.body, want, f, n),
                 Stmt::If { then_, else_, .. } => {
-                    go(then_, want, n);
-                    go(else_, want, n);
+                    go(then_, want, f, n);
+                    go(else_, want, f, n);
                 }
                 _ => {}
             }
@@ -497,18 +509,18 @@ pub fn gemm_transpose(k: &mut Kernel, gemm: Option<&str>) -> Result<(), Schedule
     let want = match gemm {
         Some(name) => Some(
             k.var_named(name)
-                .ok_or_else(|| err(k, P, format!("no gemm with row variable `{name}`")))?,
+                .ok_or_else(|| err(k, p, format!("no gemm with row variable `{name}`")))?,
         ),
         None => None,
     };
     let mut n = 0;
     let mut body = std::mem::take(&mut k.body);
-    go(&mut body, want, &mut n);
+    go(&mut body, want, f, &mut n);
     k.body = body;
     if n == 0 {
         return Err(err(
             k,
-            P,
+            p,
             match gemm {
                 Some(name) => format!("no gemm with row variable `{name}`"),
                 None => "the kernel has no gemm".to_string(),

@@ -33,7 +33,7 @@ use crate::ir::*;
 pub use cache::{cache_read, cache_write, compute_at, MAX_LOCAL_BYTES, MAX_REGISTER_ELEMS};
 pub use default::{default_cpu, gemm_params, CpuTarget, PARALLEL_MIN_WORK};
 pub use loops::{
-    fuse, gemm_blocking, gemm_transpose, parallel, reorder, split, unroll, vectorize, MAX_UNROLL,
+    fuse, gemm_blocking, gemm_transpose, gemm_vector, parallel, reorder, split, unroll, vectorize, MAX_UNROLL,
 };
 pub use partition::{partition, Partitioned};
 pub use rfactor::rfactor;
@@ -141,6 +141,13 @@ pub enum Primitive {
         mc: i64,
         nc: i64,
     },
+    /// Renders the gemm whose row variable is `gemm` (all gemms when absent) as a
+    /// matrix-vector product (`Gemm::vector`): for products of a few rows whose `B` is read
+    /// once per call.
+    GemmVector {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gemm: Option<String>,
+    },
 }
 
 impl Primitive {
@@ -160,6 +167,7 @@ impl Primitive {
             Primitive::Partition { .. } => "partition",
             Primitive::GemmTranspose { .. } => "gemm_transpose",
             Primitive::GemmBlocking { .. } => "gemm_blocking",
+            Primitive::GemmVector { .. } => "gemm_vector",
         }
     }
 }
@@ -193,6 +201,10 @@ impl fmt::Display for Primitive {
             Primitive::GemmTranspose { gemm } => match gemm {
                 Some(g) => write!(f, "gemm_transpose {g}"),
                 None => write!(f, "gemm_transpose"),
+            },
+            Primitive::GemmVector { gemm } => match gemm {
+                Some(g) => write!(f, "gemm_vector {g}"),
+                None => write!(f, "gemm_vector"),
             },
             Primitive::GemmBlocking {
                 gemm,
@@ -271,6 +283,7 @@ pub fn apply_primitive(k: &mut Kernel, p: &Primitive) -> Result<(), ScheduleErro
         Primitive::Rfactor { loop_var, factor } => rfactor(k, loop_var, *factor).map(drop),
         Primitive::Partition { loop_var } => partition(k, loop_var).map(drop),
         Primitive::GemmTranspose { gemm } => gemm_transpose(k, gemm.as_deref()),
+        Primitive::GemmVector { gemm } => gemm_vector(k, gemm.as_deref()),
         Primitive::GemmBlocking {
             gemm,
             mr,

@@ -105,6 +105,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
         b: bin(BinOp::Mul, kb, lit(sc, f32)),
         epilogue: epi1,
         params: gemm_params(),
+        vector: false,
     })));
 
     // Row softmax in place: P = exp(S - max) / sum (zeros where the whole row is masked).
@@ -188,6 +189,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
         b: vb,
         epilogue: epi2,
         params: gemm_params(),
+        vector: false,
     })));
     Ok(Some(vec![Stmt::for_(bh, bsz * a.hq, body)]))
 }

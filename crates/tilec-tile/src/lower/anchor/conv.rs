@@ -213,6 +213,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         b: be,
         epilogue: e,
         params: gemm_params(),
+        vector: false,
     }))])
 }
 

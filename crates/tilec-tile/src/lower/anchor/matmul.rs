@@ -145,6 +145,7 @@ pub(super) fn matmul(l: &mut Lowerer, n: NodeId, _: &Op) -> R<Vec<Stmt>> {
         b: l.up(be, d),
         epilogue: e,
         params: gemm_params(),
+        vector: false,
     }))])
 }
 

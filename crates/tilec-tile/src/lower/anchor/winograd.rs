@@ -312,6 +312,7 @@ pub(crate) fn conv(
         b: u,
         epilogue: vec![Stmt::store(mbuf, vec![vb, vi, vj], Expr::Var(gv.acc))],
         params: gemm_params(),
+        vector: false,
     }));
 
     // Output transform: Y = Aᵀ M A per tile and output channel, plus bias and epilogue.
