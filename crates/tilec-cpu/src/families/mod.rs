@@ -8,6 +8,7 @@
 //! `Family<Target = Target, Built = CpuBuilt>`, and one [`Entry`] in [`registry`] naming the
 //! kinds of kernel it is tried for.
 
+mod attention_flash;
 mod attention_gemm;
 mod blis_gemm;
 mod depthwise;
@@ -23,6 +24,7 @@ use tilec_tile::lower::{LowerOptions, Lowered};
 use tilec_tile::schedule::{self, Schedule};
 use tilec_tile::{Kernel, Stmt};
 
+pub use attention_flash::MIN_KEYS as FLASH_MIN_KEYS;
 pub use blis_gemm::BLIS_GEMM;
 
 /// What a CPU family builds: the kernel as lowered and as scheduled.
@@ -43,6 +45,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
         entries: vec![
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
+            Entry { family: &attention_flash::ATTENTION_FLASH, kinds: &[GroupKind::Attention] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
             Entry { family: &blis_gemm::BLIS_GEMM, kinds: &[] },
             Entry { family: &direct::DIRECT, kinds: &[] },
