@@ -3,8 +3,8 @@
 //! between two matrix products on the GEMM template's micro-kernels, in parallel over
 //! (batch, head, query block); memory linear in the sequence. The same forms as
 //! `cpu.attention_gemm` (f32 attention without past, softcap, windows, per-batch lengths or a
-//! requested QK output). Short sequences are left to `cpu.attention_gemm`, whose one score
-//! matrix per head is no larger than the tiles there and costs no rescaling.
+//! requested QK output). Short sequences (fewer than [`MIN_KEYS`] keys) are left to
+//! `cpu.attention_gemm`, whose one score matrix per head is then no larger than a tile.
 
 use tilec_ir::op::NnOp;
 use tilec_ir::Op;
@@ -18,8 +18,11 @@ use super::{build_with, CpuBuilt};
 pub struct AttentionFlash;
 pub static ATTENTION_FLASH: AttentionFlash = AttentionFlash;
 
-/// Keys from which the flash form is chosen by default (see `applies`).
-pub const MIN_KEYS: i64 = 1024;
+/// Keys from which the flash form is chosen by default. With a single key block it is the
+/// two-product form plus its own passes (the keys' transposition, the queries' copy, the
+/// final division); measured with two threads, the two-product form was 7-15% faster at 128
+/// and 256 keys, the flash form 9% faster at 500 (`bench/results/cpu-flash-2026-12-02`).
+pub const MIN_KEYS: i64 = 384;
 
 /// Query and key blocks: a `256 × 256` score tile (256 KiB, in L2 beside the `256 × dv`
 /// accumulator and the packed key and value panels). Every key block's K and V are packed

@@ -24,7 +24,6 @@ use tilec_tile::lower::{LowerOptions, Lowered};
 use tilec_tile::schedule::{self, Schedule};
 use tilec_tile::{Kernel, Stmt};
 
-pub use attention_flash::MIN_KEYS as FLASH_MIN_KEYS;
 pub use blis_gemm::BLIS_GEMM;
 
 /// What a CPU family builds: the kernel as lowered and as scheduled.
