@@ -98,18 +98,31 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op, bq: i64, bk: i64) -
     let (bq, bk) = (bq.min(a.sq), bk.min(a.skv));
     let reps = a.hq / a.hkv;
 
-    // Kᵀ·s, once per (batch, kv head): rows of keys contiguous.
+    // K·scale transposed, once per (batch, kv head): rows of keys contiguous. By blocks of 16
+    // keys, whose rows stay in L1 while every dimension is gathered from them (a whole
+    // sequence's rows would not), then the keys past the last whole block.
     let kt = l.scratch(F32, vec![bsz * a.hkv, a.dh, a.skv]);
     let r = l.loop_var("i", bsz * a.hkv);
-    let d = l.loop_var("i", a.dh);
-    let j = l.loop_var("i", a.skv);
     let rb = l.simp(bin(BinOp::Div, Expr::Var(r), Expr::Int(a.hkv)));
     let rh = l.simp(bin(BinOp::Rem, Expr::Var(r), Expr::Int(a.hkv)));
-    let mark = l.begin_block();
-    let kv = kv_at(l, n, op, &a, 1, rb, rh, Expr::Var(j), Expr::Var(d)).map(|e| l.up(e, F32));
-    let mut jb = l.end_block(mark);
-    jb.push(Stmt::store(kt, vec![Expr::Var(r), Expr::Var(d), Expr::Var(j)], bin(BinOp::Mul, kv?, lit(sc, F32))));
-    let transpose = Stmt::for_(r, bsz * a.hkv, vec![Stmt::for_(d, a.dh, vec![Stmt::for_(j, a.skv, jb)])]);
+    const KB: i64 = 16;
+    let mut rbody = vec![];
+    let part = |l: &mut Lowerer, blocks: i64, width: i64, first: i64| -> R<Stmt> {
+        let (jb, d, jl) = (l.loop_var("i", blocks), l.loop_var("i", a.dh), l.loop_var("i", width));
+        let j = l.simp(bin(BinOp::Add, bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(jb), Expr::Int(width)), Expr::Int(first)), Expr::Var(jl)));
+        let mark = l.begin_block();
+        let kv = kv_at(l, n, op, &a, 1, rb.clone(), rh.clone(), j.clone(), Expr::Var(d)).map(|e| l.up(e, F32));
+        let mut body = l.end_block(mark);
+        body.push(Stmt::store(kt, vec![Expr::Var(r), Expr::Var(d), j], bin(BinOp::Mul, kv?, lit(sc, F32))));
+        Ok(Stmt::for_(jb, blocks, vec![Stmt::for_(d, a.dh, vec![Stmt::for_(jl, width, body)])]))
+    };
+    if a.skv / KB > 0 {
+        rbody.push(part(l, a.skv / KB, KB, 0)?);
+    }
+    if a.skv % KB > 0 {
+        rbody.push(part(l, 1, a.skv % KB, a.skv / KB * KB)?);
+    }
+    let transpose = Stmt::for_(r, bsz * a.hkv, rbody);
 
     // One iteration per (batch, query head, query block).
     let nqb = (a.sq + bq - 1) / bq;
@@ -294,13 +307,13 @@ fn key_block(l: &mut Lowerer, c: &Ctx, rows: i64, q0: Expr, cols: i64, k0: Expr)
         j3,
         cols,
         vec![
-            Stmt::Let { var: e, value: Expr::un(UnOp::Exp, bin(BinOp::Sub, at(j3), Expr::Var(m0))) },
+            Stmt::Let { var: e, value: Expr::un(UnOp::ExpNeg, bin(BinOp::Sub, at(j3), Expr::Var(m0))) },
             Stmt::store(c.s, vec![ri.clone(), Expr::Var(j3)], Expr::Var(e)),
             Stmt::Assign { var: sum, value: bin(BinOp::Add, Expr::Var(sum), Expr::Var(e)) },
         ],
     ));
     let f = l.elem_var("t", F32, false);
-    row.push(Stmt::Let { var: f, value: Expr::un(UnOp::Exp, bin(BinOp::Sub, Expr::Var(old), Expr::Var(m0))) });
+    row.push(Stmt::Let { var: f, value: Expr::un(UnOp::ExpNeg, bin(BinOp::Sub, Expr::Var(old), Expr::Var(m0))) });
     let run = bin(BinOp::Mul, Expr::Load(c.sum, vec![ri.clone()]), Expr::Var(f));
     row.push(Stmt::store(c.sum, vec![ri.clone()], bin(BinOp::Add, run, Expr::Var(sum))));
     row.push(Stmt::store(c.mx, vec![ri.clone()], Expr::Var(m1)));
