@@ -5,7 +5,8 @@ attention models at long sequences.
 Run from the repository root inside the benchmark venv (scripts/setup-bench-venv.sh):
 
     .venv-bench/bin/python bench/attention.py [--baseline target/tilec-before] [--rounds 3]
-        [--only op_s2048_h8 ...] [--tilec-args "--family attention=cpu.attention_gemm"]
+        [--only op_s2048_h8 ...] [--tilec-args "--family attention=cpu.attention_flash"]
+        [--baseline target/release/tilec --baseline-args "--family attention=cpu.attention_gemm"]
 
 Each case is an ONNX model written to a temporary folder, Q, K and V `[1, heads, seq, 64]`
 inputs (uniform in [-1, 1)) and one output:
@@ -54,7 +55,16 @@ CASES = {
     "mm_s8192_h8": ("mm", 8192, 8, False),
     "op_s512_h6": ("op", 512, 6, False),
     "op_s17_h12": ("op", 17, 12, False),
+    # Short sequences, where the two-product form may win (compare with --tilec-args and
+    # --baseline-args forcing the families).
+    "op_s64_h12": ("op", 64, 12, False),
+    "op_s128_h8": ("op", 128, 8, False),
+    "op_s256_h8": ("op", 256, 8, False),
+    "op_s384_h8": ("op", 384, 8, False),
+    "op_s1024_h8": ("op", 1024, 8, False),
 }
+DEFAULT = ["op_s2048_h8", "op_s2048_h8_causal", "mm_s2048_h8", "op_s8192_h8", "op_s8192_h8_causal",
+           "mm_s8192_h8", "op_s512_h6", "op_s17_h12"]
 
 
 def model(form: str, s: int, h: int, causal: bool) -> onnx.ModelProto:
@@ -113,18 +123,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tilec", default=str(ROOT / "target/release/tilec"))
     ap.add_argument("--baseline", default=None, help="an earlier tilec build timed in the same rounds")
-    ap.add_argument("--tilec-args", default="", help="extra arguments of `tilec run` (both builds)")
+    ap.add_argument("--tilec-args", default="", help="extra arguments of `tilec run`")
+    ap.add_argument("--baseline-args", default=None, help="extra arguments of the baseline's `tilec run` (default: --tilec-args)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
-    names = a.only or list(CASES)
+    names = a.only or DEFAULT
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; known: {', '.join(CASES)}")
-    extra = shlex.split(a.tilec_args)
+    extra = {"tilec": shlex.split(a.tilec_args)}
+    extra["baseline"] = shlex.split(a.tilec_args if a.baseline_args is None else a.baseline_args)
     sides = [("ort", None), ("tilec", a.tilec)] + ([("baseline", a.baseline)] if a.baseline else [])
     res = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -132,6 +144,7 @@ def main() -> None:
         "runs": a.runs,
         "rounds": a.rounds,
         "tilec_args": a.tilec_args,
+        "baseline_args": a.baseline_args,
         "onnxruntime": ort.__version__,
         "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"),
         "cases": [],
@@ -155,7 +168,7 @@ def main() -> None:
                         if side == "ort":
                             rd[side] = ort_ms(p, feeds, a.threads, a.runs)
                         else:
-                            rd[side] = tilec_ms(exe, p, files, a.threads, a.runs, extra)
+                            rd[side] = tilec_ms(exe, p, files, a.threads, a.runs, extra[side])
                     except Exception as e:  # noqa: BLE001 - recorded, not fatal
                         rd[side] = None
                         row.setdefault("errors", []).append(f"{side}: {e}")
@@ -181,7 +194,8 @@ def main() -> None:
         "",
         f"{a.threads} threads on both sides, {a.rounds} alternating rounds of {a.runs} runs (median of the "
         f"rounds' medians); onnxruntime {res['onnxruntime']}; {res['cpu']}; tilec arguments "
-        f"`{a.tilec_args}`. Load average (1 min) per round in the last column.",
+        f"`{a.tilec_args}`, baseline's `{extra['baseline'] and ' '.join(extra['baseline'])}`. "
+        "Load average (1 min) per round in the last column.",
         "",
         head + " load |",
         rule + " --- |",

@@ -20,9 +20,10 @@ pub static ATTENTION_FLASH: AttentionFlash = AttentionFlash;
 
 /// Keys from which the flash form is chosen by default. With a single key block it is the
 /// two-product form plus its own passes (the keys' transposition, the queries' copy, the
-/// final division); measured with two threads, the two-product form was 7-15% faster at 128
-/// and 256 keys, the flash form 9% faster at 500 (`bench/results/cpu-flash-2026-12-02`).
-pub const MIN_KEYS: i64 = 384;
+/// final division): with two threads the two-product form was faster at 64 and 128 keys
+/// (0.089 against 0.117 ms, 0.192 against 0.204), the flash form from 256 (0.61 against
+/// 0.64 ms; 1.16 against 1.53 at 384) (`bench/results/cpu-flash-2026-12-02/families`).
+pub const MIN_KEYS: i64 = 256;
 
 /// Query and key blocks: a `256 × 256` score tile (256 KiB, in L2 beside the `256 × dv`
 /// accumulator and the packed key and value panels). Every key block's K and V are packed
