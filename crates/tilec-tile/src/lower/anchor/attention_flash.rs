@@ -7,9 +7,10 @@
 //! sequence (the tiles per thread and `Kᵀ`), not with its square as in `attention_gemm.rs`.
 //!
 //! The keys are first transposed and scaled into scratch (`[batch · kv heads, head dim,
-//! keys]`, one pass), so that every tile's `B` operand packs with contiguous vector copies
-//! and `Q` is read in place.
-//! Causal attention skips the key blocks wholly above the diagonal. Sequences that are not a
+//! keys]`, one pass), so that every tile's `B` operand packs with contiguous vector copies;
+//! each block's queries are copied once into a local block that the micro-kernel reads in
+//! place. The exponentials are `UnOp::ExpNeg` (their arguments are never positive). Causal
+//! attention skips the key blocks wholly above the diagonal. Sequences that are not a
 //! multiple of a block end with a smaller block (its own copy of the code: the gemms have
 //! constant extents). The results are the two-product form's (a fully masked row gives
 //! zeros, a NaN sum zeros with `zero_nan_rows`) up to rounding: the scale is applied to the
@@ -39,7 +40,7 @@ struct Ctx {
     b: Expr,
     h: Expr,
     kh: Expr,
-    /// `Kᵀ·s` in scratch, and its row `b·hkv + kh`.
+    /// `(K·scale)ᵀ` in scratch, and its row `b·hkv + kh`.
     kt: BufId,
     kt_row: Expr,
     /// The block's queries `[bq, dh]`, the score tile `[bq, bk]`, the accumulator `[bq, dv]`,
