@@ -329,6 +329,7 @@ impl CStyle for C {
         let (one, ft) = if dbl { ("1.0", "double") } else { ("1.0f", "float") };
         Some(match op {
             UnOp::Exp if !dbl => format!("tc_expf({a})"),
+            UnOp::ExpNeg if !dbl => format!("tc_expnegf({a})"),
             UnOp::Tanh if !dbl => format!("tc_tanhf({a})"),
             UnOp::Erf if !dbl => format!("tc_erff({a})"),
             UnOp::Round if dbl => format!("__builtin_rint({a})"),

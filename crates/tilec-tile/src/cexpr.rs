@@ -291,6 +291,10 @@ pub fn unary<S: CStyle + ?Sized>(t: &S, op: UnOp, a: String, ty: Ty) -> String {
         Abs => f("fabs"),
         Sqrt => f("sqrt"),
         Exp => f("exp"),
+        ExpNeg => {
+            let m = if dbl { format!("fmin({a}, 0.0)") } else { format!("fminf({a}, 0.0f)") };
+            if dbl { format!("exp({m})") } else { format!("expf({m})") }
+        }
         Log => f("log"),
         Sin => f("sin"),
         Cos => f("cos"),

@@ -362,6 +362,8 @@ fn unary(op: UnOp, v: Val, ty: Ty) -> Val {
         UnOp::Rsqrt => 1.0 / x.sqrt(),
         UnOp::Recip => 1.0 / x,
         UnOp::Exp => x.exp(),
+        UnOp::ExpNeg if x < -87.336_544_75 => 0.0,
+        UnOp::ExpNeg => x.min(0.0).exp(),
         UnOp::Log => x.ln(),
         UnOp::Sin => x.sin(),
         UnOp::Cos => x.cos(),

@@ -97,6 +97,10 @@ pub enum UnOp {
     Rsqrt,
     Recip,
     Exp,
+    /// `exp(min(x, 0))` with results below `2^-126` (`x < -87.34`) flushed to zero, NaN kept:
+    /// the exponential of a softmax's logits less their maximum, which back ends may compute
+    /// more cheaply than [`UnOp::Exp`] (no overflow, no subnormal results).
+    ExpNeg,
     Log,
     Sin,
     Cos,

@@ -339,14 +339,17 @@ fn run_partitioned(
                     .flat_map(|&n| g.node(n).inputs.iter().chain(&g.node(n).outputs).copied());
                 let tol = coarsest(g, vals);
                 // The other algorithms kernel families choose (Winograd, direct and GEMM
-                // convolutions, attention as matrix products, channels-last global pools by
-                // blocks of channels), where they change the kernel, against the same reference.
+                // convolutions, attention as matrix products or flash-style, channels-last global
+                // pools by blocks of channels), where they change the kernel, against the same
+                // reference.
                 use tilec_tile::lower::{AttentionAlgo, ConvAlgo, PoolAlgo};
                 let variants = [
                     LowerOptions { pool: PoolAlgo::ChannelBlocks, ..Default::default() },
                     LowerOptions { conv: ConvAlgo::Winograd, attention: AttentionAlgo::Gemm, ..Default::default() },
                     LowerOptions { conv: ConvAlgo::Direct, attention: AttentionAlgo::Rows, ..Default::default() },
                     LowerOptions { conv: ConvAlgo::Gemm, attention: AttentionAlgo::Rows, ..Default::default() },
+                    // Blocks smaller than the sequences: shorter last blocks of both.
+                    LowerOptions { attention: AttentionAlgo::Flash { bq: 2, bk: 4 }, ..Default::default() },
                 ];
                 for lc in variants.iter().filter_map(|&o| lower_group_with(g, grp, &format!("k{gi}c"), o).ok()) {
                     if lc.kernel.body != lw.kernel.body {

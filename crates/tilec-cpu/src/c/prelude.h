@@ -311,6 +311,26 @@ TC_INLINE float tc_expf(float x) {
     y = x < -103.972084f ? 0.0f : y;
     return x != x ? x : y;
 }
+/* exp(min(x, 0)), 0 below 2^-126 (x < -87.34), NaN kept (`UnOp::ExpNeg`: a softmax's logits
+   less their maximum): tc_expf's reduction and polynomial with one scaling step and no
+   overflow checks, about a quarter fewer vector instructions. */
+TC_INLINE float tc_expnegf(float x) {
+    float xc = x < 0.0f ? x : 0.0f;
+    xc = xc > -87.3365448f ? xc : -87.3365448f;
+    float n = __builtin_rintf(xc * 1.44269504088896341f);
+    float r = __builtin_fmaf(n, -0.693145751953125f, xc);
+    r = __builtin_fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.9875691500e-4f;
+    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+    p = __builtin_fmaf(p * r, r, r) + 1.0f;
+    float y = p * tc_bitsf((uint32_t)((int32_t)n + 127) << 23);
+    y = x < -87.3365448f ? 0.0f : y;
+    return x != x ? x : y;
+}
 TC_INLINE float tc_sigmoidf(float x) { return 1.0f / (1.0f + tc_expf(-x)); }
 TC_INLINE float tc_tanhf(float x) {
     float a = __builtin_fabsf(x);

@@ -8,6 +8,7 @@
 //! `Family<Target = Target, Built = CpuBuilt>`, and one [`Entry`] in [`registry`] naming the
 //! kinds of kernel it is tried for.
 
+mod attention_flash;
 mod attention_gemm;
 mod blis_gemm;
 mod depthwise;
@@ -45,6 +46,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
         entries: vec![
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
+            Entry { family: &attention_flash::ATTENTION_FLASH, kinds: &[GroupKind::Attention] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
             Entry { family: &gemv::GEMV, kinds: &[GroupKind::Gemm] },
             Entry { family: &blis_gemm::BLIS_GEMM, kinds: &[] },

@@ -94,6 +94,10 @@ pub enum AttentionAlgo {
     /// attention without past, softcap, windows or a requested QK output; anything else is
     /// `Unsupported`.
     Gemm,
+    /// Flash-style (`attention_flash.rs`): per (batch, head, block of `bq` queries) a loop
+    /// over blocks of `bk` keys with an online softmax, memory linear in the sequence; the
+    /// same forms as `Gemm`, anything else `Unsupported`.
+    Flash { bq: i64, bk: i64 },
 }
 
 /// How a channels-last global pool becomes a loop nest.

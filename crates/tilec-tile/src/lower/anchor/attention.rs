@@ -160,10 +160,17 @@ pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[E
 }
 
 pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    if l.opts().attention == AttentionAlgo::Gemm {
-        return super::attention_gemm::attention(l, n, op)?.ok_or_else(|| {
-            Fail::Unsupported(n, "attention as matrix products needs f32 attention without past, softcap, windows or a requested QK output".into())
-        });
+    const FORMS: &str = "f32 attention without past, softcap, windows, per-batch lengths or a requested QK output";
+    match l.opts().attention {
+        AttentionAlgo::Gemm => {
+            return super::attention_gemm::attention(l, n, op)?
+                .ok_or_else(|| Fail::Unsupported(n, format!("attention as matrix products needs {FORMS}")));
+        }
+        AttentionAlgo::Flash { bq, bk } => {
+            return super::attention_flash::attention(l, n, op, bq, bk)?
+                .ok_or_else(|| Fail::Unsupported(n, format!("flash-style attention needs {FORMS}")));
+        }
+        AttentionAlgo::Rows => {}
     }
     let Op::Nn(NnOp::Attention {
         scale,

@@ -12,12 +12,14 @@
 //!   group's.
 //! * Attention (`attention.rs`, `attention_gemm.rs`): per (batch, head, query row), a scores
 //!   row in a local buffer, softmax, and the weighted sum of values into a local output row;
-//!   or two products around a row softmax.
+//!   or two products around a row softmax; or (`attention_flash.rs`) per block of queries a
+//!   loop over blocks of keys with an online softmax.
 //!
 //! [`entry`] is the one table of anchor ops: adding one is an entry there and its lowering in
 //! the module of its family.
 
 mod attention;
+mod attention_flash;
 mod attention_gemm;
 mod common;
 mod conv;
