@@ -282,6 +282,7 @@ fn key_block(l: &mut Lowerer, c: &Ctx, rows: i64, q0: Expr, cols: i64, k0: Expr)
         b: kb,
         epilogue: epi1,
         params: gemm_params(),
+        vector: false,
     })));
 
     // Online softmax per row: the new maximum, P = exp(S - max) in place, the running sum
@@ -350,6 +351,7 @@ fn key_block(l: &mut Lowerer, c: &Ctx, rows: i64, q0: Expr, cols: i64, k0: Expr)
         b: vb,
         epilogue: vec![Stmt::store(c.o, oij, upd)],
         params: gemm_params(),
+        vector: false,
     })));
     if c.causal {
         // Some key of the block is at or before the block's last query.
