@@ -73,6 +73,15 @@ fn check(name: &str) {
     let prep = tilec::compiled::prepare(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     let n = layers(&dir);
     assert_eq!(attention_ops(prep.graph()), n, "{name}: attention ops after -O3 (one per layer)");
+    if matches!(name, "gpt2" | "llama") {
+        // Causal decoders exported with input_ids alone: the mask the export computes from
+        // position iotas is recognized as the op's causal flag, with no mask read.
+        for node in prep.graph().nodes() {
+            if let Op::Nn(NnOp::Attention { is_causal, has_mask, .. }) = &node.op {
+                assert!(*is_causal && !*has_mask, "{name}: attention not causal or still reading a mask");
+            }
+        }
+    }
     let attn_kernels = prep.kernels().iter().filter(|k| k.kernel.name.contains("attention")).count();
     assert_eq!(attn_kernels, n, "{name}: attention kernels");
 
