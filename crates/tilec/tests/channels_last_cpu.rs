@@ -9,6 +9,8 @@ use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions};
+
+mod poisoned;
 use tilec_ir::op::{BinaryOp, LinalgOp, Padding, PoolKind, ReduceKind, ReduceOp, UnaryOp, Window};
 use tilec_ir::{DType, Graph, Op, Tensor, TensorType, ValueId};
 
@@ -28,19 +30,8 @@ fn check_graph(name: &str, g: &Graph, inputs: &[Tensor]) -> Vec<(String, String,
     let opts = CompileOptions { cache_dir: Some(cache()), keep_ir: true, ..Default::default() };
     let mut c = compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
-    let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
-    let want = tilec_ref::run_named(g, names.into_iter().zip(inputs.iter().cloned()).collect::<HashMap<_, _>>())
-        .unwrap()
-        .remove(0);
-    for run in 0..2 {
-        c.poison().unwrap_or_else(|e| panic!("{name}: {e}"));
-        let got = c.run(inputs).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
-        assert_eq!(got.shape(), want.shape(), "{name}");
-        let (w, o) = (want.to_f64_vec(), got.to_f64_vec());
-        for (i, (a, b)) in w.iter().zip(&o).enumerate() {
-            assert!((a - b).abs() <= 1e-5 + 1e-5 * a.abs(), "{name} run {run}: element {i}: reference {a}, compiled {b}");
-        }
-    }
+    let want = poisoned::reference(g, inputs);
+    poisoned::check_runs(name, &mut c, inputs, &want, 1e-5, 1e-5);
     let ir: HashMap<&String, &String> = c.report.ir.iter().map(|(k, _, ir)| (k, ir)).collect();
     c.report
         .decisions
