@@ -288,10 +288,9 @@ TC_INLINE double tc_fmin(double a, double b) { return !(a >= b) ? ((a == a && b 
 TC_INLINE double tc_fmax(double a, double b) { return !(a <= b) ? ((a == a && b != b) ? b : a) : b; }
 
 /* ---- vectorizable single-precision math (branch-free; about 1-2 ulp) ---- */
-TC_INLINE float tc_expf(float x) {
-    /* exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2. */
-    float xc = x > 88.7228394f ? 88.7228394f : (x < -103.972084f ? -103.972084f : x);
-    float n = __builtin_rintf(xc * 1.44269504088896341f);
+/* exp(xc) / 2^n for n = rint(xc / ln2): exp of the reduced argument r = xc - n ln2,
+   |r| <= ln2/2, by a degree-6 polynomial (shared by tc_expf and tc_expnegf). */
+TC_INLINE float tc_exp_reduced(float xc, float n) {
     float r = __builtin_fmaf(n, -0.693145751953125f, xc);
     r = __builtin_fmaf(n, -1.428606765330187045e-06f, r);
     float p = 1.9875691500e-4f;
@@ -301,6 +300,13 @@ TC_INLINE float tc_expf(float x) {
     p = __builtin_fmaf(p, r, 1.6666665459e-1f);
     p = __builtin_fmaf(p, r, 5.0000001201e-1f);
     p = __builtin_fmaf(p * r, r, r) + 1.0f;
+    return p;
+}
+TC_INLINE float tc_expf(float x) {
+    /* exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2. */
+    float xc = x > 88.7228394f ? 88.7228394f : (x < -103.972084f ? -103.972084f : x);
+    float n = __builtin_rintf(xc * 1.44269504088896341f);
+    float p = tc_exp_reduced(xc, n);
     /* Scale in two steps so that n in [-150, 128] never overflows the exponent field. */
     int32_t ni = (int32_t)n;
     int32_t n1 = ni / 2, n2 = ni - n1;
@@ -318,15 +324,7 @@ TC_INLINE float tc_expnegf(float x) {
     float xc = x < 0.0f ? x : 0.0f;
     xc = xc > -87.3365448f ? xc : -87.3365448f;
     float n = __builtin_rintf(xc * 1.44269504088896341f);
-    float r = __builtin_fmaf(n, -0.693145751953125f, xc);
-    r = __builtin_fmaf(n, -1.428606765330187045e-06f, r);
-    float p = 1.9875691500e-4f;
-    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
-    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
-    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
-    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
-    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
-    p = __builtin_fmaf(p * r, r, r) + 1.0f;
+    float p = tc_exp_reduced(xc, n);
     float y = p * tc_bitsf((uint32_t)((int32_t)n + 127) << 23);
     y = x < -87.3365448f ? 0.0f : y;
     return x != x ? x : y;

@@ -20,8 +20,8 @@ use tilec_tile::ir::*;
 
 use super::pack::{operand_params, uses_var};
 use super::ukr::isa;
-use super::{epilogue_code, PackOperand, PackSlot};
-use crate::render::{convert, Ctx, RenderError, Renderer};
+use super::{epilogue_code, operand_code, PackOperand, PackSlot};
+use crate::render::{Ctx, RenderError, Renderer};
 
 /// The most rows the template takes (its accumulators are `rows × vectors` registers).
 pub const MAX_ROWS: i64 = 8;
@@ -133,15 +133,7 @@ pub(crate) fn render_gemv(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), Re
     }
     let acc_ty = Ty::Elem(DType::F32);
     let (vb_, vi, vj, vk) = (r.var_name(g.b_var), r.var_name(g.i_var), r.var_name(g.j_var), r.var_name(g.k_var));
-    r.open_scope();
-    for var in [g.b_var, g.i_var, g.j_var, g.k_var] {
-        r.declare(var);
-    }
-    let (ac, at) = r.expr(&g.a)?;
-    let a_code = convert(&ac, at, acc_ty);
-    let (bc, bt) = r.expr(&g.b)?;
-    let b_code = convert(&bc, bt, acc_ty);
-    r.close_scope();
+    let (a_code, b_code) = operand_code(r, g, acc_ty)?;
     // One panel of B (columns j0.. of width w, zero past n) into `dst`.
     let pack_panel = |dst: &str, j0: &str, w: &str| {
         format!(

@@ -166,6 +166,19 @@ fn simple_epilogue(stmts: &[Stmt]) -> bool {
 /// batch, row, column and accumulator variables in scope), the declaration of the
 /// accumulator variable from the tile element `elem` (of type `acc_ty`), and whether the
 /// epilogue can run under `omp simd`.
+/// The C expressions of A's and B's element (converted to the accumulator type), with the
+/// product's batch, row, column and K variables in scope.
+pub(crate) fn operand_code(r: &mut Renderer, g: &Gemm, acc_ty: Ty) -> Result<(String, String), RenderError> {
+    r.open_scope();
+    for v in [g.b_var, g.i_var, g.j_var, g.k_var] {
+        r.declare(v);
+    }
+    let a = r.expr(&g.a).map(|(c, t)| convert(&c, t, acc_ty));
+    let b = r.expr(&g.b).map(|(c, t)| convert(&c, t, acc_ty));
+    r.close_scope();
+    Ok((a?, b?))
+}
+
 pub(crate) fn epilogue_code(r: &mut Renderer, g: &Gemm, elem: &str, acc_ty: Ty) -> Result<(String, String, bool), RenderError> {
     let simd = simple_epilogue(&g.epilogue);
     let saved_out = std::mem::take(&mut r.out);
@@ -260,15 +273,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     let par = is_parallel(r, g, ctx);
 
     // Operand expressions and the epilogue, rendered with the template's variables in scope.
-    r.open_scope();
-    for v in [g.b_var, g.i_var, g.j_var, g.k_var] {
-        r.declare(v);
-    }
-    let (ac, at) = r.expr(&g.a)?;
-    let a_code = convert(&ac, at, acc_ty);
-    let (bc, bt) = r.expr(&g.b)?;
-    let b_code = convert(&bc, bt, acc_ty);
-    r.close_scope();
+    let (a_code, b_code) = operand_code(r, g, acc_ty)?;
     let (m, n, k, batch) = (g.m, g.n, g.k, g.batch);
     let kk = k.max(1);
     // Operands that can be packed ahead of the calls (see `PackSlot`).
