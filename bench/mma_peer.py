@@ -2,10 +2,11 @@
 `bench`, and crates/tilec-cuda/examples/gemv_bench.rs, whose gemv_ and llm_ labels are the same),
 measured in the same run: cuBLAS through torch.matmul for the decode and LLM shapes
 (B column-major as nn.Linear stores it; `_rr` row-major), cuDNN through torch's conv2d for
-ResNet-50's 53 convolutions at batch 64 (f16, channels-last, no bias). Prints one JSON object
+ResNet-50's 53 convolutions at batch 64 (f16, channels-last, no bias), and GPT-2 small's
+projections at 8 x 512 and 1 x 128 and its output projection (f16, cuBLAS). Prints one JSON object
 per line: label, ms (the lesser of the eager median and the median per call of ten calls replayed
 from a CUDA graph: the GPU's time, not the CPU's dispatch), ms_eager.
-usage: python3 bench/mma_peer.py [--iters 30]"""
+usage: python3 bench/mma_peer.py [--iters 30] [--only PREFIX,...]"""
 import argparse
 import json
 
@@ -59,7 +60,10 @@ def resnet50_convs():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--only", default="", help="comma-separated label prefixes")
     args = ap.parse_args()
+    prefixes = [p for p in args.only.split(",") if p]
+    wanted = lambda label: not prefixes or any(label.startswith(p) for p in prefixes)
     torch.backends.cudnn.benchmark = True
     print(json.dumps({"peer": "torch", "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                       "device": torch.cuda.get_device_name(0)}), flush=True)
@@ -67,14 +71,23 @@ def main():
     for m in (1, 16):
         for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
             shapes.append((f"llm_bf16_{m}x{n}x{k}", m, n, k, True))
-    for label, m, n, k, bcol in shapes:
-        a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
-        b = torch.empty(n, k, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1).t() if bcol else \
-            torch.empty(k, n, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+    # GPT-2 small's projections (Conv1D weights: B row-major) and its tied output projection.
+    gpt2 = [(f"gpt2_{w}_f16_{m}x{n}x{k}", m, n, k, False) for m in (4096, 128)
+            for w, n, k in (("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072))]
+    gpt2 += [("gpt2_lmhead_f16_4096x50257x768", 4096, 50257, 768, True), ("gpt2_lmhead_rr_f16_4096x50257x768", 4096, 50257, 768, False)]
+    for label, m, n, k, bcol in shapes + gpt2:
+        if not wanted(label):
+            continue
+        dt = torch.float16 if label.startswith("gpt2") else torch.bfloat16
+        a = torch.empty(m, k, device="cuda", dtype=dt).uniform_(-1, 1)
+        b = torch.empty(n, k, device="cuda", dtype=dt).uniform_(-1, 1).t() if bcol else \
+            torch.empty(k, n, device="cuda", dtype=dt).uniform_(-1, 1)
         eager = median_ms(lambda: torch.matmul(a, b), iters=args.iters)
         ms = min(eager, graph_ms(lambda: torch.matmul(a, b), iters=args.iters))
         print(json.dumps({"label": label, "impl": "cuBLAS (torch.matmul)", "ms": ms, "ms_eager": eager,
-                          "tb_s": (m * k + k * n + m * n) * 2 / ms / 1e9}), flush=True)
+                          "tb_s": (m * k + k * n + m * n) * 2 / ms / 1e9, "tflops": 2 * m * n * k / ms / 1e9}), flush=True)
+    if not wanted("resnet50_conv"):
+        return
     total = 0.0
     for i, (h, c, o, k, s) in enumerate(resnet50_convs()):
         x = torch.empty(64, c, h, h, device="cuda", dtype=torch.float16).uniform_(-1, 1).to(memory_format=torch.channels_last)
