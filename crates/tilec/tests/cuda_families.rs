@@ -96,6 +96,27 @@ fn families(p: &Prepared) -> Vec<(&'static str, Option<String>)> {
         .collect()
 }
 
+/// A product whose Hopper tiles fill at most half the SMs over a deep K goes to the mma.sync
+/// family, which splits K over blocks; one with enough tiles stays on the Hopper template.
+#[test]
+fn short_products_with_few_tiles_split_k_on_the_mma_family() {
+    let h = GpuTarget::hopper();
+    // GPT-2's second MLP product at 128 tokens: 128 x 768 x 3072.
+    let p = prepared(&linear(DType::F16, 1, 128, 3072, 768), &h);
+    let f = families(&p);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].0, "sm80_mma_gemm", "{f:?}");
+    let why = f[0].1.clone().unwrap_or_default();
+    assert!(why.contains("sm90_tc_gemm: a skinny product") && why.contains("K-blocks"), "{why}");
+    // The same product at 4096 tokens has tiles for every SM.
+    let p = prepared(&linear(DType::F16, 8, 512, 3072, 768), &h);
+    let f = families(&p);
+    assert_eq!(f[0].0, "sm90_tc_gemm", "{f:?}");
+    // A shallow K (4 K-blocks) stays on the Hopper template however few its tiles.
+    let p = prepared(&linear(DType::F16, 1, 128, 256, 512), &h);
+    assert_eq!(families(&p)[0].0, "sm90_tc_gemm");
+}
+
 #[test]
 fn sixteen_bit_linear_layers_take_the_tensor_core_family() {
     let h = GpuTarget::hopper();
@@ -1028,12 +1049,13 @@ fn flash_attention_kernels_match_the_reference_on_a_gpu() {
 /// An output whose rows are not 16-byte aligned (N = 1003, as a 50257-token vocabulary) keeps
 /// the element-wise staged epilogue (a warp's lanes over adjacent columns of one row): a
 /// vector epilogue would store lane by lane into scattered, partly written sectors. With
-/// N = 1024 the vector epilogue is used. On a GPU both match the reference.
+/// N = 1024 the vector epilogue is used. On a GPU both match the reference. (K = 256: four
+/// K-blocks, which keep the product on the Hopper template despite its few tiles.)
 #[test]
 fn unaligned_output_rows_keep_the_element_wise_epilogue() {
     let h = GpuTarget::hopper();
     for (n, vector) in [(1003, false), (1024, true)] {
-        let g = linear_nk_bias(DType::F16, 256, 768, n);
+        let g = linear_nk_bias(DType::F16, 256, 256, n);
         let p = prepared(&g, &h);
         let f = families(&p);
         assert_eq!(f[0].0, "sm90_tc_gemm", "n {n}: {f:?}");
