@@ -73,6 +73,9 @@ impl Default for GenerateOptions {
 pub struct Generation {
     /// The new tokens of each prompt, in prompt order.
     pub tokens: Vec<Vec<i64>>,
+    /// The prefill's logits at each prompt's last token (what its first new token is chosen
+    /// from), in prompt order, as f32.
+    pub first_logits: Vec<Vec<f32>>,
     /// Rewriting and compiling the prefill and decode graphs (a bucket first needed during
     /// the decode steps included here, not in `decode`).
     pub compile: Duration,
@@ -219,18 +222,28 @@ fn i32_tensor(shape: Vec<usize>, v: Vec<i64>) -> Result<Tensor, Error> {
     Tensor::from_vec(shape, v).map_err(|e| err(e.to_string()))
 }
 
-/// Row `r`, token `t` of logits `[rows, T, vocab]` as f32.
-fn logits_row(logits: &Tensor, r: usize, t: usize) -> Result<Vec<f32>, Error> {
+/// Rows `(r, t)` (row, token) of logits `[rows, T, vocab]` as f32; the logits are converted
+/// once, not per row (a prefill's logits hold every token's).
+fn logits_rows(logits: &Tensor, picks: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, Error> {
     let s = logits.shape();
-    if s.len() != 3 || r >= s[0] || t >= s[1] {
-        return Err(err(format!("logits have shape {s:?}: expected [rows, tokens, vocab] with row {r}, token {t}")));
-    }
-    let all = logits.cast(DType::F32);
-    let at = (r * s[1] + t) * s[2];
-    all.as_slice::<f32>()
-        .and_then(|v| v.get(at..at + s[2]))
-        .map(|x| x.to_vec())
-        .ok_or_else(|| err(format!("logits {s:?}: row {r}, token {t} cannot be read")))
+    let cast;
+    let all = if logits.dtype() == DType::F32 {
+        logits
+    } else {
+        cast = logits.cast(DType::F32);
+        &cast
+    };
+    let v = all.as_slice::<f32>().ok_or_else(|| err(format!("logits {s:?} cannot be read as f32")))?;
+    picks
+        .iter()
+        .map(|&(r, t)| {
+            if s.len() != 3 || r >= s[0] || t >= s[1] {
+                return Err(err(format!("logits have shape {s:?}: expected [rows, tokens, vocab] with row {r}, token {t}")));
+            }
+            let at = (r * s[1] + t) * s[2];
+            v.get(at..at + s[2]).map(|x| x.to_vec()).ok_or_else(|| err(format!("logits {s:?}: row {r}, token {t} cannot be read")))
+        })
+        .collect()
 }
 
 /// Generates `opts.max_new_tokens` tokens for every prompt.
@@ -301,9 +314,10 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     caches = c;
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out: Vec<Vec<i64>> = vec![vec![]; n];
-    for (b, p) in prompts.iter().enumerate() {
-        let row = logits_row(&logits, b, p.len() - 1)?;
-        out[b].push(sample::sample(&row, &opts.sampling, &mut rng) as i64);
+    let picks: Vec<(usize, usize)> = prompts.iter().enumerate().map(|(b, p)| (b, p.len() - 1)).collect();
+    let first_logits = logits_rows(&logits, &picks)?;
+    for (b, row) in first_logits.iter().enumerate() {
+        out[b].push(sample::sample(row, &opts.sampling, &mut rng) as i64);
     }
     let prefill_time = t1.elapsed();
 
@@ -353,9 +367,10 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         cache_inputs(std::mem::take(&mut caches), &mut m);
         let (logits, c) = stages[k].1.run(m)?;
         caches = c;
-        for (j, &b) in active.iter().enumerate() {
-            let row = logits_row(&logits, j, 0)?;
-            let t = sample::sample(&row, &opts.sampling, &mut rng) as i64;
+        let picks: Vec<(usize, usize)> = (0..active.len()).map(|j| (j, 0)).collect();
+        let row_logits = logits_rows(&logits, &picks)?;
+        for (&b, row) in active.iter().zip(&row_logits) {
+            let t = sample::sample(row, &opts.sampling, &mut rng) as i64;
             out[b].push(t);
             if stops(t) {
                 done[b] = true;
@@ -372,6 +387,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     }
     Ok(Generation {
         tokens: out,
+        first_logits,
         compile,
         prefill: prefill_time,
         decode,
