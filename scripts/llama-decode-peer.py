@@ -11,7 +11,7 @@
   them) and keeps the tokens, and the logits of the prompt's last token in bf16 and with the
   model in f32 (WORK/hf-logits-bs<B>.npy, WORK/hf32-logits-bs<B>.npy);
 - times `generate` with 1 new token (the prefill) and with all of them (median of 3 runs after
-  that warm-up): decode tokens/s = B * (new - 1) / (total - prefill);
+  warm-ups): decode tokens/s = B * (new - 1) / (total - prefill);
 - with --compile, times it again with a static cache (transformers compiles its decode step
   with torch.compile on the first call, which the warm-up pays);
 
@@ -80,6 +80,11 @@ def step_bytes(model, batch: int) -> int:
     return total
 
 
+def decode_rate(batch: int, new: int, total: float, prefill: float) -> float | None:
+    """Tokens per second of the decode steps: `generate` of all new tokens less that of one."""
+    return batch * (new - 1) / (total - prefill) if total > prefill else None
+
+
 def peer(a) -> None:
     import torch
     import transformers
@@ -115,18 +120,20 @@ def peer(a) -> None:
             model32 = transformers.LlamaForCausalLM.from_pretrained(work / "hf", dtype=torch.float32).to(a.device).eval()
         with torch.no_grad():
             np.save(work / f"hf32-logits-bs{batch}.npy", model32(ids).logits[:, -1].float().cpu().numpy())
+        gen(1)
         prefill = statistics.median(timed(a.device, lambda: gen(1)) for _ in range(3))
         total = statistics.median(timed(a.device, lambda: gen(a.new)) for _ in range(3))
-        rec.update(peer_prefill_s=prefill, peer_total_s=total,
-                   peer_prefill_tok_s=batch * ids.shape[1] / prefill,
-                   peer_decode_tok_s=batch * (a.new - 1) / max(total - prefill, 1e-9))
+        rec.update(peer_prefill_s=prefill, peer_total_s=total, peer_prefill_tok_s=batch * ids.shape[1] / prefill,
+                   peer_decode_tok_s=decode_rate(batch, a.new, total, prefill))
         if a.compile:
             t = time.perf_counter()
             gen(a.new, cache_implementation="static")
             rec["compiled_first_call_s"] = time.perf_counter() - t
-            p2 = statistics.median(timed(a.device, lambda: gen(1, cache_implementation="static")) for _ in range(2))
-            t2 = statistics.median(timed(a.device, lambda: gen(a.new, cache_implementation="static")) for _ in range(2))
-            rec["compiled_decode_tok_s"] = batch * (a.new - 1) / max(t2 - p2, 1e-9)
+            gen(1, cache_implementation="static")
+            p2 = statistics.median(timed(a.device, lambda: gen(1, cache_implementation="static")) for _ in range(3))
+            t2 = statistics.median(timed(a.device, lambda: gen(a.new, cache_implementation="static")) for _ in range(3))
+            rec.update(compiled_prefill_s=p2, compiled_total_s=t2,
+                       compiled_decode_tok_s=decode_rate(batch, a.new, t2, p2))
         print(json.dumps({k: v for k, v in rec.items() if k != "tokens"}), flush=True)
         records.append(rec)
     name = "peer-compiled.json" if a.compile else "peer.json"
@@ -145,6 +152,8 @@ def parse_tilec(path: Path) -> dict:
             r["prefill_tok_s"] = float(m.group(3))
         elif m := re.match(r"decode: (\d+) steps, (\d+) tokens in ([\d.]+) ms \(([\d.]+) tokens/s\)", line):
             r["decode_tok_s"] = float(m.group(4))
+        elif m := re.match(r"warm-up runs \(untimed\): ([\d.]+) ms", line):
+            r["warmup_ms"] = float(m.group(1))
         elif m := re.search(r"graphs built in ([\d.]+) s", line):
             r["compile_s"] = float(m.group(1))
         elif "error" in line.lower() and "error" not in r:
@@ -181,7 +190,7 @@ def report(a) -> None:
                "peer": p.get("peer_decode_tok_s"), "peer_name": "transformers generate (bf16, dynamic cache, "
                f"{p.get('attn', '?')} attention)", "limit_tok_s": p.get("limit_tok_s"),
                "tilec_prefill_tok_s": t.get("prefill_tok_s"), "peer_prefill_tok_s": p.get("peer_prefill_tok_s"),
-               "tilec_compile_s": t.get("compile_s")}
+               "tilec_compile_s": t.get("compile_s"), "tilec_warmup_ms": t.get("warmup_ms")}
         if batch in comp and "compiled_decode_tok_s" in comp[batch]:
             rec["peer_compiled"] = comp[batch]["compiled_decode_tok_s"]
             rec["peer_compiled_name"] = "transformers generate (static cache, torch.compile)"

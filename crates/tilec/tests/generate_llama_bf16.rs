@@ -92,7 +92,7 @@ fn check(name: &str, engine: Engine) {
     let m = Models::load(name);
     let ps = prompts();
     let new = 8;
-    let opts = GenerateOptions { max_new_tokens: new, block_size: 4, sampling: Sampling::default(), eos: None, engine };
+    let opts = GenerateOptions { max_new_tokens: new, block_size: 4, sampling: Sampling::default(), eos: None, engine, warmup: false };
     let got = generate(&model, &ps, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(got.steps, new - 1, "{name}");
     assert_eq!(got.first_logits.len(), ps.len(), "{name}");
@@ -151,3 +151,26 @@ fn cli_writes_the_first_step_logits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+
+/// The warm-up runs (`warmup`) change nothing but the timings: the same tokens and logits, on
+/// the interpreter and compiled, with the bucket shrinking (an end token) so that a second
+/// decode bucket warms up too.
+#[test]
+fn warmup_changes_no_token() {
+    let model = load_model(&model_path("llama-bf16")).unwrap();
+    let ps = &prompts()[..3];
+    let o = tilec::compiled::CompileOptions { threads: 1, ..Default::default() };
+    for engine in [Engine::Ref, Engine::Cpu(o)] {
+        let run = |warmup: bool, eos: Option<i64>| {
+            let opts = GenerateOptions { max_new_tokens: 6, block_size: 4, eos, engine: engine.clone(), warmup, ..Default::default() };
+            generate(&model, ps, &opts).unwrap()
+        };
+        let eos = Some(run(false, None).tokens[2][1]);
+        let (a, b) = (run(false, eos), run(true, eos));
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.first_logits, b.first_logits);
+        assert_eq!(a.decode_buckets, b.decode_buckets);
+        assert!(a.decode_buckets.len() > 1, "the bucket shrinks: {:?}", a.decode_buckets);
+        assert!(a.warmup.is_zero() && !b.warmup.is_zero());
+    }
+}

@@ -57,6 +57,11 @@ pub struct GenerateArgs {
     /// chosen from) to this `.npy` file: f32 [prompts, vocab].
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
+    /// Runs the prefill and the first decode step once more, untimed, before the timed run
+    /// (their first runs do one-time work: on a GPU, capturing the CUDA graphs), so that the
+    /// speeds printed are the steady ones.
+    #[arg(long)]
+    pub warmup: bool,
     /// Threads of compiled code (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     pub threads: Option<u64>,
@@ -102,6 +107,7 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         sampling: Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
         eos: a.eos,
         engine,
+        warmup: a.warmup,
     };
     let g = run_generate(&model, &prompts, &opts).with_context(|| format!("generate {}", a.model.display()))?;
     if let Some(path) = &a.logits_out {
@@ -129,6 +135,9 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         g.decode.as_secs_f64() * 1e3,
         g.decode_tokens_per_s()
     );
+    if a.warmup {
+        println!("warm-up runs (untimed): {:.2} ms", g.warmup.as_secs_f64() * 1e3);
+    }
     println!(
         "cache: {} blocks of {} tokens (block 0 the null block); batch buckets: prefill {}, decode {}; model {} past inputs; graphs built in {:.2} s ({})",
         g.blocks,

@@ -60,11 +60,15 @@ pub struct GenerateOptions {
     /// A sequence that produces this token stops (the token is kept) and frees its blocks.
     pub eos: Option<i64>,
     pub engine: Engine,
+    /// Runs the prefill and each decode bucket's first step once more, untimed, before the
+    /// timed run (their outputs dropped): a stage's first run does one-time work (on a GPU it
+    /// captures the CUDA graphs), which the speeds then leave out, as a warmed-up peer would.
+    pub warmup: bool,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref }
+        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref, warmup: false }
     }
 }
 
@@ -79,6 +83,8 @@ pub struct Generation {
     /// Rewriting and compiling the prefill and decode graphs (a bucket first needed during
     /// the decode steps included here, not in `decode`).
     pub compile: Duration,
+    /// The untimed warm-up runs ([`GenerateOptions::warmup`]), in neither `prefill` nor `decode`.
+    pub warmup: Duration,
     pub prefill: Duration,
     pub decode: Duration,
     /// Prompt tokens (without padding) and tokens produced by decode steps.
@@ -310,6 +316,12 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         (decoder::PAST_LENS.to_string(), i32_tensor(vec![rows], vec![0; rows])?),
     ]);
     cache_inputs(std::mem::take(&mut caches), &mut m);
+    let mut warmup = Duration::ZERO;
+    if opts.warmup {
+        let tw = Instant::now();
+        prefill.run(m.clone())?;
+        warmup += tw.elapsed();
+    }
     let (logits, c) = prefill.run(m)?;
     caches = c;
     let mut rng = Rng::new(opts.sampling.seed);
@@ -319,11 +331,11 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     for (b, row) in first_logits.iter().enumerate() {
         out[b].push(sample::sample(row, &opts.sampling, &mut rng) as i64);
     }
-    let prefill_time = t1.elapsed();
+    let prefill_time = t1.elapsed().saturating_sub(warmup);
 
     // Decode steps, over the sequences still running, in the bucket of their number.
     let t2 = Instant::now();
-    let mut in_loop = Duration::ZERO;
+    let (mut in_loop, mut decode_warmup) = (Duration::ZERO, Duration::ZERO);
     let (mut steps, mut decode_tokens) = (0, 0);
     let mut decode_buckets = vec![];
     let stops = |t: i64| opts.eos == Some(t);
@@ -347,7 +359,8 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
                 stages.len() - 1
             }
         };
-        if !decode_buckets.contains(&r) {
+        let first_in_bucket = !decode_buckets.contains(&r);
+        if first_in_bucket {
             decode_buckets.push(r);
         }
         // Row j feeds sequence active[j]'s last token at position len + i - 1.
@@ -365,6 +378,12 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
             (decoder::PAST_LENS.to_string(), i32_tensor(vec![r], pos)?),
         ]);
         cache_inputs(std::mem::take(&mut caches), &mut m);
+        if opts.warmup && first_in_bucket {
+            let tw = Instant::now();
+            stages[k].1.run(m.clone())?;
+            warmup += tw.elapsed();
+            decode_warmup += tw.elapsed();
+        }
         let (logits, c) = stages[k].1.run(m)?;
         caches = c;
         let picks: Vec<(usize, usize)> = (0..active.len()).map(|j| (j, 0)).collect();
@@ -380,7 +399,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         steps += 1;
         decode_tokens += active.len();
     }
-    let decode = t2.elapsed().saturating_sub(in_loop);
+    let decode = t2.elapsed().saturating_sub(in_loop + decode_warmup);
     compile += in_loop;
     for b in 0..n {
         pool.release(b);
@@ -388,6 +407,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     Ok(Generation {
         tokens: out,
         first_logits,
+        warmup,
         compile,
         prefill: prefill_time,
         decode,
