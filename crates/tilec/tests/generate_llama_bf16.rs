@@ -174,3 +174,63 @@ fn warmup_changes_no_token() {
         assert!(a.warmup.is_zero() && !b.warmup.is_zero());
     }
 }
+
+/// `last_token::keep_last` on a rewritten prefill: the logits it returns are exactly the rows
+/// of the whole prefill's logits at the positions asked for (on the interpreter), with the
+/// LM head moved behind the pick on the LLaMA exports (its product then runs on one token per
+/// row) and the logits picked after the head when there is no head to find (GPT-2's is the
+/// product with the embedding's transpose, not a constant matrix, before folding).
+#[test]
+fn prefill_keeps_the_last_tokens_logits_exactly() {
+    use tilec_opt::decoder::{paged_decoder, CacheShape};
+    let (rows, t) = (3usize, 6usize);
+    let shape = CacheShape { blocks: 1 + rows * 2, block_size: 4, max_blocks: 2 };
+    for name in ["llama-bf16", "llama-bf16-tied", "gpt2-nopast", "llama-past"] {
+        let dims = HashMap::from([("batch".to_string(), rows), ("seq".to_string(), t)]);
+        let g = tilec::load(&model_path(name), &ImportOptions { dim_values: dims, ..Default::default() }).unwrap();
+        let full = paged_decoder(&g, rows, t, shape).unwrap();
+        let last = [5usize, 0, 3];
+        let mut picked = full.clone();
+        tilec::generate::last_token::keep_last(&mut picked, &last).unwrap();
+        let pg = &picked.graph;
+        // The product behind the logits (through casts): on `rows` tokens for the LLaMA exports.
+        let mut v = pg.outputs()[0];
+        while let Some(n) = pg.producer(v) {
+            match &pg.node(n).op {
+                tilec_ir::Op::Cast { .. } => v = pg.node(n).inputs[0],
+                _ => break,
+            }
+        }
+        let is_head = pg.producer(v).is_some_and(|n| matches!(pg.node(n).op, tilec_ir::Op::Linalg(tilec_ir::op::LinalgOp::MatMul)));
+        if name.starts_with("llama") {
+            assert!(is_head, "{name}: the logits come from the LM head's product");
+            assert_eq!(pg.value(v).ty.fixed_shape().unwrap(), vec![rows, 1, VOCAB as usize], "{name}: the head runs on one token per row");
+        }
+        // The same inputs for both: random tokens, each row's own positions, empty caches.
+        let mut inputs = HashMap::new();
+        for &v in full.graph.inputs() {
+            let val = full.graph.value(v);
+            let s = val.ty.fixed_shape().unwrap();
+            let n: usize = s.iter().product();
+            let tensor = match val.name.as_str() {
+                "input_ids" => Tensor::from_vec(s, (0..n as i64).map(|i| (i * 29 + 7) % VOCAB).collect::<Vec<_>>()).unwrap(),
+                "position_ids" => Tensor::from_vec(s, (0..n as i64).map(|i| i % t as i64).collect::<Vec<_>>()).unwrap(),
+                "block_table" => Tensor::from_vec(s, (1..=n as i32).collect::<Vec<_>>()).unwrap(),
+                "past_lens" => Tensor::from_vec(s, vec![0i32; n]).unwrap(),
+                _ => Tensor::zeros(val.ty.dtype, s),
+            };
+            inputs.insert(val.name.clone(), tensor);
+        }
+        let run = |g: &Graph| {
+            let ins = g.inputs().iter().map(|&v| inputs[&g.value(v).name].clone()).collect();
+            tilec_ref::run(g, ins).unwrap().remove(0).cast(tilec::DType::F32)
+        };
+        let (all, got) = (run(&full.graph), run(pg));
+        assert_eq!(got.shape(), &[rows, 1, VOCAB as usize], "{name}");
+        let (a, b) = (all.as_slice::<f32>().unwrap(), got.as_slice::<f32>().unwrap());
+        let v = VOCAB as usize;
+        for (r, &l) in last.iter().enumerate() {
+            assert_eq!(&b[r * v..(r + 1) * v], &a[(r * t + l) * v..(r * t + l + 1) * v], "{name}: row {r}, token {l}");
+        }
+    }
+}

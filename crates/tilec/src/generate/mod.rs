@@ -7,7 +7,8 @@
 //! - the *prefill* over `[rows, T]` tokens, `T` the longest prompt, shorter prompts padded on
 //!   the right (causal attention: a padding token never changes a real one's keys or logits;
 //!   the padding's keys land in the cache past the prompt and are overwritten by the decode
-//!   steps before anything reads them);
+//!   steps before anything reads them), returning each prompt's last token's logits only
+//!   ([`last_token`]);
 //! - the *decode step* over `[rows, 1]`: each sequence's last token at its own position.
 //!
 //! `rows` is the batch *bucket* (the number of prompts rounded up to a power of two): padding
@@ -21,6 +22,7 @@
 //! chooses tokens, and the timings give prefill and decode tokens per second.
 
 pub mod cache;
+pub mod last_token;
 pub mod sample;
 pub mod text;
 
@@ -278,8 +280,13 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     let max_blocks = need.iter().map(|&x| x.div_ceil(bs)).max().unwrap_or(1).max(tp.div_ceil(bs));
     let blocks = 1 + need.iter().map(|&x| x.div_ceil(bs)).sum::<usize>();
     let shape = CacheShape { blocks, block_size: bs, max_blocks };
-    let prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
+    let mut prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
     check_prompts(prompts, prefill.vocab)?;
+    // Only each prompt's last token's logits are read (padding rows: the first token's).
+    let last: Vec<usize> = (0..rows).map(|b| prompts.get(b).map_or(0, |p| p.len() - 1)).collect();
+    if tp > 1 {
+        last_token::keep_last(&mut prefill, &last).map_err(|e| err(format!("picking the prefill's last tokens: {e}")))?;
+    }
     let step = if opts.max_new_tokens > 1 { Some(Stage::rewrite(model, &dims, rows, 1, shape)?) } else { None };
     let mut prefill = Stage::load(prefill, &opts.engine)?;
     // The decode steps' stages by bucket, the prefill's bucket first.
@@ -326,7 +333,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     caches = c;
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out: Vec<Vec<i64>> = vec![vec![]; n];
-    let picks: Vec<(usize, usize)> = prompts.iter().enumerate().map(|(b, p)| (b, p.len() - 1)).collect();
+    let picks: Vec<(usize, usize)> = (0..n).map(|b| (b, if tp > 1 { 0 } else { last[b] })).collect();
     let first_logits = logits_rows(&logits, &picks)?;
     for (b, row) in first_logits.iter().enumerate() {
         out[b].push(sample::sample(row, &opts.sampling, &mut rng) as i64);
