@@ -234,3 +234,27 @@ fn prefill_keeps_the_last_tokens_logits_exactly() {
         }
     }
 }
+
+/// The rewritten bf16 LLaMA's prefill (its last tokens picked) and decode steps prepare for a
+/// Hopper GPU (no device needed) with every node on the device, no interpreter fallback, and
+/// each layer's attention on the paged decode family.
+#[test]
+fn bf16_llama_steps_prepare_for_a_gpu_without_fallbacks() {
+    use tilec_opt::decoder::{paged_decoder, CacheShape};
+    for (rows, t) in [(2usize, 8usize), (1, 1), (2, 1)] {
+        let shape = CacheShape { blocks: 1 + rows * 2, block_size: 16, max_blocks: 2 };
+        let dims = HashMap::from([("batch".to_string(), rows), ("seq".to_string(), t)]);
+        let g = tilec::load(&model_path("llama-bf16"), &ImportOptions { dim_values: dims, ..Default::default() }).unwrap();
+        let mut dec = paged_decoder(&g, rows, t, shape).unwrap();
+        if t > 1 {
+            tilec::generate::last_token::keep_last(&mut dec, &vec![t - 1; rows]).unwrap();
+        }
+        let opts = tilec::compiled_cuda::CudaOptions::default();
+        let p = tilec::compiled_cuda::prepare(&dec.graph, &opts, &tilec::cuda::GpuTarget::hopper()).unwrap();
+        let r = &p.report;
+        eprintln!("{rows} x {t}: {} kernels {:?}", r.kernels, r.schedules);
+        assert!(r.fallbacks.is_empty(), "{rows} x {t}: nodes on the interpreter: {:?}", r.fallbacks);
+        let paged = r.schedules.iter().find(|(s, _)| s == "sm80_paged_attn").map_or(0, |c| c.1);
+        assert_eq!(paged, dec.layers.len(), "{rows} x {t}: {:?}", r.schedules);
+    }
+}
