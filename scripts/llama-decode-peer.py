@@ -21,12 +21,20 @@ reads (every parameter in its dtype, the embedding table only for the rows read 
 also the LM head): the weight-bandwidth limit is B * bandwidth / bytes tokens/s. Appends to
 WORK/peer.json (one object per run, by batch).
 
+`judge`, after tilec's runs, looks at each prompt whose tokens leave transformers': after the
+common prefix, which of the two next tokens the model in f32 prefers, their f32 logits, and the
+bf16 noise there (the largest difference between the bf16 and f32 models' logits): with random
+weights the top logits often lie closer than that, so bf16 rounding alone picks either
+(WORK/judge.json).
+
 `report` reads those and tilec's runs (WORK/tilec-bs<B>.txt, the output of `tilec generate`,
 and WORK/tilec-logits-bs<B>.npy, its --logits-out) and writes one JSON line per batch to
 OUTDIR/llama-decode.jsonl: tilec's and the peers' decode and prefill tokens/s, the limit, the
 tokens equal to transformers' (the common prefix of each prompt's continuation, summed, and the
 first tokens), and the norm-relative error of the first-step logits against transformers' in
-bf16 and in f32 (and bf16 against f32: how far bf16 alone moves them).
+bf16 and in f32 (and bf16 against f32: how far bf16 alone moves them), and of the
+divergences: how many lie within twice the bf16 noise, and how often tilec's or transformers'
+token is the f32 model's choice.
 """
 
 from __future__ import annotations
@@ -140,6 +148,39 @@ def peer(a) -> None:
     (work / name).write_text(json.dumps(records) + "\n")
 
 
+def judge(a) -> None:
+    """Where tilec's greedy tokens leave transformers', which of the two tokens the f32 model
+    prefers after their common prefix, by how much, and how far bf16 alone moves the logits
+    there (the largest difference between the bf16 and f32 models' logits)."""
+    import torch
+    import transformers
+
+    work = a.work
+    meta = json.loads((work / "prompts.json").read_text())
+    peers = {r["batch"]: r for r in json.loads((work / "peer.json").read_text())}
+    models = {dt: transformers.LlamaForCausalLM.from_pretrained(work / "hf", dtype=dt).to(a.device).eval()
+              for dt in (torch.float32, torch.bfloat16)}
+    out = {}
+    for batch in a.batches:
+        got, want = parse_tilec(work / f"tilec-bs{batch}.txt")["tokens"], peers.get(batch, {}).get("tokens")
+        if not want or len(got) != len(want):
+            continue
+        rows = []
+        for k, (g, w) in enumerate(zip(got, want)):
+            n = common_prefix(g, w)
+            if n >= min(len(g), len(w)):
+                continue
+            ids = torch.tensor([meta["prompts"][k] + g[:n]], device=a.device)
+            with torch.no_grad():
+                f, b = (models[dt](ids).logits[0, -1].float() for dt in (torch.float32, torch.bfloat16))
+            rows.append({"prompt": k, "step": n, "tilec": g[n], "peer": w[n], "f32_tilec": float(f[g[n]]),
+                         "f32_peer": float(f[w[n]]), "f32_argmax": int(f.argmax()),
+                         "bf16_noise": float((f - b).abs().max())})
+        out[batch] = rows
+    (work / "judge.json").write_text(json.dumps(out) + "\n")
+    print(json.dumps(out))
+
+
 def parse_tilec(path: Path) -> dict:
     """The new tokens and speeds `tilec generate` printed."""
     r = {"tokens": []}
@@ -181,6 +222,7 @@ def report(a) -> None:
     comp = {}
     if (work / "peer-compiled.json").is_file():
         comp = {r["batch"]: r for r in json.loads((work / "peer-compiled.json").read_text())}
+    judged = json.loads((work / "judge.json").read_text()) if (work / "judge.json").is_file() else {}
     name = "llama1b" if meta["config"] == "1b" else f"llama-{meta['config']}"
     lines = []
     for batch in a.batches:
@@ -206,6 +248,12 @@ def report(a) -> None:
             rec["tokens_match_prefix"] = sum(common_prefix(g, w) for g, w in zip(got, want)) if len(got) == len(want) else 0
             rec["first_tokens_match"] = sum(g[:1] == w[:1] for g, w in zip(got, want))
             rec["prompts_all_match"] = sum(g == w for g, w in zip(got, want))
+        div = judged.get(str(batch))
+        if div is not None:
+            rec["divergences"] = len(div)
+            rec["divergences_within_bf16_noise"] = sum(abs(d["f32_tilec"] - d["f32_peer"]) <= 2 * d["bf16_noise"] for d in div)
+            rec["divergences_tilec_is_f32_argmax"] = sum(d["tilec"] == d["f32_argmax"] for d in div)
+            rec["divergences_peer_is_f32_argmax"] = sum(d["peer"] == d["f32_argmax"] for d in div)
         lt, lh, l32 = (work / f"{n}-logits-bs{batch}.npy" for n in ("tilec", "hf", "hf32"))
         if lt.is_file() and lh.is_file():
             x, h = np.load(lt), np.load(lh)
@@ -233,12 +281,16 @@ def main() -> None:
     pp.add_argument("--new", type=int, default=128)
     pp.add_argument("--device", default="cuda")
     pp.add_argument("--compile", action="store_true")
+    pj = sub.add_parser("judge")
+    pj.add_argument("work", type=Path)
+    pj.add_argument("--batches", type=batches, default=[1, 16])
+    pj.add_argument("--device", default="cuda")
     pr = sub.add_parser("report")
     pr.add_argument("work", type=Path)
     pr.add_argument("outdir", type=Path)
     pr.add_argument("--batches", type=batches, default=[1, 16])
     a = ap.parse_args()
-    peer(a) if a.cmd == "peer" else report(a)
+    {"peer": peer, "judge": judge, "report": report}[a.cmd](a)
 
 
 if __name__ == "__main__":
