@@ -63,7 +63,7 @@ fn recompute(name: &str, prompt: &[i64], n: usize) -> Vec<i64> {
 }
 
 fn run(name: &str, prompts: &[Vec<i64>], new: usize, block_size: usize, engine: Engine, sampling: Sampling) -> Generation {
-    let opts = GenerateOptions { max_new_tokens: new, block_size, sampling, eos: None, engine };
+    let opts = GenerateOptions { max_new_tokens: new, block_size, sampling, eos: None, engine, warmup: false };
     generate(&model(name), prompts, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 

@@ -53,6 +53,15 @@ pub struct GenerateArgs {
     /// 16-bit caches as CUDA kernels).
     #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
     pub target: TargetArg,
+    /// Writes the prefill's logits at each prompt's last token (those its first new token is
+    /// chosen from) to this `.npy` file: f32 [prompts, vocab].
+    #[arg(long, value_name = "FILE")]
+    pub logits_out: Option<PathBuf>,
+    /// Runs the prefill and the first decode step once more, untimed, before the timed run
+    /// (their first runs do one-time work: on a GPU, capturing the CUDA graphs), so that the
+    /// speeds printed are the steady ones.
+    #[arg(long)]
+    pub warmup: bool,
     /// Threads of compiled code (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     pub threads: Option<u64>,
@@ -98,8 +107,14 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         sampling: Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
         eos: a.eos,
         engine,
+        warmup: a.warmup,
     };
     let g = run_generate(&model, &prompts, &opts).with_context(|| format!("generate {}", a.model.display()))?;
+    if let Some(path) = &a.logits_out {
+        let vocab = g.first_logits.first().map_or(0, |r| r.len());
+        let t = tilec::Tensor::from_vec(vec![g.first_logits.len(), vocab], g.first_logits.concat())?;
+        tilec::tensor_io::write_npy(path, &t)?;
+    }
     for (i, (p, t)) in prompts.iter().zip(&g.tokens).enumerate() {
         println!("prompt {i} ({} tokens): {}", p.len(), join(p));
         println!("  new tokens: {}", join(t));
@@ -120,6 +135,9 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         g.decode.as_secs_f64() * 1e3,
         g.decode_tokens_per_s()
     );
+    if a.warmup {
+        println!("warm-up runs (untimed): {:.2} ms", g.warmup.as_secs_f64() * 1e3);
+    }
     println!(
         "cache: {} blocks of {} tokens (block 0 the null block); batch buckets: prefill {}, decode {}; model {} past inputs; graphs built in {:.2} s ({})",
         g.blocks,
@@ -128,9 +146,10 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         g.decode_buckets.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", "),
         if g.had_past { "with" } else { "without" },
         g.compile.as_secs_f64(),
-        match a.backend {
-            BackendArg::Cpu => "compiled for the CPU",
-            BackendArg::Ref => "reference interpreter",
+        match (a.backend, a.target) {
+            (BackendArg::Ref, _) => "reference interpreter",
+            (_, TargetArg::Cuda) => "compiled for the GPU",
+            (BackendArg::Cpu, _) => "compiled for the CPU",
         }
     );
     Ok(())

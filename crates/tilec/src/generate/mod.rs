@@ -7,7 +7,8 @@
 //! - the *prefill* over `[rows, T]` tokens, `T` the longest prompt, shorter prompts padded on
 //!   the right (causal attention: a padding token never changes a real one's keys or logits;
 //!   the padding's keys land in the cache past the prompt and are overwritten by the decode
-//!   steps before anything reads them);
+//!   steps before anything reads them), returning each prompt's last token's logits only
+//!   ([`last_token`]);
 //! - the *decode step* over `[rows, 1]`: each sequence's last token at its own position.
 //!
 //! `rows` is the batch *bucket* (the number of prompts rounded up to a power of two): padding
@@ -21,6 +22,7 @@
 //! chooses tokens, and the timings give prefill and decode tokens per second.
 
 pub mod cache;
+pub mod last_token;
 pub mod sample;
 pub mod text;
 
@@ -60,11 +62,15 @@ pub struct GenerateOptions {
     /// A sequence that produces this token stops (the token is kept) and frees its blocks.
     pub eos: Option<i64>,
     pub engine: Engine,
+    /// Runs the prefill and each decode bucket's first step once more, untimed, before the
+    /// timed run (their outputs dropped): a stage's first run does one-time work (on a GPU it
+    /// captures the CUDA graphs), which the speeds then leave out, as a warmed-up peer would.
+    pub warmup: bool,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref }
+        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref, warmup: false }
     }
 }
 
@@ -73,9 +79,14 @@ impl Default for GenerateOptions {
 pub struct Generation {
     /// The new tokens of each prompt, in prompt order.
     pub tokens: Vec<Vec<i64>>,
+    /// The prefill's logits at each prompt's last token (what its first new token is chosen
+    /// from), in prompt order, as f32.
+    pub first_logits: Vec<Vec<f32>>,
     /// Rewriting and compiling the prefill and decode graphs (a bucket first needed during
     /// the decode steps included here, not in `decode`).
     pub compile: Duration,
+    /// The untimed warm-up runs ([`GenerateOptions::warmup`]), in neither `prefill` nor `decode`.
+    pub warmup: Duration,
     pub prefill: Duration,
     pub decode: Duration,
     /// Prompt tokens (without padding) and tokens produced by decode steps.
@@ -219,18 +230,28 @@ fn i32_tensor(shape: Vec<usize>, v: Vec<i64>) -> Result<Tensor, Error> {
     Tensor::from_vec(shape, v).map_err(|e| err(e.to_string()))
 }
 
-/// Row `r`, token `t` of logits `[rows, T, vocab]` as f32.
-fn logits_row(logits: &Tensor, r: usize, t: usize) -> Result<Vec<f32>, Error> {
+/// Rows `(r, t)` (row, token) of logits `[rows, T, vocab]` as f32; the logits are converted
+/// once, not per row (a prefill's logits hold every token's).
+fn logits_rows(logits: &Tensor, picks: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, Error> {
     let s = logits.shape();
-    if s.len() != 3 || r >= s[0] || t >= s[1] {
-        return Err(err(format!("logits have shape {s:?}: expected [rows, tokens, vocab] with row {r}, token {t}")));
-    }
-    let all = logits.cast(DType::F32);
-    let at = (r * s[1] + t) * s[2];
-    all.as_slice::<f32>()
-        .and_then(|v| v.get(at..at + s[2]))
-        .map(|x| x.to_vec())
-        .ok_or_else(|| err(format!("logits {s:?}: row {r}, token {t} cannot be read")))
+    let cast;
+    let all = if logits.dtype() == DType::F32 {
+        logits
+    } else {
+        cast = logits.cast(DType::F32);
+        &cast
+    };
+    let v = all.as_slice::<f32>().ok_or_else(|| err(format!("logits {s:?} cannot be read as f32")))?;
+    picks
+        .iter()
+        .map(|&(r, t)| {
+            if s.len() != 3 || r >= s[0] || t >= s[1] {
+                return Err(err(format!("logits have shape {s:?}: expected [rows, tokens, vocab] with row {r}, token {t}")));
+            }
+            let at = (r * s[1] + t) * s[2];
+            v.get(at..at + s[2]).map(|x| x.to_vec()).ok_or_else(|| err(format!("logits {s:?}: row {r}, token {t} cannot be read")))
+        })
+        .collect()
 }
 
 /// Generates `opts.max_new_tokens` tokens for every prompt.
@@ -259,8 +280,13 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     let max_blocks = need.iter().map(|&x| x.div_ceil(bs)).max().unwrap_or(1).max(tp.div_ceil(bs));
     let blocks = 1 + need.iter().map(|&x| x.div_ceil(bs)).sum::<usize>();
     let shape = CacheShape { blocks, block_size: bs, max_blocks };
-    let prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
+    let mut prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
     check_prompts(prompts, prefill.vocab)?;
+    // Only each prompt's last token's logits are read (padding rows: the first token's).
+    let last: Vec<usize> = (0..rows).map(|b| prompts.get(b).map_or(0, |p| p.len() - 1)).collect();
+    if tp > 1 {
+        last_token::keep_last(&mut prefill, &last).map_err(|e| err(format!("picking the prefill's last tokens: {e}")))?;
+    }
     let step = if opts.max_new_tokens > 1 { Some(Stage::rewrite(model, &dims, rows, 1, shape)?) } else { None };
     let mut prefill = Stage::load(prefill, &opts.engine)?;
     // The decode steps' stages by bucket, the prefill's bucket first.
@@ -297,19 +323,26 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         (decoder::PAST_LENS.to_string(), i32_tensor(vec![rows], vec![0; rows])?),
     ]);
     cache_inputs(std::mem::take(&mut caches), &mut m);
+    let mut warmup = Duration::ZERO;
+    if opts.warmup {
+        let tw = Instant::now();
+        prefill.run(m.clone())?;
+        warmup += tw.elapsed();
+    }
     let (logits, c) = prefill.run(m)?;
     caches = c;
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out: Vec<Vec<i64>> = vec![vec![]; n];
-    for (b, p) in prompts.iter().enumerate() {
-        let row = logits_row(&logits, b, p.len() - 1)?;
-        out[b].push(sample::sample(&row, &opts.sampling, &mut rng) as i64);
+    let picks: Vec<(usize, usize)> = (0..n).map(|b| (b, if tp > 1 { 0 } else { last[b] })).collect();
+    let first_logits = logits_rows(&logits, &picks)?;
+    for (b, row) in first_logits.iter().enumerate() {
+        out[b].push(sample::sample(row, &opts.sampling, &mut rng) as i64);
     }
-    let prefill_time = t1.elapsed();
+    let prefill_time = t1.elapsed().saturating_sub(warmup);
 
     // Decode steps, over the sequences still running, in the bucket of their number.
     let t2 = Instant::now();
-    let mut in_loop = Duration::ZERO;
+    let (mut in_loop, mut decode_warmup) = (Duration::ZERO, Duration::ZERO);
     let (mut steps, mut decode_tokens) = (0, 0);
     let mut decode_buckets = vec![];
     let stops = |t: i64| opts.eos == Some(t);
@@ -333,7 +366,8 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
                 stages.len() - 1
             }
         };
-        if !decode_buckets.contains(&r) {
+        let first_in_bucket = !decode_buckets.contains(&r);
+        if first_in_bucket {
             decode_buckets.push(r);
         }
         // Row j feeds sequence active[j]'s last token at position len + i - 1.
@@ -351,11 +385,18 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
             (decoder::PAST_LENS.to_string(), i32_tensor(vec![r], pos)?),
         ]);
         cache_inputs(std::mem::take(&mut caches), &mut m);
+        if opts.warmup && first_in_bucket {
+            let tw = Instant::now();
+            stages[k].1.run(m.clone())?;
+            warmup += tw.elapsed();
+            decode_warmup += tw.elapsed();
+        }
         let (logits, c) = stages[k].1.run(m)?;
         caches = c;
-        for (j, &b) in active.iter().enumerate() {
-            let row = logits_row(&logits, j, 0)?;
-            let t = sample::sample(&row, &opts.sampling, &mut rng) as i64;
+        let picks: Vec<(usize, usize)> = (0..active.len()).map(|j| (j, 0)).collect();
+        let row_logits = logits_rows(&logits, &picks)?;
+        for (&b, row) in active.iter().zip(&row_logits) {
+            let t = sample::sample(row, &opts.sampling, &mut rng) as i64;
             out[b].push(t);
             if stops(t) {
                 done[b] = true;
@@ -365,13 +406,15 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         steps += 1;
         decode_tokens += active.len();
     }
-    let decode = t2.elapsed().saturating_sub(in_loop);
+    let decode = t2.elapsed().saturating_sub(in_loop + decode_warmup);
     compile += in_loop;
     for b in 0..n {
         pool.release(b);
     }
     Ok(Generation {
         tokens: out,
+        first_logits,
+        warmup,
         compile,
         prefill: prefill_time,
         decode,
