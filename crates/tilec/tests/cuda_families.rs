@@ -96,8 +96,9 @@ fn families(p: &Prepared) -> Vec<(&'static str, Option<String>)> {
         .collect()
 }
 
-/// A product whose Hopper tiles fill at most half the SMs over a deep K goes to the mma.sync
-/// family, which splits K over blocks; one with enough tiles stays on the Hopper template.
+/// A product whose Hopper tiles fill at most a quarter of the SMs over a deep K goes to the
+/// mma.sync family, which splits K over blocks; one with more tiles or a shallow K stays on the
+/// Hopper template.
 #[test]
 fn short_products_with_few_tiles_split_k_on_the_mma_family() {
     let h = GpuTarget::hopper();
@@ -114,6 +115,9 @@ fn short_products_with_few_tiles_split_k_on_the_mma_family() {
     assert_eq!(f[0].0, "sm90_tc_gemm", "{f:?}");
     // A shallow K (4 K-blocks) stays on the Hopper template however few its tiles.
     let p = prepared(&linear(DType::F16, 1, 128, 256, 512), &h);
+    assert_eq!(families(&p)[0].0, "sm90_tc_gemm");
+    // GPT-2's fused QKV projection at 128 tokens: 36 tiles of 12 K-blocks stay.
+    let p = prepared(&linear(DType::F16, 1, 128, 768, 2304), &h);
     assert_eq!(families(&p)[0].0, "sm90_tc_gemm");
 }
 
