@@ -1,0 +1,204 @@
+//! Transposed convolutions as output phases: one [`Gemm`] per phase instead of a scatter.
+//!
+//! Along an axis with stride `s`, output `o = i·s + t − pb` (input `i`, tap `t`, begin pad
+//! `pb`). Split the outputs by their phase `r = o mod s`, `o = q·s + r`: the taps that reach
+//! phase `r` are `t = t0 + u·s` with `t0 = (r + pb) mod s`, and they read input
+//! `i = q + ⌊(r + pb) / s⌋ − u`. So each phase is an ordinary (stride-1) convolution of the
+//! input with the sub-kernel `w[.., t0 :: s]`, a matrix product
+//! `out[m, (q..)] = Σ_(c, u..) w[c, m, t0 + u·s] · x[c, q + off − u]` per image and group.
+//!
+//! Each phase is one `Gemm` (batch: image and group; rows: the output channels of a group;
+//! columns: the phase's grid of `⌈(O − r)/s⌉` positions per axis; depth: the input channels
+//! of a group times the phase's `⌈(K − t0)/s⌉` taps per axis), so no multiply-add is wasted
+//! when `K` is not a multiple of `s`, and a phase that no tap reaches (`K < s`) is a nest
+//! storing the bias. The input operand is an implicit im2col (bounds only where the grid and
+//! taps leave the input) that the CPU packs with vector loads; the weights are constants
+//! packed once ahead of the calls. Every phase runs the group's epilogue at its strided
+//! output positions (bias and the fused elementwise ops).
+//!
+//! Dilations other than 1 are not taken: a dilated tap list per phase is not every `s`-th
+//! tap. [`refusal`] says so, and what else the lowering needs.
+
+use tilec_ir::NodeId;
+
+use super::common::val;
+use super::matmul::{gemm_params, gemm_vars, operand};
+use super::super::{bin, compute_dtype, lit, unravel, Lowerer, R};
+use crate::ir::*;
+
+/// Depth (input channels per group × taps per phase) under which the register tiles would
+/// run mostly empty.
+pub const MIN_DEPTH: i64 = 4;
+/// Depth × output channels per group under which a direct nest is as good.
+pub const MIN_WORK: i64 = 32;
+
+/// Why a transposed convolution of input shape `xs` (channels-first), weights `ws`
+/// (`[C, M/group, *K]`), `strides`, `dilations` and `group` is not lowered as phases
+/// (`None`: it is).
+pub fn refusal(xs: &[i64], ws: &[i64], strides: &[usize], dilations: &[usize], group: usize) -> Option<String> {
+    if xs.len() < 3 || ws.len() != xs.len() || strides.len() + 2 != xs.len() {
+        return Some("not a [N, C, spatial...] input".into());
+    }
+    if dilations.iter().any(|&d| d != 1) {
+        return Some(format!("dilations {dilations:?}: a phase's taps are not every stride-th one"));
+    }
+    let g = group.max(1) as i64;
+    let cg = xs[1] / g;
+    let mg = ws[1];
+    let taps: i64 = ws[2..].iter().zip(strides).map(|(&k, &s)| ceil_div(k, s as i64)).product();
+    let depth = cg * taps;
+    if depth < MIN_DEPTH || depth * mg < MIN_WORK {
+        return Some(format!(
+            "a depth of {depth} (channels x taps per phase) and {mg} output channels per group: too small for a matrix product"
+        ));
+    }
+    None
+}
+
+fn ceil_div(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b.max(1)
+}
+
+/// One axis of one phase: its residue `r`, grid length `⌈(O − r) / s⌉`, first tap `t0`, taps
+/// `⌈(K − t0) / s⌉` and input offset `⌊(r + pb) / s⌋`.
+struct AxisPhase {
+    r: i64,
+    grid: i64,
+    t0: i64,
+    taps: i64,
+    off: i64,
+}
+
+fn axis_phase(r: i64, s: i64, k: i64, o: i64, pb: i64) -> AxisPhase {
+    let t0 = (r + pb).rem_euclid(s);
+    AxisPhase { r, grid: ceil_div((o - r).max(0), s), t0, taps: ceil_div((k - t0).max(0), s), off: (r + pb).div_euclid(s) }
+}
+
+/// The phase lowering of transposed convolution `n` (the caller checked [`refusal`]): one
+/// `Gemm` per phase with outputs, a bias-only nest for a phase that no tap reaches.
+pub(super) fn lower(l: &mut Lowerer, n: NodeId, strides: &[usize], pads: &[i64], group: usize) -> R<Vec<Stmt>> {
+    let node = l.node(n);
+    let (xs, ws, os) = (l.shape(node.inputs[0]), l.shape(node.inputs[1]), l.shape(node.outputs[0]));
+    let nd = xs.len() - 2;
+    let s: Vec<i64> = strides.iter().map(|&v| v as i64).collect();
+    let phases: i64 = s.iter().product();
+    let mut out = vec![];
+    // Every phase runs the epilogue (stores the group's outputs) from the same state.
+    let stored = l.stored();
+    for p in 0..phases {
+        l.restore_stored(stored.clone());
+        // Row-major residues of phase `p` over the strides.
+        let mut rest = p;
+        let mut axes = Vec::with_capacity(nd);
+        for j in (0..nd).rev() {
+            axes.push(axis_phase(rest % s[j], s[j], ws[2 + j], os[2 + j], pads[j]));
+            rest /= s[j];
+        }
+        axes.reverse();
+        if axes.iter().any(|a| a.grid == 0) {
+            continue;
+        }
+        out.extend(phase(l, n, &s, &axes, group)?);
+    }
+    Ok(out)
+}
+
+/// The statements of one phase: `out[img, grp·mg + m, q·s + r] = epilogue(bias + Σ w · x)`.
+fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize) -> R<Vec<Stmt>> {
+    let node = l.node(n);
+    let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
+    let (xs, ws) = (l.shape(x), l.shape(wt));
+    let d = l.dtype(out);
+    let cd = compute_dtype(d);
+    let g = group as i64;
+    let (cg, mg) = (xs[1] / g, ws[1]);
+    let grid: Vec<i64> = axes.iter().map(|a| a.grid).collect();
+    let per: Vec<i64> = axes.iter().map(|a| a.taps).collect();
+    let taps: i64 = per.iter().product();
+    let (cols, kk, batch) = (grid.iter().product::<i64>(), cg * taps, xs[0] * g);
+    // The output position of grid point `q` and the epilogue there, given the sum `acc`.
+    let store = |l: &mut Lowerer, img: Expr, mch: Expr, q: &[Expr], acc: Expr| -> R<Vec<Stmt>> {
+        let mut oidx = vec![img, mch.clone()];
+        for (j, a) in axes.iter().enumerate() {
+            oidx.push(bin(BinOp::Add, bin(BinOp::Mul, q[j].clone(), Expr::Int(s[j])), Expr::Int(a.r)));
+        }
+        let m2 = l.begin_block();
+        let epi = (|| -> R<Vec<Stmt>> {
+            let bv = val(l, bias, &[mch])?;
+            let e = l.down(bin(BinOp::Add, acc, bv), d);
+            l.epilogue(out, &oidx, e)
+        })();
+        let mut e = l.end_block(m2);
+        e.extend(epi?);
+        Ok(e)
+    };
+    if taps == 0 {
+        // No tap reaches these outputs (a kernel shorter than the stride): the bias alone.
+        let (vb, vm) = (l.loop_var("b", batch), l.loop_var("m", mg));
+        let qv: Vec<VarId> = grid.iter().map(|&e| l.loop_var("q", e)).collect();
+        let img = bin(BinOp::Div, Expr::Var(vb), Expr::Int(g));
+        let mch = bin(BinOp::Add, bin(BinOp::Mul, bin(BinOp::Rem, Expr::Var(vb), Expr::Int(g)), Expr::Int(mg)), Expr::Var(vm));
+        let q: Vec<Expr> = qv.iter().map(|&v| Expr::Var(v)).collect();
+        let body = store(l, img, mch, &q, lit(0.0, cd))?;
+        let mut loops = vec![(vb, batch), (vm, mg)];
+        loops.extend(qv.iter().copied().zip(grid.iter().copied()));
+        return Ok(Lowerer::nest(&loops, body));
+    }
+    let gv = gemm_vars(l, batch, mg, cols, kk, cd);
+    let (vb, vk) = (Expr::Var(gv.b), Expr::Var(gv.k));
+    // b = image · g + group; k = channel · taps + (u..); j = (q..).
+    let img = bin(BinOp::Div, vb.clone(), Expr::Int(g));
+    let grp = bin(BinOp::Rem, vb, Expr::Int(g));
+    let cidx = bin(BinOp::Div, vk.clone(), Expr::Int(taps));
+    let u = unravel(bin(BinOp::Rem, vk, Expr::Int(taps)), &per);
+    let q = unravel(Expr::Var(gv.j), &grid);
+    let (mut in_ok, mut t, mut xi) = (vec![], vec![], vec![]);
+    for (j, a) in axes.iter().enumerate() {
+        t.push(l.simp(bin(BinOp::Add, Expr::Int(a.t0), bin(BinOp::Mul, u[j].clone(), Expr::Int(s[j])))));
+        let ij = l.simp(bin(BinOp::Sub, bin(BinOp::Add, q[j].clone(), Expr::Int(a.off)), u[j].clone()));
+        // Bounds only where the grid and taps can leave the input.
+        if a.off - (a.taps - 1) < 0 {
+            in_ok.push(bin(BinOp::Ge, ij.clone(), Expr::Int(0)));
+        }
+        if a.grid - 1 + a.off >= xs[2 + j] {
+            in_ok.push(bin(BinOp::Lt, ij.clone(), Expr::Int(xs[2 + j])));
+        }
+        xi.push(ij);
+    }
+    let in_ok = in_ok.into_iter().reduce(|a, b| bin(BinOp::And, a, b));
+    let ch = bin(BinOp::Add, bin(BinOp::Mul, grp.clone(), Expr::Int(cg)), cidx);
+    let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), Expr::Var(gv.i));
+    // A: the phase's sub-kernel w[c, m, t0 + u·s].
+    let mut wi = vec![ch.clone(), Expr::Var(gv.i)];
+    wi.extend(t);
+    let we = operand(l, &mut |l| val(l, wt, &wi))?;
+    // B: the input at the phase's taps (zero outside it).
+    let mut xidx = vec![img.clone(), ch];
+    xidx.extend(xi);
+    let xe = operand(l, &mut |l| {
+        let v = l.guarded(in_ok.is_some(), |l| l.value_at(x, &xidx))?;
+        let v = l.up(v, l.dtype(x));
+        Ok(match &in_ok {
+            Some(c) => Expr::select(c.clone(), v, lit(0.0, cd)),
+            None => v,
+        })
+    })?;
+    let epilogue = store(l, img, mch, &q, Expr::Var(gv.acc))?;
+    Ok(vec![Stmt::Gemm(Box::new(Gemm {
+        batch,
+        m: mg,
+        n: cols,
+        k: kk,
+        b_var: gv.b,
+        i_var: gv.i,
+        j_var: gv.j,
+        k_var: gv.k,
+        acc_var: gv.acc,
+        acc_dtype: cd,
+        a: we,
+        b: xe,
+        epilogue,
+        params: gemm_params(),
+        vector: false,
+    }))])
+}
