@@ -13,7 +13,9 @@ use tilec_opt::target::Target;
 use tilec_tile::family::{Family, Params, Problem};
 use tilec_tile::lower::conv_transpose::refusal;
 use tilec_tile::lower::{ConvAlgo, LowerOptions};
-use tilec_tile::schedule::default_cpu;
+use tilec_tile::schedule::{apply, default_cpu, gemm_params, Primitive, Schedule};
+use tilec_tile::indirect::indirect_form;
+use tilec_tile::{Kernel, Stmt};
 
 use super::{build_with, has_gemm, CpuBuilt};
 
@@ -55,6 +57,56 @@ impl Family for ConvTranspose {
     }
 
     fn build(&self, p: &Problem, t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
-        build_with(p, OPTS, |k| default_cpu(k, &t.cpu))
+        build_with(p, OPTS, |k| schedule(k, t))
     }
+}
+
+/// The default CPU schedule, except for each phase's orientation: the register tile runs
+/// along whichever of output channels and grid positions wastes less of it. (The default
+/// keeps an implicit im2col with bounds as `B` whatever its width; a phase of a decoder's
+/// first layers has a grid of 4×4 positions and hundreds of channels.)
+fn schedule(k: &Kernel, t: &Target) -> Schedule {
+    let mut flips = vec![];
+    for st in &k.body {
+        st.visit(&mut |st| {
+            if let Stmt::Gemm(g) = st {
+                let p = gemm_params(g, &t.cpu, false);
+                let pad = |x: i64, r: i64| (x.max(1) + r - 1) / r * r;
+                let now = pad(g.m, p.mr) as i128 * pad(g.n, p.nr) as i128;
+                let swapped = pad(g.n, p.mr) as i128 * pad(g.m, p.nr) as i128;
+                if swapped * 10 < now * 9 {
+                    flips.push(k.var_info(g.i_var).name.clone());
+                }
+            }
+        });
+    }
+    let mut s = Schedule::new();
+    let mut w = k.clone();
+    for name in flips {
+        let step = Primitive::GemmTranspose { gemm: Some(name) };
+        let mut trial = w.clone();
+        if apply(&mut trial, &Schedule { steps: vec![step.clone()] }).is_ok() {
+            w = trial;
+            s.push(step);
+        }
+    }
+    // The blocking of each phase in that orientation; the rest (loops, partitions) as the
+    // default has it.
+    let mut blockings = vec![];
+    for st in &w.body {
+        st.visit(&mut |st| {
+            if let Stmt::Gemm(g) = st {
+                let p = gemm_params(g, &t.cpu, indirect_form(&w, g).is_some());
+                let gemm = Some(w.var_info(g.i_var).name.clone());
+                blockings.push(Primitive::GemmBlocking { gemm, mr: p.mr, nr: p.nr, kc: p.kc, mc: p.mc, nc: p.nc });
+            }
+        });
+    }
+    s.steps.extend(blockings);
+    for step in default_cpu(&w, &t.cpu).steps {
+        if !matches!(step, Primitive::GemmTranspose { .. } | Primitive::GemmBlocking { .. }) {
+            s.push(step);
+        }
+    }
+    s
 }
