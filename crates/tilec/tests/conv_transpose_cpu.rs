@@ -146,6 +146,9 @@ fn decoders_2d() {
     check("k3s2op1", Case { out_pad: 1, act: Act::Relu, ..case(16, 24, &[9, 7], 3, 2, 1) });
     // DCGAN's first layer (1×1 input, stride 1) and its last (three channels, tanh).
     check("from_pixel", Case { act: Act::Relu, ..case(20, 16, &[1, 1], 4, 1, 0) });
+    // From one position with pads (past the kernel and negative), groups and a batch.
+    check("pixel_pads", Case { n: 2, group: 2, residual: true, pads: vec![1, -1, 0, 2], ..case(12, 10, &[1, 1], 3, 2, 0) });
+    check("pixel_1d", Case { act: Act::Tanh, ..case(9, 7, &[1], 5, 3, 1) });
     check("rgb_tanh", Case { act: Act::Tanh, ..case(16, 3, &[6, 5], 4, 2, 1) });
 }
 

@@ -62,7 +62,8 @@ impl Family for ConvTranspose {
 }
 
 /// The default CPU schedule, except for each phase's orientation: the register tile runs
-/// along whichever of output channels and grid positions wastes less of it. (The default
+/// along whichever of output channels and grid positions wastes less of it; a product of one
+/// row (a single input position) is a matrix-vector product. (The default
 /// keeps an implicit im2col with bounds as `B` whatever its width; a phase of a decoder's
 /// first layers has a grid of 4×4 positions and hundreds of channels.)
 fn schedule(k: &Kernel, t: &Target) -> Schedule {
@@ -96,8 +97,14 @@ fn schedule(k: &Kernel, t: &Target) -> Schedule {
     for st in &w.body {
         st.visit(&mut |st| {
             if let Stmt::Gemm(g) = st {
-                let p = gemm_params(g, &t.cpu, indirect_form(&w, g).is_some());
                 let gemm = Some(w.var_info(g.i_var).name.clone());
+                if g.m == 1 {
+                    // A single input position: one row against the weights, streamed by the
+                    // matrix-vector template.
+                    blockings.push(Primitive::GemmVector { gemm });
+                    return;
+                }
+                let p = gemm_params(g, &t.cpu, indirect_form(&w, g).is_some());
                 blockings.push(Primitive::GemmBlocking { gemm, mr: p.mr, nr: p.nr, kc: p.kc, mc: p.mc, nc: p.nc });
             }
         });

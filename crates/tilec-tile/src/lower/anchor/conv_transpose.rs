@@ -81,6 +81,9 @@ pub(super) fn lower(l: &mut Lowerer, n: NodeId, strides: &[usize], pads: &[i64],
     let (xs, ws, os) = (l.shape(node.inputs[0]), l.shape(node.inputs[1]), l.shape(node.outputs[0]));
     let nd = xs.len() - 2;
     let s: Vec<i64> = strides.iter().map(|&v| v as i64).collect();
+    if xs[2..].iter().all(|&d| d == 1) {
+        return pixel(l, n, pads, group);
+    }
     let phases: i64 = s.iter().product();
     let mut out = vec![];
     // Every phase runs the epilogue (stores the group's outputs) from the same state.
@@ -198,6 +201,83 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
         a: we,
         b: xe,
         epilogue,
+        params: gemm_params(),
+        vector: false,
+    }))])
+}
+
+/// A transposed convolution of a single input position (a generator's first layer, from a
+/// latent vector to a 4×4 map): every output position `o` takes tap `o + pb` alone, so per
+/// image and group it is one product `x[c] · w[c, (m, o..)]`, a single row against the
+/// weights (zero where `o + pb` is past the kernel), with no phase decomposition and none of
+/// a phase's taps that read no input.
+fn pixel(l: &mut Lowerer, n: NodeId, pads: &[i64], group: usize) -> R<Vec<Stmt>> {
+    let node = l.node(n);
+    let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
+    let (xs, ws, os) = (l.shape(x), l.shape(wt), l.shape(out));
+    let d = l.dtype(out);
+    let cd = compute_dtype(d);
+    let nd = xs.len() - 2;
+    let g = group as i64;
+    let (cg, mg) = (xs[1] / g, ws[1]);
+    let mut cols_shape = vec![mg];
+    cols_shape.extend(&os[2..]);
+    let cols: i64 = cols_shape.iter().product();
+    let gv = gemm_vars(l, xs[0] * g, 1, cols, cg, cd);
+    let vb = Expr::Var(gv.b);
+    let img = bin(BinOp::Div, vb.clone(), Expr::Int(g));
+    let grp = bin(BinOp::Rem, vb, Expr::Int(g));
+    let ch = bin(BinOp::Add, bin(BinOp::Mul, grp.clone(), Expr::Int(cg)), Expr::Var(gv.k));
+    let jj = unravel(Expr::Var(gv.j), &cols_shape);
+    let (mut ok, mut t) = (vec![], vec![]);
+    for j in 0..nd {
+        let tj = l.simp(bin(BinOp::Add, jj[1 + j].clone(), Expr::Int(pads[j])));
+        if pads[j] < 0 {
+            ok.push(bin(BinOp::Ge, tj.clone(), Expr::Int(0)));
+        }
+        if os[2 + j] + pads[j] > ws[2 + j] {
+            ok.push(bin(BinOp::Lt, tj.clone(), Expr::Int(ws[2 + j])));
+        }
+        t.push(tj);
+    }
+    let ok = ok.into_iter().reduce(|a, b| bin(BinOp::And, a, b));
+    let mut xidx = vec![img.clone(), ch.clone()];
+    xidx.extend(std::iter::repeat(Expr::Int(0)).take(nd));
+    let xe = operand(l, &mut |l| val(l, x, &xidx))?;
+    let mut wi = vec![ch, jj[0].clone()];
+    wi.extend(t);
+    let we = operand(l, &mut |l| {
+        let v = l.guarded(ok.is_some(), |l| val(l, wt, &wi))?;
+        Ok(match &ok {
+            Some(c) => Expr::select(c.clone(), v, lit(0.0, cd)),
+            None => v,
+        })
+    })?;
+    let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), jj[0].clone());
+    let mut oidx = vec![img, mch.clone()];
+    oidx.extend(jj[1..].iter().cloned());
+    let m2 = l.begin_block();
+    let epi = (|| -> R<Vec<Stmt>> {
+        let bv = val(l, bias, &[mch])?;
+        let e = l.down(bin(BinOp::Add, Expr::Var(gv.acc), bv), d);
+        l.epilogue(out, &oidx, e)
+    })();
+    let mut e = l.end_block(m2);
+    e.extend(epi?);
+    Ok(vec![Stmt::Gemm(Box::new(Gemm {
+        batch: xs[0] * g,
+        m: 1,
+        n: cols,
+        k: cg,
+        b_var: gv.b,
+        i_var: gv.i,
+        j_var: gv.j,
+        k_var: gv.k,
+        acc_var: gv.acc,
+        acc_dtype: cd,
+        a: xe,
+        b: we,
+        epilogue: e,
         params: gemm_params(),
         vector: false,
     }))])
