@@ -29,6 +29,12 @@ reference; onnxruntime's output is checked against it before anything is written
                    sequence 128
   whisper_encoder  WhisperEncoder, whisper-tiny widths (4 layers, d_model 384), two 1-D
                    convs (k3 s1, k3 s2) over 80 mel bins x 1000 frames
+  unet             a small UNet (widths 32-64-128-256, 3x3 conv blocks, 2x2 stride-2
+                   ConvTranspose2d decoder, skip concatenations), 1x3x128x128
+  dcgan            DCGAN's generator (4x4 ConvTranspose2d: 100 -> 512 from 1x1, then stride 2
+                   pad 1 down to 3 channels, batch norm, ReLU, tanh), 64x64 image
+  wav2vec2         Wav2Vec2Model, wav2vec2-base's feature encoder (1-D convs k10 s5, k3 s2 x4,
+                   k2 s2 x2) at width 256, 2 transformer layers of 256, 16000 samples
 
 With --tiny the same architectures are built narrow and small (200-450 KB each, images
 32x32 or 64x64, sequences of 16 tokens or 32 frames) into models/zoo, for the tests: by
