@@ -142,6 +142,10 @@ fn decoders_2d() {
     // UNet: 2×2 stride 2 (every phase one tap); DCGAN: 4×4 stride 2 pad 1; FCN-style 3×3
     // stride 2 with output padding (phases of one and two taps per axis).
     check("unet", Case { act: Act::Relu, ..case(32, 16, &[8, 8], 2, 2, 0) });
+    // Phases that read the input alike, stacked as rows of one product: 4×4 stride 2 without
+    // padding (taps past the input's edges), 3×3 stride 3 with groups and a batch.
+    check("stacked_k4s2", Case { residual: true, ..case(12, 20, &[5, 7], 4, 2, 0) });
+    check("stacked_groups", Case { n: 2, group: 3, act: Act::Relu, ..case(24, 18, &[4, 3], 3, 3, 0) });
     check("dcgan", Case { act: Act::Relu, ..case(24, 16, &[7, 7], 4, 2, 1) });
     check("k3s2op1", Case { out_pad: 1, act: Act::Relu, ..case(16, 24, &[9, 7], 3, 2, 1) });
     // DCGAN's first layer (1×1 input, stride 1) and its last (three channels, tanh).

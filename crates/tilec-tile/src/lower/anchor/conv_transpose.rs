@@ -85,6 +85,23 @@ pub(super) fn lower(l: &mut Lowerer, n: NodeId, strides: &[usize], pads: &[i64],
         return pixel(l, n, pads, group);
     }
     let phases: i64 = s.iter().product();
+    // Phases that read the input alike (the same grid, taps and offset on every axis: no
+    // padding and kernels and outputs multiples of the strides, as UNet's 2×2 stride 2) are
+    // one product whose rows are (phase, output channel): the input packed once, not per
+    // phase.
+    let alike: Option<Vec<AxisPhase>> = (0..nd)
+        .map(|j| {
+            let a = axis_phase(0, s[j], ws[2 + j], os[2 + j], pads[j]);
+            let same = (1..s[j]).all(|r| {
+                let b = axis_phase(r, s[j], ws[2 + j], os[2 + j], pads[j]);
+                (b.grid, b.taps, b.off) == (a.grid, a.taps, a.off)
+            });
+            (same && a.grid > 0 && a.taps > 0).then_some(a)
+        })
+        .collect();
+    if let (Some(axes), true) = (alike, phases > 1) {
+        return phase(l, n, &s, &axes, group, true);
+    }
     let mut out = vec![];
     // Every phase runs the epilogue (stores the group's outputs) from the same state.
     let stored = l.stored();
@@ -101,13 +118,15 @@ pub(super) fn lower(l: &mut Lowerer, n: NodeId, strides: &[usize], pads: &[i64],
         if axes.iter().any(|a| a.grid == 0) {
             continue;
         }
-        out.extend(phase(l, n, &s, &axes, group)?);
+        out.extend(phase(l, n, &s, &axes, group, false)?);
     }
     Ok(out)
 }
 
-/// The statements of one phase: `out[img, grp·mg + m, q·s + r] = epilogue(bias + Σ w · x)`.
-fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize) -> R<Vec<Stmt>> {
+/// The statements of one phase: `out[img, grp·mg + m, q·s + r] = epilogue(bias + Σ w · x)`;
+/// with `stacked`, of every phase at once, row `i` being phase `i / mg` and channel `i % mg`
+/// (`axes` then holds what all phases share; residues and first taps follow the row).
+fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize, stacked: bool) -> R<Vec<Stmt>> {
     let node = l.node(n);
     let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
     let (xs, ws) = (l.shape(x), l.shape(wt));
@@ -120,10 +139,10 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
     let taps: i64 = per.iter().product();
     let (cols, kk, batch) = (grid.iter().product::<i64>(), cg * taps, xs[0] * g);
     // The output position of grid point `q` and the epilogue there, given the sum `acc`.
-    let store = |l: &mut Lowerer, img: Expr, mch: Expr, q: &[Expr], acc: Expr| -> R<Vec<Stmt>> {
+    let store = |l: &mut Lowerer, img: Expr, mch: Expr, q: &[Expr], r: &[Expr], acc: Expr| -> R<Vec<Stmt>> {
         let mut oidx = vec![img, mch.clone()];
-        for (j, a) in axes.iter().enumerate() {
-            oidx.push(bin(BinOp::Add, bin(BinOp::Mul, q[j].clone(), Expr::Int(s[j])), Expr::Int(a.r)));
+        for j in 0..axes.len() {
+            oidx.push(bin(BinOp::Add, bin(BinOp::Mul, q[j].clone(), Expr::Int(s[j])), r[j].clone()));
         }
         let m2 = l.begin_block();
         let epi = (|| -> R<Vec<Stmt>> {
@@ -142,12 +161,22 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
         let img = bin(BinOp::Div, Expr::Var(vb), Expr::Int(g));
         let mch = bin(BinOp::Add, bin(BinOp::Mul, bin(BinOp::Rem, Expr::Var(vb), Expr::Int(g)), Expr::Int(mg)), Expr::Var(vm));
         let q: Vec<Expr> = qv.iter().map(|&v| Expr::Var(v)).collect();
-        let body = store(l, img, mch, &q, lit(0.0, cd))?;
+        let r: Vec<Expr> = axes.iter().map(|a| Expr::Int(a.r)).collect();
+        let body = store(l, img, mch, &q, &r, lit(0.0, cd))?;
         let mut loops = vec![(vb, batch), (vm, mg)];
         loops.extend(qv.iter().copied().zip(grid.iter().copied()));
         return Ok(Lowerer::nest(&loops, body));
     }
-    let gv = gemm_vars(l, batch, mg, cols, kk, cd);
+    let rows = if stacked { mg * s.iter().product::<i64>() } else { mg };
+    let gv = gemm_vars(l, batch, rows, cols, kk, cd);
+    // The row's output channel, and per axis its residue and first tap.
+    let (m, r, t0): (Expr, Vec<Expr>, Vec<Expr>) = if stacked {
+        let r = unravel(bin(BinOp::Div, Expr::Var(gv.i), Expr::Int(mg)), s);
+        let t0 = axes.iter().zip(&r).map(|(a, rj)| bin(BinOp::Add, rj.clone(), Expr::Int(a.t0 - a.r))).collect();
+        (bin(BinOp::Rem, Expr::Var(gv.i), Expr::Int(mg)), r, t0)
+    } else {
+        (Expr::Var(gv.i), axes.iter().map(|a| Expr::Int(a.r)).collect(), axes.iter().map(|a| Expr::Int(a.t0)).collect())
+    };
     let (vb, vk) = (Expr::Var(gv.b), Expr::Var(gv.k));
     // b = image · g + group; k = channel · taps + (u..); j = (q..).
     let img = bin(BinOp::Div, vb.clone(), Expr::Int(g));
@@ -157,7 +186,7 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
     let q = unravel(Expr::Var(gv.j), &grid);
     let (mut in_ok, mut t, mut xi) = (vec![], vec![], vec![]);
     for (j, a) in axes.iter().enumerate() {
-        t.push(l.simp(bin(BinOp::Add, Expr::Int(a.t0), bin(BinOp::Mul, u[j].clone(), Expr::Int(s[j])))));
+        t.push(l.simp(bin(BinOp::Add, t0[j].clone(), bin(BinOp::Mul, u[j].clone(), Expr::Int(s[j])))));
         let ij = l.simp(bin(BinOp::Sub, bin(BinOp::Add, q[j].clone(), Expr::Int(a.off)), u[j].clone()));
         // Bounds only where the grid and taps can leave the input.
         if a.off - (a.taps - 1) < 0 {
@@ -170,9 +199,9 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
     }
     let in_ok = in_ok.into_iter().reduce(|a, b| bin(BinOp::And, a, b));
     let ch = bin(BinOp::Add, bin(BinOp::Mul, grp.clone(), Expr::Int(cg)), cidx);
-    let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), Expr::Var(gv.i));
+    let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), m.clone());
     // A: the phase's sub-kernel w[c, m, t0 + u·s].
-    let mut wi = vec![ch.clone(), Expr::Var(gv.i)];
+    let mut wi = vec![ch.clone(), m];
     wi.extend(t);
     let we = operand(l, &mut |l| val(l, wt, &wi))?;
     // B: the input at the phase's taps (zero outside it).
@@ -186,10 +215,10 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
             None => v,
         })
     })?;
-    let epilogue = store(l, img, mch, &q, Expr::Var(gv.acc))?;
+    let epilogue = store(l, img, mch, &q, &r, Expr::Var(gv.acc))?;
     Ok(vec![Stmt::Gemm(Box::new(Gemm {
         batch,
-        m: mg,
+        m: rows,
         n: cols,
         k: kk,
         b_var: gv.b,
