@@ -14,7 +14,9 @@
 //! storing the bias. The input operand is an implicit im2col (bounds only where the grid and
 //! taps leave the input) that the CPU packs with vector loads; the weights are constants
 //! packed once ahead of the calls. Every phase runs the group's epilogue at its strided
-//! output positions (bias and the fused elementwise ops).
+//! output positions (bias and the fused elementwise ops). Where every phase reads the input
+//! alike (same grid, taps and offset: no padding, kernel and output multiples of the stride,
+//! as UNet's 2×2 stride 2), the phases are one product whose rows are (phase, channel).
 //!
 //! Dilations other than 1 are not taken: a dilated tap list per phase is not every `s`-th
 //! tap. [`refusal`] says so, and what else the lowering needs.
