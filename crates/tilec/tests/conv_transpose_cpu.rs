@@ -71,7 +71,7 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     xs.extend(&t.size);
     let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
     let mut ws = vec![t.cin, t.cout / t.group];
-    ws.extend(std::iter::repeat(t.k).take(nd));
+    ws.extend(std::iter::repeat_n(t.k, nd));
     let scale = 1.0 / ((t.cin / t.group) as f32).sqrt();
     let w = g.add_const("w", random(&ws, rng, -scale, scale));
     let b = g.add_const("b", random(&[t.cout], rng, -0.5, 0.5));

@@ -273,7 +273,7 @@ fn pixel(l: &mut Lowerer, n: NodeId, pads: &[i64], group: usize) -> R<Vec<Stmt>>
     }
     let ok = ok.into_iter().reduce(|a, b| bin(BinOp::And, a, b));
     let mut xidx = vec![img.clone(), ch.clone()];
-    xidx.extend(std::iter::repeat(Expr::Int(0)).take(nd));
+    xidx.extend(std::iter::repeat_n(Expr::Int(0), nd));
     let xe = operand(l, &mut |l| val(l, x, &xidx))?;
     let mut wi = vec![ch, jj[0].clone()];
     wi.extend(t);
