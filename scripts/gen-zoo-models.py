@@ -29,6 +29,12 @@ reference; onnxruntime's output is checked against it before anything is written
                    sequence 128
   whisper_encoder  WhisperEncoder, whisper-tiny widths (4 layers, d_model 384), two 1-D
                    convs (k3 s1, k3 s2) over 80 mel bins x 1000 frames
+  unet             a small UNet (widths 32-64-128-256, 3x3 conv blocks, 2x2 stride-2
+                   ConvTranspose2d decoder, skip concatenations), 1x3x128x128
+  dcgan            DCGAN's generator (4x4 ConvTranspose2d: 100 -> 512 from 1x1, then stride 2
+                   pad 1 down to 3 channels, batch norm, ReLU, tanh), 64x64 image
+  wav2vec2         Wav2Vec2Model, wav2vec2-base's feature encoder (1-D convs k10 s5, k3 s2 x4,
+                   k2 s2 x2) at width 256, 2 transformer layers of 256, 16000 samples
 
 With --tiny the same architectures are built narrow and small (200-450 KB each, images
 32x32 or 64x64, sequences of 16 tokens or 32 frames) into models/zoo, for the tests: by
@@ -193,6 +199,107 @@ def build_whisper_encoder(tiny):
     return WhisperEncoder(c), {"input_features": ("image", (1, c.num_mel_bins, frames))}, ["last_hidden_state"]
 
 
+# ---- transposed and 1-D convolutions (UNet / DCGAN decoders, wav2vec2's feature encoder) ----
+
+
+class UNet(nn.Module):
+    """A small UNet: double 3x3 conv blocks (batch norm, ReLU), max-pool down, 2x2 stride-2
+    transposed convolutions up, skip concatenations, a 1x1 head."""
+
+    def __init__(self, widths, classes=2):
+        super().__init__()
+
+        def block(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(),
+                                 nn.Conv2d(o, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU())
+
+        self.down = nn.ModuleList()
+        c = 3
+        for w in widths:
+            self.down.append(block(c, w))
+            c = w
+        self.up = nn.ModuleList()
+        self.dec = nn.ModuleList()
+        for w in reversed(widths[:-1]):
+            self.up.append(nn.ConvTranspose2d(c, w, 2, stride=2))
+            self.dec.append(block(2 * w, w))
+            c = w
+        self.head = nn.Conv2d(c, classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for i, b in enumerate(self.down):
+            if i:
+                x = nn.functional.max_pool2d(x, 2)
+            x = b(x)
+            skips.append(x)
+        for up, dec, s in zip(self.up, self.dec, reversed(skips[:-1])):
+            x = dec(torch.cat([up(x), s], 1))
+        return self.head(x)
+
+
+def build_unet(tiny):
+    widths = [8, 16, 32] if tiny else [32, 64, 128, 256]
+    return UNet(widths), image(32 if tiny else 128), ["logits"]
+
+
+class DCGANGenerator(nn.Module):
+    """DCGAN's generator: a latent vector through 4x4 transposed convolutions (stride 1 from
+    1x1, then stride 2 with padding 1), batch norm and ReLU, tanh on the image."""
+
+    def __init__(self, nz, ngf):
+        super().__init__()
+        chans = [nz, 8 * ngf, 4 * ngf, 2 * ngf, ngf]
+        layers = []
+        for i, (a, b) in enumerate(zip(chans, chans[1:])):
+            layers += [nn.ConvTranspose2d(a, b, 4, 1 if i == 0 else 2, 0 if i == 0 else 1, bias=False),
+                       nn.BatchNorm2d(b), nn.ReLU()]
+        layers += [nn.ConvTranspose2d(ngf, 3, 4, 2, 1, bias=False), nn.Tanh()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, z):
+        return self.net(z)
+
+
+def build_dcgan(tiny):
+    nz, ngf = (16, 8) if tiny else (100, 64)
+    return DCGANGenerator(nz, ngf), {"z": ("image", (1, nz, 1, 1))}, ["image"]
+
+
+class Wav2Vec2(nn.Module):
+    """transformers' Wav2Vec2Model returning its last hidden state alone."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.m = transformers.Wav2Vec2Model(c)
+
+    def forward(self, input_values):
+        return self.m(input_values).last_hidden_state
+
+
+def build_wav2vec2(tiny):
+    # wav2vec2-base's feature encoder (kernels 10-3-3-3-3-2-2, strides 5-2-2-2-2-2-2, group
+    # norm after the first conv) at a narrower width, and a short transformer.
+    if tiny:
+        c = transformers.Wav2Vec2Config(conv_dim=(16,) * 7, hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, intermediate_size=64, num_conv_pos_embeddings=8,
+                                        num_conv_pos_embedding_groups=4)
+        samples = 1600
+    else:
+        c = transformers.Wav2Vec2Config(conv_dim=(256,) * 7, hidden_size=256, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=1024, num_conv_pos_embeddings=32,
+                                        num_conv_pos_embedding_groups=16)
+        samples = 16000
+    c.apply_spec_augment = False
+    c._attn_implementation = "eager"
+    return Wav2Vec2(c), {"input_values": ("image", (1, samples))}, ["last_hidden_state"]
+
+
+CONV_TRANSPOSE_MODELS = {"unet": build_unet, "dcgan": build_dcgan, "wav2vec2": build_wav2vec2}
+
+# ---- end of transposed and 1-D convolutions ----
+
+
 MODELS = {
     "mobilenet_v2": build_mobilenet_v2,
     "mobilenet_v3": build_mobilenet_v3,
@@ -204,6 +311,7 @@ MODELS = {
     "distilbert": build_distilbert,
     "qwen2": build_qwen2,
     "whisper_encoder": build_whisper_encoder,
+    **CONV_TRANSPOSE_MODELS,
 }
 
 
@@ -215,7 +323,7 @@ def randomize(m: nn.Module) -> None:
     g = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for mod in m.modules():
-            if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
+            if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d)):
                 nn.init.kaiming_normal_(mod.weight, mode="fan_in", generator=g)
             elif isinstance(mod, nn.BatchNorm2d):
                 c = mod.num_features

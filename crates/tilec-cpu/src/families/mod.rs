@@ -11,6 +11,7 @@
 mod attention_flash;
 mod attention_gemm;
 mod blis_gemm;
+mod conv_transpose;
 mod depthwise;
 mod direct;
 mod gemv;
@@ -46,6 +47,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
         entries: vec![
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
+            Entry { family: &conv_transpose::CONV_TRANSPOSE, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_flash::ATTENTION_FLASH, kinds: &[GroupKind::Attention] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
             Entry { family: &gemv::GEMV, kinds: &[GroupKind::Gemm] },

@@ -22,6 +22,7 @@
 //! contiguous dimension.
 
 mod anchor;
+pub use anchor::conv_transpose;
 pub use anchor::depthwise;
 mod expr;
 pub mod simplify;
@@ -72,7 +73,8 @@ pub enum ConvAlgo {
     Auto,
     /// A direct loop nest: each output a sum over channels and taps.
     Direct,
-    /// A `Gemm` whose `A` is the implicit im2col of the input.
+    /// A `Gemm` whose `A` is the implicit im2col of the input (a transposed convolution: one
+    /// `Gemm` per output phase, `conv_transpose.rs`, where it takes the shape).
     Gemm,
     /// Winograd F(4×4, 3×3) or F(2×2, 3×3) (`winograd.rs`): a 3×3 stride-1 f32 channels-last
     /// convolution with enough channels and tiles; anything else is `Unsupported`.

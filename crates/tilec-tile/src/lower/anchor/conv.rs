@@ -1,5 +1,6 @@
 //! Convolutions: a `Gemm` over an implicit im2col, a direct nest, or Winograd (as the
-//! kernel family chose); transposed convolutions as a direct nest.
+//! kernel family chose); transposed convolutions as a direct nest, or as one `Gemm` over their
+//! output phases (`conv_transpose.rs`).
 
 use tilec_ir::op::LinalgOp;
 use tilec_ir::{NodeId, Op};
@@ -242,6 +243,11 @@ pub(super) fn conv_transpose(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>
         node.outputs[0],
     );
     let (xs, ws, os) = (l.shape(x), l.shape(wt), l.shape(out));
+    // As a GEMM: one matrix product per output phase (`conv_transpose.rs`), where it takes
+    // the shape; else (and under every other choice) the direct nest below.
+    if l.opts().conv == ConvAlgo::Gemm && super::conv_transpose::refusal(&xs, &ws, strides, dil, group).is_none() {
+        return super::conv_transpose::lower(l, n, strides, pads, group);
+    }
     let d = l.dtype(out);
     let cd = compute_dtype(d);
     let g = group as i64;

@@ -23,6 +23,7 @@ mod attention_flash;
 mod attention_gemm;
 mod common;
 mod conv;
+pub mod conv_transpose;
 pub mod depthwise;
 mod loss;
 mod matmul;
