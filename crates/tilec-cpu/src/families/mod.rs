@@ -14,6 +14,7 @@ mod blis_gemm;
 mod depthwise;
 mod direct;
 mod gemv;
+mod grouped;
 mod winograd;
 
 use std::sync::OnceLock;
@@ -46,6 +47,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
         entries: vec![
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
+            Entry { family: &grouped::GROUPED, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_flash::ATTENTION_FLASH, kinds: &[GroupKind::Attention] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
             Entry { family: &gemv::GEMV, kinds: &[GroupKind::Gemm] },
