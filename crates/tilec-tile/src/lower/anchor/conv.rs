@@ -94,7 +94,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         ConvAlgo::Winograd => {
             let st = if cl { super::winograd::conv(l, n, w, group, &geo)? } else { None };
             return st.ok_or_else(|| {
-                Fail::Unsupported(n, "Winograd needs a 3x3 stride-1 f32 channels-last convolution over at least 32 input and 16 output channels and 32 tiles, reading a plain input".into())
+                Fail::Unsupported(n, "Winograd needs a 3x3 stride-1 f32 channels-last convolution over at least 32 input and 16 output channels and 32 tiles (dilated: at least 6 outputs per phase), reading a plain input".into())
             });
         }
     };
