@@ -220,12 +220,14 @@ fn dilated_region_with_two_inputs_runs_channels_last() {
 
 #[test]
 fn dilated_winograd() {
-    // Dilation 2 and 4 over maps whose phases hold 6 to 16 outputs (a segmentation
+    // Dilations 2, 3 and 4 over maps whose phases hold 8 to 18 outputs (a segmentation
     // backbone's dilated stages): Winograd phase by phase, ragged phases, a batch, the
-    // epilogues; a dilation whose phases are too short stays the GEMM's.
+    // epilogues.
     check("w2", Case { dil: 2, pads: [2; 4], relu: true, ..case(1, 32, 16, 18, 1) }, "cpu.winograd");
-    check("w2odd", Case { n: 2, dil: 2, pads: [2; 4], bn: true, residual: true, ..case(1, 48, 17, 15, 1) }, "cpu.winograd");
-    check("w3", Case { dil: 3, pads: [3, 2, 1, 3], ..case(1, 32, 21, 20, 1) }, "cpu.winograd");
-    check("w4", Case { dil: 4, pads: [4; 4], relu: true, ..case(1, 64, 28, 28, 1) }, "cpu.winograd");
+    check("w2odd", Case { n: 2, dil: 2, pads: [2; 4], bn: true, residual: true, ..case(1, 48, 35, 33, 1) }, "cpu.winograd");
+    check("w3", Case { dil: 3, pads: [3, 2, 1, 3], ..case(1, 32, 34, 33, 1) }, "cpu.winograd");
+    check("w4", Case { dil: 4, pads: [4; 4], relu: true, ..case(1, 64, 32, 32, 1) }, "cpu.winograd");
+    // Phases too short (4 and 5 outputs) or too ragged for whole tiles (7 of 8) stay GEMMs.
     check("w2dy", Case { dil: 2, pads: [2; 4], ..case(1, 32, 9, 11, 1) }, "cpu.blis_gemm");
+    check("w4of28", Case { dil: 4, pads: [4; 4], ..case(1, 32, 28, 28, 1) }, "cpu.blis_gemm");
 }

@@ -163,9 +163,15 @@ fn phase_count(dil: &[usize]) -> i64 {
 /// taps that read only padding, does better.
 const MIN_PHASE: i64 = 6;
 
-/// Whether every axis of a dilated convolution has phases of [`MIN_PHASE`] outputs.
+/// Whether every dilated axis has phases of at least [`MIN_PHASE`] outputs whose F(2×2)
+/// tiles are at most 1/8 padding (as [`variant`] asks of F(4×4)): dilation 4 over 28 outputs,
+/// phases of 7 in tiles of 8, ran slower than the GEMM (`bench/results/grouped-2026-12-02`).
 fn phases_fit(geo: &[(i64, i64, i64)], dil: &[usize]) -> bool {
-    (0..2).all(|j| dil[j] == 1 || geo[j].0 / dil[j] as i64 >= MIN_PHASE)
+    (0..2).all(|j| {
+        let (o, d) = (geo[j].0, dil[j] as i64);
+        let padded = d * (((o + d - 1) / d + 1) / 2 * 2);
+        d == 1 || (o / d >= MIN_PHASE && padded * 8 <= o * 9)
+    })
 }
 
 /// Whether position `p` of a tile may lie past an axis of `out` outputs in `d` phases.
