@@ -24,6 +24,7 @@
 mod anchor;
 pub use anchor::depthwise;
 mod expr;
+mod resize;
 pub mod simplify;
 
 use std::collections::{HashMap, HashSet};
