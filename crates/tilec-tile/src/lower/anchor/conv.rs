@@ -263,7 +263,7 @@ fn live_taps(sp: &[i64], kern: &[i64], w: &tilec_ir::op::Window, geo: &[(i64, i6
         let (o, pb, _) = geo[j];
         let (s, d) = (w.strides[j] as i64, w.dilations[j] as i64);
         // Output positions `o*s + t*d - pb` cover [t*d - pb, (o-1)*s + t*d - pb].
-        let live = |t: i64| t * d - pb <= sp[j] - 1 && (o - 1) * s + t * d - pb >= 0;
+        let live = |t: i64| t * d - pb < sp[j] && (o - 1) * s + t * d - pb >= 0;
         match ((0..k).find(|&t| live(t)), (0..k).rev().find(|&t| live(t))) {
             (Some(a), Some(b)) => {
                 first.push(a);
