@@ -15,6 +15,7 @@ mod conv_transpose;
 mod depthwise;
 mod direct;
 mod gemv;
+mod grouped;
 mod winograd;
 
 use std::sync::OnceLock;
@@ -48,6 +49,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
             Entry { family: &conv_transpose::CONV_TRANSPOSE, kinds: &[GroupKind::Conv] },
+            Entry { family: &grouped::GROUPED, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_flash::ATTENTION_FLASH, kinds: &[GroupKind::Attention] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },
             Entry { family: &gemv::GEMV, kinds: &[GroupKind::Gemm] },

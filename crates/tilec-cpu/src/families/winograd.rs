@@ -1,6 +1,7 @@
-//! `cpu.winograd`: 3×3 stride-1 channels-last convolutions as Winograd F(4×4, 3×3) or
-//! F(2×2, 3×3) (input transform, a batched `Gemm` against the transformed filter, output
-//! transform; `tilec_tile::lower` carries it out), 2.25 to 4 times fewer multiply-adds.
+//! `cpu.winograd`: 3×3 stride-1 channels-last convolutions, dilated ones phase by phase
+//! (at least 6 outputs per phase), as Winograd F(4×4, 3×3) or F(2×2, 3×3) (input transform,
+//! a batched `Gemm` against the transformed filter, output transform; `tilec_tile::lower`
+//! carries it out), 2.25 to 4 times fewer multiply-adds.
 
 use tilec_ir::op::LinalgOp;
 use tilec_ir::Op;
@@ -31,8 +32,8 @@ impl Family for Winograd {
         if w.kernel != [3, 3] {
             return Err(format!("a {:?} kernel, not 3x3", w.kernel));
         }
-        if w.strides.iter().any(|&s| s != 1) || w.dilations.iter().any(|&d| d != 1) {
-            return Err("strided or dilated".into());
+        if w.strides.iter().any(|&s| s != 1) {
+            return Err("strided".into());
         }
         if *group != 1 {
             return Err(format!("{group} groups"));

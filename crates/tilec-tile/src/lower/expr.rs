@@ -1,6 +1,6 @@
 //! Inline nodes as expressions: elementwise functions with numpy broadcasting, casts,
 //! quantization, re-indexing (reshape, transpose, slice, expand, tile, concat, split, pad,
-//! trilu), gathers and one-hot, and the source ops.
+//! trilu, linear resize: `resize.rs`), gathers and one-hot, and the source ops.
 //!
 //! Arithmetic runs in the compute dtype (f32 for narrow floats) and each node's result is
 //! rounded to its dtype, as the reference interpreter rounds every op's output.
@@ -35,7 +35,10 @@ pub(crate) fn check_inline(l: &Lowerer, n: NodeId) -> R<()> {
             bad("fp8 quantization is not lowered")
         }
         Op::Quant(QuantOp::DynamicQuantizeLinear) => bad("dynamic quantization is not lowered"),
-        Op::Layout(LayoutOp::Resize(_)) => bad("resize is not lowered"),
+        Op::Layout(LayoutOp::Resize(a)) => match super::resize::refusal(a, &l.shape(node.inputs[0]), &l.shape(node.outputs[0])) {
+            Some(why) => bad(&why),
+            None => Ok(()),
+        },
         Op::Source(SourceOp::DimValues { elems, .. }) if elems.len() > 64 => {
             bad("large dim-value tensors are not lowered")
         }
@@ -1029,7 +1032,7 @@ impl Lowerer<'_> {
                 let v = self.value_at(x, idx)?;
                 Ok(Expr::select(keep, v, lit(0.0, self.dtype(x))))
             }
-            LayoutOp::Resize(_) => self.unsupported(n, "resize"),
+            LayoutOp::Resize(a) => self.resize(n, a, idx),
         }
     }
 

@@ -25,6 +25,7 @@ mod anchor;
 pub use anchor::conv_transpose;
 pub use anchor::depthwise;
 mod expr;
+mod resize;
 pub mod simplify;
 
 use std::collections::{HashMap, HashSet};
@@ -84,6 +85,11 @@ pub enum ConvAlgo {
     /// along the channels in register blocks of output pixels, borders without bounds
     /// checks; anything else is `Unsupported`.
     Depthwise,
+    /// A `Gemm` as [`ConvAlgo::Gemm`] over groups merged `merge` at a time: each merged
+    /// group's weights block-diagonal (zero between its groups), so that a convolution with
+    /// few output channels per group fills whole vectors of them (`conv.rs`). `merge` must
+    /// divide the groups; anything else is `Unsupported`.
+    GroupedGemm { merge: u32 },
 }
 
 /// How attention becomes a loop nest.

@@ -719,12 +719,20 @@ impl Pass for ChooseLayout {
         let mut changed = false;
         if plan.nhwc_regions() > 0 {
             let mut h = g.clone();
-            // Keep the rewrite only when it stays within the plan's budget: one transpose
-            // in and one out per region. Ops that must stay NCHW inside a region (e.g. an
-            // instance norm) cost two more each, which the plan does not price. Transposes
-            // of constants (permuted weights and per-channel operands) fold away and are
-            // not counted.
-            let budget = runtime_transposes(g) + 2 * plan.nhwc_regions();
+            // Keep the rewrite only when it stays within the plan's budget: the boundary
+            // transposes it priced for each NHWC region, and at least one in and one out (a
+            // region entered by a second input or left twice, as a segmentation head's
+            // upsampled pooling branch, pays for them). Ops that must stay NCHW inside a
+            // region (e.g. an instance norm) cost two more each, which the plan does not
+            // price. Transposes of constants (permuted weights and per-channel operands)
+            // fold away and are not counted.
+            let priced: usize = plan
+                .regions
+                .iter()
+                .filter(|r| r.layout == Layout::Nhwc)
+                .map(|r| (r.entry_transposes + r.exit_transposes).max(2))
+                .sum();
+            let budget = runtime_transposes(g) + priced;
             if let Ok(n) = apply_plan(&mut h, &plan) {
                 if n > 0 && runtime_transposes(&h) <= budget {
                     *g = h;

@@ -90,12 +90,12 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let use_gemm = match l.opts().conv {
         ConvAlgo::Auto => kk >= 16 && mg >= 4,
         ConvAlgo::Direct => false,
-        ConvAlgo::Gemm => true,
+        ConvAlgo::Gemm | ConvAlgo::GroupedGemm { .. } => true,
         ConvAlgo::Depthwise => return super::depthwise::conv(l, n, w, group, cl, &geo),
         ConvAlgo::Winograd => {
             let st = if cl { super::winograd::conv(l, n, w, group, &geo)? } else { None };
             return st.ok_or_else(|| {
-                Fail::Unsupported(n, "Winograd needs a 3x3 stride-1 f32 channels-last convolution over at least 32 input and 16 output channels and 32 tiles, reading a plain input".into())
+                Fail::Unsupported(n, "Winograd needs a 3x3 stride-1 f32 channels-last convolution over at least 32 input and 16 output channels and 32 tiles (dilated: at least 6 outputs per phase), reading a plain input".into())
             });
         }
     };
@@ -130,6 +130,22 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             sum.finish(l, inner, (xv?, wv?), (bias, mch), (out, oidx, d))
         });
     }
+    // Groups merged `merge` at a time: a merged group's weights are block-diagonal.
+    let merge = match l.opts().conv {
+        ConvAlgo::GroupedGemm { merge } => merge.max(1) as i64,
+        _ => 1,
+    };
+    if g % merge != 0 {
+        return l.unsupported(n, format!("{g} groups cannot be merged {merge} at a time"));
+    }
+    let (g, cg0, mg0) = (g / merge, cg, mg);
+    let (cg, mg) = (cg * merge, mg * merge);
+    // Taps that read only padding for every output position contribute nothing (a dilation
+    // far beyond the input, as an ASPP head's): the reduction runs over the live taps alone,
+    // tap `t` of the reduction being `t + first[j]` of the kernel along axis `j`.
+    let (first, kern) = live_taps(&sp, &kern, w, &geo);
+    let taps: i64 = kern.iter().product();
+    let kk = cg * taps;
     // GEMM with an implicit im2col operand; batch over (n, group).
     let batch = nb * g;
     let (rows, cols) = if cl { (p, mg) } else { (mg, p) };
@@ -154,7 +170,11 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             bin(BinOp::Rem, vk.clone(), Expr::Int(taps)),
         )
     };
-    let t = unravel(tflat, &kern);
+    let t: Vec<Expr> = unravel(tflat, &kern)
+        .into_iter()
+        .zip(&first)
+        .map(|(t, &f)| if f == 0 { t } else { bin(BinOp::Add, t, Expr::Int(f)) })
+        .collect();
     let (pos, mloc) = if cl {
         (vi.clone(), vj.clone())
     } else {
@@ -167,7 +187,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         bin(BinOp::Mul, grp.clone(), Expr::Int(cg)),
         cidx.clone(),
     );
-    let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), mloc);
+    let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), mloc.clone());
     let xi = x_at(n_.clone(), ch, coords);
     let xe = operand(l, &mut |l| {
         let v = l.guarded(true, |l| l.value_at(x, &xi))?;
@@ -177,9 +197,25 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
             None => v,
         })
     })?;
-    let mut wi = vec![mch.clone(), cidx];
+    // Within a merged group, input channel `cidx` meets output channel `mloc` where both
+    // lie in the same original group.
+    let same_group = (merge > 1).then(|| {
+        bin(
+            BinOp::Eq,
+            bin(BinOp::Div, cidx.clone(), Expr::Int(cg0)),
+            bin(BinOp::Div, mloc.clone(), Expr::Int(mg0)),
+        )
+    });
+    let wc = if merge > 1 { bin(BinOp::Rem, cidx.clone(), Expr::Int(cg0)) } else { cidx };
+    let mut wi = vec![mch.clone(), wc];
     wi.extend(t);
-    let we = operand(l, &mut |l| val(l, wt, &wi))?;
+    let we = operand(l, &mut |l| {
+        let v = val(l, wt, &wi)?;
+        Ok(match &same_group {
+            Some(c) => Expr::select(c.clone(), v, lit(0.0, cd)),
+            None => v,
+        })
+    })?;
     // A channels-last input scaled per channel (a squeeze-and-excitation's `x · s`, s one
     // value per image and channel) is a factor of the depth index alone: on the weights it
     // costs K × N products per call instead of M × K, and the CPU GEMM reads the input in
@@ -216,6 +252,31 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         params: gemm_params(),
         vector: false,
     }))])
+}
+
+/// Per spatial axis, the first tap that reads the input for some output position and the
+/// number of taps from it to the last such (all of them when none does: the sum is then
+/// zero either way).
+fn live_taps(sp: &[i64], kern: &[i64], w: &tilec_ir::op::Window, geo: &[(i64, i64, i64)]) -> (Vec<i64>, Vec<i64>) {
+    let mut first = Vec::with_capacity(kern.len());
+    let mut count = Vec::with_capacity(kern.len());
+    for (j, &k) in kern.iter().enumerate() {
+        let (o, pb, _) = geo[j];
+        let (s, d) = (w.strides[j] as i64, w.dilations[j] as i64);
+        // Output positions `o*s + t*d - pb` cover [t*d - pb, (o-1)*s + t*d - pb].
+        let live = |t: i64| t * d - pb < sp[j] && (o - 1) * s + t * d - pb >= 0;
+        match ((0..k).find(|&t| live(t)), (0..k).rev().find(|&t| live(t))) {
+            (Some(a), Some(b)) => {
+                first.push(a);
+                count.push(b - a + 1);
+            }
+            _ => {
+                first.push(0);
+                count.push(k);
+            }
+        }
+    }
+    (first, count)
 }
 
 /// `a · f` (or `f · a`) split into `a`, which reads the row variable `i`, and the factor

@@ -1,4 +1,5 @@
-//! Winograd F(m×m, 3×3) lowering of channels-last 3×3 stride-1 convolutions, m = 2 or 4.
+//! Winograd F(m×m, 3×3) lowering of channels-last 3×3 stride-1 convolutions, m = 2 or 4,
+//! dilated ones as one such convolution per phase (below).
 //!
 //! Each m×m block of output pixels (a *tile*) is computed from the a×a input patch under it
 //! (a = m + 2): `Y = Aᵀ [U ⊙ V] A` with `V = Bᵀ d B` (the input transform of patch `d`, per
@@ -146,6 +147,57 @@ fn variant(nb: i64, oh: i64, ow: i64) -> &'static Variant {
     }
 }
 
+/// The longest phase along spatial axis `j`: `ceil(out / dilation)` outputs.
+fn phase_len(geo: &[(i64, i64, i64)], dil: &[usize], j: usize) -> i64 {
+    let d = dil[j].max(1) as i64;
+    (geo[j].0 + d - 1) / d
+}
+
+/// Phases of a dilated convolution (one per dilation step along each axis).
+fn phase_count(dil: &[usize]) -> i64 {
+    dil.iter().map(|&d| d.max(1) as i64).product()
+}
+
+/// Fewest outputs per phase of a dilated convolution: shorter phases are mostly tile padding
+/// (an ASPP head's dilation 12 over a 14×14 map leaves 1 or 2), which the GEMM, skipping the
+/// taps that read only padding, does better.
+const MIN_PHASE: i64 = 6;
+
+/// Whether every dilated axis has phases of at least [`MIN_PHASE`] outputs whose F(2×2)
+/// tiles are at most 1/8 padding (as [`variant`] asks of F(4×4)): dilation 4 over 28 outputs,
+/// phases of 7 in tiles of 8, ran slower than the GEMM (`bench/results/grouped-2026-12-02`).
+fn phases_fit(geo: &[(i64, i64, i64)], dil: &[usize]) -> bool {
+    (0..2).all(|j| {
+        let (o, d) = (geo[j].0, dil[j] as i64);
+        let padded = d * (((o + d - 1) / d + 1) / 2 * 2);
+        d == 1 || (o / d >= MIN_PHASE && padded * 8 <= o * 9)
+    })
+}
+
+/// Whether position `p` of a tile may lie past an axis of `out` outputs in `d` phases.
+fn partial(out: i64, d: i64, tm: i64, p: i64) -> bool {
+    if d == 1 {
+        out % tm != 0 && p >= out % tm
+    } else {
+        !(out % d == 0 && (out / d) % tm == 0)
+    }
+}
+
+/// A tile row index `r` as (image, row phase, tile row).
+fn split_row(l: &Lowerer, r: &Expr, th: i64, d: i64) -> (Expr, Expr, Expr) {
+    let n = l.simp(bin(BinOp::Div, r.clone(), Expr::Int(th * d)));
+    let phase = if d == 1 { Expr::Int(0) } else { l.simp(bin(BinOp::Rem, bin(BinOp::Div, r.clone(), Expr::Int(th)), Expr::Int(d))) };
+    (n, phase, l.simp(bin(BinOp::Rem, r.clone(), Expr::Int(th))))
+}
+
+/// A tile column index `x` as (column phase, tile column).
+fn split_col(l: &Lowerer, x: &Expr, tw: i64, d: i64) -> (Expr, Expr) {
+    if d == 1 {
+        return (Expr::Int(0), x.clone());
+    }
+    (l.simp(bin(BinOp::Div, x.clone(), Expr::Int(tw))), l.simp(bin(BinOp::Rem, x.clone(), Expr::Int(tw))))
+}
+
 /// Lowers the conv `n` (channels-last, `geo` its spatial geometry) with Winograd if it is
 /// eligible; `None` leaves it to the direct lowering.
 pub(crate) fn conv(
@@ -162,11 +214,11 @@ pub(crate) fn conv(
         && xs.len() == 4
         && ws[2..] == [3, 3]
         && w.strides.iter().all(|&s| s == 1)
-        && w.dilations.iter().all(|&d| d == 1)
         && l.dtype(x) == DType::F32
         && l.dtype(out) == DType::F32
         && l.dtype(wt) == DType::F32
-        && xs[0] * ((geo[0].0 + 1) / 2) * ((geo[1].0 + 1) / 2) >= MIN_TILES
+        && phases_fit(geo, &w.dilations)
+        && xs[0] * phase_count(&w.dilations) * ((phase_len(geo, &w.dilations, 0) + 1) / 2) * ((phase_len(geo, &w.dilations, 1) + 1) / 2) >= MIN_TILES
         && xs[3] >= MIN_IN_CHANNELS
         && ws[0] >= MIN_CHANNELS
         // The input is read at clamped coordinates: it must be a plain buffer, not an
@@ -178,13 +230,19 @@ pub(crate) fn conv(
     let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
     let m = ws[0];
     let ((oh, pt, _), (ow, pl, _)) = (geo[0], geo[1]);
-    let v = variant(nb, oh, ow);
+    // A dilation `d` splits each axis into `d` phases (outputs `φ + d·u`), each a convolution
+    // of dilation 1 over the inputs `φ + d·(u + k) - pad`: tiles run along `u` in every phase.
+    let (dy, dx) = (w.dilations[0] as i64, w.dilations[1] as i64);
+    let (ph, pw) = (phase_len(geo, &w.dilations, 0), phase_len(geo, &w.dilations, 1));
+    let v = variant(nb * dy * dx, ph, pw);
     let (tm, ta) = (v.m as i64, v.a());
     let a2 = (ta * ta) as i64;
-    let (th, tw) = ((oh + tm - 1) / tm, (ow + tm - 1) / tm);
-    // Tiles are numbered by rows (`R` over `nb * th`: image `R / th`, tile row `R % th`) and
-    // columns (`tx` over `tw`); a block is `rb` rows.
-    let rows = nb * th;
+    let (th, tw1) = ((ph + tm - 1) / tm, (pw + tm - 1) / tm);
+    let tw = dx * tw1;
+    // Tiles are numbered by rows (`R` over `nb * dy * th`: image `R / (dy·th)`, row phase
+    // `R / th % dy`, tile row `R % th`) and columns (`tx` over `dx * tw1`: column phase
+    // `tx / tw1`, tile column `tx % tw1`); a block is `rb` rows.
+    let rows = nb * dy * th;
     let rb = block_rows(rows, tw, c, m, a2);
     let blocks = (rows + rb - 1) / rb;
     let tb = rb * tw;
@@ -209,15 +267,15 @@ pub(crate) fn conv(
     // Rows past the end of the last block read the last row and are zeroed.
     let live = bin(BinOp::Lt, row1.clone(), Expr::Int(rows));
     let rowc = bin(BinOp::Min, row1, Expr::Int(rows - 1));
-    let n1 = l.simp(bin(BinOp::Div, rowc.clone(), Expr::Int(th)));
-    let ty1 = l.simp(bin(BinOp::Rem, rowc, Expr::Int(th)));
-    let tx1 = Expr::Var(x1);
+    let (n1, py1, ty1) = split_row(l, &rowc, th, dy);
+    let (px1, tx1) = split_col(l, &Expr::Var(x1), tw1, dx);
     let t1 = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(r1), Expr::Int(tw)), Expr::Var(x1)));
     // Per tile (outside the channel loop, so that it vectorizes): the clamped coordinates of
     // the patch's rows and columns and whether each lies inside the image.
     let mut tile_lets = vec![];
-    let mut coord = |l: &mut Lowerer, base: &Expr, k: i64, pad: i64, size: i64, extra: Option<&Expr>| {
-        let raw = l.simp(bin(BinOp::Sub, bin(BinOp::Add, bin(BinOp::Mul, base.clone(), Expr::Int(tm)), Expr::Int(k)), Expr::Int(pad)));
+    let mut coord = |l: &mut Lowerer, (phase, d): (&Expr, i64), base: &Expr, k: i64, pad: i64, size: i64, extra: Option<&Expr>| {
+        let u = bin(BinOp::Add, bin(BinOp::Mul, base.clone(), Expr::Int(tm)), Expr::Int(k));
+        let raw = l.simp(bin(BinOp::Sub, bin(BinOp::Add, phase.clone(), bin(BinOp::Mul, u, Expr::Int(d))), Expr::Int(pad)));
         let clamped = l.simp(bin(BinOp::Max, bin(BinOp::Min, raw.clone(), Expr::Int(size - 1)), Expr::Int(0)));
         let cv = l.index_temp("t");
         tile_lets.push(Stmt::Let { var: cv, value: clamped });
@@ -229,8 +287,8 @@ pub(crate) fn conv(
         tile_lets.push(Stmt::Let { var: ov, value: l.simp(ok) });
         (Expr::Var(cv), Expr::Var(ov))
     };
-    let ys: Vec<(Expr, Expr)> = (0..ta as i64).map(|i| coord(l, &ty1, i, pt, h, Some(&live))).collect();
-    let xs_: Vec<(Expr, Expr)> = (0..ta as i64).map(|j| coord(l, &tx1, j, pl, wd, None)).collect();
+    let ys: Vec<(Expr, Expr)> = (0..ta as i64).map(|i| coord(l, (&py1, dy), &ty1, i, pt, h, Some(&live))).collect();
+    let xs_: Vec<(Expr, Expr)> = (0..ta as i64).map(|j| coord(l, (&px1, dx), &tx1, j, pl, wd, None)).collect();
     let mut body = vec![];
     let mut d = vec![vec![Expr::Int(0); ta]; ta];
     for (i, row) in d.iter_mut().enumerate() {
@@ -320,9 +378,8 @@ pub(crate) fn conv(
     let x2 = l.loop_var("i", tw);
     let m2 = l.loop_var("i", m);
     let row2 = l.simp(row_of(r2));
-    let n2 = l.simp(bin(BinOp::Div, row2.clone(), Expr::Int(th)));
-    let ty2 = l.simp(bin(BinOp::Rem, row2.clone(), Expr::Int(th)));
-    let tx2 = Expr::Var(x2);
+    let (n2, py2, ty2) = split_row(l, &row2, th, dy);
+    let (px2, tx2) = split_col(l, &Expr::Var(x2), tw1, dx);
     let t2 = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(r2), Expr::Int(tw)), Expr::Var(x2)));
     let mark = l.begin_block();
     let mut ob = vec![];
@@ -356,18 +413,20 @@ pub(crate) fn conv(
         for q in 0..v.m {
             l.restore_stored(stored.clone());
             let y = lin(&(0..ta).map(|a| (v.at[p][a], s[a][q].clone())).collect::<Vec<_>>());
-            let oy = l.simp(bin(BinOp::Add, bin(BinOp::Mul, ty2.clone(), Expr::Int(tm)), Expr::Int(p as i64)));
-            let ox = l.simp(bin(BinOp::Add, bin(BinOp::Mul, tx2.clone(), Expr::Int(tm)), Expr::Int(q as i64)));
+            let uy = bin(BinOp::Add, bin(BinOp::Mul, ty2.clone(), Expr::Int(tm)), Expr::Int(p as i64));
+            let ux = bin(BinOp::Add, bin(BinOp::Mul, tx2.clone(), Expr::Int(tm)), Expr::Int(q as i64));
+            let oy = l.simp(bin(BinOp::Add, py2.clone(), bin(BinOp::Mul, uy, Expr::Int(dy))));
+            let ox = l.simp(bin(BinOp::Add, px2.clone(), bin(BinOp::Mul, ux, Expr::Int(dx))));
             let oidx = vec![n2.clone(), oy.clone(), ox.clone(), Expr::Var(m2)];
             let e = bin(BinOp::Add, y, bv.clone());
             let st = l.epilogue(out, &oidx, e)?;
             // Sizes that are not multiples of the tile: the last row or column of tiles is
             // partly outside the output.
             let mut conds = vec![];
-            if oh % tm != 0 && p as i64 >= oh % tm {
+            if partial(oh, dy, tm, p as i64) {
                 conds.push(bin(BinOp::Lt, oy, Expr::Int(oh)));
             }
-            if ow % tm != 0 && q as i64 >= ow % tm {
+            if partial(ow, dx, tm, q as i64) {
                 conds.push(bin(BinOp::Lt, ox, Expr::Int(ow)));
             }
             match conds.into_iter().reduce(|a, b| bin(BinOp::And, a, b)) {
