@@ -21,7 +21,7 @@ use tilec_ir::{DType, NodeId, Op};
 
 use super::attention::{att_geom, head_idx, kv_at, mask_bias, Att};
 use super::common::{neg_inf, round_to, val};
-use super::matmul::{gemm_params, gemm_vars};
+use super::matmul::gemm_vars;
 use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
@@ -267,23 +267,7 @@ fn key_block(l: &mut Lowerer, c: &Ctx, rows: i64, q0: Expr, cols: i64, k0: Expr)
     }
     let mut epi1 = l.end_block(mark);
     epi1.push(Stmt::store(c.s, vec![i1, j1], logit));
-    out.push(Stmt::Gemm(Box::new(Gemm {
-        batch: 1,
-        m: rows,
-        n: cols,
-        k: a.dh,
-        b_var: g1.b,
-        i_var: g1.i,
-        j_var: g1.j,
-        k_var: g1.k,
-        acc_var: g1.acc,
-        acc_dtype: F32,
-        a: qa,
-        b: kb,
-        epilogue: epi1,
-        params: gemm_params(),
-        vector: false,
-    })));
+    out.push(g1.gemm(qa, kb, epi1));
 
     // Online softmax per row: the new maximum, P = exp(S - max) in place, the running sum
     // rescaled by exp(old max - new max), which the accumulator's update applies too.
@@ -336,23 +320,7 @@ fn key_block(l: &mut Lowerer, c: &Ctx, rows: i64, q0: Expr, cols: i64, k0: Expr)
         bin(BinOp::Mul, Expr::Load(c.o, oij.clone()), Expr::Load(c.fac, vec![i2.clone()])),
         Expr::Var(g2.acc),
     );
-    out.push(Stmt::Gemm(Box::new(Gemm {
-        batch: 1,
-        m: rows,
-        n: a.dv,
-        k: cols,
-        b_var: g2.b,
-        i_var: g2.i,
-        j_var: g2.j,
-        k_var: g2.k,
-        acc_var: g2.acc,
-        acc_dtype: F32,
-        a: Expr::Load(c.s, vec![i2, k2]),
-        b: vb,
-        epilogue: vec![Stmt::store(c.o, oij, upd)],
-        params: gemm_params(),
-        vector: false,
-    })));
+    out.push(g2.gemm(Expr::Load(c.s, vec![i2, k2]), vb, vec![Stmt::store(c.o, oij, upd)]));
     if c.causal {
         // Some key of the block is at or before the block's last query.
         let live = bin(BinOp::Le, k0, l.simp(bin(BinOp::Add, q0, Expr::Int(rows - 1))));

@@ -15,7 +15,7 @@ use tilec_ir::{DType, NodeId, Op};
 
 use super::attention::{att_geom, head_idx, kv_at, mask_bias};
 use super::common::{neg_inf, round_to, val};
-use super::matmul::{gemm_params, gemm_vars};
+use super::matmul::gemm_vars;
 use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
@@ -90,23 +90,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     }
     let mut epi1 = l.end_block(mark);
     epi1.push(Stmt::store(sbuf, vec![i1.clone(), j1.clone()], logit));
-    body.push(Stmt::Gemm(Box::new(Gemm {
-        batch: 1,
-        m: a.sq,
-        n: t,
-        k: a.dh,
-        b_var: g1.b,
-        i_var: g1.i,
-        j_var: g1.j,
-        k_var: g1.k,
-        acc_var: g1.acc,
-        acc_dtype: f32,
-        a: bin(BinOp::Mul, qa, lit(sc, f32)),
-        b: bin(BinOp::Mul, kb, lit(sc, f32)),
-        epilogue: epi1,
-        params: gemm_params(),
-        vector: false,
-    })));
+    body.push(g1.gemm(bin(BinOp::Mul, qa, lit(sc, f32)), bin(BinOp::Mul, kb, lit(sc, f32)), epi1));
 
     // Row softmax in place: P = exp(S - max) / sum (zeros where the whole row is masked).
     let r = l.loop_var("i", a.sq);
@@ -174,22 +158,6 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     let st = l.epilogue(y, &yi, Expr::Var(g2.acc));
     let mut epi2 = l.end_block(mark);
     epi2.extend(st?);
-    body.push(Stmt::Gemm(Box::new(Gemm {
-        batch: 1,
-        m: a.sq,
-        n: a.dv,
-        k: t,
-        b_var: g2.b,
-        i_var: g2.i,
-        j_var: g2.j,
-        k_var: g2.k,
-        acc_var: g2.acc,
-        acc_dtype: f32,
-        a: Expr::Load(sbuf, vec![i2, k2]),
-        b: vb,
-        epilogue: epi2,
-        params: gemm_params(),
-        vector: false,
-    })));
+    body.push(g2.gemm(Expr::Load(sbuf, vec![i2, k2]), vb, epi2));
     Ok(Some(vec![Stmt::for_(bh, bsz * a.hq, body)]))
 }

@@ -6,7 +6,7 @@ use tilec_ir::op::LinalgOp;
 use tilec_ir::{NodeId, Op};
 
 use super::common::{output_nest, val};
-use super::matmul::{gemm_params, gemm_vars, operand};
+use super::matmul::{gemm_vars, operand};
 use super::pool::geometry;
 use super::super::{bin, compute_dtype, lit, unravel, ConvAlgo, Fail, Lowerer, R};
 use crate::ir::*;
@@ -235,23 +235,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     })();
     let mut e = l.end_block(m2);
     e.extend(epi?);
-    Ok(vec![Stmt::Gemm(Box::new(Gemm {
-        batch,
-        m: rows,
-        n: cols,
-        k: kk,
-        b_var: gv.b,
-        i_var: gv.i,
-        j_var: gv.j,
-        k_var: gv.k,
-        acc_var: gv.acc,
-        acc_dtype: cd,
-        a: ae,
-        b: be,
-        epilogue: e,
-        params: gemm_params(),
-        vector: false,
-    }))])
+    Ok(vec![gv.gemm(ae, be, e)])
 }
 
 /// Per spatial axis, the first tap that reads the input for some output position and the

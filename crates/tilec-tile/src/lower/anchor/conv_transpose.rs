@@ -24,7 +24,7 @@
 use tilec_ir::NodeId;
 
 use super::common::val;
-use super::matmul::{gemm_params, gemm_vars, operand};
+use super::matmul::{gemm_vars, operand};
 use super::super::{bin, compute_dtype, lit, unravel, Lowerer, R};
 use crate::ir::*;
 
@@ -218,23 +218,7 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
         })
     })?;
     let epilogue = store(l, img, mch, &q, &r, Expr::Var(gv.acc))?;
-    Ok(vec![Stmt::Gemm(Box::new(Gemm {
-        batch,
-        m: rows,
-        n: cols,
-        k: kk,
-        b_var: gv.b,
-        i_var: gv.i,
-        j_var: gv.j,
-        k_var: gv.k,
-        acc_var: gv.acc,
-        acc_dtype: cd,
-        a: we,
-        b: xe,
-        epilogue,
-        params: gemm_params(),
-        vector: false,
-    }))])
+    Ok(vec![gv.gemm(we, xe, epilogue)])
 }
 
 /// A transposed convolution of a single input position (a generator's first layer, from a
@@ -295,21 +279,5 @@ fn pixel(l: &mut Lowerer, n: NodeId, pads: &[i64], group: usize) -> R<Vec<Stmt>>
     })();
     let mut e = l.end_block(m2);
     e.extend(epi?);
-    Ok(vec![Stmt::Gemm(Box::new(Gemm {
-        batch: xs[0] * g,
-        m: 1,
-        n: cols,
-        k: cg,
-        b_var: gv.b,
-        i_var: gv.i,
-        j_var: gv.j,
-        k_var: gv.k,
-        acc_var: gv.acc,
-        acc_dtype: cd,
-        a: xe,
-        b: we,
-        epilogue: e,
-        params: gemm_params(),
-        vector: false,
-    }))])
+    Ok(vec![gv.gemm(xe, we, e)])
 }

@@ -17,12 +17,16 @@ pub(super) fn gemm_params() -> GemmParams {
     }
 }
 
+/// The variables of one product over `batch x m x nn x k` (loop variables and the accumulator)
+/// and its extents: [`GemmVars::gemm`] builds the product from its operands and epilogue.
 pub(super) struct GemmVars {
     pub b: VarId,
     pub i: VarId,
     pub j: VarId,
     pub k: VarId,
     pub acc: VarId,
+    extents: [i64; 4],
+    acc_dtype: DType,
 }
 
 pub(super) fn gemm_vars(l: &mut Lowerer, batch: i64, m: i64, nn: i64, k: i64, acc_d: DType) -> GemmVars {
@@ -32,6 +36,33 @@ pub(super) fn gemm_vars(l: &mut Lowerer, batch: i64, m: i64, nn: i64, k: i64, ac
         j: l.loop_var("gj", nn),
         k: l.loop_var("gk", k),
         acc: l.elem_var("acc", acc_d, false),
+        extents: [batch, m, nn, k],
+        acc_dtype: acc_d,
+    }
+}
+
+impl GemmVars {
+    /// The product `C[b, i, j] = sum over k of a * b` (`a` and `b` expressions of these
+    /// variables), `epilogue` run per element of C with the sum in `acc`; default parameters.
+    pub(super) fn gemm(&self, a: Expr, b: Expr, epilogue: Vec<Stmt>) -> Stmt {
+        let [batch, m, n, k] = self.extents;
+        Stmt::Gemm(Box::new(Gemm {
+            batch,
+            m,
+            n,
+            k,
+            b_var: self.b,
+            i_var: self.i,
+            j_var: self.j,
+            k_var: self.k,
+            acc_var: self.acc,
+            acc_dtype: self.acc_dtype,
+            a,
+            b,
+            epilogue,
+            params: gemm_params(),
+            vector: false,
+        }))
     }
 }
 
@@ -130,23 +161,7 @@ pub(super) fn matmul(l: &mut Lowerer, n: NodeId, _: &Op) -> R<Vec<Stmt>> {
     let epi = l.epilogue(out, &oidx, accv);
     let mut e = l.end_block(m2);
     e.extend(epi?);
-    Ok(vec![Stmt::Gemm(Box::new(Gemm {
-        batch: gbatch,
-        m: gm,
-        n: nn,
-        k,
-        b_var: gv.b,
-        i_var: gv.i,
-        j_var: gv.j,
-        k_var: gv.k,
-        acc_var: gv.acc,
-        acc_dtype: acc_d,
-        a: l.up(ae, d),
-        b: l.up(be, d),
-        epilogue: e,
-        params: gemm_params(),
-        vector: false,
-    }))])
+    Ok(vec![gv.gemm(l.up(ae, d), l.up(be, d), e)])
 }
 
 /// Products with fewer rows than this whose B is shared by the whole batch are lowered as

@@ -28,7 +28,7 @@ use tilec_ir::op::Window;
 use tilec_ir::{DType, NodeId};
 
 use super::common::val;
-use super::matmul::{gemm_params, gemm_vars};
+use super::matmul::gemm_vars;
 use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
@@ -355,23 +355,7 @@ pub(crate) fn conv(
         // The weights must read as plain loads inside the operand.
         return Ok(None);
     }
-    let gemm = Stmt::Gemm(Box::new(Gemm {
-        batch: a2,
-        m: tb,
-        n: m,
-        k: c,
-        b_var: gv.b,
-        i_var: gv.i,
-        j_var: gv.j,
-        k_var: gv.k,
-        acc_var: gv.acc,
-        acc_dtype: f32,
-        a: Expr::Load(vbuf, vec![vb.clone(), vi.clone(), vk]),
-        b: u,
-        epilogue: vec![Stmt::store(mbuf, vec![vb, vi, vj], Expr::Var(gv.acc))],
-        params: gemm_params(),
-        vector: false,
-    }));
+    let gemm = gv.gemm(Expr::Load(vbuf, vec![vb.clone(), vi.clone(), vk]), u, vec![Stmt::store(mbuf, vec![vb, vi, vj], Expr::Var(gv.acc))]);
 
     // Output transform: Y = Aᵀ M A per tile and output channel, plus bias and epilogue.
     let r2 = l.loop_var("i", rb);
