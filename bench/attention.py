@@ -34,12 +34,12 @@ import shlex
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from ort_time import ort_median_ms
 from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,21 +102,6 @@ def tilec_ms(tilec: str, path: Path, inputs: dict[str, Path], threads: int, runs
     return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
 
 
-def ort_ms(path: Path, feeds: dict[str, np.ndarray], threads: int, runs: int) -> float:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    for _ in range(2):
-        s.run(None, feeds)
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        s.run(None, feeds)
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -166,7 +151,7 @@ def main() -> None:
                 for side, exe in sides:
                     try:
                         if side == "ort":
-                            rd[side] = ort_ms(p, feeds, a.threads, a.runs)
+                            rd[side] = ort_median_ms(p, feeds, a.threads, a.runs, warmup=2)
                         else:
                             rd[side] = tilec_ms(exe, p, files, a.threads, a.runs, extra[side])
                     except Exception as e:  # noqa: BLE001 - recorded, not fatal

@@ -21,12 +21,12 @@ import os
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from ort_time import ort_median_ms
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,20 +71,6 @@ def build(layer, path: Path, rng) -> np.ndarray:
     return x
 
 
-def time_ort(path: Path, x: np.ndarray, runs: int) -> float:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        sess.run(None, {"x": x})
-    t = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, {"x": x})
-        t.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(t)
 
 
 def time_tilec(binary: Path, path: Path, xfile: Path, runs: int) -> float:
@@ -115,7 +101,7 @@ def main() -> int:
             np.save(xfile, x)
             got = {"ort": []} | {n: [] for n, _ in sides}
             for _ in range(args.rounds):
-                got["ort"].append(time_ort(path, x, args.runs))
+                got["ort"].append(ort_median_ms(path, {"x": x}, 2, args.runs))
                 for n, b in sides:
                     # The baseline's direct nests take seconds a run: fewer runs.
                     got[n].append(time_tilec(b, path, xfile, args.runs if n == "tilec" else 3))

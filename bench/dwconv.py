@@ -27,15 +27,14 @@ import datetime as dt
 import json
 import os
 import re
-import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from ort_time import ort_median_ms
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,21 +109,6 @@ def tilec_case(tilec: str, path: Path, x: Path, threads: int, runs: int) -> dict
     return r
 
 
-def ort_case(path: Path, x: np.ndarray, threads: int, runs: int) -> float:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        s.run(None, {"x": x})
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        s.run(None, {"x": x})
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -156,7 +140,7 @@ def main() -> None:
             xp = Path(tmp) / f"{n}.npy"
             np.save(xp, x)
             row = {"name": n, "hw": h, "c": c, "k": k, "stride": s}
-            row["ort_ms"] = ort_case(p, x, a.threads, a.runs)
+            row["ort_ms"] = ort_median_ms(p, {"x": x}, a.threads, a.runs)
             row["tilec"] = tilec_case(a.tilec, p, xp, a.threads, a.runs)
             row["load_average"] = [round(v, 2) for v in os.getloadavg()]
             res["cases"].append(row)

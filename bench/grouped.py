@@ -28,12 +28,12 @@ import re
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from ort_time import ort_median_ms
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,21 +93,6 @@ def tilec_case(tilec: str, path: Path, x: Path, threads: int, runs: int) -> dict
     return r
 
 
-def ort_case(path: Path, x: np.ndarray, threads: int, runs: int) -> float:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        s.run(None, {"x": x})
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        s.run(None, {"x": x})
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
 
 
 def med(vals: list) -> float:
@@ -150,7 +135,7 @@ def main() -> None:
                 row[side] = []
             for _ in range(a.rounds):
                 row["load_averages"].append(round(os.getloadavg()[0], 2))
-                row["ort_rounds_ms"].append(ort_case(p, x, a.threads, a.runs))
+                row["ort_rounds_ms"].append(ort_median_ms(p, {"x": x}, a.threads, a.runs))
                 for side, binary in sides.items():
                     row[side].append(tilec_case(binary, p, xp, a.threads, a.runs))
             row["ort_ms"] = med(row["ort_rounds_ms"])

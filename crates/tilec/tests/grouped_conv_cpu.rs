@@ -13,14 +13,9 @@ use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions};
 
 mod poisoned;
+use poisoned::random;
 use tilec_ir::op::{BinaryOp, LinalgOp, NormOp, Padding, UnaryOp, Window};
 use tilec_ir::{DType, Graph, Op, Tensor, TensorType, ValueId};
-
-fn random(shape: &[usize], rng: &mut impl Rng, lo: f32, hi: f32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(lo..hi)).collect();
-    Tensor::from_vec(shape.to_vec(), v).unwrap()
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Case {

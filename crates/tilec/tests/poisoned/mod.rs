@@ -1,11 +1,20 @@
-//! Shared by the CPU family tests: the reference interpreter's output for a graph, and
+//! Shared by the CPU family tests: random f32 inputs, the reference interpreter's output for a graph, and
 //! compiled runs compared with it, each after poisoning every buffer (so a kernel that skips
 //! elements or reads what it never wrote fails).
+#![allow(dead_code)] // each test crate uses a part of it
 
 use std::collections::HashMap;
 
+use rand::Rng;
 use tilec::compiled::Compiled;
 use tilec_ir::{Graph, Tensor};
+
+/// An f32 tensor of `shape` with values uniform in `[lo, hi)`.
+pub fn random(shape: &[usize], rng: &mut impl Rng, lo: f32, hi: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(lo..hi)).collect();
+    Tensor::from_vec(shape.to_vec(), v).unwrap()
+}
 
 /// The first output of `g` on `inputs` (in the graph's input order), by the reference
 /// interpreter.

@@ -227,15 +227,30 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     };
     let (ae, be) = if cl { (xe, we) } else { (we, xe) };
     let oidx = out_at(n_, mch.clone(), o);
-    let m2 = l.begin_block();
-    let epi = (|| -> R<Vec<Stmt>> {
-        let bv = val(l, bias, &[mch])?;
-        let e = l.down(bin(BinOp::Add, Expr::Var(gv.acc), bv), d);
-        l.epilogue(out, &oidx, e)
-    })();
-    let mut e = l.end_block(m2);
-    e.extend(epi?);
+    let e = bias_epilogue(l, Expr::Var(gv.acc), bias, mch, d, out, &oidx)?;
     Ok(vec![gv.gemm(ae, be, e)])
+}
+
+/// A convolution's output step: `acc + bias[ch]` cast to `d`, through the group's epilogue
+/// into `out` at `oidx`, after the statements computing the bias needs.
+pub(super) fn bias_epilogue(
+    l: &mut Lowerer,
+    acc: Expr,
+    bias: tilec_ir::ValueId,
+    ch: Expr,
+    d: tilec_ir::DType,
+    out: tilec_ir::ValueId,
+    oidx: &[Expr],
+) -> R<Vec<Stmt>> {
+    let m = l.begin_block();
+    let epi = (|| -> R<Vec<Stmt>> {
+        let bv = val(l, bias, &[ch])?;
+        let e = l.down(bin(BinOp::Add, acc, bv), d);
+        l.epilogue(out, oidx, e)
+    })();
+    let mut e = l.end_block(m);
+    e.extend(epi?);
+    Ok(e)
 }
 
 /// Per spatial axis, the first tap that reads the input for some output position and the

@@ -24,6 +24,7 @@
 use tilec_ir::NodeId;
 
 use super::common::val;
+use super::conv::bias_epilogue;
 use super::matmul::{gemm_vars, operand};
 use super::super::{bin, compute_dtype, lit, unravel, Lowerer, R};
 use crate::ir::*;
@@ -146,15 +147,7 @@ fn phase(l: &mut Lowerer, n: NodeId, s: &[i64], axes: &[AxisPhase], group: usize
         for j in 0..axes.len() {
             oidx.push(bin(BinOp::Add, bin(BinOp::Mul, q[j].clone(), Expr::Int(s[j])), r[j].clone()));
         }
-        let m2 = l.begin_block();
-        let epi = (|| -> R<Vec<Stmt>> {
-            let bv = val(l, bias, &[mch])?;
-            let e = l.down(bin(BinOp::Add, acc, bv), d);
-            l.epilogue(out, &oidx, e)
-        })();
-        let mut e = l.end_block(m2);
-        e.extend(epi?);
-        Ok(e)
+        bias_epilogue(l, acc, bias, mch, d, out, &oidx)
     };
     if taps == 0 {
         // No tap reaches these outputs (a kernel shorter than the stride): the bias alone.
@@ -271,13 +264,6 @@ fn pixel(l: &mut Lowerer, n: NodeId, pads: &[i64], group: usize) -> R<Vec<Stmt>>
     let mch = bin(BinOp::Add, bin(BinOp::Mul, grp, Expr::Int(mg)), jj[0].clone());
     let mut oidx = vec![img, mch.clone()];
     oidx.extend(jj[1..].iter().cloned());
-    let m2 = l.begin_block();
-    let epi = (|| -> R<Vec<Stmt>> {
-        let bv = val(l, bias, &[mch])?;
-        let e = l.down(bin(BinOp::Add, Expr::Var(gv.acc), bv), d);
-        l.epilogue(out, &oidx, e)
-    })();
-    let mut e = l.end_block(m2);
-    e.extend(epi?);
+    let e = bias_epilogue(l, Expr::Var(gv.acc), bias, mch, d, out, &oidx)?;
     Ok(vec![gv.gemm(xe, we, e)])
 }
