@@ -63,7 +63,7 @@ fn recompute(name: &str, prompt: &[i64], n: usize) -> Vec<i64> {
 }
 
 fn run(name: &str, prompts: &[Vec<i64>], new: usize, block_size: usize, engine: Engine, sampling: Sampling) -> Generation {
-    let opts = GenerateOptions { max_new_tokens: new, block_size, sampling, eos: None, engine, warmup: false };
+    let opts = GenerateOptions { max_new_tokens: new, block_size, sampling, eos: None, engine, warmup: false, profile_steps: 0 };
     generate(&model(name), prompts, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -139,6 +139,12 @@ fn end_of_sequence_stops_a_sequence_and_shrinks_the_bucket() {
     assert_eq!(g.decode_buckets[0], 4);
     assert!(g.decode_buckets.len() > 1, "the bucket shrinks: {:?}", g.decode_buckets);
     assert_eq!(g.decode_tokens, g.tokens.iter().map(|t| t.len() - 1).sum::<usize>());
+    // Compiled, the caches stay in each step's storage and move when the bucket shrinks (to
+    // another executor): the same tokens.
+    let cpu = Engine::Cpu(tilec::compiled::CompileOptions { threads: 1, ..Default::default() });
+    let c = generate(&model("decoder/llama-past"), &ps, &GenerateOptions { engine: cpu, ..opts }).unwrap();
+    assert_eq!(c.tokens, g.tokens);
+    assert_eq!(c.decode_buckets, g.decode_buckets);
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn check(name: &str, engine: Engine) {
     let m = Models::load(name);
     let ps = prompts();
     let new = 8;
-    let opts = GenerateOptions { max_new_tokens: new, block_size: 4, sampling: Sampling::default(), eos: None, engine, warmup: false };
+    let opts = GenerateOptions { max_new_tokens: new, block_size: 4, sampling: Sampling::default(), eos: None, engine, warmup: false, profile_steps: 0 };
     let got = generate(&model, &ps, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(got.steps, new - 1, "{name}");
     assert_eq!(got.first_logits.len(), ps.len(), "{name}");

@@ -62,6 +62,10 @@ pub struct GenerateArgs {
     /// speeds printed are the steady ones.
     #[arg(long)]
     pub warmup: bool,
+    /// After the timed steps, times every kernel of the last decode step (5 runs; compiled
+    /// steps only) and prints the table and where the time goes by kind.
+    #[arg(long)]
+    pub profile: bool,
     /// Threads of compiled code (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     pub threads: Option<u64>,
@@ -108,7 +112,11 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         eos: a.eos,
         engine,
         warmup: a.warmup,
+        profile_steps: if a.profile { 5 } else { 0 },
     };
+    if a.profile && a.backend == BackendArg::Ref {
+        bail!("--profile times compiled kernels: it does not combine with --backend ref");
+    }
     let g = run_generate(&model, &prompts, &opts).with_context(|| format!("generate {}", a.model.display()))?;
     if let Some(path) = &a.logits_out {
         let vocab = g.first_logits.first().map_or(0, |r| r.len());
@@ -137,6 +145,14 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
     );
     if a.warmup {
         println!("warm-up runs (untimed): {:.2} ms", g.warmup.as_secs_f64() * 1e3);
+    }
+    if let Some(p) = &g.profile {
+        println!("the last decode step, every kernel timed (5 runs):");
+        print!("{}", p.render_table());
+        println!("time by kind (gaps: between the calls of a run):");
+        for (kind, ns, pct) in tilec::runtime::trace::time_by_kind(p) {
+            println!("  {kind:<16} {:>10.3} ms  {pct:>5.1}%", ns as f64 / 1e6);
+        }
     }
     println!(
         "cache: {} blocks of {} tokens (block 0 the null block); batch buckets: prefill {}, decode {}; model {} past inputs; graphs built in {:.2} s ({})",

@@ -245,6 +245,15 @@ impl Backend for Cuda {
         }
     }
 
+    fn copy_within(&self, src: usize, dst: usize, len: usize) -> Result<(), Error> {
+        let a = self.arena()?;
+        if src.max(dst).checked_add(len).is_none_or(|e| e > a.len()) {
+            return Err(Error::Compile(format!("{len} bytes from {src} to {dst} lie outside the arena")));
+        }
+        tilec_cuda::driver::copy_dtod(&self.stream, a.ptr() + dst as u64, a.ptr() + src as u64, len)
+            .map_err(cuda_err("copying state within the device arena"))
+    }
+
     fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error> {
         self.arena()?.fill(&self.stream, offset, len, byte).map_err(cuda_err("filling the device arena"))
     }

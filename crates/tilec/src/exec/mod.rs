@@ -27,6 +27,7 @@ pub mod cuda;
 pub mod paged;
 mod plan;
 mod raw;
+mod state;
 mod steps;
 
 use std::collections::HashMap;
@@ -136,6 +137,14 @@ pub trait Backend {
 
     /// Fills `len` bytes of the arena at `offset` (queued after the launched work).
     fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error>;
+
+    /// Copies `len` bytes of the arena from `src` to `dst` (spans that do not overlap), ordered
+    /// after the launched work. By default through the host; a device back end copies in place.
+    fn copy_within(&self, src: usize, dst: usize, len: usize) -> Result<(), Error> {
+        self.sync()?;
+        let t = self.read(src, tilec_ir::DType::U8, &[len])?;
+        self.write(dst, &t)
+    }
 
     /// Launches one bound kernel.
     fn launch(&self, k: &Self::Bound, name: &str) -> Result<(), Error>;
@@ -277,6 +286,9 @@ pub struct Executor<B: Backend> {
     checked: Vec<usize>,
     /// The whole graph runs on the reference interpreter (data-dependent shapes).
     interpreted: bool,
+    /// Per graph input: its storage holds state a run left there ([`Executor::run_state`]),
+    /// so the next run may leave it out.
+    resident: Vec<bool>,
     pub report: Report,
     /// Dropped last: the steps' kernels and addresses refer to it.
     backend: B,
@@ -498,6 +510,8 @@ impl<B: Backend> Executor<B> {
             return Ok(tilec_ref::run(&self.graph, inputs.to_vec())?);
         }
         self.write_inputs(inputs)?;
+        // In-place updates may change any input's storage: none holds state now.
+        self.resident.iter_mut().for_each(|r| *r = false);
         match profile {
             None => self.exec()?,
             Some(p) => {

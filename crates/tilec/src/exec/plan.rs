@@ -97,6 +97,7 @@ impl<B: Backend> Executor<B> {
                 status_offset: 0,
                 checked: vec![],
                 interpreted,
+                resident: vec![],
                 report,
                 backend,
             });
@@ -210,6 +211,7 @@ impl<B: Backend> Executor<B> {
             xsteps.push(XStep { info, exec, label, detail });
         }
         let segments = segments(&xsteps);
+        let inputs = g.inputs().len();
         report.graphs = segments.iter().filter(|s| matches!(s, Segment::Device(_))).count();
         report.total += t0.elapsed();
         Ok(Executor {
@@ -222,6 +224,7 @@ impl<B: Backend> Executor<B> {
             status_offset,
             checked,
             interpreted,
+            resident: vec![false; inputs],
             report,
             backend,
         })

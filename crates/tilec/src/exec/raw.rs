@@ -126,6 +126,7 @@ impl<B: Backend> Executor<B> {
                 unsafe { self.backend.write_raw(o, t.addr, t.bytes(), t.memory)? };
             }
         }
+        self.resident.iter_mut().for_each(|r| *r = false);
         self.exec()?;
         self.backend.sync()?;
         self.check_status()?;

@@ -16,9 +16,11 @@
 //! frees its blocks; the decode steps then run in the bucket of the sequences left, each
 //! bucket's step built once, when first needed. On a GPU ([`Engine::Cuda`]) each bucket's
 //! decode step is one compiled executor whose device runs are captured CUDA graphs replayed
-//! every step (the block table, lengths and ids change, the addresses do not), the caches
-//! updated in place in its arena but uploaded and read back with every step; on the CPU the
-//! compiled step simply runs. [`cache::BlockPool`] hands out the blocks, [`sample`]
+//! every step (the block table, lengths and ids change, the addresses do not). The caches
+//! stay where the last step left them, in its executor's storage, updated in place
+//! ([`crate::exec::Executor::run_state`]): they cross to the host only when another stage
+//! takes over (prefill to decode, a smaller bucket), and a step reads back only its logits.
+//! The same holds on the CPU. [`cache::BlockPool`] hands out the blocks, [`sample`]
 //! chooses tokens, and the timings give prefill and decode tokens per second.
 
 pub mod cache;
@@ -46,8 +48,8 @@ pub enum Engine {
     /// Compiled for the host CPU.
     Cpu(CompileOptions),
     /// Compiled for an NVIDIA GPU: `paged_attention` over 16-bit caches runs as the paged
-    /// decode kernels (`tilec_cuda::paged`), f32 caches on the host kernel. The caches go to
-    /// the device and back with every step's inputs and outputs (not kept on the device).
+    /// decode kernels (`tilec_cuda::paged`), f32 caches on the host kernel. The caches stay
+    /// on the device between steps.
     Cuda(crate::compiled_cuda::CudaOptions),
 }
 
@@ -66,11 +68,14 @@ pub struct GenerateOptions {
     /// timed run (their outputs dropped): a stage's first run does one-time work (on a GPU it
     /// captures the CUDA graphs), which the speeds then leave out, as a warmed-up peer would.
     pub warmup: bool,
+    /// After the timed steps, runs the last decode step this many times more with every
+    /// kernel timed ([`Generation::profile`]; compiled engines only; 0: none).
+    pub profile_steps: usize,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref, warmup: false }
+        GenerateOptions { max_new_tokens: 16, block_size: 16, sampling: Sampling::default(), eos: None, engine: Engine::Ref, warmup: false, profile_steps: 0 }
     }
 }
 
@@ -103,6 +108,8 @@ pub struct Generation {
     pub block_size: usize,
     /// Whether the model had past key/value inputs.
     pub had_past: bool,
+    /// The last decode step's kernels, timed ([`GenerateOptions::profile_steps`]).
+    pub profile: Option<tilec_runtime::Profile>,
 }
 
 impl Generation {
@@ -145,25 +152,50 @@ fn token_dims(model: &ModelProto) -> Result<(String, String), Error> {
 /// A graph ready to run on an engine.
 enum Runner {
     Ref(Graph),
-    /// Any executor (the CPU's today; a CUDA executor is the same type over its back end).
+    /// Any executor (the CPU's or the GPU's).
     Compiled(Box<dyn RunSteps>),
 }
 
-/// What the driver needs of a compiled executor: run on inputs in graph-input order.
+/// What the driver needs of a compiled executor: runs that keep state in place
+/// ([`crate::exec::Executor::run_state`]) and the state read back.
 trait RunSteps {
-    fn run_steps(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error>;
+    fn run_state(&mut self, inputs: &[Option<&Tensor>], state: &[(usize, usize)], fetch: &[bool]) -> Result<Vec<Option<Tensor>>, Error>;
+    fn read_input(&self, i: usize) -> Result<Tensor, Error>;
+    /// One plain run on every input, each step's time recorded in `p`.
+    fn profile(&mut self, inputs: &[Tensor], p: &mut tilec_runtime::Profile) -> Result<(), Error>;
 }
 
 impl<B: crate::exec::Backend> RunSteps for crate::exec::Executor<B> {
-    fn run_steps(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
-        self.run(inputs)
+    fn run_state(&mut self, inputs: &[Option<&Tensor>], state: &[(usize, usize)], fetch: &[bool]) -> Result<Vec<Option<Tensor>>, Error> {
+        crate::exec::Executor::run_state(self, inputs, state, fetch)
+    }
+    fn read_input(&self, i: usize) -> Result<Tensor, Error> {
+        crate::exec::Executor::read_input(self, i)
+    }
+    fn profile(&mut self, inputs: &[Tensor], p: &mut tilec_runtime::Profile) -> Result<(), Error> {
+        self.run_profiled(inputs, Some(p)).map(|_| ())
     }
 }
 
-/// One rewritten graph (prefill or decode step) and how it runs.
+/// The caches a stage holds after its last run.
+enum Held {
+    None,
+    /// On the host (the interpreter's outputs).
+    Host(Vec<Tensor>),
+    /// In the compiled executor's storage (on its device), where the run updated them.
+    Resident,
+}
+
+/// One rewritten graph (prefill or decode step) and how it runs. The caches a step updates
+/// stay with the stage that ran it until another stage needs them ([`Stage::take_caches`]).
 struct Stage {
     dec: PagedDecoder,
     runner: Runner,
+    /// Per cache (`k_cache_0`, `v_cache_0`, `k_cache_1`, ...): its graph input.
+    cache_inputs: Vec<usize>,
+    /// Pairs (output, input): each updated cache and the cache input it replaces.
+    state: Vec<(usize, usize)>,
+    held: Held,
 }
 
 impl Stage {
@@ -175,34 +207,118 @@ impl Stage {
         decoder::paged_decoder(&g, rows, tokens, cache).map_err(err)
     }
 
-    /// Readies a rewritten graph on the engine (compiles it for the CPU).
+    /// Readies a rewritten graph on the engine (compiles it for the CPU or the GPU).
     fn load(dec: PagedDecoder, engine: &Engine) -> Result<Stage, Error> {
+        let g = &dec.graph;
+        let input = |name: &str| g.inputs().iter().position(|&v| g.value(v).name == name);
+        let mut cache_inputs = vec![];
+        for l in 0..dec.layers.len() {
+            for name in [decoder::k_cache_name(l), decoder::v_cache_name(l)] {
+                cache_inputs.push(input(&name).ok_or_else(|| err(format!("the rewritten step has no input '{name}'")))?);
+            }
+        }
+        // Outputs: the logits, then the caches in the inputs' order.
+        if g.outputs().len() != 1 + cache_inputs.len() {
+            return Err(err(format!("the rewritten step has {} outputs: expected the logits and {} caches", g.outputs().len(), cache_inputs.len())));
+        }
+        let state = cache_inputs.iter().enumerate().map(|(j, &i)| (1 + j, i)).collect();
         let runner = match engine {
             Engine::Ref => Runner::Ref(dec.graph.clone()),
             Engine::Cpu(o) => Runner::Compiled(Box::new(compiled::compile(&dec.graph, o)?)),
             Engine::Cuda(o) => Runner::Compiled(Box::new(crate::compiled_cuda::compile(&dec.graph, o)?)),
         };
-        Ok(Stage { dec, runner })
+        Ok(Stage { dec, runner, cache_inputs, state, held: Held::None })
     }
 
-    /// Runs on inputs by name; returns the logits and the updated caches.
-    fn run(&mut self, mut inputs: HashMap<String, Tensor>) -> Result<(Tensor, Vec<Tensor>), Error> {
-        let g = &self.dec.graph;
-        let mut ordered = Vec::with_capacity(g.inputs().len());
-        for &v in g.inputs() {
-            let name = &g.value(v).name;
-            ordered.push(inputs.remove(name).ok_or_else(|| err(format!("input '{name}' of the step is missing")))?);
-        }
-        let mut outs = match &mut self.runner {
-            Runner::Ref(g) => tilec_ref::run(g, ordered)?,
-            Runner::Compiled(c) => c.run_steps(&ordered)?,
+    /// Runs on inputs by name (the caches left out) over `caches`, or over the caches this
+    /// stage holds from its last run when `None`; returns the logits. The updated caches
+    /// stay with the stage.
+    fn run(&mut self, mut inputs: HashMap<String, Tensor>, caches: Option<Vec<Tensor>>) -> Result<Tensor, Error> {
+        let mut given = match (caches, std::mem::replace(&mut self.held, Held::None)) {
+            (Some(c), _) | (None, Held::Host(c)) => Some(c),
+            (None, Held::Resident) => None,
+            (None, Held::None) => return Err(err("a step was asked to run on caches it does not hold")),
         };
-        if outs.is_empty() {
-            return Err(err("the step returned no logits"));
+        if given.as_ref().is_some_and(|c| c.len() != self.cache_inputs.len()) {
+            return Err(err(format!("{} caches given, the step takes {}", given.map_or(0, |c| c.len()), self.cache_inputs.len())));
         }
-        let logits = outs.remove(0);
-        Ok((logits, outs))
+        // Graph inputs in order, the caches `None` for now.
+        let g = &self.dec.graph;
+        let mut by_input: Vec<Option<Tensor>> = Vec::with_capacity(g.inputs().len());
+        for (i, &v) in g.inputs().iter().enumerate() {
+            let name = &g.value(v).name;
+            by_input.push(if self.cache_inputs.contains(&i) {
+                None
+            } else {
+                Some(inputs.remove(name).ok_or_else(|| err(format!("input '{name}' of the step is missing")))?)
+            });
+        }
+        if let Some(c) = given.take() {
+            for (&i, t) in self.cache_inputs.iter().zip(c) {
+                by_input[i] = Some(t);
+            }
+        }
+        match &mut self.runner {
+            Runner::Ref(g) => {
+                let ordered: Vec<Tensor> = by_input.into_iter().collect::<Option<_>>().ok_or_else(|| err("the interpreter keeps no caches between steps"))?;
+                let mut outs = tilec_ref::run(g, ordered)?.into_iter();
+                let logits = outs.next().ok_or_else(|| err("the step returned no logits"))?;
+                self.held = Held::Host(outs.collect());
+                Ok(logits)
+            }
+            Runner::Compiled(x) => {
+                let refs: Vec<Option<&Tensor>> = by_input.iter().map(|t| t.as_ref()).collect();
+                let mut fetch = vec![false; 1 + self.cache_inputs.len()];
+                fetch[0] = true;
+                let outs = x.run_state(&refs, &self.state, &fetch)?;
+                self.held = Held::Resident;
+                outs.into_iter().next().flatten().ok_or_else(|| err("the step returned no logits"))
+            }
+        }
     }
+
+    /// Runs the step `reps` times more on the inputs of its last run, every kernel timed; the
+    /// caches it holds are read back and given whole (the keys and values written again are
+    /// the same). Compiled engines only.
+    fn profile(&mut self, mut inputs: HashMap<String, Tensor>, reps: usize) -> Result<tilec_runtime::Profile, Error> {
+        let caches = self.take_caches()?;
+        let names: Vec<String> = (0..self.cache_inputs.len() / 2).flat_map(|l| [decoder::k_cache_name(l), decoder::v_cache_name(l)]).collect();
+        for (n, c) in names.into_iter().zip(caches) {
+            inputs.insert(n, c);
+        }
+        let g = &self.dec.graph;
+        let ordered: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .map(|&v| inputs.remove(&g.value(v).name).ok_or_else(|| err(format!("input '{}' of the step is missing", g.value(v).name))))
+            .collect::<Result<_, _>>()?;
+        let Runner::Compiled(x) = &mut self.runner else {
+            return Err(err("only compiled steps can be profiled"));
+        };
+        let mut p = tilec_runtime::Profile::default();
+        for _ in 0..reps {
+            x.profile(&ordered, &mut p)?;
+        }
+        Ok(p)
+    }
+
+    /// The caches this stage holds (read back from its executor's storage if there); the stage
+    /// holds none after.
+    fn take_caches(&mut self) -> Result<Vec<Tensor>, Error> {
+        match (std::mem::replace(&mut self.held, Held::None), &self.runner) {
+            (Held::Host(c), _) => Ok(c),
+            (Held::Resident, Runner::Compiled(x)) => self.cache_inputs.iter().map(|&i| x.read_input(i)).collect(),
+            _ => Err(err("a step was asked for caches it does not hold")),
+        }
+    }
+}
+
+/// Which stage holds the caches between steps.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Holder {
+    Prefill,
+    /// The decode stage at this index of the stage list.
+    Decode(usize),
 }
 
 /// Checks the prompts: at least one, none empty, every id in `[0, vocab)`.
@@ -301,12 +417,6 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         caches.push(Tensor::try_zeros(dt, vec![blocks, bs, l.kv_heads, l.head_dim]).map_err(err)?);
         caches.push(Tensor::try_zeros(dt, vec![blocks, bs, l.kv_heads, l.v_head_dim]).map_err(err)?);
     }
-    let cache_inputs = |caches: Vec<Tensor>, m: &mut HashMap<String, Tensor>| {
-        for (i, c) in caches.into_iter().enumerate() {
-            let name = if i % 2 == 0 { decoder::k_cache_name(i / 2) } else { decoder::v_cache_name(i / 2) };
-            m.insert(name, c);
-        }
-    };
 
     // Prefill.
     let t1 = Instant::now();
@@ -316,21 +426,23 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         pool.reserve(b, tp).map_err(err)?;
     }
     let pos: Vec<i64> = (0..rows).flat_map(|_| 0..tp as i64).collect();
-    let mut m = HashMap::from([
+    let m = HashMap::from([
         (decoder::INPUT_IDS.to_string(), i64_tensor(vec![rows, tp], ids)?),
         (decoder::POSITION_IDS.to_string(), i64_tensor(vec![rows, tp], pos)?),
         (decoder::BLOCK_TABLE.to_string(), pool.block_table(&(0..n).collect::<Vec<_>>(), rows, max_blocks).map_err(err)?),
         (decoder::PAST_LENS.to_string(), i32_tensor(vec![rows], vec![0; rows])?),
     ]);
-    cache_inputs(std::mem::take(&mut caches), &mut m);
+    // The caches go to the prefill's stage once; the stage that ran last holds them. A
+    // second run of a step (a warm-up) writes the same keys and values again.
     let mut warmup = Duration::ZERO;
+    let mut start = Some(caches);
     if opts.warmup {
         let tw = Instant::now();
-        prefill.run(m.clone())?;
+        prefill.run(m.clone(), start.take())?;
         warmup += tw.elapsed();
     }
-    let (logits, c) = prefill.run(m)?;
-    caches = c;
+    let logits = prefill.run(m, start)?;
+    let mut holder = Holder::Prefill;
     let mut rng = Rng::new(opts.sampling.seed);
     let mut out: Vec<Vec<i64>> = vec![vec![]; n];
     let picks: Vec<(usize, usize)> = (0..n).map(|b| (b, if tp > 1 { 0 } else { last[b] })).collect();
@@ -345,6 +457,7 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     let (mut in_loop, mut decode_warmup) = (Duration::ZERO, Duration::ZERO);
     let (mut steps, mut decode_tokens) = (0, 0);
     let mut decode_buckets = vec![];
+    let mut last_step: Option<(usize, HashMap<String, Tensor>)> = None;
     let stops = |t: i64| opts.eos == Some(t);
     let mut done: Vec<bool> = out.iter().map(|o| stops(o[0])).collect();
     for (b, _) in done.iter().enumerate().filter(|(_, d)| **d) {
@@ -378,21 +491,29 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
             pos[j] = (prompts[b].len() + i - 1) as i64;
             pool.reserve(b, prompts[b].len() + i).map_err(err)?;
         }
-        let mut m = HashMap::from([
+        let m = HashMap::from([
             (decoder::INPUT_IDS.to_string(), i64_tensor(vec![r, 1], ids)?),
             (decoder::POSITION_IDS.to_string(), i64_tensor(vec![r, 1], pos.clone())?),
             (decoder::BLOCK_TABLE.to_string(), pool.block_table(&active, r, max_blocks).map_err(err)?),
             (decoder::PAST_LENS.to_string(), i32_tensor(vec![r], pos)?),
         ]);
-        cache_inputs(std::mem::take(&mut caches), &mut m);
+        // The caches move only when the bucket changes (through the host, once).
+        let mut start = match holder {
+            Holder::Decode(j) if j == k => None,
+            Holder::Decode(j) => Some(stages[j].1.take_caches()?),
+            Holder::Prefill => Some(prefill.take_caches()?),
+        };
+        holder = Holder::Decode(k);
         if opts.warmup && first_in_bucket {
             let tw = Instant::now();
-            stages[k].1.run(m.clone())?;
+            stages[k].1.run(m.clone(), start.take())?;
             warmup += tw.elapsed();
             decode_warmup += tw.elapsed();
         }
-        let (logits, c) = stages[k].1.run(m)?;
-        caches = c;
+        if opts.profile_steps > 0 {
+            last_step = Some((k, m.clone()));
+        }
+        let logits = stages[k].1.run(m, start)?;
         let picks: Vec<(usize, usize)> = (0..active.len()).map(|j| (j, 0)).collect();
         let row_logits = logits_rows(&logits, &picks)?;
         for (&b, row) in active.iter().zip(&row_logits) {
@@ -408,6 +529,10 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     }
     let decode = t2.elapsed().saturating_sub(in_loop + decode_warmup);
     compile += in_loop;
+    let profile = match last_step {
+        Some((k, m)) => Some(stages[k].1.profile(m, opts.profile_steps)?),
+        None => None,
+    };
     for b in 0..n {
         pool.release(b);
     }
@@ -426,5 +551,6 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
         blocks,
         block_size: bs,
         had_past: prefill.dec.had_past,
+        profile,
     })
 }
