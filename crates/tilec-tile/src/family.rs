@@ -94,6 +94,21 @@ impl<'g> Problem<'g> {
         }
     }
 
+    /// Nodes of a group taken together (in topological order), classified as the partitioner
+    /// would: the kind of their one anchor, else elementwise, else layout; `None` when they hold
+    /// more than one anchor (no family takes several).
+    pub fn of_nodes(graph: &'g Graph, nodes: Vec<NodeId>, name: &str) -> Option<Problem<'g>> {
+        let classes: Vec<cost::Class> = nodes.iter().map(|&n| cost::classify(&graph.node(n).op)).collect();
+        let mut anchors = nodes.iter().zip(&classes).filter(|(_, c)| c.is_anchor());
+        let (kind, anchor) = match (anchors.next(), anchors.next()) {
+            (Some(_), Some(_)) => return None,
+            (Some((&n, &c)), None) => (kind_of(c), Some(n)),
+            (None, _) if classes.iter().all(|&c| c == cost::Class::Layout) => (GroupKind::Layout, None),
+            (None, _) => (GroupKind::Elementwise, None),
+        };
+        Some(Problem::new(graph, nodes, name, kind, anchor))
+    }
+
     /// The anchor's op.
     pub fn anchor_op(&self) -> Option<&'g Op> {
         self.anchor.map(|n| &self.graph.node(n).op)

@@ -73,6 +73,15 @@ type Cached = ((BufId, Vec<Expr>), BufId, i64);
 
 /// Schedules a row-wise kernel: one thread block per row (see the module documentation).
 pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
+    // One row (a decode step's normalization: its loop over rows of one iteration folded
+    // away): the same schedule over a row loop of extent 1, one block.
+    if row_nest(&k.body).0.is_empty() && one_row_reduction(&k.body) {
+        let mut one = k.clone();
+        let v = fresh(&mut one, "row1", Ty::Index, false);
+        let body = std::mem::take(&mut one.body);
+        one.body = vec![Stmt::For(Loop { var: v, extent: 1, kind: LoopKind::Serial, body })];
+        return schedule_rows(&one, opts);
+    }
     let (outer, inner, row_body) = row_loops(k)?;
     let b = block_shape(k, &outer, &inner, row_body, opts)?;
     let mut out = k.clone();
@@ -169,6 +178,52 @@ pub fn schedule_rows(k: &Kernel, opts: &RowOptions) -> Result<Kernel> {
         }
     };
     Ok(out)
+}
+
+/// Whether a body with no loop over rows is one row's reduction and what follows it: some
+/// accumulator declared at the top is updated in a loop, and no loop reads a buffer an earlier
+/// loop stored to (the loops' iterations get spread over threads with no barrier between).
+fn one_row_reduction(body: &[Stmt]) -> bool {
+    let accs: HashSet<VarId> = body.iter().filter_map(|s| if let Stmt::Let { var, .. } = s { Some(*var) } else { None }).collect();
+    let mut reduces = false;
+    let mut stored: HashSet<BufId> = HashSet::new();
+    for s in body {
+        let Stmt::For(l) = s else { continue };
+        let mut reads_stored = false;
+        let mut stores = vec![];
+        let mut reads = |e: &Expr| {
+            e.visit(&mut |x| {
+                if let Expr::Load(b, _) = x {
+                    reads_stored |= stored.contains(b);
+                }
+            })
+        };
+        for b in &l.body {
+            b.visit(&mut |x| match x {
+                Stmt::Assign { var, value } => {
+                    reduces |= accs.contains(var);
+                    reads(value);
+                }
+                Stmt::Store { buf, index, value } => {
+                    stores.push(*buf);
+                    index.iter().for_each(&mut reads);
+                    reads(value);
+                }
+                Stmt::Let { value, .. } => reads(value),
+                Stmt::If { cond, .. } => reads(cond),
+                Stmt::Gemm(g) => {
+                    reads(&g.a);
+                    reads(&g.b);
+                }
+                _ => {}
+            });
+        }
+        if reads_stored {
+            return false;
+        }
+        stored.extend(stores);
+    }
+    reduces
 }
 
 /// The loops over rows (outermost first), the loops over a row, and the row's body; an error

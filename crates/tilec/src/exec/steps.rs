@@ -1,6 +1,6 @@
 //! Planning the steps of a model: optimize, partition, build each group through the back end's
-//! families (node by node when a group does not build; a node that still does not runs on the
-//! reference interpreter), the producers no group covers, and an order in which every value is
+//! families (in consecutive runs of its nodes that build when a group does not build whole; a
+//! node that builds on no family runs on the reference interpreter), the producers no group covers, and an order in which every value is
 //! produced before it is read.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -161,16 +161,21 @@ pub fn prepare<K: Build>(
             continue;
         }
         report.split_groups += 1;
-        report.notes.push((name.clone(), format!("the group did not build whole ({}); built node by node", describe_rejections(&why))));
-        let share = 1.0 / grp.nodes.len() as f64;
-        for (i, &n) in grp.nodes.iter().enumerate() {
-            let p = Problem::of_node(&g, n, &format!("{name}_{i}"));
-            match builder.build(&p, target, choices) {
+        let pieces = split_group(&g, &grp.nodes, &name, builder, target, choices);
+        report.notes.push((
+            name.clone(),
+            format!("the group did not build whole ({}); built as {} kernels", describe_rejections(&why), pieces.len()),
+        ));
+        let n_all = grp.nodes.len() as f64;
+        for (p, built) in pieces {
+            let share = p.nodes.len() as f64 / n_all;
+            match built {
                 Ok(built) => {
                     let cost = (grp.bytes * share, grp.flops * share);
                     steps.push(kernel_step::<K>(&p, built, cost, (&mut kernels, &mut problems), &mut report));
                 }
                 Err(why) => {
+                    let n = p.nodes[0];
                     report.fallbacks.push((g.node(n).op.name().to_string(), describe_rejections(&why)));
                     steps.push(Step::host(&g, n, &p.name));
                 }
@@ -187,6 +192,47 @@ pub fn prepare<K: Build>(
     report.kernels = kernels.len();
     report.total = t0.elapsed();
     Ok(Prepared { graph: g, steps, kernels, problems, interpreted: false, report })
+}
+
+/// A group that did not build whole, as consecutive runs of its nodes (in topological order)
+/// that do: each run grows while the nodes so far and the next build together, so a chain of
+/// elementwise nodes stays one kernel and a matrix product keeps what fuses with it. A node
+/// that builds on no family alone comes back with its rejections (for the interpreter).
+#[allow(clippy::type_complexity)]
+fn split_group<'g, K: Build>(
+    g: &'g Graph,
+    nodes: &[NodeId],
+    name: &str,
+    builder: &K,
+    target: &Target,
+    choices: &Choices,
+) -> Vec<(Problem<'g>, Result<(K::Built, Decision), super::Rejections>)> {
+    let mut out = vec![];
+    let mut cur: Option<(Problem<'g>, (K::Built, Decision))> = None;
+    let mut pieces = 0;
+    for &n in nodes {
+        if let Some((p, _)) = &cur {
+            let mut grown = p.nodes.clone();
+            grown.push(n);
+            if let Some(q) = Problem::of_nodes(g, grown, &p.name) {
+                if let Ok(b) = builder.build(&q, target, choices) {
+                    cur = Some((q, b));
+                    continue;
+                }
+            }
+        }
+        if let Some((p, b)) = cur.take() {
+            out.push((p, Ok(b)));
+        }
+        let p = Problem::of_node(g, n, &format!("{name}_{pieces}"));
+        pieces += 1;
+        match builder.build(&p, target, choices) {
+            Ok(b) => cur = Some((p, b)),
+            Err(why) => out.push((p, Err(why))),
+        }
+    }
+    out.extend(cur.map(|(p, b)| (p, Ok(b))));
+    out
 }
 
 /// The step of a built kernel (its decision goes to the report, the kernel to `kernels`).
