@@ -13,7 +13,8 @@
 //! through the im2col copy; the others are reported as not applying); `BENCH_FAMILY=auto` runs
 //! each convolution on the template model dispatch picks. `SM90_PARK=32` makes the Hopper
 //! template's staged epilogue park the accumulators as f32 where it would park them in 16
-//! bits (the `park16` cases of `check` and 16-bit outputs: compare in one run).
+//! bits (the `park16` cases of `check` and 16-bit outputs: compare in one run); `MMA_PARK=32`
+//! likewise for the mma.sync template.
 //!
 //! Prints one JSON object per line.
 
@@ -297,13 +298,18 @@ fn params_of(case: &Case, p: &MmaProblem, sms: usize) -> Params {
     }
 }
 
-/// [`params_of`] with `MMA_STAGED=0|1` (the staged epilogue off or on) applied last.
+/// [`params_of`] with `MMA_STAGED=0|1` (the staged epilogue off or on) and `MMA_PARK=32|16`
+/// (the staged tile parked f32, as before 16-bit parking, or in 16 bits where exact: the
+/// default) applied last.
 fn params_with_env(case: &Case, p: &MmaProblem, sms: usize) -> Params {
-    let q = params_of(case, p, sms);
-    match std::env::var("MMA_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
-        Some(v) => Params { staged: v != 0, ..q },
-        None => q,
+    let mut q = params_of(case, p, sms);
+    if let Some(v) = std::env::var("MMA_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q.staged = v != 0;
     }
+    if let Some(v) = std::env::var("MMA_PARK").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q.park16 = v != 32;
+    }
+    q
 }
 
 const A: OperandRef = OperandRef { param: 0, offset_bytes: 0 };
@@ -372,7 +378,14 @@ fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, Strin
 /// The parameters a plan runs with, for the report.
 fn describe_params(plan: &FamilyPlan) -> String {
     match &plan.kind {
-        PlanKind::Mma(q, _) => format!("{}x{}x{} w{}x{} s{} k{}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k),
+        PlanKind::Mma(q, conv) => {
+            let park = match (q.staged, mma::park_dtype(&MmaProblem { gemm: plan.problem.clone(), conv: *conv }, q)) {
+                (false, _) => "",
+                (true, None) => " st32",
+                (true, Some(_)) => " st16",
+            };
+            format!("{}x{}x{} w{}x{} s{} k{}{park}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k)
+        }
         PlanKind::Sm90(q) => format!(
             "sm90 {}x{}x{} s{} c{} cl{}{}{}",
             q.tile_m,

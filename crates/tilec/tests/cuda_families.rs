@@ -1101,6 +1101,7 @@ fn upcast_linear(d: DType, m: usize, k: usize, n: usize) -> Graph {
 /// (the epilogue rounds them to it first: the graph's MatMul output), with the bias, GELU and
 /// residual after; an f32 product (over operands cast up from 16 bits: the template reads
 /// them as 16-bit operands, but the graph's product is f32), an fp8 one and a tf32 one park f32.
+/// The mma.sync template's staged tile likewise.
 #[test]
 fn sixteen_bit_products_park_in_sixteen_bits() {
     let h = GpuTarget::hopper();
@@ -1123,4 +1124,15 @@ fn sixteen_bit_products_park_in_sixteen_bits() {
     }
     // All three are the template's (the cast-up operands read straight from 16-bit buffers).
     assert_eq!(seen, 3);
+    // The mma.sync template likewise (a short product split over K there); a convolution's
+    // own bias is added to the f32 sum before the one rounding of its output, so it parks f32.
+    let mma = |g: &Graph| -> Vec<String> {
+        prepared(g, &h).kernels().iter().filter(|k| k.schedule == "sm80_mma_gemm").map(|k| k.source.source.clone()).collect()
+    };
+    let srcs = mma(&linear(DType::BF16, 1, 128, 3072, 768));
+    assert_eq!(srcs.len(), 1);
+    assert!(srcs[0].contains("tl_pack_bf16x2(acc"));
+    let srcs = mma(&conv(DType::BF16, 2, 3, 32, 64, 7, 2, 3, false));
+    assert_eq!(srcs.len(), 1);
+    assert!(!srcs[0].contains("tl_pack_") && srcs[0].contains("float* tl_stage"));
 }

@@ -219,7 +219,7 @@ template <int N> __device__ __forceinline__ void tl_wgmma_wait() {
 
 /// Packing two f32 values into one 32-bit word of 16-bit ones (rounded to nearest even, the
 /// first in the low half: the lower address) and widening them back.
-const PARK16_HELPERS: &str = r#"
+pub(crate) const PARK16_HELPERS: &str = r#"
 __device__ __forceinline__ unsigned tl_pack_f16x2(float lo, float hi) {
   unsigned r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
