@@ -11,7 +11,10 @@
 //!
 //! `BENCH_FAMILY=sm90` runs the cases the Hopper template takes on it instead (convolutions
 //! through the im2col copy; the others are reported as not applying); `BENCH_FAMILY=auto` runs
-//! each convolution on the template model dispatch picks.
+//! each convolution on the template model dispatch picks. `SM90_PARK=32` makes the Hopper
+//! template's staged epilogue park the accumulators as f32 where it would park them in 16
+//! bits (the `park16` cases of `check` and 16-bit outputs: compare in one run); `MMA_PARK=32`
+//! likewise for the mma.sync template.
 //!
 //! Prints one JSON object per line.
 
@@ -39,6 +42,11 @@ struct Case {
     out: DType,
     shape: Shape,
     params: Option<Params>,
+    /// Parameters for the Hopper template (under `BENCH_FAMILY=sm90`) instead of its heuristic.
+    sm90: Option<gemm::Params>,
+    /// A vector epilogue function even where N is not a multiple of 8 (storing element by
+    /// element): the templates' right edge of whole-vector epilogues.
+    edge_vec: bool,
     time: bool,
 }
 
@@ -59,7 +67,7 @@ fn conv(n: usize, h: usize, c: usize, o: usize, kk: usize, s: usize, p: usize, d
 fn check_cases() -> Vec<Case> {
     let mut v = vec![];
     let mut add = |label: &str, dtype: DType, shape: Shape, params: Option<Params>| {
-        v.push(Case { label: label.into(), dtype, out: DType::F32, shape, params, time: false })
+        v.push(Case { label: label.into(), dtype, out: DType::F32, shape, params, sm90: None, edge_vec: false, time: false })
     };
     for (a, b) in [(R, C), (R, R), (C, C), (C, R)] {
         add("layouts", DType::BF16, gemm(296, 200, 136, 1, a, b), None);
@@ -99,6 +107,39 @@ fn check_cases() -> Vec<Case> {
     add("unstaged_ragged", DType::F16, gemm(291, 203, 130, 1, R, C), Some(Params { staged: false, ..Params::default() }));
     add("unstaged_conv_split", DType::F16, conv(1, 7, 64, 72, 3, 1, 1, 1), Some(Params { tile_m: 64, tile_n: 64, warps_m: 2, warps_n: 2, split_k: 3, staged: false, ..Params::default() }));
     add("conv_split", DType::F16, conv(1, 7, 512, 512, 3, 1, 1, 1), Some(Params { tile_m: 64, tile_n: 128, warps_m: 2, warps_n: 2, split_k: 6, ..Params::default() }));
+    v.extend(park16_cases());
+    v
+}
+
+/// 16-bit outputs (the Hopper template's staged epilogue parks them in 16 bits) on every tile
+/// shape it takes: ragged M and N, N a multiple of 8 or not (the vector epilogue and its right
+/// edge, or one element per call), more tiles than blocks (chunks running on across tiles).
+fn park16_cases() -> Vec<Case> {
+    let st = gemm::Params { staged: true, ..gemm::Params::default() };
+    let shapes: [(&str, gemm::Params); 7] = [
+        ("128x256", st),
+        ("128x128_pp", gemm::Params { tile_n: 128, pingpong: true, ..st }),
+        ("128x256_k2", gemm::Params { cluster_m: 2, stages: 3, ..st }),
+        ("256x128", gemm::Params { tile_m: 256, tile_n: 128, stages: 3, ..st }),
+        ("64x64", gemm::Params { tile_m: 64, tile_n: 64, consumers: 1, stages: 8, ..st }),
+        ("64x192", gemm::Params { tile_m: 64, tile_n: 192, consumers: 1, stages: 5, ..st }),
+        ("128x64_pp", gemm::Params { tile_m: 128, tile_n: 64, pingpong: true, stages: 6, ..st }),
+    ];
+    let mut v = vec![];
+    for (i, (name, q)) in shapes.into_iter().enumerate() {
+        let (dtype, a, b) = [(DType::F16, R, C), (DType::BF16, R, R), (DType::F16, C, R), (DType::BF16, C, C)][i % 4];
+        for (what, shape, edge_vec) in [
+            ("ragged", gemm(291, 203, 136, 1, a, b), false),
+            ("edge_vec", gemm(291, 203, 136, 1, a, b), true),
+            ("vec", gemm(300, 520, 200, 1, a, b), false),
+            ("tiles", gemm(4133, 2000, 72, 1, a, b), false),
+        ] {
+            let label = format!("park16_{name}_{what}_{}", dtype.name());
+            v.push(Case { label, dtype, out: dtype, shape, params: None, sm90: Some(q), edge_vec, time: false });
+        }
+    }
+    // The heuristic's choice, f16 into bf16 (a custom epilogue rounding to bf16).
+    v.push(Case { label: "park16_heuristic_f16_bf16".into(), dtype: DType::F16, out: DType::BF16, shape: gemm(1000, 777, 264, 1, R, C), params: None, sm90: None, edge_vec: true, time: false });
     v
 }
 
@@ -124,7 +165,7 @@ fn resnet50_convs() -> Vec<(usize, usize, usize, usize, usize)> {
 
 fn bench_cases() -> Vec<Case> {
     let mut v = vec![];
-    let mut add = |label: String, dtype: DType, shape: Shape| v.push(Case { label, dtype, out: dtype, shape, params: None, time: true });
+    let mut add = |label: String, dtype: DType, shape: Shape| v.push(Case { label, dtype, out: dtype, shape, params: None, sm90: None, edge_vec: false, time: true });
     add("gemv_bf16_16x8192x8192".into(), DType::BF16, gemm(16, 8192, 8192, 1, R, C));
     add("gemv_bf16_16x8192x8192_rr".into(), DType::BF16, gemm(16, 8192, 8192, 1, R, R));
     for m in [1, 16] {
@@ -205,7 +246,8 @@ fn problem(case: &Case) -> MmaProblem {
     );
     // Groups of 8 columns as one vector store where rows keep 16-byte alignment (as the
     // renderer's vector epilogue gives a model's kernels); `EPI_VEC=0` leaves them out.
-    let vector = (gp.n % 8 == 0 && !std::env::var("EPI_VEC").is_ok_and(|v| v == "0")).then(|| {
+    let no_vec = std::env::var("EPI_VEC").is_ok_and(|v| v == "0");
+    let vector = (gp.n % 8 == 0 && !no_vec).then(|| {
         let _ = write!(
             source,
             "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
@@ -219,8 +261,24 @@ fn problem(case: &Case) -> MmaProblem {
         );
         "tl_epi_v".to_string()
     });
+    // Otherwise, for the cases that ask, groups of 8 columns stored one by one.
+    let vector = vector.or_else(|| {
+        (case.edge_vec && !no_vec).then(|| {
+            let _ = write!(
+                source,
+                "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
+                 for (int l = 0; l < 8; ++l) {{ const long long tl_j = tl_jv * 8 + l; const float tl_acc0 = tl_acc[l]; {guard}y_out[{index}] = {}; }}\n}}\n",
+                params.join(", "),
+                store(od).replace("tl_acc", "tl_acc0"),
+                guard = guard.replace("tl_acc", "tl_acc0"),
+            );
+            "tl_epi_v".to_string()
+        })
+    });
     gp.out_dtype = od;
-    gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows, vector });
+    // The function's first step is the cast to a 16-bit output: the templates may round first.
+    let rounds_to = matches!(od, DType::F16 | DType::BF16).then_some(od);
+    gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows, rounds_to, vector });
     gp.conv = conv;
     MmaProblem { gemm: gp, conv }
 }
@@ -240,13 +298,18 @@ fn params_of(case: &Case, p: &MmaProblem, sms: usize) -> Params {
     }
 }
 
-/// [`params_of`] with `MMA_STAGED=0|1` (the staged epilogue off or on) applied last.
+/// [`params_of`] with `MMA_STAGED=0|1` (the staged epilogue off or on) and `MMA_PARK=32|16`
+/// (the staged tile parked f32, as before 16-bit parking, or in 16 bits where exact: the
+/// default) applied last.
 fn params_with_env(case: &Case, p: &MmaProblem, sms: usize) -> Params {
-    let q = params_of(case, p, sms);
-    match std::env::var("MMA_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
-        Some(v) => Params { staged: v != 0, ..q },
-        None => q,
+    let mut q = params_of(case, p, sms);
+    if let Some(v) = std::env::var("MMA_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q.staged = v != 0;
     }
+    if let Some(v) = std::env::var("MMA_PARK").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q.park16 = v != 32;
+    }
+    q
 }
 
 const A: OperandRef = OperandRef { param: 0, offset_bytes: 0 };
@@ -267,7 +330,7 @@ fn auto() -> bool {
 /// The case's plan on the chosen template (`Err`: the template does not take it).
 fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, String> {
     let p = problem(case);
-    let mut q90 = gemm::heuristic(&p.gemm, sms);
+    let mut q90 = case.sm90.unwrap_or_else(|| gemm::heuristic(&p.gemm, sms));
     // `SM90_PARAMS=tile_m,tile_n,stages,cluster_m[,pingpong]` (sweeps of the Hopper template;
     // ping-pong gives each of two consumer warpgroups whole tiles of tile_m rows).
     let env: Vec<usize> = std::env::var("SM90_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
@@ -279,6 +342,11 @@ fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, Strin
     // `SM90_STAGED=0|1`: the epilogue from registers or through shared memory.
     if let Some(v) = std::env::var("SM90_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
         q90.staged = v != 0;
+    }
+    // `SM90_PARK=32|16`: the staged epilogue parks f32 (as before 16-bit parking), or 16 bits
+    // where that is exact (the default).
+    if let Some(v) = std::env::var("SM90_PARK").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q90.park16 = v != 32;
     }
     let auto_sm90 = auto() && matches!(case.shape, Shape::Conv { .. }) && p.gemm.k > SHALLOW_CONV_K && gemm::applies(&p.gemm, &q90, cc).is_ok();
     if hopper() || auto_sm90 {
@@ -310,8 +378,29 @@ fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, Strin
 /// The parameters a plan runs with, for the report.
 fn describe_params(plan: &FamilyPlan) -> String {
     match &plan.kind {
-        PlanKind::Mma(q, _) => format!("{}x{}x{} w{}x{} s{} k{}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k),
-        PlanKind::Sm90(q) => format!("sm90 {}x{}x{} s{} c{} cl{}", q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m),
+        PlanKind::Mma(q, conv) => {
+            let park = match (q.staged, mma::park_dtype(&MmaProblem { gemm: plan.problem.clone(), conv: *conv }, q)) {
+                (false, _) => "",
+                (true, None) => " st32",
+                (true, Some(_)) => " st16",
+            };
+            format!("{}x{}x{} w{}x{} s{} k{}{park}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k)
+        }
+        PlanKind::Sm90(q) => format!(
+            "sm90 {}x{}x{} s{} c{} cl{}{}{}",
+            q.tile_m,
+            q.tile_n,
+            q.tile_k,
+            q.stages,
+            q.consumers,
+            q.cluster_m,
+            if q.pingpong { " pp" } else { "" },
+            match (q.staged, gemm::park_dtype(&plan.problem, q)) {
+                (false, _) => "",
+                (true, None) => " st32",
+                (true, Some(_)) => " st16",
+            }
+        ),
         _ => String::new(),
     }
 }

@@ -183,6 +183,154 @@ fn kernels_compile_with_nvrtc_for_sm_90a() {
     }
 }
 
+/// A custom epilogue storing C (`[m][n]` of `out`), with the vector function where asked, and
+/// rounding its accumulator to `out` first where that is 16-bit (as a model's does after a
+/// 16-bit MatMul).
+fn store_epilogue(n: usize, out: DType, vector: bool) -> gemm::CustomEpilogue {
+    let (ty, st) = match out {
+        DType::F16 => ("tl_f16", "tl_st_f16(v)"),
+        DType::BF16 => ("tl_bf16", "tl_st_bf16(v)"),
+        _ => ("float", "v"),
+    };
+    let mut source = format!("__device__ __forceinline__ void f({ty}* o, long long b, long long r, long long c, float v) {{ o[r * {n} + c] = {st}; }}\n");
+    if vector {
+        source.push_str(&format!(
+            "__device__ __forceinline__ void fv({ty}* o, long long b, long long r, long long cv, const float* a) {{\n  for (int l = 0; l < 8; ++l) {{ const float v = a[l]; o[r * {n} + cv * 8 + l] = {st}; }}\n}}\n"
+        ));
+    }
+    gemm::CustomEpilogue {
+        name: "f".into(),
+        source,
+        params: vec![format!("{ty}* __restrict__ o")],
+        rows: None,
+        rounds_to: matches!(out, DType::F16 | DType::BF16).then_some(out),
+        vector: vector.then(|| "fv".to_string()),
+    }
+}
+
+/// The staged epilogue on every tile shape the heuristic and the tuner can pick (64, 128 and
+/// 256 rows by 64 to 256 columns, one or two consumers, ping-pong, clusters), each with the
+/// epilogue parked in 16 bits through a custom vector function, and in turn with the other
+/// epilogues: a custom one element per call, the built-in bias and GELU (16-bit C: parked in
+/// 16 bits), f32 C (parked f32), a custom epilogue that does not round first (f32), 16-bit
+/// parking turned off, fp8 with scales into a rounding epilogue (parked in 16 bits, scaled
+/// first). Ragged shapes (N not a multiple of 8) are run-time arguments of the same sources.
+fn staged_classes() -> Vec<(Problem, Params)> {
+    use Layout::{ColMajor as C, RowMajor as R};
+    let st = Params { staged: true, ..Params::default() };
+    let mut shapes = vec![];
+    for (tile_m, consumers) in [(64, 1), (128, 1), (128, 2), (256, 2)] {
+        for tile_n in [64, 128, 192, 256] {
+            let q = Params { tile_m, tile_n, consumers, stages: 2, ..st };
+            if q.validate().is_ok() {
+                shapes.push(q);
+            }
+        }
+    }
+    for tile_n in [64, 128] {
+        shapes.push(Params { tile_m: 128, tile_n, pingpong: true, stages: 4, ..st });
+    }
+    shapes.push(Params { cluster_m: 2, ..st });
+    shapes.push(Params { tile_m: 64, tile_n: 128, consumers: 1, cluster_m: 2, stages: 4, ..st });
+    let mut v = vec![];
+    for (i, q) in shapes.into_iter().enumerate() {
+        let (d, a, b) = [(DType::F16, R, C), (DType::BF16, R, R), (DType::F16, C, R), (DType::BF16, C, C)][i % 4];
+        let mut p = Problem::new(1000, 1000, 1000, d).with_layouts(a, b);
+        p.custom = Some(store_epilogue(1000, d, true));
+        assert_eq!(gemm::park_dtype(&p, &q), Some(d));
+        v.push((p.clone(), q));
+        let other = match i % 6 {
+            0 => {
+                p.custom = Some(store_epilogue(1000, d, false));
+                p
+            }
+            1 => {
+                p.custom = None;
+                p.epilogue = Epilogue { bias: Some(DType::F32), activation: Activation::Gelu };
+                p
+            }
+            2 => {
+                p.custom = None;
+                p.out_dtype = DType::F32;
+                p.epilogue = Epilogue { bias: Some(d), activation: Activation::Relu };
+                p
+            }
+            3 => {
+                p.custom = Some(gemm::CustomEpilogue { rounds_to: None, ..store_epilogue(1000, DType::F32, true) });
+                p
+            }
+            4 => {
+                let q = Params { park16: false, ..q };
+                assert_eq!(gemm::park_dtype(&p, &q), None);
+                v.push((p, q));
+                continue;
+            }
+            _ => {
+                let mut f = Problem::new(1000, 1000, 1024, DType::F8E4M3).with_layouts(R, C);
+                f.scale_a = true;
+                f.scale_b = true;
+                f.custom = Some(store_epilogue(1000, DType::BF16, true));
+                let q = Params { tile_k: 128, ..q };
+                assert_eq!(gemm::park_dtype(&f, &q), Some(DType::BF16));
+                v.push((f, q));
+                continue;
+            }
+        };
+        v.push((other, q));
+    }
+    v
+}
+
+#[test]
+fn staged_epilogues_render_their_parking() {
+    let classes = staged_classes();
+    assert!(classes.len() >= 30, "{}", classes.len());
+    for (p, q) in &classes {
+        assert_eq!(gemm::applies(p, q, (9, 0)), Ok(()), "{p:?} {q:?}");
+        let src = gemm::render(p, q);
+        let name = gemm::kernel_name(p, q);
+        assert_eq!(src.matches('{').count(), src.matches('}').count(), "{name}");
+        match gemm::park_dtype(p, q) {
+            Some(d) => {
+                let t = if d == DType::F16 { "f16" } else { "bf16" };
+                assert!(name.contains("_sth"), "{name}");
+                assert!(src.contains(&format!("tl_pack_{t}x2(acc[0][4 * (ch * 4 + qq) + 2 * h]")), "{name}");
+                assert!(src.contains("unsigned* tl_s = tl_sh + (ch & 1) * 256;"), "{name}");
+                // One barrier per chunk: the second slice takes the next chunk.
+                assert_eq!(src.matches("__syncwarp();").count(), q.warp_m() / 64, "{name}");
+                let vector = p.custom.as_ref().is_some_and(|c| c.vector.is_some());
+                assert_eq!(src.contains("const uint4 tl_w ="), vector, "{name}");
+                assert!(!src.contains("float* tl_st ="), "{name}");
+            }
+            None => {
+                assert!(name.contains("_st") && !name.contains("_sth"), "{name}");
+                assert!(src.contains("float* tl_st = (float*)tl_dyn_stage") && !src.contains("tl_pack_"), "{name}");
+            }
+        }
+        // Two 1 KiB slices for each of up to 8 consumer warps fit the staging area.
+        assert!(8 * 2 * 1024 <= gemm::STAGING_BYTES && q.smem_bytes() <= gemm::MAX_SMEM);
+    }
+    // The variants are told apart by name (the kernel cache keys on it).
+    let (p, q) = &classes[0];
+    assert_ne!(gemm::kernel_name(p, q), gemm::kernel_name(p, &Params { park16: false, ..*q }));
+}
+
+#[test]
+fn staged_epilogues_compile_with_nvrtc_for_sm_90a() {
+    let Some(nv) = nvrtc_or_skip("staged_epilogues_compile_with_nvrtc_for_sm_90a") else {
+        return;
+    };
+    let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
+    let modules: Vec<(String, String)> = staged_classes()
+        .iter()
+        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
+        .collect();
+    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
+        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
+        assert!(img.starts_with(b"\x7fELF"), "{name}");
+    }
+}
+
 /// FNV-1a of a string: stable across runs and builds.
 fn fnv(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -195,7 +343,8 @@ fn fnv(s: &str) -> u64 {
 
 /// The 16-bit problem classes render exactly the source they rendered before fp8 and tf32
 /// were added (hashes taken then), custom epilogues and split A included; the one class on
-/// heuristic parameters has since taken the staged epilogue (`_st`, hash retaken).
+/// heuristic parameters has since taken the staged epilogue (`_st`), then parked in 16 bits
+/// (`_sth`; hash retaken each time).
 #[test]
 fn sixteen_bit_sources_are_unchanged() {
     let mut all = classes();
@@ -209,6 +358,7 @@ fn sixteen_bit_sources_are_unchanged() {
         source: "__device__ void f(float* o, long long b, long long r, int c, float v) { o[r * 256 + c] = v; }\n".into(),
         params: vec!["float* __restrict__ o".into()],
         rows: Some(256),
+        rounds_to: None,
         vector: None,
     });
     all.push((p, Params { tile_n: 128, stages: 6, ..Params::default() }));
@@ -229,7 +379,7 @@ ef35322fd4f4a1ac tl_gemm_sm90_bf16cr_bf16_128x256x64_s4_c2_g8_r40x232
 cf7a53c5acd3e487 tl_gemm_sm90_bf16rr_bf16_256x128x64_s4_c2_g8_r40x232_biasbf16_gelu_bcb
 e2f964fb2569f761 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232_k2
 c4fd2ae8a2822244 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232_k2
-6e1bded53ef820d4 tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232_st
+f1d70c9ca4ea8149 tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232_sth
 f77a074fe26a0c97 tl_gemm_sm90_f16rr_f16_128x256x64_s4_c2_g8_r40x232_as
 7bb66be5ec406e65 tl_gemm_sm90_bf16rc_bf16_128x128x64_s6_c2_g8_r40x232_e9286d69871787cfb
 ";

@@ -1081,3 +1081,58 @@ fn unaligned_output_rows_keep_the_element_wise_epilogue() {
 fn is_flash(schedule: &str) -> bool {
     schedule.ends_with("_flash_attn")
 }
+
+/// `cast(x, f32) · transpose(cast(w, f32))` over 16-bit inputs: an f32 product whose operands
+/// are read from 16-bit buffers.
+fn upcast_linear(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("upcast_linear");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k]));
+    let w = g.add_input("w", TensorType::fixed(d, &[n, k]));
+    let cast = Op::Cast { to: DType::F32, saturate: false };
+    let x = g.add(cast.clone(), &[x]).unwrap();
+    let w = g.add(cast, &[w]).unwrap();
+    let wt = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0] }), &[w]).unwrap();
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[x, wt]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// The Hopper template's staged epilogue parks a 16-bit MatMul's products in its own dtype
+/// (the epilogue rounds them to it first: the graph's MatMul output), with the bias, GELU and
+/// residual after; an f32 product (over operands cast up from 16 bits: the template reads
+/// them as 16-bit operands, but the graph's product is f32), an fp8 one and a tf32 one park f32.
+/// The mma.sync template's staged tile likewise.
+#[test]
+fn sixteen_bit_products_park_in_sixteen_bits() {
+    let h = GpuTarget::hopper();
+    let sm90 = |g: &Graph, t: &GpuTarget| -> Vec<String> {
+        prepared(g, t).kernels().iter().filter(|k| k.schedule == "sm90_tc_gemm").map(|k| k.source.source.clone()).collect()
+    };
+    for (d, pack) in [(DType::F16, "tl_pack_f16x2(acc"), (DType::BF16, "tl_pack_bf16x2(acc")] {
+        let srcs = sm90(&linear(d, 4, 64, 256, 512), &h);
+        assert_eq!(srcs.len(), 1);
+        assert!(srcs[0].contains(pack) && srcs[0].contains("_sth"), "{d:?}");
+        assert!(!srcs[0].contains("float* tl_st ="), "{d:?}");
+    }
+    let tf32 = GpuTarget { allow_tf32: true, ..h };
+    let mut seen = 0;
+    for g in [upcast_linear(DType::F16, 256, 512, 384), linear_kmajor(DType::F8E4M3, 256, 512, 384), linear_kmajor(DType::F32, 256, 512, 384)] {
+        for src in sm90(&g, &tf32) {
+            seen += 1;
+            assert!(!src.contains("tl_pack_") && src.contains("float* tl_st ="), "{}", g.name);
+        }
+    }
+    // All three are the template's (the cast-up operands read straight from 16-bit buffers).
+    assert_eq!(seen, 3);
+    // The mma.sync template likewise (a short product split over K there); a convolution's
+    // own bias is added to the f32 sum before the one rounding of its output, so it parks f32.
+    let mma = |g: &Graph| -> Vec<String> {
+        prepared(g, &h).kernels().iter().filter(|k| k.schedule == "sm80_mma_gemm").map(|k| k.source.source.clone()).collect()
+    };
+    let srcs = mma(&linear(DType::BF16, 1, 128, 3072, 768));
+    assert_eq!(srcs.len(), 1);
+    assert!(srcs[0].contains("tl_pack_bf16x2(acc"));
+    let srcs = mma(&conv(DType::BF16, 2, 3, 32, 64, 7, 2, 3, false));
+    assert_eq!(srcs.len(), 1);
+    assert!(!srcs[0].contains("tl_pack_") && srcs[0].contains("float* tl_stage"));
+}

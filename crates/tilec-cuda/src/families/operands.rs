@@ -384,6 +384,41 @@ pub fn epilogue_fn(k: &Kernel, g: &Gemm, rows: Option<usize>) -> Result<CustomEp
         source,
         params: crate::render::param_list(&plain),
         rows,
+        rounds_to: product_rounding(g),
         vector,
     })
+}
+
+/// The 16-bit dtype `g`'s epilogue rounds its accumulator to wherever it reads it (a MatMul
+/// whose output is f16 or bf16 in the graph: its lowering casts the f32 sum to that dtype
+/// before the fused operations), or `None` if some use sees the f32 sum itself (an f32 product,
+/// or one over operands cast up to f32) or the epilogue assigns the accumulator.
+pub fn product_rounding(g: &Gemm) -> Option<DType> {
+    let acc = g.acc_var;
+    let mut found: Option<DType> = None;
+    let mut other = false;
+    for s in &g.epilogue {
+        s.visit(&mut |st| other |= matches!(st, Stmt::Assign { var, .. } if *var == acc));
+        let mut s = s.clone();
+        // Each rounding of the accumulator to one 16-bit dtype becomes a constant; what still
+        // reads the accumulator afterwards reads it unrounded.
+        s.map_exprs(&mut |e| {
+            e.rewrite(&mut |e| match e {
+                Expr::Cast(d @ (DType::F16 | DType::BF16), x) if *x == Expr::Var(acc) && found.is_none_or(|f| f == d) => {
+                    found = Some(d);
+                    Expr::Int(0)
+                }
+                e => e,
+            })
+        });
+        s.map_exprs(&mut |e| {
+            other |= e.uses_var(acc);
+            e
+        });
+    }
+    if other {
+        None
+    } else {
+        found
+    }
 }

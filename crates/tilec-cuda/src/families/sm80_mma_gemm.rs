@@ -72,6 +72,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
         split_k: get("split_k", q.split_k),
         prefetch: get("prefetch", q.prefetch),
         staged: get("staged", q.staged as usize) != 0,
+        ..q
     }
 }
 

@@ -99,7 +99,13 @@ pub struct CustomEpilogue {
     pub params: Vec<String>,
     /// Whether the function expects a flattened row (`row = b * rows + i`, batch 0): it then
     /// splits the row itself.
-    pub rows: Option<usize>,    /// A second function of the source over [`EPILOGUE_VEC`](crate::render::EPILOGUE_VEC)
+    pub rows: Option<usize>,
+    /// The dtype the function rounds its accumulator to before anything else (a 16-bit
+    /// product's own dtype: the graph's MatMul output), where every use of the accumulator is
+    /// that rounding. A template may then hand it the value already rounded (the staged
+    /// epilogue parks it in 16 bits: [`park_dtype`]) without changing any result.
+    pub rounds_to: Option<DType>,
+    /// A second function of the source over [`EPILOGUE_VEC`](crate::render::EPILOGUE_VEC)
     /// adjacent columns (see
     /// [`render_gemm_epilogue_vec_fn`](crate::render::render_gemm_epilogue_vec_fn)), taking
     /// the column group `jv` and a pointer to its accumulators: the templates call it for whole
@@ -411,11 +417,34 @@ pub struct Params {
     /// block's sequence), so one's epilogue overlaps the other's products; otherwise they
     /// share each tile, `tile_m / consumers` rows each.
     pub pingpong: bool,
+    /// The staged epilogue parks the accumulators in 16 bits where that changes no result
+    /// ([`park_dtype`]); `false` keeps them f32 (for comparisons).
+    pub park16: bool,
 }
 
-/// Shared memory of the staged epilogue: per consumer warp, 16 rows of 32 f32 columns padded
-/// to 40 (conflict-free pair writes from the accumulator fragments), for up to 8 warps.
+/// Shared memory of the staged epilogue, for up to 8 consumer warps: per warp, one slice of 16
+/// rows of 32 f32 columns padded to 40 (2560 bytes), or, parking in 16 bits, two slices of 16
+/// rows of 32 16-bit columns (2 x 1024 bytes; see `render_parked16`). The larger is reserved.
 pub const STAGING_BYTES: usize = 8 * 16 * 40 * 4;
+
+/// The 16-bit dtype the staged epilogue parks the accumulators in, or `None` for f32: where the
+/// value the epilogue goes on with is the product rounded to that dtype anyway, so rounding it
+/// before parking is exact. That is a custom epilogue that rounds its accumulator first
+/// ([`CustomEpilogue::rounds_to`]: a MatMul over f16 or bf16 whose output, in the graph, is
+/// f16 or bf16, followed by Add, activations and the like), or the built-in epilogue of
+/// 16-bit operands into C of the same dtype (the product is of that dtype, as in ONNX, then
+/// the bias and activation). f32, tf32 and fp8 products written as f32 keep f32.
+pub fn park_dtype(p: &Problem, q: &Params) -> Option<DType> {
+    if !q.staged || !q.park16 {
+        return None;
+    }
+    let d = match &p.custom {
+        Some(c) => c.rounds_to?,
+        None if p.in_dtype == p.out_dtype && p.b_dtype() == p.in_dtype => p.out_dtype,
+        None => return None,
+    };
+    matches!(d, DType::F16 | DType::BF16).then_some(d)
+}
 
 impl Default for Params {
     fn default() -> Params {
@@ -431,6 +460,7 @@ impl Default for Params {
             regs: (40, 232),
             staged: false,
             pingpong: false,
+            park16: true,
         }
     }
 }
@@ -900,7 +930,7 @@ mod tests {
         p.a_split = Some(ASplit { rows: 512, head_stride: 512 * 64, group_stride: 0 });
         assert!(applies(&p, &q, (9, 0)).unwrap_err().contains("multiple of 64"));
         // A custom epilogue replaces the built-in one; both at once is refused.
-        let c = CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: Some(256), vector: None };
+        let c = CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: Some(256), rounds_to: None, vector: None };
         let mut p = Problem::new(1024, 256, 64, DType::BF16);
         p.custom = Some(c.clone());
         assert_eq!(applies(&p, &q, (9, 0)), Ok(()));
@@ -1017,7 +1047,7 @@ mod tests {
         assert!(src.contains(&format!("void {}_repack(", kernel_name(&p, &q))));
         assert!(kernel_name(&p, &q).contains("_cv2x14x14x128_o72_k3x3_s2x2_p1x1_d1x1"));
         // The model epilogue goes through each warp's slice of shared memory.
-        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec!["float* __restrict__ y".into()], rows: Some(49), vector: None });
+        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec!["float* __restrict__ y".into()], rows: Some(49), rounds_to: None, vector: None });
         let q = heuristic(&p, 132);
         assert!(q.staged && q.smem_bytes() <= MAX_SMEM, "{q:?}");
         let src = render(&p, &q);
@@ -1058,7 +1088,7 @@ mod tests {
         assert!(src.contains("bar.sync %0, 256;") && src.contains("bar.arrive %0, 256;"));
         assert!(src.contains("tl_wgmma_desc(sa + (0 + 1) * 8192u"), "{src}");
         assert!(src.contains("tl_mbar_init(bars + 8 * (STAGES + s), 4);"));
-        assert!(kernel_name(&p, &q).contains("_st_pp"));
+        assert!(kernel_name(&p, &q).contains("_sth_pp"));
         // 128x256 per warpgroup would need 256 accumulators a thread; no clusters.
         assert!(Params { pingpong: true, ..Params::default() }.validate().is_err());
         assert!(Params { cluster_m: 2, ..q }.validate().unwrap_err().contains("ping-pong"));

@@ -98,11 +98,13 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
     };
     let (ta, tb) = mma_types(p);
     let ab = if ta == tb { ta.to_string() } else { format!("{ta}{tb}") };
+    // `_sth`: the staged epilogue parking in 16 bits.
+    let st = if super::park_dtype(p, q).is_some() { "_sth" } else { "_st" };
     let staged = match (q.staged, q.pingpong) {
-        (true, true) => "_st_pp",
-        (true, false) => "_st",
-        (false, true) => "_pp",
-        (false, false) => "",
+        (true, true) => format!("{st}_pp"),
+        (true, false) => st.to_string(),
+        (false, true) => "_pp".to_string(),
+        (false, false) => String::new(),
     };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
@@ -215,6 +217,25 @@ template <int N> __device__ __forceinline__ void tl_wgmma_wait() {
 }
 "#;
 
+/// Packing two f32 values into one 32-bit word of 16-bit ones (rounded to nearest even, the
+/// first in the low half: the lower address) and widening them back.
+pub(crate) const PARK16_HELPERS: &str = r#"
+__device__ __forceinline__ unsigned tl_pack_f16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ unsigned tl_pack_bf16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float tl_lo_f16(unsigned w) { return tl_bits_f16((unsigned short)(w & 0xffffu)); }
+__device__ __forceinline__ float tl_hi_f16(unsigned w) { return tl_bits_f16((unsigned short)(w >> 16)); }
+__device__ __forceinline__ float tl_lo_bf16(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float tl_hi_bf16(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+"#;
+
 /// One `wgmma.mma_async` of shape m64nNkK over accumulator array `acc` (n/2 registers per
 /// thread), A of type `ta` and B of `tb`; `trans` gives the transpose bits (16-bit types only:
 /// the fp8 and tf32 forms have none).
@@ -278,6 +299,9 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     let mut s = String::new();
     s.push_str(PRELUDE);
     s.push_str(HELPERS);
+    if super::park_dtype(p, q).is_some() {
+        s.push_str(PARK16_HELPERS);
+    }
     if p.conv.is_some() {
         s.push_str(IM2COL_HELPER);
     }
@@ -707,7 +731,7 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
             "const float x = v{bias};\n                const float y = {};\n                c[(long long)b * batch_stride_c + (long long)row * ldc + col] = {store};",
             act("x")
         );
-        return render_staged_epilogue(q, &sink, scale_factor(p));
+        return render_staged_epilogue(p, q, &sink, scale_factor(p));
     }
     let v0 = act("x0");
     let v1 = act("x1");
@@ -777,10 +801,10 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
     };
     if q.staged {
         if let Some(vf) = &c.vector {
-            return render_staged_vector_epilogue(q, scale_factor(p), &format!("const long long eb = {bexpr}, er = {rexpr};"), &c.name, vf, &args);
+            return render_staged_vector_epilogue(p, q, scale_factor(p), &format!("const long long eb = {bexpr}, er = {rexpr};"), &c.name, vf, &args);
         }
         let sink = format!("const long long eb = {bexpr}, er = {rexpr};\n                {}({args}eb, er, col, v);", c.name);
-        return render_staged_epilogue(q, &sink, scale_factor(p));
+        return render_staged_epilogue(p, q, &sink, scale_factor(p));
     }
     let mut s = String::from("      {\n");
     for j in 0..mblocks {
@@ -812,30 +836,75 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
     s
 }
 
-/// The custom epilogue through shared memory: each warp parks 16 rows by 32 columns of its
-/// accumulators in its own slice (rows padded to 40 floats: the pair writes of a half-warp hit
-/// distinct banks), then reads them back a row at a time, lane `l` on column `l`, and hands
-/// them to the epilogue function; warps need no block-wide barrier.
-fn render_staged_epilogue(q: &Params, sink: &str, scale: &str) -> String {
+/// The staged epilogue, one element per call: each warp parks its accumulators 16 rows by 32
+/// columns at a time in its own shared memory ([`render_parked`] in f32, [`render_parked16`]
+/// in 16 bits), then reads them back a row at a time, lane `l` on column `l` (a warp's loads
+/// and stores cover whole row segments), and runs `sink` on each value `v` inside C; warps
+/// need no block-wide barrier.
+fn render_staged_epilogue(p: &Problem, q: &Params, sink: &str, scale: &str) -> String {
+    let value = match super::park_dtype(p, q) {
+        // Row r of a slice: 16 words (32 columns), its four 16-byte groups swizzled by
+        // (r / 2) % 4 (see render_parked16): column l in half-word 8 ((l / 8) ^ swizzle) + l % 8.
+        // A warp reads one row: 64 bytes, 16 banks, two lanes per word (a broadcast).
+        Some(d) => format!(
+            "tl_bits_{}(((const unsigned short*)tl_s)[r * 32 + 8 * ((lane >> 3) ^ ((r >> 1) & 3)) + (lane & 7)])",
+            short(d)
+        ),
+        None => "tl_st[r * 40 + lane]".to_string(),
+    };
     let readback = format!(
         r#"#pragma unroll 4
             for (int r = 0; r < 16; ++r) {{
               const int row = row0 + r, col = n0 + ch * 32 + lane;
               if (row < M && col < N) {{
-                const float v = tl_st[r * 40 + lane];
+                const float v = {value};
                 {sink}
               }}
             }}"#
     );
-    render_parked(q, scale, &readback)
+    match super::park_dtype(p, q) {
+        Some(d) => render_parked16(q, d, scale, &readback),
+        None => render_parked(q, scale, &readback),
+    }
 }
 
 /// The staged custom epilogue with a vector epilogue function: the warp's slice is parked as
 /// in [`render_staged_epilogue`], then each lane reads [`EPILOGUE_VEC`] adjacent columns of a
 /// row (four lanes per 32-column row, eight rows per pass) and hands them to the vector
 /// function (whole-vector loads and stores), or element by element at the right edge of C.
-fn render_staged_vector_epilogue(q: &Params, scale: &str, split: &str, f: &str, vf: &str, args: &str) -> String {
+fn render_staged_vector_epilogue(p: &Problem, q: &Params, scale: &str, split: &str, f: &str, vf: &str, args: &str) -> String {
     let v = EPILOGUE_VEC;
+    if let Some(d) = super::park_dtype(p, q) {
+        assert_eq!(v, 8, "a 16-byte load holds 8 16-bit columns");
+        // Lane l reads 16 bytes: row 8 pass + l / 4, 16-byte group l % 4 (swizzled as parked),
+        // then widens the 8 values to f32 for the function.
+        let t = short(d);
+        let unpack: Vec<String> = ["x", "y", "z", "w"]
+            .iter()
+            .flat_map(|c| [format!("tl_lo_{t}(tl_w.{c})"), format!("tl_hi_{t}(tl_w.{c})")])
+            .collect();
+        let readback = format!(
+            r#"#pragma unroll
+            for (int pass = 0; pass < 2; ++pass) {{
+              const int r = pass * 8 + (lane >> 2);
+              const int row = row0 + r, col = n0 + ch * 32 + (lane & 3) * {v};
+              if (row < M && col < N) {{
+                {split}
+                const uint4 tl_w = *reinterpret_cast<const uint4*>(tl_s + r * 16 + 4 * ((lane & 3) ^ ((r >> 1) & 3)));
+                __align__(16) float tl_v[{v}] = {{{unpack}}};
+                if (col + {v} <= N) {{
+                  {vf}({args}eb, er, col / {v}, tl_v);
+                }} else {{
+#pragma unroll
+                  for (int x = 0; x < {v}; ++x)
+                    if (col + x < N) {f}({args}eb, er, col + x, tl_v[x]);
+                }}
+              }}
+            }}"#,
+            unpack = unpack.join(", ")
+        );
+        return render_parked16(q, d, scale, &readback);
+    }
     let readback = format!(
         r#"#pragma unroll
             for (int pass = 0; pass < 2; ++pass) {{
@@ -855,7 +924,8 @@ fn render_staged_vector_epilogue(q: &Params, scale: &str, split: &str, f: &str, 
     render_parked(q, scale, &readback)
 }
 
-/// Each warp's accumulators parked 16 rows by 32 columns at a time in its slice `tl_st`, then
+/// Each warp's accumulators parked as f32, 16 rows by 32 columns at a time, in its slice
+/// `tl_st` (rows padded to 40 floats: the pair writes of a half-warp hit distinct banks), then
 /// `readback` (which sees `row0`, the chunk `ch` and the slice) between two `__syncwarp`s.
 fn render_parked(q: &Params, scale: &str, readback: &str) -> String {
     let mblocks = q.warp_m() / 64;
@@ -890,9 +960,134 @@ fn render_parked(q: &Params, scale: &str, readback: &str) -> String {
     s
 }
 
+/// Each warp's accumulators parked in 16 bits (`d`), 16 rows by 32 columns at a time, in two
+/// slices `tl_s` used in turn, then `readback` after one `__syncwarp`.
+///
+/// Exact: [`park_dtype`](super::park_dtype) picks `d` only where the epilogue rounds the
+/// product to `d` first anyway (a MatMul over f16 or bf16 has an f16 or bf16 output in the
+/// graph, which its Add, activation or store then read), and rounding twice to nearest even
+/// is rounding once.
+///
+/// A slice is 16 rows of 16 words (32 columns of 16 bits, 1 KiB); column pair `w` of row `r`
+/// (16-byte group `g = w / 4`, word `w % 4` in it) sits at word `16 r + 4 (g ^ s(r)) + w % 4`,
+/// with the swizzle `s(r) = (r / 2) % 4`. Banks (32 of 4 bytes; a row is half of them, rows
+/// of one parity the same half):
+/// - park: one store per accumulator pair, lane `l` on row `l / 4 + 8 h`, pair `4 qq + l % 4`:
+///   bank `16 ((l / 4) % 2) + 4 (qq ^ (l / 8) % 4) + l % 4`, a bijection of the 32 lanes;
+/// - vector readback: 16-byte loads, served a quarter-warp (8 lanes, 128 bytes) at a time;
+///   lanes `8 i .. 8 i + 7` read rows `2 i` and `2 i + 1` (plus 8 per pass), one in each half,
+///   all four groups of each: 32 distinct banks;
+/// - row readback: one row of 64 bytes, 16 banks.
+///
+/// Two slices per warp: chunk `c` parks in slice `c % 2` and is read back after a
+/// `__syncwarp`; the next one parks in the other slice, so no second barrier waits for the
+/// read-back. Chunk `c + 2` overwrites slice `c % 2` only after the `__syncwarp` that follows
+/// every lane's read-back of chunk `c` (chunks run on across the 64-row blocks and tiles: an
+/// even count per block, as `tile_n` is a multiple of 64).
+fn render_parked16(q: &Params, d: DType, scale: &str, readback: &str) -> String {
+    let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
+    let pack = format!("tl_pack_{}x2", short(d));
+    // Two 1 KiB slices per warp (within STAGING_BYTES); the lane's park swizzle s(l / 4 + 8 h)
+    // is (l / 8) % 4.
+    let mut s = String::from(
+        "      {\n        unsigned* tl_sh = (unsigned*)tl_dyn_stage + (cw * 4 + warp) * 512;\n        const int tl_swz = (lane >> 3) & 3;\n",
+    );
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"        {{
+          const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16;
+#pragma unroll
+          for (int ch = 0; ch < {chunks}; ++ch) {{
+            unsigned* tl_s = tl_sh + (ch & 1) * 256;
+#pragma unroll
+            for (int qq = 0; qq < 4; ++qq)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                tl_s[((lane >> 2) + 8 * h) * 16 + 4 * (qq ^ tl_swz) + (lane & 3)] =
+                    {pack}(acc[{j}][4 * (ch * 4 + qq) + 2 * h]{scale}, acc[{j}][4 * (ch * 4 + qq) + 2 * h + 1]{scale});
+            __syncwarp();
+{readback}
+          }}
+        }}
+"#,
+            chunks = q.tile_n / 32,
+        );
+    }
+    s.push_str("      }\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 16-bit slice layout as rendered: every parked column comes back where the read-backs
+    /// look for it, and no access conflicts on banks (32 banks of 4 bytes; 4-byte stores a warp
+    /// at a time, 16-byte loads a quarter-warp at a time).
+    #[test]
+    fn sixteen_bit_parking_round_trips_without_bank_conflicts() {
+        let mut p = Problem::new(300, 200, 64, DType::F16);
+        p.custom = Some(super::super::CustomEpilogue {
+            name: "f".into(),
+            source: String::new(),
+            params: vec![],
+            rows: None,
+            rounds_to: Some(DType::F16),
+            vector: Some("fv".into()),
+        });
+        let q = Params { staged: true, tile_m: 64, tile_n: 64, consumers: 1, ..Params::default() };
+        let src = render(&p, &q);
+        // The index expressions mirrored below.
+        assert!(src.contains("const int tl_swz = (lane >> 3) & 3;"));
+        assert!(src.contains("tl_s[((lane >> 2) + 8 * h) * 16 + 4 * (qq ^ tl_swz) + (lane & 3)] ="));
+        assert!(src.contains("tl_s + r * 16 + 4 * ((lane & 3) ^ ((r >> 1) & 3))"));
+        let scalar = render(&Problem { custom: None, ..p.clone() }, &q);
+        assert!(scalar.contains("[r * 32 + 8 * ((lane >> 3) ^ ((r >> 1) & 3)) + (lane & 7)]"));
+        // Half-word h of the slice holds (row, column) of the chunk.
+        let mut slot = [None; 512];
+        for qq in 0..4 {
+            for h in 0..2 {
+                let mut banks = [false; 32];
+                for lane in 0..32usize {
+                    let r = (lane >> 2) + 8 * h;
+                    let w = r * 16 + 4 * (qq ^ ((lane >> 3) & 3)) + (lane & 3);
+                    assert!(!std::mem::replace(&mut banks[w % 32], true), "park qq {qq} h {h}: bank {}", w % 32);
+                    for e in 0..2 {
+                        assert!(slot[2 * w + e].replace((r, 8 * qq + 2 * (lane & 3) + e)).is_none());
+                    }
+                }
+            }
+        }
+        for pass in 0..2 {
+            for quarter in 0..4 {
+                let mut banks = [false; 32];
+                for lane in 8 * quarter..8 * quarter + 8 {
+                    let r = pass * 8 + (lane >> 2);
+                    let w = r * 16 + 4 * ((lane & 3) ^ ((r >> 1) & 3));
+                    for x in 0..8 {
+                        assert_eq!(slot[2 * w + x], Some((r, (lane & 3) * 8 + x)), "vector read-back");
+                    }
+                    for b in w..w + 4 {
+                        assert!(!std::mem::replace(&mut banks[b % 32], true), "read-back pass {pass} quarter {quarter}");
+                    }
+                }
+            }
+        }
+        for r in 0..16 {
+            let mut words = std::collections::BTreeSet::new();
+            for lane in 0..32 {
+                let hw = r * 32 + 8 * ((lane >> 3) ^ ((r >> 1) & 3)) + (lane & 7);
+                assert_eq!(slot[hw], Some((r, lane)), "row read-back");
+                words.insert(hw / 2);
+            }
+            // 16 words in 16 distinct banks (two lanes per word).
+            let banks: std::collections::BTreeSet<usize> = words.iter().map(|w| w % 32).collect();
+            assert_eq!((words.len(), banks.len()), (16, 16));
+        }
+    }
 
     #[test]
     fn wgmma_wrapper_lists_every_accumulator() {

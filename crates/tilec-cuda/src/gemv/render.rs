@@ -338,6 +338,7 @@ mod tests {
             source: String::new(),
             params: vec!["const tl_bf16* __restrict__ a".into(), "const tl_bf16* __restrict__ b".into(), "float* __restrict__ c".into()],
             rows: None,
+            rounds_to: None,
             vector: None,
         });
         g

@@ -64,12 +64,27 @@ pub struct Params {
     /// adjacent columns of a row (whole-sector stores); otherwise each thread hands its
     /// fragments to the epilogue straight from registers.
     pub staged: bool,
+    /// The staged epilogue parks the tile in 16 bits where that changes no result
+    /// ([`park_dtype`]); `false` keeps it f32 (for comparisons).
+    pub park16: bool,
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { tile_m: 128, tile_n: 128, tile_k: 64, warps_m: 2, warps_n: 4, stages: 4, split_k: 1, prefetch: 0, staged: true }
+        Params { tile_m: 128, tile_n: 128, tile_k: 64, warps_m: 2, warps_n: 4, stages: 4, split_k: 1, prefetch: 0, staged: true, park16: true }
     }
+}
+
+/// The 16-bit dtype the staged epilogue parks the tile in, or `None` for f32: where the epilogue
+/// function rounds the product to that dtype first anyway
+/// ([`CustomEpilogue::rounds_to`](crate::gemm::CustomEpilogue::rounds_to), as after a 16-bit
+/// MatMul), so rounding it before parking is exact; tiles at least 64 columns wide (eight
+/// 16-byte groups a row, the swizzle's span).
+pub fn park_dtype(p: &MmaProblem, q: &Params) -> Option<DType> {
+    if !q.staged || !q.park16 || q.tile_n < 64 {
+        return None;
+    }
+    p.gemm.custom.as_ref()?.rounds_to.filter(|d| matches!(d, DType::F16 | DType::BF16))
 }
 
 /// Shared memory a block may take (sm_90; the device's own limit is checked at load).
@@ -89,7 +104,8 @@ impl Params {
     pub fn stage_bytes(&self) -> usize {
         (self.tile_m + self.tile_n) * self.tile_k * 2
     }
-    /// Bytes of the staged epilogue's tile: f32, rows padded by 8.
+    /// Bytes of the staged epilogue's tile: f32, rows padded by 8 (parked in 16 bits it takes
+    /// half of that or less; the f32 size is reserved either way).
     pub fn staging_bytes(&self) -> usize {
         if self.staged {
             self.tile_m * (self.tile_n + 8) * 4
@@ -301,7 +317,7 @@ mod tests {
     use crate::gemm::CustomEpilogue;
 
     fn with_epi(mut p: Problem) -> MmaProblem {
-        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: None, vector: None });
+        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
         MmaProblem { gemm: p, conv: None }
     }
 

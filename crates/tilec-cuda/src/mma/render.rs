@@ -12,8 +12,10 @@
 
 use std::fmt::Write;
 
+use tilec_ir::DType;
 
-use super::{MmaProblem, Params};
+
+use super::{park_dtype, MmaProblem, Params};
 use crate::families::OperandRef;
 use crate::gemm::Layout;
 use crate::render::{param_name, short16 as short, source_hash as fnv, EPILOGUE_VEC, PRELUDE};
@@ -252,6 +254,59 @@ fn staged_readback(q: &Params, m: usize, n: usize, split_row: &str, epi: &str, v
     }
 }
 
+/// [`staged_readback`] from the tile parked in 16 bits (`d`; see `render_body`): 16-byte loads
+/// of 8 columns widened to f32 for the vector function, or one 16-bit element per call.
+#[allow(clippy::too_many_arguments)]
+fn staged_readback16(q: &Params, d: DType, m: usize, n: usize, split_row: &str, epi: &str, vector: Option<&str>, args: &str) -> String {
+    let (bn, threads, t) = (q.tile_n, q.threads(), short(d));
+    match vector {
+        Some(vf) => {
+            assert_eq!(EPILOGUE_VEC, 8, "a 16-byte load holds 8 16-bit columns");
+            let unpack: Vec<String> = ["x", "y", "z", "w"]
+                .iter()
+                .flat_map(|c| [format!("tl_lo_{t}(tl_w.{c})"), format!("tl_hi_{t}(tl_w.{c})")])
+                .collect();
+            format!(
+                r#"#pragma unroll 2
+  for (int tl_e = tid; tl_e < {groups}; tl_e += {threads}) {{
+    const int tl_r = tl_e / {gpr}, tl_g = tl_e % {gpr};
+    const int row = m0 + tl_r, col = n0 + tl_g * 8;
+    if (row < {m} && col < {n}) {{
+      {split_row}
+      const uint4 tl_w = *reinterpret_cast<const uint4*>(tl_stage + tl_r * {rw} + 4 * (tl_g ^ (tl_r & 7)));
+      __align__(16) float tl_v[8] = {{{unpack}}};
+      if (col + 8 <= {n}) {{
+        {vf}({args}eb, er, col / 8, tl_v);
+      }} else {{
+#pragma unroll
+        for (int tl_x = 0; tl_x < 8; ++tl_x)
+          if (col + tl_x < {n}) {epi}({args}eb, er, col + tl_x, tl_v[tl_x]);
+      }}
+    }}
+  }}
+"#,
+                groups = q.tile_m * bn / 8,
+                gpr = bn / 8,
+                rw = bn / 2,
+                unpack = unpack.join(", "),
+            )
+        }
+        None => format!(
+            r#"#pragma unroll 4
+  for (int tl_e = tid; tl_e < {tile}; tl_e += {threads}) {{
+    const int tl_r = tl_e / {bn}, tl_c = tl_e % {bn};
+    const int row = m0 + tl_r, col = n0 + tl_c;
+    if (row < {m} && col < {n}) {{
+      {split_row}
+      {epi}({args}eb, er, col, tl_bits_{t}(((const unsigned short*)tl_stage)[tl_r * {bn} + 8 * ((tl_c >> 3) ^ (tl_r & 7)) + (tl_c & 7)]));
+    }}
+  }}
+"#,
+            tile = q.tile_m * bn,
+        ),
+    }
+}
+
 fn render_body(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef, name: &str) -> String {
     let g = &p.gemm;
     let c = g.custom.as_ref();
@@ -278,6 +333,9 @@ fn render_body(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef, name:
     };
     let mut s = format!("#define TL_L2_HINT \"{hint}\"\n");
     s.push_str(HELPERS);
+    if park_dtype(p, q).is_some() {
+        s.push_str(crate::gemm::render::PARK16_HELPERS);
+    }
     s.push_str(&mma_fn(short(g.in_dtype)));
     let mut params = decls.clone();
     params.extend(["const unsigned short* __restrict__ tl_bpk", "float* __restrict__ tl_ws", "int* __restrict__ tl_cnt"].map(String::from));
@@ -484,7 +542,38 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             threads = q.threads(),
         );
     }
-    if q.staged {
+    if let Some(d) = park_dtype(p, q) {
+        // As below, parked in 16 bits: exact, as the epilogue function rounds the product to
+        // `d` first anyway (a 16-bit MatMul's output in the graph). Row r holds tile_n / 8
+        // 16-byte groups (64 columns or more: a multiple of 8 groups, rows a multiple of 128
+        // bytes apart), group g at g ^ (r % 8). Banks: a warp's pair stores cover rows
+        // 8i .. 8i + 7 at one group, hence 8 distinct groups of 4 words; a quarter-warp's
+        // 16-byte loads cover 8 adjacent groups of one row, permuted within their aligned
+        // block of 8; a warp's element loads cover 64 bytes of one row.
+        let _ = write!(
+            s,
+            r#"  __syncthreads();
+  unsigned* tl_stage = (unsigned*)tl_smem;
+#pragma unroll
+  for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+    for (int y = 0; y < {ni}; ++y)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {{
+        const int tl_r = wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
+        const int tl_g = (wn * {wn} + y * 8) >> 3;
+        tl_stage[tl_r * {rw} + 4 * (tl_g ^ (tl_r & 7)) + (lane & 3)] = tl_pack_{t}x2(acc[x][y][2 * h], acc[x][y][2 * h + 1]);
+      }}
+  __syncthreads();
+{readback}}}
+"#,
+            wm = q.warp_m(),
+            wn = q.warp_n(),
+            rw = q.tile_n / 2,
+            t = short(d),
+            readback = staged_readback16(q, d, g.m, g.n, &split_row, &epi, c.and_then(|c| c.vector.as_deref()), &args),
+        );
+    } else if q.staged {
         // The epilogue through shared memory: the tile's accumulators are parked in the (now
         // idle) stage ring, rows padded by 8 floats so that the fragment writes do not collide,
         // then read back so that a warp's lanes hand adjacent columns of one row to the
@@ -558,9 +647,112 @@ mod tests {
             source: String::new(),
             params: vec!["const tl_bf16* __restrict__ a".into(), "const tl_bf16* __restrict__ b".into(), "float* __restrict__ c".into()],
             rows: None,
+            rounds_to: None,
             vector: None,
         });
         MmaProblem { gemm: g, conv: None }
+    }
+
+    /// A problem whose epilogue stores C as bf16, rounding first (as after a bf16 MatMul).
+    fn rounding(n: usize, vector: bool) -> MmaProblem {
+        let mut p = problem(Layout::RowMajor, Layout::ColMajor);
+        p.gemm.n = n;
+        let mut source = format!("__device__ __forceinline__ void tl_epi(const tl_bf16* a, const tl_bf16* b, tl_bf16* c, long long tl_b, long long tl_i, long long tl_j, float v) {{ c[tl_i * {n} + tl_j] = tl_st_bf16(v); }}\n");
+        if vector {
+            source.push_str(&format!("__device__ __forceinline__ void tl_epi_v(const tl_bf16* a, const tl_bf16* b, tl_bf16* c, long long tl_b, long long tl_i, long long tl_jv, const float* v) {{ for (int l = 0; l < 8; ++l) c[tl_i * {n} + tl_jv * 8 + l] = tl_st_bf16(v[l]); }}\n"));
+        }
+        let e = p.gemm.custom.as_mut().expect("custom");
+        e.source = source;
+        e.params[2] = "tl_bf16* __restrict__ c".into();
+        e.rounds_to = Some(DType::BF16);
+        e.vector = vector.then(|| "tl_epi_v".into());
+        p
+    }
+
+    /// The 16-bit tile layout as rendered: parked columns come back where the read-backs look,
+    /// without bank conflicts (pair stores a warp at a time; 16-byte loads a quarter-warp at a
+    /// time, eight adjacent groups of one row).
+    #[test]
+    fn sixteen_bit_tiles_round_trip_without_bank_conflicts() {
+        let (ra, rb) = (OperandRef { param: 0, offset_bytes: 0 }, OperandRef { param: 1, offset_bytes: 0 });
+        let q = Params::default();
+        let src = render(&rounding(200, true), &q, &ra, &rb);
+        assert!(src.contains("tl_stage[tl_r * 64 + 4 * (tl_g ^ (tl_r & 7)) + (lane & 3)] = tl_pack_bf16x2("), "{src}");
+        assert!(src.contains("tl_stage + tl_r * 64 + 4 * (tl_g ^ (tl_r & 7))"), "{src}");
+        let scalar = render(&rounding(200, false), &q, &ra, &rb);
+        assert!(scalar.contains("tl_r * 128 + 8 * ((tl_c >> 3) ^ (tl_r & 7)) + (tl_c & 7)"), "{scalar}");
+        // f32 where asked, where the function does not round first, and on narrow tiles.
+        for (p, q) in [
+            (rounding(200, true), Params { park16: false, ..q }),
+            (problem(Layout::RowMajor, Layout::ColMajor), q),
+            (rounding(200, true), Params { tile_n: 32, warps_n: 2, ..q }),
+        ] {
+            assert!(park_dtype(&p, &q).is_none() && !render(&p, &q, &ra, &rb).contains("tl_pack_"));
+        }
+        for bn in [64usize, 128, 256] {
+            let rw = bn / 2;
+            let mut slot = vec![None; 16 * bn];
+            for r0 in (0..16).step_by(8) {
+                for g in 0..bn / 8 {
+                    let mut banks = [false; 32];
+                    for lane in 0..32usize {
+                        let r = r0 + (lane >> 2);
+                        let w = r * rw + 4 * (g ^ (r & 7)) + (lane & 3);
+                        assert!(!std::mem::replace(&mut banks[w % 32], true), "park {bn}");
+                        for e in 0..2 {
+                            assert!(slot[2 * w + e].replace((r, 8 * g + 2 * (lane & 3) + e)).is_none());
+                        }
+                    }
+                }
+            }
+            for e0 in (0..16 * bn / 8).step_by(8) {
+                let mut banks = [false; 32];
+                for e in e0..e0 + 8 {
+                    let (r, g) = (e / (bn / 8), e % (bn / 8));
+                    let w = r * rw + 4 * (g ^ (r & 7));
+                    for x in 0..8 {
+                        assert_eq!(slot[2 * w + x], Some((r, 8 * g + x)));
+                    }
+                    for b in w..w + 4 {
+                        assert!(!std::mem::replace(&mut banks[b % 32], true), "read-back {bn}");
+                    }
+                }
+            }
+            for e in 0..16 * bn {
+                let (r, c) = (e / bn, e % bn);
+                assert_eq!(slot[r * bn + 8 * ((c >> 3) ^ (r & 7)) + (c & 7)], Some((r, c)));
+            }
+        }
+    }
+
+    #[test]
+    fn sixteen_bit_tiles_compile_with_nvrtc() {
+        let Ok(nv) = crate::Nvrtc::load() else {
+            eprintln!("note: sixteen_bit_tiles_compile_with_nvrtc skipped: no NVRTC (set TILEC_NVRTC_LIB)");
+            return;
+        };
+        let (ra, rb) = (OperandRef { param: 0, offset_bytes: 0 }, OperandRef { param: 1, offset_bytes: 0 });
+        let d = Params::default();
+        let shapes = [
+            d,
+            Params { tile_m: 64, tile_n: 64, warps_m: 2, warps_n: 2, ..d },
+            Params { tile_m: 16, tile_n: 128, warps_m: 1, warps_n: 4, split_k: 3, ..d },
+            Params { tile_m: 256, tile_n: 64, warps_m: 4, warps_n: 2, stages: 3, ..d },
+            Params { tile_n: 256, stages: 3, ..d },
+        ];
+        let mut modules = vec![];
+        for (i, q) in shapes.into_iter().enumerate() {
+            for vector in [true, false] {
+                let p = rounding(if vector { 200 } else { 203 }, vector);
+                assert!(park_dtype(&p, &q).is_some(), "{q:?}");
+                let name = kernel_name(&p, &q, &ra, &rb);
+                modules.push((format!("{name}_{i}"), render(&p, &q, &ra, &rb)));
+            }
+        }
+        let c = crate::Compiler::new(nv, "sm_90a").with_cache_dir(None);
+        for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
+            assert!(r.unwrap_or_else(|e| panic!("{name}: {e}")).image.starts_with(b"\x7fELF"), "{name}");
+        }
     }
 
     #[test]

@@ -420,6 +420,7 @@ mod tests {
             source: String::new(),
             params: vec!["const float* __restrict__ a".into(), "const float* __restrict__ b".into(), "float* __restrict__ c".into()],
             rows: None,
+            rounds_to: None,
             vector: None,
         });
         g
