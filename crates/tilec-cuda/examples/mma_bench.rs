@@ -490,7 +490,8 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, case: &Case, iters: 
     let (da, db) = (up(&a).map_err(s)?, up(&b).map_err(s)?);
     let d = Data { a, b, da, db };
     let osz = case.out.size_bytes();
-    let dc = dev.alloc(ec * osz).map_err(s)?;
+    // Rounded up to whole words for the 32-bit poison fill (a ragged 16-bit C is odd-sized).
+    let dc = dev.alloc((ec * osz).next_multiple_of(4)).map_err(s)?;
     let ptrs = [d.da.ptr(), d.db.ptr(), dc.ptr()];
     kern.bind(stream, &ptrs).map_err(s)?;
     dc.fill_u32(stream, 0xffff_ffff).map_err(s)?;

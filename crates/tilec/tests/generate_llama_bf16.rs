@@ -256,5 +256,11 @@ fn bf16_llama_steps_prepare_for_a_gpu_without_fallbacks() {
         assert!(r.fallbacks.is_empty(), "{rows} x {t}: nodes on the interpreter: {:?}", r.fallbacks);
         let paged = r.schedules.iter().find(|(s, _)| s == "sm80_paged_attn").map_or(0, |c| c.1);
         assert_eq!(paged, dec.layers.len(), "{rows} x {t}: {:?}", r.schedules);
+        // A group that does not build whole (the q, k and v products with the rotary
+        // embedding) splits into a few kernels, not one per node, and no kernel runs on one
+        // GPU thread (the normalizations of a one-row step included).
+        let per_layer = (r.kernels - 3) as f64 / dec.layers.len() as f64;
+        assert!(per_layer <= 12.0, "{rows} x {t}: {} kernels for {} layers {:?}", r.kernels, dec.layers.len(), r.schedules);
+        assert!(r.schedules.iter().all(|(s, _)| s != "serial"), "{rows} x {t}: {:?}", r.schedules);
     }
 }

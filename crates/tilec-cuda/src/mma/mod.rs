@@ -84,7 +84,9 @@ pub fn park_dtype(p: &MmaProblem, q: &Params) -> Option<DType> {
     if !q.staged || !q.park16 || q.tile_n < 64 {
         return None;
     }
-    p.gemm.custom.as_ref()?.rounds_to.filter(|d| matches!(d, DType::F16 | DType::BF16))
+    // As the Hopper template (`gemm::park_dtype`): only with a vector epilogue function.
+    let c = p.gemm.custom.as_ref().filter(|c| c.vector.is_some())?;
+    c.rounds_to.filter(|d| matches!(d, DType::F16 | DType::BF16))
 }
 
 /// Shared memory a block may take (sm_90; the device's own limit is checked at load).

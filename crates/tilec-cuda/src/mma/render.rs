@@ -255,12 +255,12 @@ fn staged_readback(q: &Params, m: usize, n: usize, split_row: &str, epi: &str, v
 }
 
 /// [`staged_readback`] from the tile parked in 16 bits (`d`; see `render_body`): 16-byte loads
-/// of 8 columns widened to f32 for the vector function, or one 16-bit element per call.
+/// of 8 columns widened to f32 for the vector function `vf` ([`super::park_dtype`] parks in 16
+/// bits only where there is one).
 #[allow(clippy::too_many_arguments)]
-fn staged_readback16(q: &Params, d: DType, m: usize, n: usize, split_row: &str, epi: &str, vector: Option<&str>, args: &str) -> String {
+fn staged_readback16(q: &Params, d: DType, m: usize, n: usize, split_row: &str, epi: &str, vf: &str, args: &str) -> String {
     let (bn, threads, t) = (q.tile_n, q.threads(), short(d));
-    match vector {
-        Some(vf) => {
+    {
             assert_eq!(EPILOGUE_VEC, 8, "a 16-byte load holds 8 16-bit columns");
             let unpack: Vec<String> = ["x", "y", "z", "w"]
                 .iter()
@@ -290,20 +290,6 @@ fn staged_readback16(q: &Params, d: DType, m: usize, n: usize, split_row: &str, 
                 rw = bn / 2,
                 unpack = unpack.join(", "),
             )
-        }
-        None => format!(
-            r#"#pragma unroll 4
-  for (int tl_e = tid; tl_e < {tile}; tl_e += {threads}) {{
-    const int tl_r = tl_e / {bn}, tl_c = tl_e % {bn};
-    const int row = m0 + tl_r, col = n0 + tl_c;
-    if (row < {m} && col < {n}) {{
-      {split_row}
-      {epi}({args}eb, er, col, tl_bits_{t}(((const unsigned short*)tl_stage)[tl_r * {bn} + 8 * ((tl_c >> 3) ^ (tl_r & 7)) + (tl_c & 7)]));
-    }}
-  }}
-"#,
-            tile = q.tile_m * bn,
-        ),
     }
 }
 
@@ -571,7 +557,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             wn = q.warp_n(),
             rw = q.tile_n / 2,
             t = short(d),
-            readback = staged_readback16(q, d, g.m, g.n, &split_row, &epi, c.and_then(|c| c.vector.as_deref()), &args),
+            readback = staged_readback16(q, d, g.m, g.n, &split_row, &epi, c.and_then(|c| c.vector.as_deref()).expect("16-bit parking comes with a vector function"), &args),
         );
     } else if q.staged {
         // The epilogue through shared memory: the tile's accumulators are parked in the (now
@@ -679,10 +665,10 @@ mod tests {
         let src = render(&rounding(200, true), &q, &ra, &rb);
         assert!(src.contains("tl_stage[tl_r * 64 + 4 * (tl_g ^ (tl_r & 7)) + (lane & 3)] = tl_pack_bf16x2("), "{src}");
         assert!(src.contains("tl_stage + tl_r * 64 + 4 * (tl_g ^ (tl_r & 7))"), "{src}");
-        let scalar = render(&rounding(200, false), &q, &ra, &rb);
-        assert!(scalar.contains("tl_r * 128 + 8 * ((tl_c >> 3) ^ (tl_r & 7)) + (tl_c & 7)"), "{scalar}");
-        // f32 where asked, where the function does not round first, and on narrow tiles.
+        // f32 where asked, where the function does not round first, without a vector function,
+        // and on narrow tiles.
         for (p, q) in [
+            (rounding(200, false), q),
             (rounding(200, true), Params { park16: false, ..q }),
             (problem(Layout::RowMajor, Layout::ColMajor), q),
             (rounding(200, true), Params { tile_n: 32, warps_n: 2, ..q }),
@@ -744,7 +730,7 @@ mod tests {
         for (i, q) in shapes.into_iter().enumerate() {
             for vector in [true, false] {
                 let p = rounding(if vector { 200 } else { 203 }, vector);
-                assert!(park_dtype(&p, &q).is_some(), "{q:?}");
+                assert_eq!(park_dtype(&p, &q).is_some(), vector, "{q:?}");
                 let name = kernel_name(&p, &q, &ra, &rb);
                 modules.push((format!("{name}_{i}"), render(&p, &q, &ra, &rb)));
             }
