@@ -204,9 +204,11 @@ fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
     Ok(v)
 }
 
-impl Device {
-    /// Opens device `ordinal` (retains its primary context) and reads its properties.
-    pub fn open(ordinal: usize) -> Result<Device> {
+impl DeviceProps {
+    /// Reads device `ordinal`'s properties without creating its context (the driver's
+    /// initialization only), so that a compile can build its kernels while the context is
+    /// created.
+    pub fn query(ordinal: usize) -> Result<DeviceProps> {
         let n = device_count()?;
         if ordinal >= n {
             return Err(CudaError::Unavailable(format!(
@@ -215,18 +217,11 @@ impl Device {
         }
         use sys::CUdevice_attribute as A;
         let mut dev: sys::CUdevice = 0;
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: the driver is initialized and the ordinal is in range.
-        unsafe {
-            cu!(cuDeviceGet(&mut dev, ordinal as i32))?;
-            cu!(cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        }
-        let ctx = Ctx { dev, ctx };
-        ctx.bind()?;
         let mut name = [0 as std::ffi::c_char; 256];
         let mut total = 0usize;
-        // SAFETY: buffer sizes as given.
+        // SAFETY: the driver is initialized and the ordinal is in range; buffer sizes as given.
         unsafe {
+            cu!(cuDeviceGet(&mut dev, ordinal as i32))?;
             cu!(cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev))?;
             cu!(cuDeviceTotalMem_v2(&mut total, dev))?;
         }
@@ -237,7 +232,7 @@ impl Device {
         let mem_clock_khz = attr(dev, A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0) as f64;
         let bus_bits =
             attr(dev, A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0) as f64;
-        let props = DeviceProps {
+        Ok(DeviceProps {
             ordinal,
             name,
             compute_capability: (
@@ -264,7 +259,23 @@ impl Device {
             total_mem_bytes: total,
             // DDR: two transfers per clock.
             peak_dram_bytes_per_s: 2.0 * mem_clock_khz * 1e3 * bus_bits / 8.0,
-        };
+        })
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal` (retains its primary context) and reads its properties.
+    pub fn open(ordinal: usize) -> Result<Device> {
+        let props = DeviceProps::query(ordinal)?;
+        let mut dev: sys::CUdevice = 0;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver is initialized and the ordinal is in range (`query`).
+        unsafe {
+            cu!(cuDeviceGet(&mut dev, ordinal as i32))?;
+            cu!(cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        }
+        let ctx = Ctx { dev, ctx };
+        ctx.bind()?;
         Ok(Device {
             ctx: Arc::new(ctx),
             props: Arc::new(props),
@@ -314,7 +325,7 @@ impl Device {
     /// Allocates a buffer holding a copy of `t`.
     pub fn upload(&self, t: &Tensor) -> Result<DeviceBuffer> {
         let buf = self.alloc(t.numel() * t.dtype().size_bytes())?;
-        buf.write(0, &t.to_le_bytes())?;
+        buf.write(0, &t.le_bytes())?;
         Ok(buf)
     }
 
@@ -530,7 +541,7 @@ impl DeviceArena {
     }
     /// Copies a tensor into planned buffer `i`.
     pub fn upload(&self, i: usize, t: &Tensor) -> Result<()> {
-        self.buf.write(self.offset(i)?, &t.to_le_bytes())
+        self.buf.write(self.offset(i)?, &t.le_bytes())
     }
     /// Reads planned buffer `i` as a tensor.
     pub fn download(&self, i: usize, dtype: DType, shape: &[usize]) -> Result<Tensor> {

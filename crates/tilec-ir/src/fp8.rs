@@ -4,10 +4,12 @@
 
 /// An fp8 e4m3fn value, stored as its bit pattern.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
 pub struct F8E4M3(pub u8);
 
 /// An fp8 e5m2 value, stored as its bit pattern.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
 pub struct F8E5M2(pub u8);
 
 struct Format {

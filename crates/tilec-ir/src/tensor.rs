@@ -4,6 +4,7 @@
 use crate::fp8::{F8E4M3, F8E5M2};
 use crate::DType;
 use half::{bf16, f16};
+use std::sync::Arc;
 
 /// A typed contiguous buffer. Variants mirror [`DType`] one to one.
 #[derive(Clone, Debug, PartialEq)]
@@ -230,11 +231,13 @@ pub fn with_dtype_fn<A, R, F: DTypeFn<A, R>>(dtype: DType, a: A, f: F) -> R {
     }
 }
 
-/// A host tensor: row-major, contiguous.
+/// A host tensor: row-major, contiguous. The buffer is shared between clones and copied on
+/// the first write through [`Tensor::data_mut`] (copy on write): cloning a graph, or a
+/// constant into an evaluation, costs no copy of its weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     shape: Vec<usize>,
-    data: TensorData,
+    data: Arc<TensorData>,
 }
 
 /// Error building a tensor whose buffer length does not match its shape (`expected` is
@@ -269,7 +272,7 @@ impl TensorSizeError {
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Tensor, TensorSizeError> {
         let shape = TensorSizeError::check(shape, data.len())?;
-        Ok(Tensor { shape, data })
+        Ok(Tensor { shape, data: Arc::new(data) })
     }
 
     pub fn from_vec<T: Element>(shape: Vec<usize>, v: Vec<T>) -> Result<Tensor, TensorSizeError> {
@@ -277,14 +280,14 @@ impl Tensor {
     }
 
     pub fn scalar<T: Element>(x: T) -> Tensor {
-        Tensor { shape: vec![], data: T::wrap(vec![x]) }
+        Tensor { shape: vec![], data: Arc::new(T::wrap(vec![x])) }
     }
 
     /// Zeros of a small shape the caller controls (use [`Tensor::try_zeros`] for a shape
     /// that comes from a model or its inputs).
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Tensor {
         let n = shape.iter().product();
-        Tensor { shape, data: TensorData::zeros(dtype, n) }
+        Tensor { shape, data: Arc::new(TensorData::zeros(dtype, n)) }
     }
 
     /// Zeros of any shape: an error, not an abort, when the shape is not addressable or
@@ -292,7 +295,7 @@ impl Tensor {
     pub fn try_zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, String> {
         crate::size::byte_size(dtype, &shape).map_err(|e| e.to_string())?;
         let n = crate::size::numel(&shape).map_err(|e| e.to_string())?;
-        Ok(Tensor { shape, data: with_dtype_fn(dtype, n, TryZ)? })
+        Ok(Tensor { shape, data: Arc::new(with_dtype_fn(dtype, n, TryZ)?) })
     }
 
     /// Converts `values` to `dtype` with [`Element::from_f64`] semantics.
@@ -329,12 +332,19 @@ impl Tensor {
         &self.data
     }
 
+    /// The buffer, for writing: copied first when another clone shares it.
     pub fn data_mut(&mut self) -> &mut TensorData {
-        &mut self.data
+        Arc::make_mut(&mut self.data)
+    }
+
+    /// Whether `self` and `other` share one buffer (a clone not written since).
+    pub fn shares_data(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.data, &other.data)
     }
 
     pub fn into_parts(self) -> (Vec<usize>, TensorData) {
-        (self.shape, self.data)
+        let data = Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone());
+        (self.shape, data)
     }
 
     pub fn numel(&self) -> usize {
@@ -355,11 +365,11 @@ impl Tensor {
     }
 
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        dispatch!(&self.data, v => v.iter().map(|x| x.to_f64()).collect())
+        dispatch!(&*self.data, v => v.iter().map(|x| x.to_f64()).collect())
     }
 
     pub fn to_i64_vec(&self) -> Vec<i64> {
-        dispatch!(&self.data, v => v.iter().map(|x| x.to_i64()).collect())
+        dispatch!(&*self.data, v => v.iter().map(|x| x.to_i64()).collect())
     }
 
     /// Same data, new shape with the same element count.
@@ -387,7 +397,7 @@ impl Tensor {
             Tensor::from_f64s(dtype, vec![v.len()], &v).map(|t| t.data)
         };
         // Lengths match by construction.
-        Tensor { shape: self.shape.clone(), data: data.unwrap_or_else(|_| TensorData::zeros(dtype, 0)) }
+        Tensor { shape: self.shape.clone(), data: data.unwrap_or_else(|_| Arc::new(TensorData::zeros(dtype, 0))) }
     }
 
     /// Raw little-endian bytes of the elements (fp8 as their bit patterns, bool as 0/1).
@@ -395,6 +405,23 @@ impl Tensor {
         let mut out = vec![0u8; self.numel() * self.dtype().size_bytes()];
         self.write_le_bytes(&mut out);
         out
+    }
+
+    /// The elements' little-endian bytes (as [`Tensor::to_le_bytes`]): on a little-endian
+    /// host the buffer itself, borrowed (uploading weights copies nothing on the host).
+    pub fn le_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        #[cfg(target_endian = "little")]
+        {
+            fn bytes<T: Element>(v: &[T]) -> &[u8] {
+                // SAFETY: every element type is plain data whose memory is its little-endian
+                // encoding on this host: integers and floats (`half`'s types are transparent
+                // over u16), bool (one byte, 0 or 1) and the fp8 types (transparent over u8).
+                unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+            }
+            std::borrow::Cow::Borrowed(dispatch!(&*self.data, v => bytes(v)))
+        }
+        #[cfg(not(target_endian = "little"))]
+        std::borrow::Cow::Owned(self.to_le_bytes())
     }
 
     /// Writes the elements' little-endian bytes (as [`Tensor::to_le_bytes`]) into the front of
@@ -411,7 +438,7 @@ impl Tensor {
                 n
             }};
         }
-        match &self.data {
+        match &*self.data {
             TensorData::F32(v) => le!(v, 4, |x: &f32| x.to_le_bytes()),
             TensorData::F16(v) => le!(v, 2, |x: &f16| x.to_le_bytes()),
             TensorData::BF16(v) => le!(v, 2, |x: &bf16| x.to_le_bytes()),
@@ -490,6 +517,29 @@ mod tests {
             assert_eq!(b.len(), 6 * dt.size_bytes());
             let u = Tensor::from_le_bytes(dt, vec![2, 3], &b).unwrap();
             assert_eq!(t, u, "{dt}");
+        }
+    }
+
+    #[test]
+    fn clones_share_until_written() {
+        let t = Tensor::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap();
+        let mut u = t.clone();
+        assert!(u.shares_data(&t));
+        if let TensorData::F32(v) = u.data_mut() {
+            v[1] = 7.0;
+        }
+        assert!(!u.shares_data(&t));
+        assert_eq!(t.to_f64_vec(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(u.to_f64_vec(), vec![1.0, 7.0, 3.0]);
+        let (_, d) = u.clone().into_parts();
+        assert_eq!(d, TensorData::F32(vec![1.0, 7.0, 3.0]));
+    }
+
+    #[test]
+    fn borrowed_bytes_equal_the_encoded_ones() {
+        for &dt in DType::ALL.iter() {
+            let t = Tensor::from_f64s(dt, vec![5], &[0.0, 1.0, -2.0, 3.5, 100.0]).unwrap();
+            assert_eq!(&*t.le_bytes(), t.to_le_bytes().as_slice(), "{dt}");
         }
     }
 

@@ -167,6 +167,11 @@ enum Mask {
     /// Causal from iotas with the `finfo.min` fill transformers writes, expanded over the
     /// batch (`[B, 1, S, T]`: more elements than constant matching inspects by default).
     CausalMinBatch,
+    /// Causal from per-batch position ids (`[B, S]`, as transformers builds its masks):
+    /// `true & (pos[b, j] <= pos[b, i])` over `[B, 1, S, T]`, `finfo.min` fill.
+    CausalPositions,
+    /// The same with the last batch's positions reversed: that slice is not causal.
+    PositionsReversed,
     /// Sliding window of 2 behind the diagonal, causal, from iotas.
     Window,
     /// ALiBi-style: `scores + slope_h * (j - i)` with per-head slopes.
@@ -317,6 +322,23 @@ fn build(cfg: &Cfg) -> Graph {
             let e = b.op(Op::Layout(LayoutOp::Expand { shape: dims(&[BSZ, 1, S, t]) }), &[m4]);
             b.bin(BinaryOp::Add, scores, e)
         }
+        Mask::CausalPositions | Mask::PositionsReversed => {
+            assert_eq!(S, t);
+            let mut pos: Vec<i64> = (0..BSZ * S).map(|x| (x % S) as i64).collect();
+            if cfg.mask == Mask::PositionsReversed {
+                pos[(BSZ - 1) * S..].reverse();
+            }
+            let p = b.g.add_const("pos", Tensor::from_i64s(DType::I64, vec![BSZ, S], &pos).unwrap());
+            let pi = b.reshape(p, &[BSZ, 1, S, 1]);
+            let pj = b.reshape(p, &[BSZ, 1, 1, t]);
+            let le = b.bin(BinaryOp::LessOrEqual, pj, pi);
+            let yes = b.g.add_const("yes", Tensor::from_i64s(DType::Bool, vec![], &[1]).unwrap());
+            let keep = b.bin(BinaryOp::And, yes, le);
+            let z = b.c(0.0);
+            let f = b.c(f32::MIN);
+            let m = b.op(Op::Where, &[keep, z, f]);
+            b.bin(BinaryOp::Add, scores, m)
+        }
         Mask::Alibi => {
             let i = b.iota(S);
             let j = b.iota(t);
@@ -441,13 +463,15 @@ fn sdpa_masks() {
         (Mask::PaddingSelect, true),
         (Mask::CausalIota, true),
         (Mask::CausalMinBatch, false),
+        (Mask::CausalPositions, false),
+        (Mask::PositionsReversed, false),
         (Mask::Window, true),
         (Mask::Alibi, false),
         (Mask::Float, false),
     ] {
         let h = check(&build(&Cfg { mask, ..Default::default() }), &["softmax"], &[]);
         let n = h.nodes().iter().find(|n| n.op.name() == "attention").unwrap();
-        if matches!(mask, Mask::CausalIota | Mask::CausalMinBatch) {
+        if matches!(mask, Mask::CausalIota | Mask::CausalMinBatch | Mask::CausalPositions) {
             // Small enough to evaluate: the constant causal mask becomes `is_causal`.
             let (_, has_mask, is_causal, _) = attn_fields(&h);
             assert!(!has_mask && is_causal, "{mask:?}");

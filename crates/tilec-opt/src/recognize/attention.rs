@@ -45,6 +45,7 @@
 //! themselves read outside (a graph output, as for `qk_matmul_output_mode`): the
 //! primitives would have to stay anyway.
 
+use super::mask::RowMask;
 use super::pattern::{emit, Build, Matcher, Product};
 use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NnOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
 use tilec_ir::{DType, Dim, Op, Tensor, ValueId};
@@ -318,10 +319,14 @@ fn guard_ok(m: &Matcher, c: ValueId, additive: Option<ValueId>) -> bool {
 /// row is masked whole (every row keeps its diagonal): a masked logit adds nothing unless it
 /// exceeds its row's largest visible logit by more than about 65400.
 fn is_causal_mask(m: &Matcher, mask: ValueId, scores: &[Dim]) -> bool {
-    let Some(t) = known(m, mask) else {
+    m.fact("causal", mask, scores, |m| causal_now(m, mask, scores))
+}
+
+fn causal_now(m: &Matcher, mask: ValueId, scores: &[Dim]) -> bool {
+    let ty = &m.g.value(mask).ty;
+    let Some(sh) = ty.fixed_shape() else {
         return false;
     };
-    let sh = t.shape();
     let (Some(Dim::Fixed(s)), Some(Dim::Fixed(tk))) =
         (scores.get(scores.len().wrapping_sub(2)), scores.last())
     else {
@@ -337,21 +342,29 @@ fn is_causal_mask(m: &Matcher, mask: ValueId, scores: &[Dim]) -> bool {
     if sh[..r - 2].iter().enumerate().any(|(i, &d)| d != 1 && lead.get(offset + i) != Some(&Dim::Fixed(d))) {
         return false;
     }
-    let boolean = t.dtype() == DType::Bool;
-    let vals = t.to_f64_vec();
+    let boolean = ty.dtype == DType::Bool;
     let (s, tk) = (*s, *tk);
-    vals.chunks(s * tk).all(|slice| {
-        (0..s).all(|i| {
-            (0..tk).all(|j| {
-                let x = slice[i * tk + j];
-                match (boolean, j <= i) {
-                    (true, keep) => (x != 0.0) == keep,
-                    (false, true) => x == 0.0,
-                    (false, false) => x <= -65504.0,
-                }
+    // Row `row` (of every [S, T] slice's rows in order) keeps exactly its first `i + 1`.
+    let causal_row = |row: usize, xs: &[f64]| {
+        let i = row % s;
+        xs.len() == tk
+            && xs.iter().enumerate().all(|(j, &x)| match (boolean, j <= i) {
+                (true, keep) => (x != 0.0) == keep,
+                (false, true) => x == 0.0,
+                (false, false) => x <= -65504.0,
             })
-        })
-    })
+    };
+    // A mask computed elementwise from position iotas is inspected row by row; any other
+    // (a constant, or computed otherwise) is evaluated whole.
+    if m.g.const_value(mask).is_none() {
+        if let Some(rows) = RowMask::of(m, mask, MAX_MASK_ELEMS) {
+            return rows.all_rows(causal_row);
+        }
+    }
+    let Some(t) = known(m, mask) else {
+        return false;
+    };
+    t.to_f64_vec().chunks(tk).enumerate().all(|(row, xs)| causal_row(row, xs))
 }
 
 /// `mask + causal` (either order) with a constant causal mask that does not broadcast the

@@ -12,6 +12,7 @@
 
 pub mod act;
 pub mod attention;
+pub mod mask;
 pub mod norm;
 pub mod pattern;
 

@@ -31,6 +31,8 @@ pub struct Matcher<'g> {
     /// Large constant-computed values already evaluated in this pass
     /// ([`Matcher::const_tensor_upto`]), by value and size limit.
     consts: &'g RefCell<HashMap<(ValueId, usize), Option<Rc<Tensor>>>>,
+    /// Facts about values already established in this pass ([`Matcher::fact`]).
+    facts: &'g RefCell<HashMap<(&'static str, ValueId, Vec<tilec_ir::Dim>), bool>>,
 }
 
 impl<'g> Matcher<'g> {
@@ -117,6 +119,19 @@ impl<'g> Matcher<'g> {
         v
     }
 
+    /// Whether `what` holds for `v` in the context `of` (e.g. "causal" for a mask against
+    /// the scores' shape): `test` runs once per pass for each question (every layer of a
+    /// model asks about the same shared mask).
+    pub fn fact(&self, what: &'static str, v: ValueId, of: &[tilec_ir::Dim], test: impl FnOnce(&Self) -> bool) -> bool {
+        let key = (what, v, of.to_vec());
+        if let Some(&known) = self.facts.borrow().get(&key) {
+            return known;
+        }
+        let r = test(self);
+        self.facts.borrow_mut().insert(key, r);
+        r
+    }
+
     /// The value of `v` when it is a (small) constant or computed from constants only.
     pub fn const_tensor(&self, v: ValueId) -> Option<Tensor> {
         self.const_rec(v, 0)
@@ -130,7 +145,8 @@ impl<'g> Matcher<'g> {
         self.const_big(v, max_elems, 0)
     }
 
-    fn const_big(&self, v: ValueId, max_elems: usize, depth: usize) -> Option<Rc<Tensor>> {
+    /// [`Matcher::const_tensor_upto`] for a value `depth` producers below the one asked for.
+    pub(crate) fn const_big(&self, v: ValueId, max_elems: usize, depth: usize) -> Option<Rc<Tensor>> {
         if let Some(t) = self.g.const_value(v) {
             return (t.numel() <= max_elems).then(|| Rc::new(t.clone()));
         }
@@ -294,6 +310,17 @@ impl<'g> Matcher<'g> {
     }
 }
 
+/// Runs `f` on a matcher over `g` with nothing matched yet (for inspecting values).
+#[cfg(test)]
+pub(crate) fn with_matcher<R>(g: &Graph, f: impl FnOnce(&Matcher) -> R) -> R {
+    let uses = g.uses();
+    let dead = HashSet::new();
+    let consts = RefCell::new(HashMap::new());
+    let facts = RefCell::new(HashMap::new());
+    let m = Matcher { g, uses: &uses, dead: &dead, matched: Vec::new(), through_casts: false, consts: &consts, facts: &facts };
+    f(&m)
+}
+
 /// A flattened product `coef * prod(factors) / prod(denoms)`.
 #[derive(Debug)]
 pub struct Product {
@@ -320,6 +347,7 @@ pub fn rewrite_all(g: &mut Graph, pass: &'static str, rec: Recognize) -> Result<
     let mut dead: HashSet<NodeId> = HashSet::new();
     let mut plans: Vec<(ValueId, Build)> = Vec::new();
     let consts = RefCell::new(HashMap::new());
+    let facts = RefCell::new(HashMap::new());
     let n_nodes = g.nodes().len();
     // Latest roots first, so the largest pattern (e.g. a norm with its affine tail) wins
     // over a sub-pattern rooted earlier.
@@ -341,6 +369,7 @@ pub fn rewrite_all(g: &mut Graph, pass: &'static str, rec: Recognize) -> Result<
             matched: Vec::new(),
             through_casts: false,
             consts: &consts,
+            facts: &facts,
         };
         let Some(build) = rec(&mut m, root) else {
             continue;

@@ -77,8 +77,8 @@ fn cuda_err(what: &str) -> impl Fn(CudaError) -> Error + '_ {
     move |e| Error::Compile(format!("{what}: {e}"))
 }
 
-/// Opens the device, or says why there is none.
-pub fn open_device(ordinal: usize) -> Result<Device, Error> {
+/// Says why there is no GPU, if there is none.
+fn check_gpu() -> Result<(), Error> {
     if !tilec_cuda::is_available() {
         let why = match tilec_cuda::device_count() {
             Err(e) => e.to_string(),
@@ -87,7 +87,19 @@ pub fn open_device(ordinal: usize) -> Result<Device, Error> {
         };
         return Err(Error::Compile(format!("no CUDA GPU: {why} (the cuda target needs an NVIDIA driver and device)")));
     }
+    Ok(())
+}
+
+/// Opens the device, or says why there is none.
+pub fn open_device(ordinal: usize) -> Result<Device, Error> {
+    check_gpu()?;
     Device::open(ordinal).map_err(cuda_err("opening the CUDA device"))
+}
+
+/// The device's properties, read without opening it (no context), or why there is none.
+pub fn device_props(ordinal: usize) -> Result<tilec_cuda::DeviceProps, Error> {
+    check_gpu()?;
+    tilec_cuda::DeviceProps::query(ordinal).map_err(cuda_err("reading the CUDA device's properties"))
 }
 
 /// A CUDA device with its stream, arena and constants.
@@ -150,7 +162,10 @@ impl Backend for Cuda {
             .filter(|k| !k.source.source.is_empty())
             .map(|k| (k.name.clone(), k.source.source.clone()))
             .collect();
+        let t0 = Instant::now();
         let mut compiled = self.compiler.compile_many(&modules).into_iter();
+        report.phases.push(("nvrtc", t0.elapsed()));
+        let t1 = Instant::now();
         let mut out = vec![];
         for k in kernels {
             let c = if k.source.source.is_empty() {
@@ -166,6 +181,7 @@ impl Backend for Cuda {
             out.push(loaded.map_err(|e| e.to_string()));
         }
         report.unique_kernels = kernels.len();
+        report.phases.push(("modules", t1.elapsed()));
         Ok(out)
     }
 
@@ -176,6 +192,7 @@ impl Backend for Cuda {
     }
 
     fn constant(&mut self, name: &str, t: &Tensor) -> Result<u64, Error> {
+        // Uploaded from the tensor's own buffer (no byte copy on the host).
         let b = self.device.upload(t).map_err(cuda_err(&format!("uploading constant '{name}'")))?;
         let p = b.ptr();
         self.consts.push(b);
@@ -199,7 +216,7 @@ impl Backend for Cuda {
     }
 
     fn write(&self, offset: usize, t: &Tensor) -> Result<(), Error> {
-        self.arena()?.write(offset, &t.to_le_bytes()).map_err(cuda_err("uploading a value"))
+        self.arena()?.write(offset, &t.le_bytes()).map_err(cuda_err("uploading a value"))
     }
 
     fn read(&self, offset: usize, dtype: DType, shape: &[usize]) -> Result<Tensor, Error> {

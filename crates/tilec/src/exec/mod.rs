@@ -208,6 +208,11 @@ pub struct Report {
     /// Compiling and loading them.
     pub codegen: Duration,
     pub total: Duration,
+    /// The rest of `total`, by phase in order (CUDA: `device` open, the part that optimizing
+    /// and lowering, done meanwhile, did not hide; `nvrtc` (kernel cache
+    /// lookups and NVRTC), `modules` loaded, `constants` uploaded, `arena` planned and
+    /// allocated, kernels bound (`bind`)).
+    pub phases: Vec<(&'static str, Duration)>,
     /// Kernels the model runs.
     pub kernels: usize,
     /// Distinct kernels compiled (CPU: after deduplication by body).

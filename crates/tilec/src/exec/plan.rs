@@ -131,6 +131,7 @@ impl<B: Backend> Executor<B> {
 
         // Constants kernels read live for the model's lifetime; graph inputs and step outputs
         // in the arena; then one status slot per kernel that checks indices.
+        let t_const = Instant::now();
         let mut slots: HashMap<ValueId, Slot> = HashMap::new();
         let kernel_args: HashSet<ValueId> =
             steps.iter().filter(|s| s.1.is_some()).flat_map(|s| s.0.args.iter().copied()).collect();
@@ -143,6 +144,8 @@ impl<B: Backend> Executor<B> {
                 }
             }
         }
+        report.phases.push(("constants", t_const.elapsed()));
+        let t_arena = Instant::now();
         let plain: Vec<Step> = steps.iter().map(|s| s.0.clone()).collect();
         let lives = lifetimes(&g, &plain);
         let reqs: Vec<BufferReq> = lives
@@ -166,6 +169,8 @@ impl<B: Backend> Executor<B> {
         let checked: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].1.is_some() && !steps[i].0.checks.is_empty()).collect();
         let status_offset = plan.arena_bytes.next_multiple_of(B::ALIGN);
         backend.alloc(status_offset + checked.len() * STATUS_STRIDE)?;
+        report.phases.push(("arena", t_arena.elapsed()));
+        let t_bind = Instant::now();
 
         // Bind every kernel to its addresses (the arena and the constants never move).
         let base = backend.base();
@@ -210,6 +215,7 @@ impl<B: Backend> Executor<B> {
             };
             xsteps.push(XStep { info, exec, label, detail });
         }
+        report.phases.push(("bind", t_bind.elapsed()));
         let segments = segments(&xsteps);
         let inputs = g.inputs().len();
         report.graphs = segments.iter().filter(|s| matches!(s, Segment::Device(_))).count();
