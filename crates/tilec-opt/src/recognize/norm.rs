@@ -333,14 +333,21 @@ pub fn group_norm(m: &mut Matcher, root: ValueId) -> Option<Build> {
             if m.use_count(prod) != 1 {
                 return None;
             }
-            let (back, gamma) = if m.node(p).is_some_and(|n| matches!(n.op, Op::Layout(LayoutOp::Reshape { .. }))) {
+            let (back, gamma) = if m
+                .node(p)
+                .is_some_and(|n| matches!(n.op, Op::Layout(LayoutOp::Reshape { .. })))
+            {
                 (p, q)
             } else {
                 (q, p)
             };
-            let n_back = m.op_where(back, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+            let n_back = m.op_where(back, |op| {
+                matches!(op, Op::Layout(LayoutOp::Reshape { .. }))
+            })?;
             let inorm = n_back.inputs[0];
-            let n_in = m.op_where(inorm, |op| matches!(op, Op::Norm(NormOp::InstanceNorm { .. })))?;
+            let n_in = m.op_where(inorm, |op| {
+                matches!(op, Op::Norm(NormOp::InstanceNorm { .. }))
+            })?;
             let Op::Norm(NormOp::InstanceNorm { epsilon }) = n_in.op else {
                 return None;
             };
@@ -377,11 +384,16 @@ pub fn group_norm(m: &mut Matcher, root: ValueId) -> Option<Build> {
     let name = m.g.value(root).name.clone();
     Some(Box::new(move |g| {
         let flat = |g: &mut tilec_ir::Graph, v: ValueId| {
-            let op = Op::Layout(LayoutOp::Reshape { shape: vec![Dim::Fixed(c)] });
+            let op = Op::Layout(LayoutOp::Reshape {
+                shape: vec![Dim::Fixed(c)],
+            });
             emit(g, &name, op, &[v])
         };
         let (s, b) = (flat(g, gamma)?, flat(g, beta)?);
-        let op = NormOp::GroupNorm { num_groups: groups, epsilon: eps };
+        let op = NormOp::GroupNorm {
+            num_groups: groups,
+            epsilon: eps,
+        };
         emit(g, &name, Op::Norm(op), &[x, s, b])
     }))
 }

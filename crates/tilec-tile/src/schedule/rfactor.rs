@@ -364,8 +364,12 @@ pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, Strin
 /// `for t < n % f { B[o := n / f, i := t] }`. `None` (and `lo` untouched) when the nest is not
 /// of that form.
 fn peel_partial_block(lo: &mut Loop, n: i64, f: i64, i: VarId, t: VarId) -> Option<Stmt> {
-    let [Stmt::For(inner)] = &lo.body[..] else { return None };
-    let [Stmt::If { then_, else_, .. }] = &inner.body[..] else { return None };
+    let [Stmt::For(inner)] = &lo.body[..] else {
+        return None;
+    };
+    let [Stmt::If { then_, else_, .. }] = &inner.body[..] else {
+        return None;
+    };
     if inner.var != i || inner.extent != f || !else_.is_empty() || n / f < 1 {
         return None;
     }
