@@ -90,7 +90,7 @@ fn canonicalize() -> SpecStage {
 ///  1      dce                      remove what the importer left unused
 ///  1-2    canonicalize (fixpoint)  fold-constants(1) simplify(1) cse(2) dce(1)
 ///  2      fold-batchnorm           conv + batch_norm -> conv with scaled weights
-///  3      recognize-*              gelu silu swiglu layernorm rmsnorm softmax attention
+///  3      recognize-*              gelu silu swiglu groupnorm layernorm rmsnorm softmax attention
 ///  3      choose-layout            NCHW vs NHWC per conv region, per target (cuda: rewrites to NHWC)
 ///  2      sink-transposes          move transposes down until they cancel or merge
 ///  1-2    canonicalize (fixpoint)  clean up after the rewrites above

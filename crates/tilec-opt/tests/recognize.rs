@@ -924,3 +924,79 @@ fn onnx_attention_expanded_tests_at_o3() {
     );
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// PyTorch's export of `nn.GroupNorm(groups, C)` over `x: [N, C, *S]`: reshape to
+/// `[N, G, -1]`, instance norm with unit scale and zero bias, reshape back, `* gamma +
+/// beta` with `gamma`, `beta` shaped `[C, 1, ..]`.
+fn group_norm_export(xs: &[usize], groups: usize, unit: f32, seed: u64) -> Graph {
+    use tilec_ir::op::LayoutOp;
+    use tilec_ir::Dim;
+    let (mut b, x) = B::new(xs);
+    let (n, c) = (xs[0], xs[1]);
+    let rest: usize = xs[1..].iter().product::<usize>() / groups;
+    let fixed = |s: &[usize]| s.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>();
+    let xr =
+        b.g.add(
+            Op::Layout(LayoutOp::Reshape {
+                shape: fixed(&[n, groups, rest]),
+            }),
+            &[x],
+        )
+        .unwrap();
+    let ones = b.g.add_const(
+        "ones",
+        Tensor::from_f64s(DType::F32, vec![groups], &vec![unit as f64; groups]).unwrap(),
+    );
+    let zeros = b.g.add_const(
+        "zeros",
+        Tensor::from_f64s(DType::F32, vec![groups], &vec![0.0; groups]).unwrap(),
+    );
+    let inorm =
+        b.g.add(
+            Op::Norm(NormOp::InstanceNorm { epsilon: 1e-5 }),
+            &[xr, ones, zeros],
+        )
+        .unwrap();
+    let back =
+        b.g.add(Op::Layout(LayoutOp::Reshape { shape: fixed(xs) }), &[inorm])
+            .unwrap();
+    let mut pshape = vec![c];
+    pshape.extend(std::iter::repeat(1).take(xs.len() - 2));
+    let mut s = seed;
+    let pty = TensorType::fixed(DType::F32, &pshape);
+    let gamma = b.g.add_const("gamma", rand_tensor(&pty, &mut s));
+    let beta = b.g.add_const("beta", rand_tensor(&pty, &mut s));
+    let m = b.mul(back, gamma);
+    let y = b.add(beta, m);
+    b.done(vec![y])
+}
+
+#[test]
+fn group_norm_from_instance_norm_between_reshapes() {
+    for (xs, groups) in [
+        (vec![2, 12, 5, 7], 3),
+        (vec![1, 8, 37], 4),
+        (vec![1, 6, 3, 4, 5], 6),
+    ] {
+        let h = check(
+            &group_norm_export(&xs, groups, 1.0, 3),
+            "group_norm",
+            &["instance_norm"],
+        );
+        let gn = h
+            .nodes()
+            .iter()
+            .find(|n| matches!(n.op, Op::Norm(NormOp::GroupNorm { .. })))
+            .unwrap();
+        assert_eq!(
+            gn.op,
+            Op::Norm(NormOp::GroupNorm {
+                num_groups: groups,
+                epsilon: 1e-5
+            }),
+            "{xs:?}"
+        );
+    }
+    // An instance norm with a scale other than 1 is not a plain group norm.
+    check_unchanged(&group_norm_export(&[1, 8, 6, 6], 4, 2.0, 5));
+}

@@ -180,10 +180,31 @@ impl Affine {
                 let cm = *self.terms.get(&m)?;
                 (cm != 0 && cm.checked_mul(*a) == Some(ct)).then(|| (t.clone(), m, cm, (**x).clone()))
             });
-            let Some((div, m, c, x)) = pair else { return Some(self) };
-            self.terms.remove(&div);
+            if let Some((div, m, c, x)) = pair {
+                self.terms.remove(&div);
+                self.terms.remove(&m);
+                self = self.axpy(c, &x)?;
+                continue;
+            }
+            // `(x / a) % b` next to `x / (a * b)`: the quotient `x / (a * b)` is
+            // `(x / a) / b`, so the two make `x / a` (an unravel into `[.., b, a]` read back
+            // through a coarser dimension), which then pairs with `x % a` above.
+            let nested = self.terms.iter().find_map(|(t, &cm)| {
+                let Atom::Mod(y, b, floor) = t else { return None };
+                let (Atom::Div(x, a, f2), 1) = y.terms.iter().next().map(|(q, &k)| (q, k))? else {
+                    return None;
+                };
+                if y.c != 0 || y.terms.len() != 1 || f2 != floor {
+                    return None;
+                }
+                let big = Atom::Div(x.clone(), a.checked_mul(*b)?, *floor);
+                let cb = *self.terms.get(&big)?;
+                (cm != 0 && cm.checked_mul(*b) == Some(cb)).then(|| (t.clone(), big, cm, (**y).clone()))
+            });
+            let Some((m, big, c, y)) = nested else { return Some(self) };
             self.terms.remove(&m);
-            self = self.axpy(c, &x)?;
+            self.terms.remove(&big);
+            self = self.axpy(c, &y)?;
         }
     }
 
@@ -414,6 +435,28 @@ mod tests {
         let (atoms, k) = linear_offset(&[(e, 1)]).unwrap();
         assert_eq!(k, 0);
         assert_eq!(atoms, vec![(160, i), (1, j)]);
+    }
+
+    #[test]
+    fn nested_unravel_folds_back() {
+        // [8, 32, 32] unraveled from a flat i and raveled again:
+        // (i / 1024) * 1024 + ((i / 32) % 32) * 32 + i % 32  ==  i, under a stride too.
+        let i = var(0);
+        let e = Expr::add(
+            Expr::add(
+                Expr::mul(Expr::div(i.clone(), 1024), Expr::Int(1024)),
+                Expr::mul(Expr::rem(Expr::div(i.clone(), 32), 32), Expr::Int(32)),
+            ),
+            Expr::rem(i.clone(), 32),
+        );
+        let (atoms, k) = linear_offset(&[(e.clone(), 3)]).unwrap();
+        assert_eq!((atoms, k), (vec![(3, i.clone())], 0));
+        // Strides that do not nest stay as they are: (i / 96) * 96 + ((i / 32) % 4) * 32.
+        let e = Expr::add(
+            Expr::mul(Expr::div(i.clone(), 96), Expr::Int(96)),
+            Expr::mul(Expr::rem(Expr::div(i.clone(), 32), 4), Expr::Int(32)),
+        );
+        assert_eq!(linear_offset(&[(e, 1)]).unwrap().0.len(), 2);
     }
 
     #[test]

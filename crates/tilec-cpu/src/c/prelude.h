@@ -348,35 +348,29 @@ TC_INLINE float tc_tanhf(float x) {
     float y = a < 0.25f ? small : big;
     return x != x ? x : y;
 }
+/* erf as x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf rounds to +-1 in f32), P of degree 6 and
+   Q of degree 4 in x^2: the rational approximation of XLA's and Eigen's f32 erf. Within
+   4e-7 of erf everywhere (relative near 0), one division and no exponential: about a fifth
+   of the time of the erfc-through-exp form it replaced, which GELU epilogues paid on every
+   element. */
 TC_INLINE float tc_erff(float x) {
-    float a = __builtin_fabsf(x);
-    float x2 = x * x;
-    /* Maclaurin series for |x| < 0.5. */
-    float p = 1.0f / 75600.0f;
-    p = __builtin_fmaf(p, -x2, 1.0f / 9360.0f);
-    p = __builtin_fmaf(p, -x2, 1.0f / 1320.0f);
-    p = __builtin_fmaf(p, -x2, 1.0f / 216.0f);
-    p = __builtin_fmaf(p, -x2, 1.0f / 42.0f);
-    p = __builtin_fmaf(p, -x2, 1.0f / 10.0f);
-    p = __builtin_fmaf(p, -x2, 1.0f / 3.0f);
-    p = __builtin_fmaf(p, -x2, 1.0f);
-    float small = 1.1283791670955126f * x * p;
-    /* erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a/2): fractional error below 1.2e-7. */
-    float ac = a < 10.0f ? a : 10.0f;
-    float t = 1.0f / (1.0f + 0.5f * ac);
-    float q = 0.17087277f;
-    q = __builtin_fmaf(q, t, -0.82215223f);
-    q = __builtin_fmaf(q, t, 1.48851587f);
-    q = __builtin_fmaf(q, t, -1.13520398f);
-    q = __builtin_fmaf(q, t, 0.27886807f);
-    q = __builtin_fmaf(q, t, -0.18628806f);
-    q = __builtin_fmaf(q, t, 0.09678418f);
-    q = __builtin_fmaf(q, t, 0.37409196f);
-    q = __builtin_fmaf(q, t, 1.00002368f);
-    q = __builtin_fmaf(q, t, -1.26551223f);
-    float erfc = t * tc_expf(-ac * ac + q);
-    float big = __builtin_copysignf(1.0f - erfc, x);
-    float y = a < 0.5f ? small : big;
+    float xc = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
+    float x2 = xc * xc;
+    float p = -2.72614225801306e-10f;
+    p = __builtin_fmaf(p, x2, 2.77068142495902e-08f);
+    p = __builtin_fmaf(p, x2, -2.10102402082508e-06f);
+    p = __builtin_fmaf(p, x2, -5.69250639462346e-05f);
+    p = __builtin_fmaf(p, x2, -7.34990630326855e-04f);
+    p = __builtin_fmaf(p, x2, -2.95459980854025e-03f);
+    p = __builtin_fmaf(p, x2, -1.60960333262415e-02f);
+    float q = -1.45660718464996e-05f;
+    q = __builtin_fmaf(q, x2, -2.13374055278905e-04f);
+    q = __builtin_fmaf(q, x2, -1.68282697438203e-03f);
+    q = __builtin_fmaf(q, x2, -7.37332916720468e-03f);
+    q = __builtin_fmaf(q, x2, -1.42647390514189e-02f);
+    float y = xc * p / q;
+    /* The fit overshoots 1 by 2 ulp near 4. */
+    y = y > 1.0f ? 1.0f : (y < -1.0f ? -1.0f : y);
     return x != x ? x : y;
 }
 TC_INLINE double tc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }

@@ -1,6 +1,6 @@
 //! Composite-op recognition: rewrites what exporters spell out in primitives into the
-//! canonical composite ops (GELU, SiLU/Swish, SwiGLU, LayerNorm, RMSNorm, Softmax,
-//! scaled-dot-product attention), one pass per composite.
+//! canonical composite ops (GELU, SiLU/Swish, SwiGLU, GroupNorm, LayerNorm, RMSNorm,
+//! Softmax, scaled-dot-product attention), one pass per composite.
 //!
 //! Matching is conservative: constants must match within a small tolerance, reductions
 //! must be over the trailing axes with `keepdims`, and every consumed intermediate must
@@ -27,6 +27,7 @@ pub fn passes() -> Vec<Box<dyn crate::Pass>> {
         p("recognize-gelu", act::gelu),
         p("recognize-silu", act::silu),
         p("recognize-swiglu", act::swiglu),
+        p("recognize-groupnorm", norm::group_norm),
         p("recognize-layernorm", norm::layer_norm),
         p("recognize-rmsnorm", norm::rms_norm),
         p("recognize-softmax", norm::softmax),

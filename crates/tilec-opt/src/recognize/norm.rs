@@ -1,8 +1,9 @@
-//! Normalization recognizers: LayerNorm, RMSNorm, Softmax.
+//! Normalization recognizers: LayerNorm, RMSNorm, Softmax, and group norms spelled as an
+//! instance norm between reshapes.
 
 use super::pattern::{approx, emit, scalar_const, Build, Matcher, Product};
-use tilec_ir::op::{BinaryOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
-use tilec_ir::{DType, Op, ValueId};
+use tilec_ir::op::{BinaryOp, LayoutOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::{DType, Dim, Op, ValueId};
 
 /// `v = reduce_<kind>(x, axes = axis..rank, keepdims)`: returns `(x, axis)`.
 fn trailing_reduce(m: &mut Matcher, v: ValueId, kind: ReduceKind) -> Option<(ValueId, usize)> {
@@ -289,5 +290,110 @@ pub fn softmax(m: &mut Matcher, root: ValueId) -> Option<Build> {
     let name = m.g.value(root).name.clone();
     Some(Box::new(move |g| {
         emit(g, &name, Op::Norm(NormOp::Softmax { axis }), &[x])
+    }))
+}
+
+/// `v` is a constant whose every element is `want` (at most `limit` elements).
+fn const_all(m: &Matcher, v: ValueId, want: f64, limit: usize) -> bool {
+    m.const_tensor_upto(v, limit)
+        .is_some_and(|t| t.to_f64_vec().iter().all(|&x| x == want))
+}
+
+/// A per-channel parameter of `x: [N, C, *S]` as an elementwise operand: `c` elements,
+/// shaped `[C, 1, ..]` or `[1, C, 1, ..]` (broadcast along axis 1 only).
+fn per_channel(m: &Matcher, p: ValueId, rank: usize, c: usize) -> bool {
+    let Some(ps) = m.g.value(p).ty.fixed_shape() else {
+        return false;
+    };
+    if ps.len() > rank || ps.len() < rank - 1 {
+        return false;
+    }
+    let pad = rank - ps.len();
+    (0..rank).all(|d| {
+        let n = if d < pad { 1 } else { ps[d - pad] };
+        n == if d == 1 { c } else { 1 }
+    })
+}
+
+/// What PyTorch's exporter writes for a group norm: `reshape(x, [N, G, -1])`, an instance
+/// norm with unit scale and zero bias, `reshape` back to `x`'s shape, then the per-channel
+/// affine `* gamma + beta` (`gamma`, `beta` of `C` elements along axis 1) →
+/// `GroupNorm { G, eps }(x, gamma, beta)`, whose lowering reads `x` along its channels and
+/// spatial dimensions directly.
+pub fn group_norm(m: &mut Matcher, root: ValueId) -> Option<Build> {
+    let dtype = m.g.value(root).ty.dtype;
+    if !dtype.is_float() {
+        return None;
+    }
+    let (a, b) = m.binary(root, BinaryOp::Add)?;
+    let mut found = None;
+    for (prod, beta) in [(a, b), (b, a)] {
+        found = m.attempt(|m| {
+            let (p, q) = m.binary(prod, BinaryOp::Mul)?;
+            if m.use_count(prod) != 1 {
+                return None;
+            }
+            let (back, gamma) = if m
+                .node(p)
+                .is_some_and(|n| matches!(n.op, Op::Layout(LayoutOp::Reshape { .. })))
+            {
+                (p, q)
+            } else {
+                (q, p)
+            };
+            let n_back = m.op_where(back, |op| {
+                matches!(op, Op::Layout(LayoutOp::Reshape { .. }))
+            })?;
+            let inorm = n_back.inputs[0];
+            let n_in = m.op_where(inorm, |op| {
+                matches!(op, Op::Norm(NormOp::InstanceNorm { .. }))
+            })?;
+            let Op::Norm(NormOp::InstanceNorm { epsilon }) = n_in.op else {
+                return None;
+            };
+            let (xr, ones, zeros) = (n_in.inputs[0], n_in.inputs[1], n_in.inputs[2]);
+            let n_fwd = m.op_where(xr, |op| matches!(op, Op::Layout(LayoutOp::Reshape { .. })))?;
+            let x = n_fwd.inputs[0];
+            Some((x, xr, ones, zeros, epsilon, gamma, beta, back))
+        });
+        if found.is_some() {
+            break;
+        }
+    }
+    let (x, xr, ones, zeros, eps, gamma, beta, back) = found?;
+    let xs = m.g.value(x).ty.fixed_shape()?;
+    let rs = m.g.value(xr).ty.fixed_shape()?;
+    if xs.len() < 3 || rs.len() != 3 || rs[0] != xs[0] || m.g.value(back).ty.fixed_shape()? != xs {
+        return None;
+    }
+    let (c, groups) = (xs[1], rs[1]);
+    if groups == 0 || c % groups != 0 || rs[2] != xs[1..].iter().product::<usize>() / groups {
+        return None;
+    }
+    if !const_all(m, ones, 1.0, 1 << 16) || !const_all(m, zeros, 0.0, 1 << 16) {
+        return None;
+    }
+    let rank = xs.len();
+    if !per_channel(m, gamma, rank, c) || !per_channel(m, beta, rank, c) {
+        return None;
+    }
+    let ok = |v: ValueId| m.g.value(v).ty.dtype == dtype;
+    if !ok(x) || !ok(gamma) || !ok(beta) {
+        return None;
+    }
+    let name = m.g.value(root).name.clone();
+    Some(Box::new(move |g| {
+        let flat = |g: &mut tilec_ir::Graph, v: ValueId| {
+            let op = Op::Layout(LayoutOp::Reshape {
+                shape: vec![Dim::Fixed(c)],
+            });
+            emit(g, &name, op, &[v])
+        };
+        let (s, b) = (flat(g, gamma)?, flat(g, beta)?);
+        let op = NormOp::GroupNorm {
+            num_groups: groups,
+            epsilon: eps,
+        };
+        emit(g, &name, Op::Norm(op), &[x, s, b])
     }))
 }

@@ -279,6 +279,12 @@ pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, Strin
                 _ => None,
             })
             .ok_or_else(|| err(k, P, "split produced an unexpected nest"))?;
+        // A ragged split guards every iteration (`if o * f + i < n`), which keeps the C
+        // compiler from vectorizing the inner loop; the last, partial block becomes a loop of
+        // its own instead (`n % f` iterations at `o = n / f`), and the full blocks lose the
+        // guard.
+        let n = l.extent;
+        let tail_v = (n % f != 0).then(|| fresh_var(k, &format!("{name}_tail"), Ty::Index, false));
         let init_v = fresh_var(k, &format!("{name}_init"), Ty::Index, false);
         let comb_v = fresh_var(k, &format!("{name}_comb"), Ty::Index, false);
         let tree_vars: Vec<VarId> = if f >= 4 && f.count_ones() == 1 {
@@ -314,12 +320,20 @@ pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, Strin
             primitive: P.into(),
             reason: "loop vanished".into(),
         })?;
+        let mut tail = None;
         if let Some(Stmt::For(lo)) = block.get_mut(opos.idx) {
             for (u, rf) in updates.iter().zip(&rfs) {
                 rewrite(&mut lo.body, u, *rf, i);
             }
+            if let Some(tv) = tail_v {
+                tail = peel_partial_block(lo, n, f, i, tv);
+            }
         }
-        let at = opos.idx;
+        let mut at = opos.idx;
+        if let Some(t) = tail {
+            block.insert(at + 1, t);
+            at += 1;
+        }
         // Partials combined pairwise (f/2, f/4, ..., 1 apart) when f is a power of two, so the
         // combine is log2(f) vector steps instead of a chain of f dependent operations; then
         // the accumulator takes partial 0.
@@ -340,9 +354,36 @@ pub fn rfactor(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, Strin
         combine.push(Stmt::for_(comb_v, comb_n, comb));
         block.splice(at + 1..at + 1, combine);
         allocs.push(Stmt::for_(init_v, f, init));
-        block.splice(at..at, allocs);
+        block.splice(opos.idx..opos.idx, allocs);
         Ok((var_name(k, o), var_name(k, i)))
     })
+}
+
+/// Splits the guarded nest `for o < ceil(n / f) { for i < f { if o * f + i < n { B } } }` into
+/// the full blocks `for o < n / f { for i < f { B } }` (in place) and the partial one, returned:
+/// `for t < n % f { B[o := n / f, i := t] }`. `None` (and `lo` untouched) when the nest is not
+/// of that form.
+fn peel_partial_block(lo: &mut Loop, n: i64, f: i64, i: VarId, t: VarId) -> Option<Stmt> {
+    let [Stmt::For(inner)] = &lo.body[..] else {
+        return None;
+    };
+    let [Stmt::If { then_, else_, .. }] = &inner.body[..] else {
+        return None;
+    };
+    if inner.var != i || inner.extent != f || !else_.is_empty() || n / f < 1 {
+        return None;
+    }
+    let body = then_.clone();
+    let mut tail = body.clone();
+    for s in &mut tail {
+        s.substitute(lo.var, &Expr::Int(n / f));
+        s.substitute(i, &Expr::Var(t));
+    }
+    if let Some(Stmt::For(inner)) = lo.body.first_mut() {
+        inner.body = body;
+    }
+    lo.extent = n / f;
+    Some(Stmt::for_(t, n % f, tail))
 }
 
 /// `f/2, f/4, ..., 1` for a power of two `f`.

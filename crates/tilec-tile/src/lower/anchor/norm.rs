@@ -9,7 +9,7 @@ use tilec_ir::{DType, NodeId, Op, ValueId};
 
 use super::common::{acc_dtype, accumulate, outer_space, row_loop, val};
 use super::reduce::arg_pass;
-use super::super::{bin, lit, unravel, Lowerer, R};
+use super::super::{bin, lit, Lowerer, R};
 use crate::ir::*;
 
 /// A row normalization.
@@ -21,8 +21,11 @@ struct RowOp {
     shape: Vec<i64>,
     /// The dimensions of `shape` a row spans, with their extents.
     row: Vec<(usize, i64)>,
-    /// Group norm's view `[N, G, Cg * S]` of `x: [N, C, *S]`: (channels per group, `S`).
-    groups: Option<(i64, Vec<i64>)>,
+    /// Group norm's view `[N, G, Cg, *S]` of `x: [N, C, *S]`: the channels per group `Cg`.
+    /// A row spans `Cg` and `S` as loops of their own, so that `x` is read at
+    /// `[n, g * Cg + c, *s]` with no division and the innermost loop runs along `x`'s
+    /// contiguous spatial dimension.
+    groups: Option<i64>,
     stats: Vec<Stat>,
     /// The output element, in the compute dtype (rounded to `y`'s), or directly in `y`'s
     /// dtype when `exact`.
@@ -192,11 +195,16 @@ fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
             if groups == 0 || c % groups != 0 {
                 return l.unsupported(n, "channels do not divide into groups");
             }
-            let (cpg, sp) = (c / groups, xs[2..].to_vec());
-            let spn: i64 = sp.iter().product();
-            op.shape = vec![xs[0], groups, cpg * spn];
-            op.row = vec![(2, cpg * spn)];
-            op.groups = Some((cpg, sp));
+            let cpg = c / groups;
+            if cpg == 1 && xs.len() > 2 {
+                // One channel per group: rows over the spatial dimensions of `x` itself.
+                op.row = tail_row(2);
+            } else {
+                op.shape = vec![xs[0], groups, cpg];
+                op.shape.extend_from_slice(&xs[2..]);
+                op.row = (2..op.shape.len()).map(|d| (d, op.shape[d])).collect();
+                op.groups = Some(cpg);
+            }
             op.stats = vec![mean(), inv_std(*epsilon as f64)];
             op.scale = Some((node.inputs[1], Param::Channel));
             op.bias = Some((node.inputs[2], Param::Channel));
@@ -250,17 +258,12 @@ struct At<'a> {
 impl RowOp {
     /// The index of `x` at index `vi` of the index space.
     fn x_index(&self, vi: &[Expr]) -> Vec<Expr> {
-        let Some((cpg, sp)) = &self.groups else {
+        let Some(cpg) = self.groups else {
             return vi.to_vec();
         };
-        let spn: i64 = sp.iter().product();
-        let ch = bin(
-            BinOp::Add,
-            bin(BinOp::Mul, vi[1].clone(), Expr::Int(*cpg)),
-            bin(BinOp::Div, vi[2].clone(), Expr::Int(spn)),
-        );
+        let ch = bin(BinOp::Add, bin(BinOp::Mul, vi[1].clone(), Expr::Int(cpg)), vi[2].clone());
         let mut v = vec![vi[0].clone(), ch];
-        v.extend(unravel(bin(BinOp::Rem, vi[2].clone(), Expr::Int(spn)), sp));
+        v.extend_from_slice(&vi[3..]);
         v
     }
 
