@@ -30,10 +30,16 @@ pub struct Matcher<'g> {
     pub through_casts: bool,
     /// Large constant-computed values already evaluated in this pass
     /// ([`Matcher::const_tensor_upto`]), by value and size limit.
-    consts: &'g RefCell<HashMap<(ValueId, usize), Option<Rc<Tensor>>>>,
+    consts: &'g Consts,
     /// Facts about values already established in this pass ([`Matcher::fact`]).
-    facts: &'g RefCell<HashMap<(&'static str, ValueId, Vec<tilec_ir::Dim>), bool>>,
+    facts: &'g Facts,
 }
+
+/// Constant-computed values evaluated in one pass, by value and size limit.
+type Consts = RefCell<HashMap<(ValueId, usize), Option<Rc<Tensor>>>>;
+
+/// Facts established in one pass: (question, value, context) to the answer.
+type Facts = RefCell<HashMap<(&'static str, ValueId, Vec<tilec_ir::Dim>), bool>>;
 
 impl<'g> Matcher<'g> {
     /// The node producing `v`, when it is a live, known node.
