@@ -3,7 +3,7 @@
 //! planned arena.
 //!
 //! A graph must have concrete shapes (specialize symbolic dimensions first, see
-//! [`crate::specialize_dims`]). A kernel group that does not build is retried node by node; a
+//! [`crate::specialize_dims`]). A kernel group that does not build whole is split into runs of nodes that do; a
 //! node that still does not runs on the reference interpreter inside the same plan (a
 //! *fallback step*), so every graph the interpreter runs also runs here.
 

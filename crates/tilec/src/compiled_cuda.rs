@@ -3,7 +3,7 @@
 //! run by the executor ([`crate::exec`]) as CUDA graphs.
 //!
 //! [`prepare`] does everything that needs no GPU, so it runs and is tested anywhere;
-//! [`compile`] adds the device. A node whose group does not build (even node by node) or whose
+//! [`compile`] adds the device. A node whose group does not build (even split into runs of nodes) or whose
 //! kernel does not compile runs on the host reference interpreter (a *host step*). Everything
 //! CUDA is loaded at run time: without a driver, a device or NVRTC, [`compile`] returns an
 //! error saying which is missing.

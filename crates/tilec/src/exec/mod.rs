@@ -7,7 +7,7 @@
 //! Everything else lives here, once:
 //!
 //! - [`prepare`] (`steps.rs`): optimize for the target, partition, build each group (a group that
-//!   does not build is retried node by node; a node that still does not becomes a *host step*
+//!   does not build whole is built in runs of its nodes that do; a node that does not alone becomes a *host step*
 //!   on the reference interpreter), add the producers no group covers, order the steps. A graph
 //!   whose shapes stay symbolic (data-dependent sizes) runs on the interpreter as a whole.
 //! - [`Executor::load`] (`plan.rs`): compile and load the kernels (one that fails to load runs
@@ -221,7 +221,7 @@ pub struct Report {
     pub cache_hits: usize,
     /// Nodes run on the reference interpreter, with the reason.
     pub fallbacks: Vec<(String, String)>,
-    /// Kernel groups that did not build whole and were built node by node.
+    /// Kernel groups that did not build whole and were split (see `steps::split_group`).
     pub split_groups: usize,
     /// Per kernel: the family that builds it, its parameters, and the families rejected.
     pub decisions: Vec<(String, Decision)>,
