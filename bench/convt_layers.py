@@ -19,14 +19,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from ort_time import ort_median_ms
+from ort_time import ort_median_ms, tilec_median_ms
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,17 +70,6 @@ def build(layer, path: Path, rng) -> np.ndarray:
     return x
 
 
-
-
-def time_tilec(binary: Path, path: Path, xfile: Path, runs: int) -> float:
-    out = subprocess.run([str(binary), "run", str(path), "--input", f"x={xfile}", "--bench", str(runs), "--json"],
-                         capture_output=True, text=True, timeout=600)
-    try:
-        return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
-    except (ValueError, KeyError, IndexError):
-        return float("nan")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tilec", type=Path, default=ROOT / "target" / "release" / "tilec")
@@ -104,7 +92,7 @@ def main() -> int:
                 got["ort"].append(ort_median_ms(path, {"x": x}, 2, args.runs))
                 for n, b in sides:
                     # The baseline's direct nests take seconds a run: fewer runs.
-                    got[n].append(time_tilec(b, path, xfile, args.runs if n == "tilec" else 3))
+                    got[n].append(tilec_median_ms(b, path, xfile, args.runs if n == "tilec" else 3))
             row = {"layer": layer[0], "load": round(os.getloadavg()[0], 2)}
             row |= {f"{k}_ms": round(statistics.median(v), 4) for k, v in got.items()}
             rows.append(row)

@@ -26,14 +26,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from ort_time import ort_median_ms
+from ort_time import ort_median_ms, tilec_median_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,15 +107,6 @@ def build(layer, path: Path, rng) -> np.ndarray:
     return x
 
 
-def time_tilec(binary: Path, path: Path, xfile: Path, runs: int) -> float:
-    out = subprocess.run([str(binary), "run", str(path), "--input", f"x={xfile}", "--bench", str(runs), "--json"],
-                         capture_output=True, text=True, timeout=600)
-    try:
-        return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
-    except (ValueError, KeyError, IndexError):
-        return float("nan")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tilec", type=Path, default=ROOT / "target" / "release" / "tilec")
@@ -144,7 +134,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 got["ort"].append(ort_median_ms(path, {"x": x}, 2, args.runs))
                 for n, b in sides:
-                    got[n].append(time_tilec(b, path, xfile, args.runs))
+                    got[n].append(tilec_median_ms(b, path, xfile, args.runs))
             row = {"layer": layer[0], "load": round(os.getloadavg()[0], 2)}
             row |= {f"{k}_ms": round(statistics.median(v), 4) for k, v in got.items()}
             row |= {f"{k}_rounds": [round(t, 4) for t in v] for k, v in got.items()}

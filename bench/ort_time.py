@@ -1,9 +1,12 @@
-"""onnxruntime's time for a model, the way tilec's CPU benchmarks time their peer: a session
-with `threads` intra-op threads, sequential, every graph optimization, on the CPU provider;
-a few untimed runs, then the median of `runs` timed ones in milliseconds."""
+"""How tilec's CPU layer benchmarks time both sides. onnxruntime: a session with `threads`
+intra-op threads, sequential, every graph optimization, on the CPU provider; a few untimed
+runs, then the median of `runs` timed ones in milliseconds. tilec: `tilec run --bench` on the
+same model and input file, its JSON line's median."""
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -26,3 +29,14 @@ def ort_median_ms(path: Path, feeds: dict[str, np.ndarray], threads: int, runs: 
         s.run(None, feeds)
         ts.append((time.perf_counter() - t) * 1e3)
     return statistics.median(ts)
+
+
+def tilec_median_ms(binary: Path, path: Path, xfile: Path, runs: int) -> float:
+    """`binary run path --input x=xfile --bench runs`: the median in milliseconds (NaN when the
+    run fails or prints no JSON line)."""
+    out = subprocess.run([str(binary), "run", str(path), "--input", f"x={xfile}", "--bench", str(runs), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    try:
+        return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
+    except (ValueError, KeyError, IndexError):
+        return float("nan")
