@@ -11,8 +11,8 @@
 //!   LLM decode products `llm_bf16_{1,16}xNxK`, timed (median of `--iters` runs, CUDA events)
 //!   in µs and TB/s of A + B + C, and checked on samples.
 //!
-//! `GEMV_PARAMS=warps_n,warps_k,cols,unroll,split_k[,prefetch[,min_blocks]]` replaces the
-//! heuristic's parameters (for sweeps). Prints one JSON object per line, then a summary.
+//! `GEMV_PARAMS=warps_n,warps_k,cols,unroll,split_k[,prefetch[,min_blocks[,stages[,tiled[,a_ahead]]]]]` replaces
+//! the heuristic's parameters (for sweeps; split_k 0: the heuristic's split for the others). Prints one JSON object per line, then a summary.
 
 use serde_json::json;
 use tilec_cuda::families::OperandRef;
@@ -64,6 +64,33 @@ fn check_cases() -> Vec<Case> {
     v.push(case("unroll8_min_blocks", DType::BF16, 16, 2048, 2048, 1, C, Some(Params { cols: 1, unroll: 8, min_blocks: 4, ..d })));
     v.push(case("batched_split_ragged", DType::F16, 3, 72, 1000, 5, C, Some(Params { split_k: 4, ..d })));
     v.push(case("heuristic_decode", DType::BF16, 16, 4096, 4096, 1, C, None));
+    // The shared-memory stages: ragged N and K (zero-filled pieces, a partial piece), splits
+    // whose last one is short or empty, both layouts, 1 to 16 rows.
+    let st = Params { stages: 3, ..d };
+    for b in [C, R] {
+        let l = if b == C { "cc" } else { "rr" };
+        v.push(case(&format!("staged_16x203x1000_{l}"), DType::BF16, 16, 203, 1000, 1, b, Some(st)));
+        v.push(case(&format!("staged_1x8200x4100_{l}"), DType::F16, 1, 8200, 4104, 1, b, Some(Params { stages: 4, unroll: 4, ..d })));
+        v.push(case(&format!("staged_split_9x1000x2052_{l}"), DType::BF16, 9, 1000, 2052, 1, b, Some(Params { split_k: 3, ..st })));
+    }
+    // Tiled weights: ragged N and K (zero tiles past them), both layouts, splits, batches
+    // sharing one B.
+    let tl = Params { tiled: true, ..d };
+    for b in [C, R] {
+        let l = if b == C { "cc" } else { "rr" };
+        v.push(case(&format!("tiled_16x203x1000_{l}"), DType::BF16, 16, 203, 1000, 1, b, Some(tl)));
+        v.push(case(&format!("tiled_1x8200x4104_{l}"), DType::F16, 1, 8200, 4104, 1, b, Some(Params { unroll: 4, split_k: 3, ..tl })));
+        v.push(case(&format!("tiled_ragged_9x100x33_{l}"), DType::F16, 9, 100, 33, 1, b, Some(tl)));
+    }
+    let ah = Params { a_ahead: true, ..d };
+    v.push(case("ahead_16x520x1000", DType::BF16, 16, 520, 1000, 1, C, Some(Params { split_k: 3, ..ah })));
+    v.push(case("ahead_tiled_5x203x1000", DType::F16, 5, 203, 1000, 1, R, Some(Params { tiled: true, unroll: 4, ..ah })));
+    v.push(case("ahead_ragged_9x100x33", DType::BF16, 9, 100, 33, 1, C, Some(ah)));
+    v.push(case("tiled_batched_shared_4x300x520_rr", DType::BF16, 4, 300, 520, 3, R, Some(Params { split_k: 2, ..tl })));
+    v.push(case("staged_ragged_8x13x7", DType::BF16, 8, 13, 7, 1, C, Some(st)));
+    v.push(case("staged_batched_3x72x1000", DType::F16, 3, 72, 1000, 5, C, Some(Params { split_k: 4, ..st })));
+    v.push(case("staged_empty_split_5x64x2304", DType::BF16, 5, 64, 2304, 1, C, Some(Params { split_k: 4, unroll: 4, warps_k: 2, ..st })));
+    v.push(case("staged_wide_16x4096x4096", DType::BF16, 16, 4096, 4096, 1, C, Some(Params { warps_n: 4, warps_k: 2, cols: 4, unroll: 2, stages: 4, split_k: 2, ..d })));
     v
 }
 
@@ -144,14 +171,27 @@ fn params_of(c: &Case, p: &Problem, sms: usize) -> Params {
     }
     let env: Vec<usize> = std::env::var("GEMV_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
     let d = gemv::heuristic(p, sms);
-    match env[..] {
+    let mut q = match env[..] {
         [warps_n, warps_k, cols, unroll, split_k] => Params { warps_n, warps_k, cols, unroll, split_k, ..d },
         [warps_n, warps_k, cols, unroll, split_k, prefetch] => Params { warps_n, warps_k, cols, unroll, split_k, prefetch, ..d },
         [warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks] => {
-            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks }
+            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, ..d }
         }
-        _ => d,
+        [warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages] => {
+            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, ..d }
+        }
+        [warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled] => {
+            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled: tiled != 0, ..d }
+        }
+        [warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled, a_ahead] => {
+            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled: tiled != 0, a_ahead: a_ahead != 0 }
+        }
+        _ => return d,
+    };
+    if q.split_k == 0 {
+        q.split_k = gemv::split_for(p, &q, sms);
     }
+    q
 }
 
 const A: OperandRef = OperandRef { param: 0, offset_bytes: 0 };
@@ -248,7 +288,7 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usi
         "label": c.label, "kernel": name,
         "m": c.m, "n": c.n, "k": c.k, "batch": c.batch, "dtype": c.dtype.name(), "out": c.out.name(),
         "b": if c.b == C { "col" } else { "row (repacked)" },
-        "params": format!("w{}x{} c{} u{} s{} p{} mb{}", q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks),
+        "params": format!("w{}x{} c{} u{} s{} p{} mb{} st{} t{} a{}", q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks, q.stages, q.tiled as u8, q.a_ahead as u8),
         "ok": ok, "max_err": max_err, "nan": nans, "checked": points.len(),
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "occupancy": f.max_active_blocks_per_sm(cfg.block.0, cfg.shared_mem_bytes).unwrap_or(0),

@@ -418,21 +418,66 @@ impl DeviceBuffer {
         }
     }
 
-    /// Copies host bytes to `offset` (synchronous).
+    /// Copies host bytes to `offset` and waits until they are in device memory. From pageable
+    /// memory the driver's synchronous copy may return before its DMA lands, and work on a
+    /// non-blocking stream is not ordered after it: the legacy stream that carries the copy is
+    /// waited for. Work already running on other streams is not: for a buffer that kernels
+    /// may be reading, use [`DeviceBuffer::write_on`] with their stream.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.range(offset, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
         self.ctx.bind()?;
-        // SAFETY: range checked; host slice valid for the call.
+        // SAFETY: range checked; host slice valid for the call; the null stream is the
+        // context's legacy stream.
         unsafe {
             cu!(cuMemcpyHtoD_v2(
                 self.ptr + offset as u64,
                 data.as_ptr() as *const c_void,
                 data.len()
-            ))
+            ))?;
+            cu!(cuStreamSynchronize(std::ptr::null_mut()))
         }
+    }
+
+    /// Copies host bytes to `offset` in `stream`'s order (after the work queued on it before,
+    /// before the work queued after) and waits for the copy.
+    pub fn write_on(&self, stream: &Stream, offset: usize, data: &[u8]) -> Result<()> {
+        self.range(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        stream.ctx.bind()?;
+        // SAFETY: range checked; the host slice outlives the copy (the stream is waited for).
+        unsafe {
+            cu!(cuMemcpyHtoDAsync_v2(
+                self.ptr + offset as u64,
+                data.as_ptr() as *const c_void,
+                data.len(),
+                stream.raw
+            ))?;
+        }
+        stream.synchronize()
+    }
+
+    /// Copies `out.len()` bytes from `offset` to the host after the work queued on `stream`.
+    pub fn read_on(&self, stream: &Stream, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.range(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        stream.ctx.bind()?;
+        // SAFETY: range checked; the host slice outlives the copy (the stream is waited for).
+        unsafe {
+            cu!(cuMemcpyDtoHAsync_v2(
+                out.as_mut_ptr() as *mut c_void,
+                self.ptr + offset as u64,
+                out.len(),
+                stream.raw
+            ))?;
+        }
+        stream.synchronize()
     }
 
     /// Copies `out.len()` bytes from `offset` to the host (synchronous).

@@ -31,19 +31,31 @@ pub fn gemv_plan(p: &FProblem, lowered: &Lowered, target: &GpuTarget) -> Result<
     if problem.m > 16 {
         return Err(format!("{} rows: more than 16 (the GEMV family takes decode-shaped products)", problem.m));
     }
-    if problem.b_layout == Layout::RowMajor {
-        // Parameters are the lowered kernel's inputs, then its outputs.
-        let v = lowered.inputs.get(b.param).ok_or("operand B is not one of the kernel's inputs")?;
-        if !matches!(p.graph.value(*v).def, ValueDef::Const(_)) {
-            return Err(
-                "B is row-major and not a constant (the family reads K-contiguous weights; a row-major one is repacked once, when the kernel is bound)"
-                    .into(),
-            );
-        }
+    let b_const = b_is_const(p, lowered, &b)?;
+    if problem.b_layout == Layout::RowMajor && !b_const {
+        return Err(
+            "B is row-major and not a constant (the family reads K-contiguous weights; a row-major one is repacked once, when the kernel is bound)"
+                .into(),
+        );
     }
     let params = gemv::heuristic(&problem, target.sm_count as usize);
     gemv::applies(&problem, &params, cc)?;
     Ok(plan(problem, params, a, b))
+}
+
+/// Whether operand B is one of the graph's constants (which the family may repack at bind).
+fn b_is_const(p: &FProblem, lowered: &Lowered, b: &OperandRef) -> Result<bool, String> {
+    // Parameters are the lowered kernel's inputs, then its outputs.
+    let v = lowered.inputs.get(b.param).ok_or("operand B is not one of the kernel's inputs")?;
+    Ok(matches!(p.graph.value(*v).def, ValueDef::Const(_)))
+}
+
+/// Refuses tiled weights unless B is a constant.
+fn check_tiled(p: &FProblem, q: &Params, b: &OperandRef) -> Result<(), String> {
+    if q.tiled && !b_is_const(p, &super::lowered(p)?, b)? {
+        return Err("tiled weights need a constant B (repacked once, when the kernel is bound)".into());
+    }
+    Ok(())
 }
 
 fn plan(problem: Problem, params: Params, a: OperandRef, b: OperandRef) -> FamilyPlan {
@@ -62,10 +74,10 @@ fn plan(problem: Problem, params: Params, a: OperandRef, b: OperandRef) -> Famil
 pub struct Sm80Gemv;
 pub static SM80_GEMV: Sm80Gemv = Sm80Gemv;
 
-const NAMES: [&str; 7] = ["warps_n", "warps_k", "cols", "unroll", "split_k", "prefetch", "min_blocks"];
+const NAMES: [&str; 10] = ["warps_n", "warps_k", "cols", "unroll", "split_k", "prefetch", "min_blocks", "stages", "tiled", "a_ahead"];
 
 fn to_params(q: &Params) -> FParams {
-    let v = [q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks];
+    let v = [q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks, q.stages, q.tiled as usize, q.a_ahead as usize];
     FParams(NAMES.iter().copied().zip(v.map(|x| x as i64)).collect())
 }
 
@@ -79,6 +91,9 @@ fn with_params(q: Params, p: &FParams) -> Params {
         split_k: get("split_k", q.split_k),
         prefetch: get("prefetch", q.prefetch),
         min_blocks: get("min_blocks", q.min_blocks),
+        stages: get("stages", q.stages),
+        tiled: get("tiled", q.tiled as usize) != 0,
+        a_ahead: get("a_ahead", q.a_ahead as usize) != 0,
     }
 }
 
@@ -116,6 +131,9 @@ impl Family for Sm80Gemv {
                 ("split_k", vec![1, 2, 3, 4, 6, 8, 12, 16]),
                 ("prefetch", vec![0, 128, 256]),
                 ("min_blocks", vec![0, 2, 4]),
+                ("stages", vec![0, 3, 4, 6]),
+                ("tiled", vec![0, 1]),
+                ("a_ahead", vec![0, 1]),
             ],
         }
     }
@@ -123,7 +141,9 @@ impl Family for Sm80Gemv {
     fn check(&self, p: &FProblem, t: &Target, params: &FParams) -> Result<(), String> {
         let plan = plan_of(p, t)?;
         let q = gemv_params(&plan).ok_or("not a GEMV plan")?;
-        gemv::applies(&plan.problem, &with_params(q, params), t.gpu.compute_capability)
+        let q = with_params(q, params);
+        check_tiled(p, &q, &plan.b)?;
+        gemv::applies(&plan.problem, &q, t.gpu.compute_capability)
     }
 
     fn heuristic(&self, p: &FProblem, t: &Target) -> FParams {
@@ -135,6 +155,7 @@ impl Family for Sm80Gemv {
         let q0 = gemv_params(&built).ok_or("not a GEMV plan")?;
         let q = with_params(q0, params);
         if q != q0 {
+            check_tiled(p, &q, &built.b)?;
             gemv::applies(&built.problem, &q, t.gpu.compute_capability)?;
             built = plan(built.problem.clone(), q, built.a.clone(), built.b.clone());
         }

@@ -184,7 +184,7 @@ impl FamilyPlan {
             ),
             PlanKind::Gemv(q) => format!(
                 "{}{}x{} warps (columns x K), {} column groups of 8 per warp, unroll {}, split-K {}, prefetch {}",
-                if gemv::repacked(p) { "B repacked to K-contiguous rows at bind; " } else { "" },
+                if q.tiled { "B repacked to fragment tiles at bind; " } else if gemv::repacked(p, q) { "B repacked to K-contiguous rows at bind; " } else { "" },
                 q.warps_n,
                 q.warps_k,
                 q.cols,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{applies, kernel_name, packed_ld, repacked, smem_bytes, tiles, workspace, Params};
+use super::{applies, kernel_name, packed_len, repacked, smem_bytes, tiles, workspace, Params};
 use crate::driver::{Device, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 use crate::families::OperandRef;
@@ -52,9 +52,9 @@ impl GemvKernel {
         } else {
             None
         };
-        let packed = if repacked(problem) {
+        let packed = if repacked(problem, params) {
             let f = module.function(&format!("{name}_repack"))?;
-            Some(Repacked::new(&name, f, device.alloc(problem.n * packed_ld(problem) * 2)?))
+            Some(Repacked::new(&name, f, device.alloc(packed_len(problem, params) * 2)?))
         } else {
             None
         };

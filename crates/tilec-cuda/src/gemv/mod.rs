@@ -25,6 +25,7 @@
 
 mod launch;
 mod render;
+pub mod staged;
 
 pub use launch::{config, GemvKernel};
 pub use render::{kernel_name, render};
@@ -50,11 +51,24 @@ pub struct Params {
     pub prefetch: usize,
     /// `__launch_bounds__`' minimum of resident blocks per SM (0: none), which caps registers.
     pub min_blocks: usize,
+    /// 0: weights loaded straight into registers. 2 to 8: the block's threads copy the weights
+    /// and A into a ring of this many shared-memory stages with `cp.async` (each warp's
+    /// copies whole 512-byte runs of a weight row), and the warps multiply from there
+    /// ([`staged`]).
+    pub stages: usize,
+    /// B repacked at bind (a constant) into fragment tiles: for each group of 8 columns and
+    /// chunk of 32 K, the 512 bytes a warp loads with one instruction, in lane order, the
+    /// chunks of a group one after another. A warp's weight loads then stream one contiguous
+    /// region (the register loop only).
+    pub tiled: bool,
+    /// The register loop loads A's rows with the step's weights, one step ahead of the
+    /// multiplies (else at the multiply, where a warp waits for them).
+    pub a_ahead: bool,
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { warps_n: 4, warps_k: 2, cols: 2, unroll: 2, split_k: 1, prefetch: 0, min_blocks: 0 }
+        Params { warps_n: 4, warps_k: 2, cols: 2, unroll: 2, split_k: 1, prefetch: 0, min_blocks: 0, stages: 0, tiled: false, a_ahead: false }
     }
 }
 
@@ -85,7 +99,7 @@ impl Params {
         if ![1, 2, 4, 8].contains(&self.unroll) {
             return Err(format!("unroll {} (1, 2, 4 or 8 chunks per step)", self.unroll));
         }
-        if self.cols * self.unroll > 16 {
+        if self.stages == 0 && self.cols * self.unroll > 16 {
             return Err(format!(
                 "cols {} x unroll {}: more than 16 weight loads per lane and step (two buffers of them live in registers)",
                 self.cols, self.unroll
@@ -96,6 +110,15 @@ impl Params {
         }
         if ![0, 64, 128, 256].contains(&self.prefetch) {
             return Err(format!("prefetch {} (0, 64, 128 or 256 bytes)", self.prefetch));
+        }
+        if self.stages == 1 || self.stages > 8 {
+            return Err(format!("stages {} (0: registers, or 2 to 8 shared-memory stages)", self.stages));
+        }
+        if self.a_ahead && self.stages >= 2 {
+            return Err("A loaded ahead with shared-memory stages (that is for the register loop)".into());
+        }
+        if self.tiled && self.stages >= 2 {
+            return Err("tiled weights with shared-memory stages (the tiled layout is for the register loop)".into());
         }
         if self.min_blocks > 32 || self.min_blocks * self.threads() > 2048 {
             return Err(format!(
@@ -130,14 +153,31 @@ pub fn red_stride(q: &Params) -> usize {
     q.block_cols() + 8
 }
 
-/// Dynamic shared memory: every K warp's sums of the block's `m x block_cols` outputs.
+/// Dynamic shared memory: every K warp's sums of the block's `m x block_cols` outputs, and
+/// with `stages` the ring of stages (which the sums reuse once the last stage is consumed).
 pub fn smem_bytes(p: &Problem, q: &Params) -> usize {
-    q.warps_k * p.m * red_stride(q) * 4
+    let sums = q.warps_k * p.m * red_stride(q) * 4;
+    if q.stages >= 2 {
+        sums.max(q.stages * staged::slot_bytes(p, q))
+    } else {
+        sums
+    }
 }
 
-/// Whether B is repacked at bind (a row-major B: the caller guarantees it is a constant).
-pub fn repacked(p: &Problem) -> bool {
-    p.b_layout == Layout::RowMajor
+/// Whether B is repacked at bind (a row-major B, or tiled weights: the caller guarantees it
+/// is a constant).
+pub fn repacked(p: &Problem, q: &Params) -> bool {
+    p.b_layout == Layout::RowMajor || q.tiled
+}
+
+/// Elements of the repacked B: K-contiguous rows `[N][packed_ld]`, or with `tiled` the
+/// fragment tiles of N rounded up to 8 by K rounded up to 32 (zeros past N and K).
+pub fn packed_len(p: &Problem, q: &Params) -> usize {
+    if q.tiled {
+        p.n.next_multiple_of(8) * chunks(p) * CHUNK
+    } else {
+        p.n * packed_ld(p)
+    }
 }
 
 /// The row length of the repacked B: K rounded up to 8 elements (16 bytes).
@@ -209,6 +249,9 @@ pub fn applies(p: &Problem, q: &Params, cc: (u32, u32)) -> Result<(), String> {
             }
         }
     }
+    if q.tiled && p.batch > 1 && p.batch_stride_b != 0 {
+        return Err("tiled weights are repacked once: B must be one matrix shared by every batch".into());
+    }
     if p.batch > 1 {
         for (name, s) in [("A", p.batch_stride_a), ("B", p.batch_stride_b)] {
             if s % 8 != 0 {
@@ -219,8 +262,11 @@ pub fn applies(p: &Problem, q: &Params, cc: (u32, u32)) -> Result<(), String> {
     if q.split_k > chunks(p) {
         return Err(format!("split_k {} exceeds the {} chunks of 32 K", q.split_k, chunks(p)));
     }
+    if q.stages >= 2 && q.split_k > staged::stages_of(p, q) {
+        return Err(format!("split_k {} exceeds the {} stages of {} K", q.split_k, staged::stages_of(p, q), staged::stage_k(q)));
+    }
     if smem_bytes(p, q) > MAX_SMEM {
-        return Err(format!("{} bytes of shared memory for the partial sums (at most {MAX_SMEM})", smem_bytes(p, q)));
+        return Err(format!("{} bytes of shared memory for the stages and partial sums (at most {MAX_SMEM})", smem_bytes(p, q)));
     }
     Ok(())
 }
@@ -241,15 +287,42 @@ pub fn heuristic(p: &Problem, sm_count: usize) -> Params {
     while q.block_cols() > n8 && q.cols > 1 {
         q.cols /= 2;
     }
-    let regs = 40 + 8 * q.unroll * q.cols;
+    q.split_k = split_for(p, &q, sm_count);
+    // The L2 fetches 256 bytes per weight copy: measured on an H200 (16 x 8192 x 8192), 3.35
+    // TB/s against 2.85 without the hint.
+    q.prefetch = 256;
+    q
+}
+
+/// Resident blocks per SM the parameters allow (threads, an estimate of registers, shared
+/// memory).
+pub fn blocks_per_sm(p: &Problem, q: &Params) -> usize {
     let t = q.threads();
-    let per_sm = (2048 / t).min(65_536 / (t * regs.next_multiple_of(8))).max(1);
-    let slots = (sm_count * per_sm).max(1) as f64;
-    let base = tiles(p, &q) * p.batch.max(1);
+    let regs = if q.stages >= 2 {
+        40 + 4 * q.cols
+    } else {
+        40 + 8 * q.unroll * q.cols + if q.a_ahead { 8 * q.unroll * if p.m > 8 { 2 } else { 1 } } else { 0 }
+    };
+    let by_regs = 65_536 / (t * regs.next_multiple_of(8));
+    let by_smem = MAX_SMEM / smem_bytes(p, q).max(1);
+    (2048 / t).min(by_regs).min(by_smem).max(1)
+}
+
+/// The split of K for `q` (its own `split_k` ignored): blocks fill whole waves of the
+/// resident blocks as far as possible, as long as each warp keeps two steps (or each block two
+/// stages) and the partial sums stay small next to B.
+pub fn split_for(p: &Problem, q: &Params, sm_count: usize) -> usize {
+    let slots = (sm_count * blocks_per_sm(p, &Params { split_k: 1, ..*q })).max(1) as f64;
+    let base = tiles(p, q) * p.batch.max(1);
     let nch = chunks(p);
     let mut best = (f64::INFINITY, 1);
     for s in 1..=32usize {
-        if s > 1 && nch / (s * q.warps_k) < 2 * q.unroll {
+        let short = if q.stages >= 2 {
+            staged::stages_of(p, q) < 2 * s
+        } else {
+            nch / (s * q.warps_k) < 2 * q.unroll
+        };
+        if s > 1 && short {
             break;
         }
         let blocks = (base * s) as f64;
@@ -261,11 +334,7 @@ pub fn heuristic(p: &Problem, sm_count: usize) -> Params {
             best = (cost, s);
         }
     }
-    q.split_k = best.1;
-    // The L2 fetches 256 bytes per weight copy: measured on an H200 (16 x 8192 x 8192), 3.35
-    // TB/s against 2.85 without the hint.
-    q.prefetch = 256;
-    q
+    best.1
 }
 
 #[cfg(test)]

@@ -25,14 +25,15 @@ use crate::render::{PRELUDE, source_hash as fnv, short16 as short, param_name};
 pub fn kernel_name(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef) -> String {
     let body = render_body(p, q, a, b, "tl_gemv");
     format!(
-        "tl_gemv_{}_{}_w{}x{}_c{}_u{}_s{}_{:012x}",
+        "tl_gemv_{}_{}_w{}x{}_c{}_u{}_s{}{}_{:012x}",
         short(p.in_dtype),
-        if repacked(p) { "rr" } else { "rc" },
+        if q.tiled { "rt" } else if repacked(p, q) { "rr" } else { "rc" },
         q.warps_n,
         q.warps_k,
         q.cols,
         q.unroll,
         q.split_k,
+        if q.stages >= 2 { format!("_st{}", q.stages) } else { String::new() },
         fnv(&body) & 0xffff_ffff_ffff
     )
 }
@@ -87,20 +88,41 @@ fn mma_fn(dt: &str) -> String {
     )
 }
 
-/// The loads of one step's weights into `buf` (`[unroll][cols]` vectors) from chunk `c0` on.
-fn load_step(q: &Params, buf: &str, c0: &str, pad: &str) -> String {
-    format!(
-        "{pad}#pragma unroll\n{pad}for (int u = 0; u < {u}; ++u)\n{pad}#pragma unroll\n{pad}  for (int j = 0; j < {g}; ++j) {buf}[u][j] = tl_gv_ldb(bc[j] + ({c0} + u) * {CHUNK});\n",
-        u = q.unroll,
-        g = q.cols,
-    )
+/// Elements between a lane's weights of consecutive chunks: a row's 32, or a tile's 256.
+fn b_chunk_stride(q: &Params) -> usize {
+    if q.tiled {
+        8 * CHUNK
+    } else {
+        CHUNK
+    }
 }
 
-/// The multiplies of chunk `c` with weights `w` (`cols` vectors) and A's rows loaded there;
-/// `guarded`: the chunk may be the ragged last one (loads stop at K).
-fn chunk_mma(p: &Problem, q: &Params, w: &str, c: &str, guarded: bool, pad: &str) -> String {
+/// The loads of one step's weights into `buf` (`[unroll][cols]` vectors) from chunk `c0` on,
+/// and with `a_ahead` A's rows into `abuf` (`[unroll][1 or 2]`).
+fn load_step(p: &Problem, q: &Params, buf: &str, abuf: &str, c0: &str, pad: &str) -> String {
+    let mut s = format!(
+        "{pad}#pragma unroll\n{pad}for (int u = 0; u < {u}; ++u) {{\n{pad}#pragma unroll\n{pad}  for (int j = 0; j < {g}; ++j) {buf}[u][j] = tl_gv_ldb(bc[j] + ({c0} + u) * {bs});\n",
+        bs = b_chunk_stride(q),
+        u = q.unroll,
+        g = q.cols,
+    );
+    if q.a_ahead {
+        let _ = writeln!(s, "{pad}  {abuf}[u][0] = tl_gv_lda(a0 + ({c0} + u) * {CHUNK});");
+        if p.m > 8 {
+            let _ = writeln!(s, "{pad}  {abuf}[u][1] = tl_gv_lda(a1 + ({c0} + u) * {CHUNK});");
+        }
+    }
+    s + &format!("{pad}}}\n")
+}
+
+/// The multiplies of chunk `c` with weights `w` (`cols` vectors) and A's rows: loaded there,
+/// or from `ahead` (the step's A buffer at this chunk, `[1 or 2]`); `guarded`: the chunk may be
+/// the ragged last one (loads stop at K).
+fn chunk_mma(p: &Problem, q: &Params, w: &str, ahead: Option<&str>, c: &str, guarded: bool, pad: &str) -> String {
     let ld = |row: &str| {
-        if guarded {
+        if let Some(a) = ahead {
+            format!("{a}[{}]", if row == "a0" { 0 } else { 1 })
+        } else if guarded {
             format!(
                 "({c}) < {nfull} ? tl_gv_lda({row} + ({c}) * {CHUNK}) : tl_gv_ld8({row} + ({c}) * {CHUNK}, {k} - ({c}) * {CHUNK} - t * 8)",
                 nfull = p.k / CHUNK,
@@ -140,57 +162,13 @@ fn chunk_mma(p: &Problem, q: &Params, w: &str, c: &str, guarded: bool, pad: &str
     s
 }
 
-fn render_body(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef, name: &str) -> String {
-    let c = p.custom.as_ref();
-    let decls: Vec<String> = c.map(|c| c.params.clone()).unwrap_or_default();
-    let names: Vec<&str> = decls.iter().map(|d| param_name(d)).collect();
-    let pname = |o: &OperandRef| names.get(o.param).copied().unwrap_or("tl_missing");
-    let args: String = names.iter().map(|n| format!("{n}, ")).collect();
-    let epi = c.map(|c| c.name.clone()).unwrap_or_else(|| "tl_missing".into());
-    // Flattened rows split back into (batch, row).
-    let split_row = match c.and_then(|c| c.rows) {
-        Some(r) => format!("const int eb = r / {r}, er = r - eb * {r};"),
-        None => "const int eb = bz, er = r;".to_string(),
-    };
-    let (m, n, k) = (p.m, p.n, p.k);
-    let (nb, out, t) = (q.block_cols(), p.m * q.block_cols(), q.threads());
+/// The register-pipelined main loop (`stages` 0): each lane loads its weights straight into
+/// registers, one step of `unroll` chunks ahead of the multiplies. Leaves `acc[cols][4]`.
+fn register_mainloop(p: &Problem, q: &Params, ldb: usize) -> String {
     let (cpb, cpw) = chunks_per_block(p, q);
-    let hint = match q.prefetch {
-        64 => ".L2::64B",
-        128 => ".L2::128B",
-        256 => ".L2::256B",
-        _ => "",
-    };
-    let mut s = format!("#define TL_GV_L2 \"{hint}\"\n");
-    s.push_str(HELPERS);
-    s.push_str(&mma_fn(short(p.in_dtype)));
-    let mut params = decls.clone();
-    params.extend(["const unsigned short* __restrict__ tl_bpk", "float* __restrict__ tl_ws", "int* __restrict__ tl_cnt"].map(String::from));
-    let (b_src, ldb, sb) = if repacked(p) {
-        ("tl_bpk".to_string(), packed_ld(p), 0)
-    } else {
-        (
-            format!("(const unsigned short*)((const char*){} + {})", pname(b), b.offset_bytes),
-            p.ldb(),
-            if p.batch > 1 { p.batch_stride_b } else { 0 },
-        )
-    };
-    let sa = if p.batch > 1 { p.batch_stride_a } else { 0 };
-    let minb = if q.min_blocks > 0 { format!(", {}", q.min_blocks) } else { String::new() };
     let u = q.unroll;
-    let _ = write!(
-        s,
-        r#"
-extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
-  extern __shared__ __align__(16) float tl_red[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wn = warp % {wn}, wk = warp / {wn};
-  const int g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x, split = blockIdx.y, bz = blockIdx.z;
-  const int n0 = tile * {nb};
-  const unsigned short* A = (const unsigned short*)((const char*){a_name} + {a_off}) + (long long)bz * {sa};
-  const unsigned short* B = {b_src} + (long long)bz * {sb};
-  // This warp's chunks of {CHUNK} K: [c_lo, c_hi) (empty past the end of K).
+    format!(
+        r#"  // This warp's chunks of {CHUNK} K: [c_lo, c_hi) (empty past the end of K).
   const int c_lo = split * {cpb} + wk * {cpw};
   const int c_hi = min(min({nch}, split * {cpb} + {cpb}), c_lo + {cpw});
   // Rows of A past M read row M - 1, columns of B past N column N - 1: valid memory whose
@@ -200,7 +178,7 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
   (void)a1;
   const unsigned short* bc[{cols}];
 #pragma unroll
-  for (int j = 0; j < {cols}; ++j) bc[j] = B + (long long)min(n0 + wn * {cw} + j * 8 + g, {n} - 1) * {ldb} + t * 8;
+  for (int j = 0; j < {cols}; ++j) {bc_init}
   float acc[{cols}][4];
 #pragma unroll
   for (int j = 0; j < {cols}; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -209,7 +187,7 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
   const int nfull = max(0, min(c_hi, {nfull}) - c_lo);
   const int steps = nfull / {u};
   uint4 cur[{u}][{cols}], nxt[{u}][{cols}];
-  if (steps > 0) {{
+{a_bufs}  if (steps > 0) {{
 {load0}  }}
   for (int s = 0; s < steps; s += 2) {{
     const int kc = c_lo + s * {u};
@@ -229,9 +207,88 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
     uint4 w[{cols}];
 #pragma unroll
     for (int j = 0; j < {cols}; ++j)
-      w[j] = whole ? tl_gv_ldb(bc[j] + kc * {CHUNK}) : tl_gv_ld8(bc[j] + kc * {CHUNK}, {k} - kc * {CHUNK} - t * 8);
+      w[j] = {tail_load};
 {mma_tail}  }}
-  // The sums to shared memory, rows below M: row r, block column cl at
+"#,
+        m = p.m,
+        nch = chunks(p),
+        nfull = p.k / CHUNK,
+        lda = p.lda(),
+        cols = q.cols,
+        load0 = load_step(p, q, "cur", "acur", "c_lo", "    "),
+        load1 = load_step(p, q, "nxt", "anxt", &format!("kc + {u}"), "      "),
+        load2 = load_step(p, q, "cur", "acur", &format!("kc + {}", 2 * u), "      "),
+        mma_cur = chunk_mma(p, q, "cur[u]", q.a_ahead.then_some("acur[u]"), "kc + u", false, "    "),
+        mma_nxt = chunk_mma(p, q, "nxt[u]", q.a_ahead.then_some("anxt[u]"), &format!("kc + {u} + u"), false, "    "),
+        mma_tail = chunk_mma(p, q, "w", None, "kc", true, "    "),
+        a_bufs = if q.a_ahead { format!("  uint4 acur[{u}][{r}], anxt[{u}][{r}];\n", r = if p.m > 8 { 2 } else { 1 }) } else { String::new() },
+        bc_init = if q.tiled {
+            // Tiles past N read the last one (valid memory; their columns are never stored).
+            format!("bc[j] = B + (long long)min((n0 + wn * {cw} + j * 8) / 8, {last}) * {tile} + lane * 8;", cw = 8 * q.cols, last = p.n.div_ceil(8) - 1, tile = chunks(p) * 8 * CHUNK)
+        } else {
+            format!("bc[j] = B + (long long)min(n0 + wn * {cw} + j * 8 + g, {n} - 1) * {ldb} + t * 8;", cw = 8 * q.cols, n = p.n)
+        },
+        tail_load = if q.tiled {
+            // Tiles are zero past K: no guard.
+            format!("tl_gv_ldb(bc[j] + kc * {})", 8 * CHUNK)
+        } else {
+            format!("whole ? tl_gv_ldb(bc[j] + kc * {CHUNK}) : tl_gv_ld8(bc[j] + kc * {CHUNK}, {k} - kc * {CHUNK} - t * 8)", k = p.k)
+        },
+    )
+}
+
+fn render_body(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef, name: &str) -> String {
+    let c = p.custom.as_ref();
+    let decls: Vec<String> = c.map(|c| c.params.clone()).unwrap_or_default();
+    let names: Vec<&str> = decls.iter().map(|d| param_name(d)).collect();
+    let pname = |o: &OperandRef| names.get(o.param).copied().unwrap_or("tl_missing");
+    let args: String = names.iter().map(|n| format!("{n}, ")).collect();
+    let epi = c.map(|c| c.name.clone()).unwrap_or_else(|| "tl_missing".into());
+    // Flattened rows split back into (batch, row).
+    let split_row = match c.and_then(|c| c.rows) {
+        Some(r) => format!("const int eb = r / {r}, er = r - eb * {r};"),
+        None => "const int eb = bz, er = r;".to_string(),
+    };
+    let (m, n, k) = (p.m, p.n, p.k);
+    let (nb, out, t) = (q.block_cols(), p.m * q.block_cols(), q.threads());
+    let hint = match q.prefetch {
+        64 => ".L2::64B",
+        128 => ".L2::128B",
+        256 => ".L2::256B",
+        _ => "",
+    };
+    let mut s = format!("#define TL_GV_L2 \"{hint}\"\n");
+    s.push_str(HELPERS);
+    if q.stages >= 2 {
+        s.push_str(super::staged::HELPERS);
+    }
+    s.push_str(&mma_fn(short(p.in_dtype)));
+    let mut params = decls.clone();
+    params.extend(["const unsigned short* __restrict__ tl_bpk", "float* __restrict__ tl_ws", "int* __restrict__ tl_cnt"].map(String::from));
+    let (b_src, ldb, sb) = if repacked(p, q) {
+        ("tl_bpk".to_string(), packed_ld(p), 0)
+    } else {
+        (
+            format!("(const unsigned short*)((const char*){} + {})", pname(b), b.offset_bytes),
+            p.ldb(),
+            if p.batch > 1 { p.batch_stride_b } else { 0 },
+        )
+    };
+    let sa = if p.batch > 1 { p.batch_stride_a } else { 0 };
+    let minb = if q.min_blocks > 0 { format!(", {}", q.min_blocks) } else { String::new() };
+    let _ = write!(
+        s,
+        r#"
+extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
+  extern __shared__ __align__(16) float tl_red[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % {wn}, wk = warp / {wn};
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x, split = blockIdx.y, bz = blockIdx.z;
+  const int n0 = tile * {nb};
+  const unsigned short* A = (const unsigned short*)((const char*){a_name} + {a_off}) + (long long)bz * {sa};
+  const unsigned short* B = {b_src} + (long long)bz * {sb};
+{mainloop}  // The sums to shared memory, rows below M: row r, block column cl at
   // tl_red[(wk * M + r) * {nbp} + cl].
 #pragma unroll
   for (int j = 0; j < {cols}; ++j) {{
@@ -251,18 +308,10 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
         wn = q.warps_n,
         a_name = pname(a),
         a_off = a.offset_bytes,
-        nch = chunks(p),
-        nfull = k / CHUNK,
-        lda = p.lda(),
         cols = q.cols,
         cw = 8 * q.cols,
         nbp = red_stride(q),
-        load0 = load_step(q, "cur", "c_lo", "    "),
-        load1 = load_step(q, "nxt", &format!("kc + {u}"), "      "),
-        load2 = load_step(q, "cur", &format!("kc + {}", 2 * u), "      "),
-        mma_cur = chunk_mma(p, q, "cur[u]", "kc + u", false, "    "),
-        mma_nxt = chunk_mma(p, q, "nxt[u]", &format!("kc + {u} + u"), false, "    "),
-        mma_tail = chunk_mma(p, q, "w", "kc", true, "    "),
+        mainloop = if q.stages >= 2 { super::staged::mainloop(p, q, ldb) } else { register_mainloop(p, q, ldb) },
     );
     // Each thread sums outputs over the K warps (in warp order), consecutive threads on
     // consecutive columns of a row.
@@ -304,7 +353,30 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
             nt = tiles(p, q),
         );
     }
-    if repacked(p) {
+    if q.tiled {
+        let nch = chunks(p);
+        let src = if p.b_layout == crate::gemm::Layout::RowMajor { format!("(long long)kk * {} + n", p.ldb()) } else { format!("(long long)n * {} + kk", p.ldb()) };
+        let _ = write!(
+            s,
+            r#"
+// B to fragment tiles: element e of lane (g, t)'s 16 bytes of chunk c of column group ng at
+// ((ng * {nch} + c) * 32 + g * 4 + t) * 8 + e, holding B[n = ng * 8 + g][k = c * 32 + t * 8 + e]
+// (zero past N and K).
+extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= {total}LL) return;
+  const long long ng = i / {tile};
+  const int rem = (int)(i - ng * {tile});
+  const int c = rem >> 8, ln = (rem >> 3) & 31, e = rem & 7;
+  const long long n = ng * 8 + (ln >> 2);
+  const int kk = c * 32 + (ln & 3) * 8 + e;
+  out[i] = (n < {n} && kk < {k}) ? w[{src}] : (unsigned short)0;
+}}
+"#,
+            total = super::packed_len(p, q),
+            tile = nch * 8 * CHUNK,
+        );
+    } else if repacked(p, q) {
         let kp = packed_ld(p);
         let _ = write!(
             s,

@@ -216,11 +216,14 @@ impl Backend for Cuda {
     }
 
     fn write(&self, offset: usize, t: &Tensor) -> Result<(), Error> {
-        self.arena()?.write(offset, &t.le_bytes()).map_err(cuda_err("uploading a value"))
+        self.arena()?.write_on(&self.stream, offset, &t.le_bytes()).map_err(cuda_err("uploading a value"))
     }
 
     fn read(&self, offset: usize, dtype: DType, shape: &[usize]) -> Result<Tensor, Error> {
-        self.arena()?.download(offset, dtype, shape).map_err(cuda_err("downloading a value"))
+        let n: usize = shape.iter().product();
+        let mut bytes = vec![0u8; n * dtype.size_bytes()];
+        self.arena()?.read_on(&self.stream, offset, &mut bytes).map_err(cuda_err("downloading a value"))?;
+        Tensor::from_le_bytes(dtype, shape.to_vec(), &bytes).map_err(|e| Error::Compile(format!("downloading a value: {e}")))
     }
 
     unsafe fn write_raw(&self, offset: usize, src: u64, len: usize, mem: Memory) -> Result<(), Error> {
@@ -229,7 +232,7 @@ impl Backend for Cuda {
             Memory::Host => {
                 // SAFETY: the caller vouches for `src`.
                 let b = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
-                a.write(offset, b).map_err(cuda_err("uploading an input"))
+                a.write_on(&self.stream, offset, b).map_err(cuda_err("uploading an input"))
             }
             Memory::Device(d) => {
                 self.same_device(d)?;
@@ -246,10 +249,9 @@ impl Backend for Cuda {
         let a = self.arena()?;
         match mem {
             Memory::Host => {
-                self.stream.synchronize().map_err(cuda_err("synchronizing"))?;
                 // SAFETY: the caller vouches for `dst`.
                 let b = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
-                a.read(offset, b).map_err(cuda_err("downloading an output"))
+                a.read_on(&self.stream, offset, b).map_err(cuda_err("downloading an output"))
             }
             Memory::Device(d) => {
                 self.same_device(d)?;
