@@ -69,7 +69,7 @@ def main():
                       "device": torch.cuda.get_device_name(0)}), flush=True)
     shapes = [("gemv_bf16_16x8192x8192", 16, 8192, 8192, True), ("gemv_bf16_16x8192x8192_rr", 16, 8192, 8192, False)]
     for m in (1, 16):
-        for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
+        for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048)):
             shapes.append((f"llm_bf16_{m}x{n}x{k}", m, n, k, True))
     # GPT-2 small's projections (Conv1D weights: B row-major) and its tied output projection.
     gpt2 = [(f"gpt2_{w}_f16_{m}x{n}x{k}", m, n, k, False) for m in (4096, 128)

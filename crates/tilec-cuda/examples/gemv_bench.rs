@@ -105,6 +105,11 @@ fn bench_cases() -> Vec<Case> {
         for (n, k) in [(4096, 4096), (14336, 4096), (4096, 14336)] {
             add(format!("llm_bf16_{m}x{n}x{k}"), m, n, k, C);
         }
+        // A 1.1B LLaMA's decode products: q, k and v merged, o, gate and up merged, down, the
+        // LM head.
+        for (n, k) in [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048)] {
+            add(format!("llm_bf16_{m}x{n}x{k}"), m, n, k, C);
+        }
     }
     v
 }
@@ -170,7 +175,8 @@ fn params_of(c: &Case, p: &Problem, sms: usize) -> Params {
         return q;
     }
     let env: Vec<usize> = std::env::var("GEMV_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
-    let d = gemv::heuristic(p, sms);
+    // A model's weights are constants: the heuristic may tile them.
+    let d = gemv::heuristic_for(p, sms, true);
     let mut q = match env[..] {
         [warps_n, warps_k, cols, unroll, split_k] => Params { warps_n, warps_k, cols, unroll, split_k, ..d },
         [warps_n, warps_k, cols, unroll, split_k, prefetch] => Params { warps_n, warps_k, cols, unroll, split_k, prefetch, ..d },

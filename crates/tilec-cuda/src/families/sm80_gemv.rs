@@ -38,7 +38,7 @@ pub fn gemv_plan(p: &FProblem, lowered: &Lowered, target: &GpuTarget) -> Result<
                 .into(),
         );
     }
-    let params = gemv::heuristic(&problem, target.sm_count as usize);
+    let params = gemv::heuristic_for(&problem, target.sm_count as usize, b_const);
     gemv::applies(&problem, &params, cc)?;
     Ok(plan(problem, params, a, b))
 }

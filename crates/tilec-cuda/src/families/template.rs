@@ -183,14 +183,16 @@ impl FamilyPlan {
                 simt::render::vector_b(p, &self.b)
             ),
             PlanKind::Gemv(q) => format!(
-                "{}{}x{} warps (columns x K), {} column groups of 8 per warp, unroll {}, split-K {}, prefetch {}",
+                "{}{}x{} warps (columns x K), {} column groups of 8 per warp, unroll {}, split-K {}, prefetch {}{}{}",
                 if q.tiled { "B repacked to fragment tiles at bind; " } else if gemv::repacked(p, q) { "B repacked to K-contiguous rows at bind; " } else { "" },
                 q.warps_n,
                 q.warps_k,
                 q.cols,
                 q.unroll,
                 q.split_k,
-                q.prefetch
+                q.prefetch,
+                if q.a_ahead { ", A loaded a step ahead" } else { "" },
+                if q.stages >= 2 { format!(", {} shared-memory stages", q.stages) } else { String::new() }
             ),
             PlanKind::Flash(..) | PlanKind::Paged(..) => String::new(),
             PlanKind::Cublas(q) => format!(

@@ -84,20 +84,28 @@ fn heuristic_params_apply_to_many_shapes() {
                     p.batch = batch;
                     p.batch_stride_a = m * k.next_multiple_of(8);
                     p.batch_stride_b = n * k.next_multiple_of(8);
-                    for sms in [1, 108, 132] {
-                        let q = heuristic(&p, sms);
+                    for (sms, konst) in [(1, false), (108, true), (132, false), (132, true)] {
+                        let q = heuristic_for(&p, sms, konst);
                         assert_eq!(applies(&p, &q, (9, 0)), Ok(()), "{m}x{n}x{k} x{batch} {b:?} on {sms} SMs: {q:?}");
                         assert!(q.block_cols() <= n.next_multiple_of(8).max(8) || q.cols == 1 && q.warps_n == 1);
+                        // Only constant weights (or a row-major B, which the caller vouches is
+                        // one) are tiled, and only long rows.
+                        assert!(!q.tiled || (konst || b == Layout::RowMajor) && (k >= 8192 || n >= 16384), "{q:?}");
                     }
                 }
             }
         }
     }
-    // The decode shape splits K so that its 128 column tiles fill the SMs.
+    // Constant weights of the decode shape are tiled.
+    let qc = heuristic_for(&gemv(16, 8192, 8192, Layout::ColMajor), 132, true);
+    assert!(qc.tiled && qc.a_ahead && qc.stages == 0, "{qc:?}");
+    // Otherwise it splits K so that its 128 column tiles fill the SMs.
     let q = heuristic(&gemv(16, 8192, 8192, Layout::ColMajor), 132);
+    assert!(!q.tiled && q.a_ahead, "{q:?}");
     assert!(q.split_k >= 2 && q.split_k <= 8, "{q:?}");
-    let blocks = tiles(&gemv(16, 8192, 8192, Layout::ColMajor), &q) * q.split_k;
-    assert!(blocks >= 132 * 2, "{blocks} blocks: {q:?}");
+    let p = gemv(16, 8192, 8192, Layout::ColMajor);
+    let blocks = tiles(&p, &q) * q.split_k;
+    assert!(blocks * 10 >= 132 * blocks_per_sm(&p, &q) * 9, "{blocks} blocks: {q:?}");
 }
 
 /// Reads 8 elements of a K-contiguous row as the kernel does: 16 bytes when the whole chunk is
