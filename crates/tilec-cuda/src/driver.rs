@@ -160,6 +160,8 @@ pub fn arch_for(cc: (u32, u32)) -> String {
 struct Ctx {
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
+    /// Kernel launches ask for programmatic dependent launch ([`crate::pdl`]).
+    pdl: bool,
 }
 
 // SAFETY: a CUDA context handle may be used from any thread once made current there.
@@ -274,7 +276,7 @@ impl Device {
             cu!(cuDeviceGet(&mut dev, ordinal as i32))?;
             cu!(cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
         }
-        let ctx = Ctx { dev, ctx };
+        let ctx = Ctx { dev, ctx, pdl: crate::pdl::enabled(props.compute_capability) };
         ctx.bind()?;
         Ok(Device {
             ctx: Arc::new(ctx),
@@ -959,6 +961,29 @@ impl Function {
     ) -> Result<()> {
         let smem = cfg.shared_mem_bytes;
         self.reserve_dynamic_smem(smem)?;
+        if self.module.ctx.pdl {
+            // The kernel may launch while the previous one in the stream finishes; it waits
+            // for it before touching memory (every compiled kernel does, `crate::pdl`).
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let lc = sys::CUlaunchConfig {
+                gridDimX: cfg.grid.0,
+                gridDimY: cfg.grid.1,
+                gridDimZ: cfg.grid.2,
+                blockDimX: cfg.block.0,
+                blockDimY: cfg.block.1,
+                blockDimZ: cfg.block.2,
+                sharedMemBytes: smem,
+                hStream: stream.raw,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: the caller passes one live value per kernel parameter; the config and
+            // its attribute live for the call.
+            return unsafe { cu!(cuLaunchKernelEx(&lc, self.raw, params.as_mut_ptr(), std::ptr::null_mut())) }
+                .map_err(|e| self.launch_error(e, cfg));
+        }
         // SAFETY: the caller passes one live value per kernel parameter.
         unsafe {
             cu!(cuLaunchKernel(
@@ -975,22 +1000,19 @@ impl Function {
                 std::ptr::null_mut()
             ))
         }
-        .map_err(|e| match e {
-            CudaError::Driver {
+        .map_err(|e| self.launch_error(e, cfg))
+    }
+
+    /// A launch's error with the kernel's name and shape.
+    fn launch_error(&self, e: CudaError, cfg: &LaunchConfig) -> CudaError {
+        match e {
+            CudaError::Driver { call, code, name, detail } => CudaError::Driver {
                 call,
                 code,
                 name,
-                detail,
-            } => CudaError::Driver {
-                call,
-                code,
-                name,
-                detail: format!(
-                    "kernel {} grid {:?} block {:?}: {detail}",
-                    self.name, cfg.grid, cfg.block
-                ),
+                detail: format!("kernel {} grid {:?} block {:?}: {detail}", self.name, cfg.grid, cfg.block),
             },
             e => e,
-        })
+        }
     }
 }

@@ -32,6 +32,7 @@ pub mod handbuilt;
 pub mod mma;
 pub mod nvrtc;
 pub mod paged;
+pub mod pdl;
 pub mod render;
 pub mod repack;
 pub mod schedule;

@@ -420,7 +420,11 @@ impl Compiler {
     }
 
     /// Compiles one module (or takes it from the cache).
+    ///
+    /// Every kernel of the module first waits for the previous kernel of its stream
+    /// ([`crate::pdl`]).
     pub fn compile(&self, name: &str, source: &str) -> Result<Compiled> {
+        let source = &*crate::pdl::inject(source);
         let ext = match self.output {
             Output::Cubin => "cubin.tilec",
             Output::Ptx => "ptx.tilec",
