@@ -162,6 +162,21 @@ fn two_nests(n: i64) -> (Kernel, Kernel) {
     (k, s)
 }
 
+/// Two nests over disjoint outputs of different sizes reading one input (as a rotary
+/// embedding's rotated queries and keys): `q[i] = x[i] * 2` for `i < n`, `k[j] = x[j] + x[m - 1 - j]`.
+fn sibling_nests(n: i64, m: i64) -> Kernel {
+    let mut k = Kernel::new(format!("siblings_{n}_{m}"));
+    let x = k.param("x", DType::F32, vec![n.max(m)]);
+    let q = k.param("q", DType::F32, vec![n]);
+    let kk = k.param("k", DType::F32, vec![m]);
+    let (i, j) = (k.index_var("i"), k.index_var("j"));
+    let l1 = Stmt::for_(i, n, vec![Stmt::store(q, vec![Expr::Var(i)], Expr::bin(BinOp::Mul, Expr::load(x, vec![Expr::Var(i)]), Expr::f32(2.0)))]);
+    let rev = Expr::add(Expr::Int(m - 1), Expr::mul(Expr::Var(j), Expr::Int(-1)));
+    let l2 = Stmt::for_(j, m, vec![Stmt::store(kk, vec![Expr::Var(j)], Expr::bin(BinOp::Add, Expr::load(x, vec![Expr::Var(j)]), Expr::load(x, vec![rev])))]);
+    k.body = vec![l1, l2];
+    k
+}
+
 /// `y[i, j] = 2 * x[i, w - 1 - j]` through a per-row scratch buffer (as attention lowers its
 /// score rows), stored at a re-indexed offset `(i / 13) * 13w + (i % 13) * w + j`.
 fn scratch_rows(rows: i64, w: i64) -> Kernel {
@@ -214,6 +229,12 @@ fn all_cases() -> Vec<(Kernel, Kernel, &'static str, f64)> {
         let (s, how) = schedule_gpu_named(&b, &t).unwrap();
         out.push((b, s, how, 1e-6));
     }
+    for (n, m) in [(600, 75), (40, 3000), (7, 5)] {
+        let k = sibling_nests(n, m);
+        let (s, how) = schedule_gpu_named(&k, &t).unwrap();
+        assert_eq!(how, "grid", "{s}");
+        out.push((k, s, how, 0.0));
+    }
     out
 }
 
@@ -225,7 +246,7 @@ fn gemm_and_direct_schedules_match_the_interpreter() {
         check(&k, &s, tol, 11 + i as u64);
     }
     // Each schedule variant was exercised.
-    for how in ["gemm", "direct", "block", "serial"] {
+    for how in ["gemm", "direct", "grid", "block", "serial"] {
         assert!(seen.get(how).copied().unwrap_or(0) > 0, "no {how} kernel among {seen:?}");
     }
 }

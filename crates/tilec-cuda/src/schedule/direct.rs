@@ -1,8 +1,11 @@
 //! The direct-nest schedule, for any other nest (pools, depthwise convs, attention, gathers,
 //! scans of rows too short for a block): the outer loops whose iterations are provably
 //! independent are flattened onto a grid-stride loop over grid × block threads; everything
-//! inside runs serially per thread. A body of several nests runs in one block, nest after nest,
-//! with a barrier between them; a body with no independent loop runs on one thread.
+//! inside runs serially per thread. A body of several nests that touch disjoint buffers (no
+//! nest reads or writes what another writes: sibling outputs of one group, such as a rotary
+//! embedding's rotated queries and keys) spreads each nest over the whole grid in turn, with no
+//! barrier (`grid`); dependent nests run in one block, nest after nest, with a barrier between
+//! them (`block`); a body with no independent loop runs on one thread.
 
 use tilec_tile::schedule as prim;
 use tilec_tile::*;
@@ -65,6 +68,80 @@ fn flatten(out: &mut Kernel, s: &Stmt, p: usize, base: Expr, stride: i64) -> Vec
     }
 }
 
+/// The buffers a statement reads and writes, or None when it holds a product (whose accesses
+/// are not plain loads and stores).
+fn accesses(s: &Stmt) -> Option<(Vec<BufId>, Vec<BufId>)> {
+    let (mut reads, mut writes) = (vec![], vec![]);
+    let mut plain = true;
+    let loads = |e: &Expr, reads: &mut Vec<BufId>| {
+        e.visit(&mut |x| {
+            if let Expr::Load(b, _) = x {
+                reads.push(*b)
+            }
+        })
+    };
+    s.visit(&mut |x| match x {
+        Stmt::Store { buf, index, value } => {
+            writes.push(*buf);
+            index.iter().for_each(|e| loads(e, &mut reads));
+            loads(value, &mut reads);
+        }
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } => loads(value, &mut reads),
+        Stmt::If { cond, .. } => loads(cond, &mut reads),
+        Stmt::Alloc(b) => writes.push(*b),
+        Stmt::Gemm(_) | Stmt::Barrier | Stmt::BlockReduce { .. } => plain = false,
+        Stmt::For(_) => {}
+    });
+    plain.then_some((reads, writes))
+}
+
+/// A body of two or more nests, each with independent outer loops, none reading or writing
+/// a buffer another writes: every nest spread over one grid in turn (grid-stride, no barrier:
+/// a thread's share of one nest never waits for another's). None when that does not hold.
+fn grid_nests(k: &Kernel, out: &mut Kernel, target: &GpuTarget) -> Option<Kernel> {
+    if k.body.len() < 2 {
+        return None;
+    }
+    let mut nests = vec![];
+    for s in &k.body {
+        if !matches!(s, Stmt::For(_)) {
+            return None;
+        }
+        let p = parallel_prefix(k, s);
+        if p == 0 {
+            return None;
+        }
+        let (r, w) = accesses(s)?;
+        nests.push((s, p, r, w));
+    }
+    for (i, a) in nests.iter().enumerate() {
+        for b in &nests[i + 1..] {
+            let clash = |w: &[BufId], other_r: &[BufId], other_w: &[BufId]| w.iter().any(|x| other_r.contains(x) || other_w.contains(x));
+            if clash(&a.3, &b.2, &b.3) || clash(&b.3, &a.2, &a.3) {
+                return None;
+            }
+        }
+    }
+    let sizes: Vec<i64> = nests
+        .iter()
+        .map(|(s, p, ..)| row_nest(std::slice::from_ref(*s)).0[..*p].iter().map(|l| l.extent).product())
+        .collect();
+    let n = sizes.iter().copied().max()?;
+    let threads = if n >= 256 { 256 } else { ((n + 31) / 32 * 32).max(32) };
+    let max_blocks = (target.sm_count as i64 * target.blocks_per_sm as i64).max(1);
+    let blocks = ((n + threads - 1) / threads).clamp(1, max_blocks);
+    let b = fresh(out, "blk", Ty::Index, false);
+    let t = fresh(out, "thr", Ty::Index, false);
+    let base = Expr::add(Expr::mul(v(b), Expr::Int(threads)), v(t));
+    let mut body = vec![];
+    for (s, p, ..) in &nests {
+        body.extend(flatten(out, s, *p, base.clone(), blocks * threads));
+    }
+    let mut g = out.clone();
+    g.body = vec![bound(b, blocks, GpuAxis::BlockX, vec![bound(t, threads, GpuAxis::ThreadX, body)])];
+    Some(g)
+}
+
 /// Schedules any kernel as a direct nest (see the module documentation).
 pub fn schedule_direct(k: &Kernel, target: &GpuTarget) -> Result<Kernel> {
     schedule_direct_named(k, target).map(|(k, _)| k)
@@ -123,6 +200,11 @@ pub fn schedule_direct_named(k: &Kernel, target: &GpuTarget) -> Result<(Kernel, 
             return Ok((out, "direct"));
         }
     }
+    // Several independent nests: each over the whole grid in turn.
+    if let Some(g) = grid_nests(k, &mut out, target) {
+        return Ok((g, "grid"));
+    }
+    let mut out = k.clone();
     // Several statements: one block; nests spread over its threads in turn.
     let threads = 256i64.min(target.max_threads_per_block as i64);
     let mut body = vec![];
