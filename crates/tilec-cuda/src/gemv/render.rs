@@ -162,6 +162,14 @@ fn chunk_mma(p: &Problem, q: &Params, w: &str, ahead: Option<&str>, c: &str, gua
     s
 }
 
+/// The module's `<name>_repack` kernel: one thread per element `i` of the repacked B (`total`
+/// of them), `body` computing `out[i]` from the weights `w`.
+fn repack_kernel(name: &str, comment: &str, total: usize, body: &str) -> String {
+    format!(
+        "\n// {comment}\nextern \"C\" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{\n  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (i >= {total}LL) return;\n{body}}}\n"
+    )
+}
+
 /// The register-pipelined main loop (`stages` 0): each lane loads its weights straight into
 /// registers, one step of `unroll` chunks ahead of the multiplies. Leaves `acc[cols][4]`.
 fn register_mainloop(p: &Problem, q: &Params, ldb: usize) -> String {
@@ -354,45 +362,24 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
         );
     }
     if q.tiled {
-        let nch = chunks(p);
         let src = if p.b_layout == crate::gemm::Layout::RowMajor { format!("(long long)kk * {} + n", p.ldb()) } else { format!("(long long)n * {} + kk", p.ldb()) };
-        let _ = write!(
-            s,
-            r#"
-// B to fragment tiles: element e of lane (g, t)'s 16 bytes of chunk c of column group ng at
-// ((ng * {nch} + c) * 32 + g * 4 + t) * 8 + e, holding B[n = ng * 8 + g][k = c * 32 + t * 8 + e]
-// (zero past N and K).
-extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= {total}LL) return;
-  const long long ng = i / {tile};
-  const int rem = (int)(i - ng * {tile});
-  const int c = rem >> 8, ln = (rem >> 3) & 31, e = rem & 7;
-  const long long n = ng * 8 + (ln >> 2);
-  const int kk = c * 32 + (ln & 3) * 8 + e;
-  out[i] = (n < {n} && kk < {k}) ? w[{src}] : (unsigned short)0;
-}}
-"#,
-            total = super::packed_len(p, q),
-            tile = nch * 8 * CHUNK,
-        );
+        let tile = chunks(p) * 8 * CHUNK;
+        s.push_str(&repack_kernel(
+            &name,
+            &format!("B to fragment tiles: element e of lane (g, t)'s 16 bytes of chunk c of column group ng at\n// ((ng * {nch} + c) * 32 + g * 4 + t) * 8 + e, holding B[n = ng * 8 + g][k = c * 32 + t * 8 + e]\n// (zero past N and K).", nch = chunks(p)),
+            super::packed_len(p, q),
+            &format!(
+                "  const long long ng = i / {tile};\n  const int rem = (int)(i - ng * {tile});\n  const int c = rem >> 8, ln = (rem >> 3) & 31, e = rem & 7;\n  const long long n = ng * 8 + (ln >> 2);\n  const int kk = c * 32 + (ln & 3) * 8 + e;\n  out[i] = (n < {n} && kk < {k}) ? w[{src}] : (unsigned short)0;\n"
+            ),
+        ));
     } else if repacked(p, q) {
         let kp = packed_ld(p);
-        let _ = write!(
-            s,
-            r#"
-// B [K][N] (row stride {ldb0}) to K-contiguous rows [N][{kp}], zeros past K.
-extern "C" __global__ void {name}_repack(const unsigned short* __restrict__ w, unsigned short* __restrict__ out) {{
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= {total}LL) return;
-  const long long col = i / {kp};
-  const int kk = (int)(i - col * {kp});
-  out[i] = kk < {k} ? w[(long long)kk * {ldb0} + col] : (unsigned short)0;
-}}
-"#,
-            ldb0 = p.ldb(),
-            total = n * kp,
-        );
+        s.push_str(&repack_kernel(
+            &name,
+            &format!("B [K][N] (row stride {}) to K-contiguous rows [N][{kp}], zeros past K.", p.ldb()),
+            n * kp,
+            &format!("  const long long col = i / {kp};\n  const int kk = (int)(i - col * {kp});\n  out[i] = kk < {k} ? w[(long long)kk * {} + col] : (unsigned short)0;\n", p.ldb()),
+        ));
     }
     s
 }
