@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, PadThinConvs, SinkTransposes, Simplify, TargetKind};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinConvs, SinkTransposes, Simplify, TargetKind};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -91,6 +91,7 @@ fn canonicalize() -> SpecStage {
 ///  1-2    canonicalize (fixpoint)  fold-constants(1) simplify(1) cse(2) dce(1)
 ///  2      fold-batchnorm           conv + batch_norm -> conv with scaled weights
 ///  3      recognize-*              gelu silu swiglu groupnorm layernorm rmsnorm softmax attention
+///  3      merge-products           products of one activation by constant weights -> one product
 ///  3      choose-layout            NCHW vs NHWC per conv region, per target (cuda: rewrites to NHWC)
 ///  2      sink-transposes          move transposes down until they cancel or merge
 ///  1-2    canonicalize (fixpoint)  clean up after the rewrites above
@@ -105,6 +106,12 @@ pub fn pipeline_spec() -> Vec<SpecStage> {
 /// unless `TILEC_CUDA_ATTENTION=off`, which keeps its products and softmax apart.
 pub fn cuda_flash_attention_env() -> bool {
     !matches!(std::env::var("TILEC_CUDA_ATTENTION").as_deref(), Ok("off"))
+}
+
+/// Whether `merge-products` runs: yes unless `TILEC_MERGE_PRODUCTS=off` (for measuring what
+/// the merge is worth on the same build).
+pub fn merge_products_env() -> bool {
+    !matches!(std::env::var("TILEC_MERGE_PRODUCTS").as_deref(), Ok("off"))
 }
 
 /// [`pipeline_spec`] for a given target (`choose-layout` depends on it; `pad-thin-convs` runs on
@@ -140,6 +147,9 @@ pub fn pipeline_spec_with(target: TargetKind, cuda_flash: bool) -> Vec<SpecStage
             continue;
         }
         v.push(SpecStage::Once(SpecEntry { level: 3, pass }));
+    }
+    if merge_products_env() {
+        v.push(SpecStage::Once(at(3, MergeProducts)));
     }
     // ---- layout ----
     v.push(SpecStage::Once(at(3, ChooseLayout::new(target))));

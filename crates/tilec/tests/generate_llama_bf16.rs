@@ -260,7 +260,13 @@ fn bf16_llama_steps_prepare_for_a_gpu_without_fallbacks() {
         // embedding) splits into a few kernels, not one per node, and no kernel runs on one
         // GPU thread (the normalizations of a one-row step included).
         let per_layer = (r.kernels - 3) as f64 / dec.layers.len() as f64;
-        assert!(per_layer <= 12.0, "{rows} x {t}: {} kernels for {} layers {:?}", r.kernels, dec.layers.len(), r.schedules);
+        assert!(per_layer <= 10.0, "{rows} x {t}: {} kernels for {} layers {:?}", r.kernels, dec.layers.len(), r.schedules);
+        // The products that read one normalized state (q, k and v; gate and up) are one
+        // product each (`merge-products`): four matrix-vector kernels a layer and the head.
+        if t == 1 {
+            let gemv = r.schedules.iter().find(|(s, _)| s == "sm80_gemv").map_or(0, |c| c.1);
+            assert!(gemv <= 4 * dec.layers.len() + 1, "{rows} x {t}: {gemv} GEMV kernels {:?}", r.schedules);
+        }
         assert!(r.schedules.iter().all(|(s, _)| s != "serial"), "{rows} x {t}: {:?}", r.schedules);
     }
 }

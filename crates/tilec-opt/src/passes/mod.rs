@@ -7,6 +7,7 @@ mod dce;
 mod fold_batchnorm;
 mod fold_constants;
 pub mod layout;
+mod merge_products;
 mod precision;
 mod simplify;
 
@@ -14,6 +15,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
+pub use merge_products::MergeProducts;
 pub use layout::{ChooseLayout, PadThinConvs, SinkTransposes, TargetKind};
 pub use precision::convert_precision;
 pub use simplify::Simplify;
