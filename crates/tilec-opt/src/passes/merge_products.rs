@@ -1,5 +1,5 @@
 //! `merge-products`: matrix products of one activation by different constant weights become
-//! one product by the weights concatenated along N, each former result a slice of it.
+//! one product by the weights concatenated along N, its result split into the former results.
 //!
 //! Transformer exports compute attention's q, k and v, and a gated MLP's gate and up, as
 //! separate `MatMul`s of the same normalized hidden state. Merged, the activation is read once
@@ -12,7 +12,7 @@
 //! is a 2-D constant `[K, N_i]` of the activation's dtype, read by nothing else. When every
 //! member's only reader is an `Add` of a constant bias over the last axis (`[N_i]`, or with
 //! leading ones no longer than the product's rank), the biases are merged too, so the bias
-//! stays in the product's epilogue. The slices run along the last axis in the members' order;
+//! stays in the product's epilogue. The split runs along the last axis in the members' order;
 //! the concatenated constants are computed with the reference interpreter (so they are
 //! exactly the ONNX `Concat`), and the members' own constants are left to dead-code
 //! elimination.
@@ -21,8 +21,8 @@ use super::{finish, ir};
 use crate::{OptError, Pass};
 use std::collections::{BTreeMap, HashMap};
 use tilec_ir::edit::Uses;
-use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, SliceBound};
-use tilec_ir::{Graph, Op, Tensor, ValueId};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp};
+use tilec_ir::{Dim, Graph, Op, Tensor, ValueId};
 use tilec_ref::EvalCtx;
 
 pub struct MergeProducts;
@@ -112,18 +112,13 @@ fn merge(g: &mut Graph, uses: &[Uses], members: &[usize]) -> Result<bool, OptErr
         let bc = g.add_const(&format!("{name}.merged_bias"), b);
         y = g.add_node(&format!("{name}.merged_bias_add"), Op::Binary(BinaryOp::Add), &[y, bc]).map_err(&err)?[0];
     }
+    // One split along the last axis, as exporters write a fused projection's pieces (the
+    // attention families read such pieces in place).
     let axis = g.value(y).ty.shape.len() - 1;
-    let mut off = 0i64;
-    for (i, (&o, &n)) in outs.iter().zip(&widths).enumerate() {
-        let slice = Op::Layout(LayoutOp::Slice {
-            axes: vec![axis],
-            starts: vec![SliceBound::Index(off)],
-            ends: vec![SliceBound::Index(off + n as i64)],
-            steps: vec![1],
-        });
-        let s = g.add_node(&format!("{name}.part{i}"), slice, &[y]).map_err(&err)?[0];
+    let split = Op::Layout(LayoutOp::Split { axis, sizes: widths.iter().map(|&n| Dim::Fixed(n)).collect() });
+    let parts = g.add_node(&format!("{name}.split"), split, &[y]).map_err(&err)?;
+    for (&o, &s) in outs.iter().zip(&parts) {
         g.replace_all_uses(o, s).map_err(&err)?;
-        off += n as i64;
     }
     Ok(true)
 }
