@@ -2,7 +2,8 @@
 //! compared with the interpreter's `paged_attention` (f64): one OS thread per CUDA thread, a
 //! `std::barrier` per block for `__syncthreads` (and `__syncthreads_or`) and one per warp for `__shfl_xor_sync` (lanes
 //! exchange through per-warp slots), `__shared__` as static storage, blocks one after another,
-//! the four kernels launched in the order `PagedKernel::launch` launches them. Every 16-byte
+//! the kernels launched in the order `PagedKernel::launch` launches them (the attention and merge
+//! kernels twice, the arrival counters checked back at zero after each). Every 16-byte
 //! load is checked to be aligned and inside an input buffer; the outputs are poisoned (NaN)
 //! and followed by canaries that must survive.
 //!
@@ -65,6 +66,11 @@ static inline int __syncthreads_or(int p) {
   return r;
 }
 static inline int tl_warp() { return threadIdx.x >> 5; }
+// Blocks run one after another, so a fence orders nothing more and an atomic needs only to be
+// atomic among the block's threads.
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline float __ldcg(const float* p) { return *p; }
 static inline float tl_h2f(unsigned short h) {
 #ifdef TL_EMU_BF16
   unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f;
@@ -193,7 +199,8 @@ fn run(cc: &str, dir: &Path, c: &Case) -> Result<(), String> {
     let full = paged::render(p, &c.q);
     let body = full.split(KERNEL_MARK).nth(1).ok_or("no kernel mark in the source")?;
     let name = paged::kernel_name(p, &c.q);
-    let [ca, cb, cm] = paged::configs(p, &c.q);
+    let [cb, cm] = paged::configs(p, &c.q);
+    let merged = paged::merge_in_attn(p, &c.q);
     let cp = paged::copy_config(p.k_cache_elems().max(p.v_cache_elems()));
     let mut rng = StdRng::seed_from_u64(0x5eed ^ c.label.len() as u64);
     let args = inputs(c, &mut rng);
@@ -219,15 +226,21 @@ int main(int argc, char** argv) {{
   memset(kco.data(), 0xff, lens[3]);
   memset(vco.data(), 0xff, lens[4]);
   std::vector<float> ws({ws}, NAN);
+  memset(ws.data() + {ws} - {cnt}, 0, {cnt} * 4);
   for (int i = 0; i < 5; ++i) g_bufs.push_back({{in[i].data(), lens[i]}});
   if ({copied}) {{ g_bufs.push_back({{kco.data(), lens[3]}}); g_bufs.push_back({{vco.data(), lens[4]}}); }}
   auto call = [&](void (*k)(const void*, const void*, const void*, const void*, const void*, const int*, const int*, void*, void*, void*, float*)) {{
     k(in[0].data(), in[1].data(), in[2].data(), in[3].data(), in[4].data(), (const int*)in[5].data(), (const int*)in[6].data(), y.data(), {kco}, {vco}, ws.data());
   }};
   if ({copied}) launch({gcp}, 256, [&] {{ call({name}_copy); }});
-  launch({ga}, 32, [&] {{ call({name}_append); }});
-  launch({gb}, {threads}, [&] {{ call({name}_attn); }});
-  launch({gm}, 128, [&] {{ call({name}_merge); }});
+  for (int rep = 0; rep < 2; ++rep) {{
+    // Twice: the second launch finds the arrival counters back at zero and the new tokens
+    // already in their slots, and must give the same outputs.
+    launch({gb}, {threads}, [&] {{ call({name}_attn); }});
+    if (!{merged}) launch({gm}, 128, [&] {{ call({name}_merge); }});
+    for (size_t i = {ws} - {cnt}; i < {ws}; ++i)
+      if (((const int*)ws.data())[i] != 0) {{ fprintf(stderr, "arrival counter %zu left at %d\n", i, ((const int*)ws.data())[i]); return 6; }}
+  }}
   const unsigned char* outs[3] = {{y.data(), {kco}, {vco}}};
   const size_t olen[3] = {{{y_len}, lens[3], lens[4]}};
   for (int o = 0; o < 3; ++o)
@@ -251,7 +264,8 @@ int main(int argc, char** argv) {{
         l6 = lens[6],
         copied = c.copied,
         gcp = g(cp.grid),
-        ga = g(ca.grid),
+        merged = merged,
+        cnt = paged::counters(p, &c.q),
         gb = g(cb.grid),
         gm = g(cm.grid),
         threads = c.q.threads(),
@@ -378,6 +392,11 @@ fn cases() -> Vec<Case> {
     // GQA 4/1 with one row per block: four row groups reading the same keys.
     let p = problem(2, 4, 1, 1, 64, 64, 16, 8, DType::F16);
     v.push(Case { label: "gqa_f16_rows1", p, q: w(64, 4, 1, 8), past: vec![90, 127], copied: false, bad_seq: None });
+    // More chunks than the attention kernel merges itself: the `_merge` kernel's path.
+    let p = problem(2, 8, 2, 1, 64, 64, 16, 32, DType::BF16);
+    let q = w(16, 2, 4, 2);
+    assert!(!paged::merge_in_attn(&p, &q));
+    v.push(Case { label: "gqa_bf16_many_chunks_merge_kernel", p, q, past: vec![450, 77], copied: true, bad_seq: None });
     // A bad table entry in sequence 1: NaN there, the rest exact.
     let p = problem(3, 4, 2, 1, 64, 64, 16, 8, DType::BF16);
     v.push(Case { label: "bad_table_bf16", p, q: w(32, 4, 2, 4), past: vec![40, 70, 100], copied: true, bad_seq: Some(1) });

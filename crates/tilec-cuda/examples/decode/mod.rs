@@ -51,6 +51,10 @@ pub fn check_cases() -> Vec<Case> {
         c("decode_mqa_f16_d64", problem(3, 12, 1, 1, 64, 320, DType::F16), vec![7, 159, 319]),
         c("decode_three_tokens_bf16_d128", problem(2, 4, 2, 3, 128, 400, DType::BF16), vec![9, 390]),
         c("decode_mha_f16_d128_b32", problem(32, 8, 8, 1, 128, 1024, DType::F16), (0..32).map(|i| i * 31 + 5).collect()),
+        // A 1.1B LLaMA's step at batch 1 (chunks merged in the attention kernel), and a long
+        // context at batch 1 (64 chunks: the merge kernel).
+        c("decode_llama_bs1_gqa_bf16_d64", problem(1, 32, 4, 1, 64, 272, DType::BF16), vec![200]),
+        c("decode_long_bs1_gqa_bf16_d128", problem(1, 32, 8, 1, 128, 4096, DType::BF16), vec![4000]),
     ]
 }
 
@@ -219,6 +223,35 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
     stream.synchronize().map_err(s)?;
     let mut raw = vec![0u8; ny * 2];
     dy.read(0, &mut raw).map_err(s)?;
+    // A second launch (the arrival counters back at zero, the new tokens already in their
+    // slots) gives the same output bit for bit, and the new keys and values are in the slots
+    // the table names.
+    dy.fill_u32(stream, 0xffff_ffff).map_err(s)?;
+    kern.launch(stream, &ptrs).map_err(s)?;
+    stream.synchronize().map_err(s)?;
+    let mut again = vec![0u8; ny * 2];
+    dy.read(0, &mut again).map_err(s)?;
+    let repeat_same = again == raw;
+    let read16 = |buf: &DeviceBuffer, n: usize| -> Result<Vec<u16>> {
+        let mut r = vec![0u8; n * 2];
+        buf.read(0, &mut r)?;
+        Ok(r.chunks_exact(2).map(|h| u16::from_le_bytes([h[0], h[1]])).collect())
+    };
+    let (kc_after, vc_after) = (read16(&dbufs[3], p.k_cache_elems()).map_err(s)?, read16(&dbufs[4], p.v_cache_elems()).map_err(s)?);
+    let mut appended = true;
+    for (bb, &past) in c.past.iter().enumerate() {
+        for hk in 0..p.heads_kv {
+            for t in 0..p.new_tokens {
+                let pos = past + t;
+                let blk = x.table[bb * p.max_blocks + pos / p.block_size] as usize;
+                let slot = (blk * p.block_size + pos % p.block_size) * p.heads_kv + hk;
+                let src = (bb * p.heads_kv + hk) * p.new_tokens + t;
+                let (dk, dv) = (p.head_dim, p.v_head_dim);
+                appended &= kc_after[slot * dk..(slot + 1) * dk] == x.k[src * dk..(src + 1) * dk];
+                appended &= vc_after[slot * dv..(slot + 1) * dv] == x.v[src * dv..(src + 1) * dv];
+            }
+        }
+    }
     let got = |i: usize| from_bits(dt, u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]));
     let rows = b * p.heads_q * p.new_tokens;
     let (mut err, mut nan, mut checked) = (0f64, 0usize, 0usize);
@@ -255,7 +288,7 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
         }
         checked = rows;
     }
-    let ok = nan == 0 && err <= 1.0;
+    let ok = nan == 0 && err <= 1.0 && repeat_same && appended;
     let cfg = kern.launch_config();
     let f = kern.function();
     let lens: Vec<usize> = c.past.iter().map(|&l| l + p.new_tokens).collect();
@@ -267,6 +300,7 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
         "block_size": p.block_size, "max_context": p.context(), "kv_gb": kv_bytes / 1e9,
         "params": format!("chunk {} warps {} rows {} unroll {}", q.chunk, q.warps, q.rows, q.unroll),
         "ok": ok, "max_err_over_tol": err, "nan": nan, "rows_checked": checked,
+        "repeat_same": repeat_same, "appended": appended, "merge_in_attn": paged::merge_in_attn(p, &q),
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "occupancy": f.max_active_blocks_per_sm(cfg.block.0, cfg.shared_mem_bytes).unwrap_or(0),
         "compile_s": compile_s, "grid": [cfg.grid.0, cfg.grid.1, cfg.grid.2],

@@ -81,7 +81,7 @@ impl FamilyPlan {
             PlanKind::SimtF32(q) => simt::launch_config(&self.problem, q),
             PlanKind::Gemv(q) => gemv::config(&self.problem, q),
             PlanKind::Flash(p, q, _) => flash::config(p, q),
-            PlanKind::Paged(p, q) => paged::configs(p, q)[1],
+            PlanKind::Paged(p, q) => paged::configs(p, q)[0],
             // A library call: the library chooses its launches.
             PlanKind::Cublas(_) => LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 },
         }

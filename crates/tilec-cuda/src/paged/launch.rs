@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{applies, configs, copy_config, kernel_name, workspace_bytes, PagedProblem, Params};
+use super::{applies, configs, copy_config, counters, kernel_name, merge_in_attn, workspace_bytes, PagedProblem, Params};
 use crate::driver::{Device, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 
@@ -16,7 +16,6 @@ pub struct PagedKernel {
     pub params: Params,
     pub cache_hit: bool,
     copy: Function,
-    append: Function,
     attn: Function,
     merge: Function,
     workspace: DeviceBuffer,
@@ -29,9 +28,15 @@ impl PagedKernel {
         applies(problem, params).map_err(|msg| CudaError::Schedule { kernel: name.clone(), msg })?;
         let module = Arc::new(device.load_module(image)?);
         let f = |suffix: &str| module.function(&format!("{name}_{suffix}"));
-        let (copy, append, attn, merge) = (f("copy")?, f("append")?, f("attn")?, f("merge")?);
-        let workspace = device.alloc(workspace_bytes(problem, params))?;
-        Ok(PagedKernel { name, problem: problem.clone(), params: *params, cache_hit, copy, append, attn, merge, workspace })
+        let (copy, attn, merge) = (f("copy")?, f("attn")?, f("merge")?);
+        let bytes = workspace_bytes(problem, params);
+        let workspace = device.alloc(bytes)?;
+        // The arrival counters start at zero; each launch leaves them there.
+        let s = device.stream()?;
+        let cnt = 4 * counters(problem, params);
+        workspace.fill(&s, bytes - cnt, cnt, 0)?;
+        s.synchronize()?;
+        Ok(PagedKernel { name, problem: problem.clone(), params: *params, cache_hit, copy, attn, merge, workspace })
     }
 
     /// The attention kernel (the one that reads the caches).
@@ -40,11 +45,12 @@ impl PagedKernel {
     }
 
     pub fn launch_config(&self) -> LaunchConfig {
-        configs(&self.problem, &self.params)[1]
+        configs(&self.problem, &self.params)[0]
     }
 
     /// Launches the step with the ten pointers of `paged_attention`: the caches copied when
-    /// the new ones are not the old ones' storage, the append, the chunks, the merge.
+    /// the new ones are not the old ones' storage, the chunks (appending the new tokens), the
+    /// merge when the attention kernel does not merge.
     pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         if ptrs.len() != PARAMS {
             return Err(CudaError::Usage(format!("kernel {}: {} pointers for {PARAMS} parameters", self.name, ptrs.len())));
@@ -55,9 +61,11 @@ impl PagedKernel {
         if ptrs[3] != ptrs[8] || ptrs[4] != ptrs[9] {
             self.copy.launch(stream, &copy_config(p.k_cache_elems().max(p.v_cache_elems())), &args)?;
         }
-        let [append, attn, merge] = configs(p, &self.params);
-        self.append.launch(stream, &append, &args)?;
+        let [attn, merge] = configs(p, &self.params);
         self.attn.launch(stream, &attn, &args)?;
+        if merge_in_attn(p, &self.params) {
+            return Ok(());
+        }
         self.merge.launch(stream, &merge, &args)
     }
 }

@@ -6,9 +6,7 @@
 //! One step launches, in stream order:
 //! 1. `_copy` (only when the new caches are not the old ones' storage): the old caches copied
 //!    whole into the new ones, 16 bytes per thread;
-//! 2. `_append`: the new tokens' keys and values written into their cache slots, one block per
-//!    (sequence, KV head, new token);
-//! 3. `_attn`: one block per (KV chunk, KV head and group of query rows, sequence). A block
+//! 2. `_attn`: one block per (KV chunk, KV head and group of query rows, sequence). A block
 //!    takes all query rows of its KV head's group (the `Hq / Hkv` query heads times the `T`
 //!    new tokens, at most [`Params::rows`] of them; more groups of rows when there are more),
 //!    copies its chunk's entries of the block table to shared memory (checking them), then
@@ -17,9 +15,14 @@
 //!    causal within the new tokens) to shared memory; one warp per row takes the row's maximum
 //!    and exponentials; then the values are read once the same way and accumulated per lane,
 //!    reduced across the lanes holding the same dims and across warps. The chunk's maximum,
-//!    sum of exponentials and unnormalized output go to a workspace (f32).
-//! 4. `_merge`: one block per query row merging its chunks through their log-sum-exps and
-//!    storing the row in 16 bits.
+//!    sum of exponentials and unnormalized output go to a workspace (f32). The new tokens'
+//!    keys and values are read from the step's inputs, not the cache, and the blocks of the
+//!    first row group write them into their cache slots as they read them (the append costs
+//!    no kernel of its own, and no block reads a slot another block writes). When the chunks
+//!    are few ([`merge_in_attn`]), the last block of a (sequence, KV head, row group) to
+//!    finish — an arrival counter per group in the workspace, reset by that block — merges
+//!    the chunks through their log-sum-exps and stores the rows in 16 bits;
+//! 3. `_merge` otherwise: one block per query row merging its chunks and storing the row.
 //!
 //! The chunk length (a whole number of cache blocks) is chosen so that the grid fills the SMs
 //! several times over ([`heuristic`]). Past lengths and the block table are read on the
@@ -124,11 +127,27 @@ pub fn row_groups(p: &PagedProblem, q: &Params) -> usize {
     p.group().div_ceil(q.rows.max(1)).max(1)
 }
 
+/// Whether the attention kernel merges the chunks itself (its last block per row group):
+/// when there are at most [`MERGE_IN_ATTN_CHUNKS`] of them, so that one block's merge stays
+/// short next to a kernel launch; more chunks get the `_merge` kernel's block per row.
+pub fn merge_in_attn(p: &PagedProblem, q: &Params) -> bool {
+    chunks(p, q) <= MERGE_IN_ATTN_CHUNKS
+}
+
+/// The most chunks [`merge_in_attn`] merges in the attention kernel.
+pub const MERGE_IN_ATTN_CHUNKS: usize = 16;
+
+/// Arrival counters (one `i32` per sequence, KV head and row group) at the workspace's end.
+pub fn counters(p: &PagedProblem, q: &Params) -> usize {
+    p.batch * p.heads_kv * row_groups(p, q)
+}
+
 /// Bytes of the f32 workspace: per query row and chunk, the unnormalized output, then per
-/// query row and chunk the maximum and the sum.
+/// query row and chunk the maximum and the sum, then the arrival counters (zero between
+/// launches).
 pub fn workspace_bytes(p: &PagedProblem, q: &Params) -> usize {
     let parts = p.batch * p.heads_q * p.new_tokens * chunks(p, q);
-    4 * parts * (p.v_head_dim + 2)
+    4 * parts * (p.v_head_dim + 2) + 4 * counters(p, q)
 }
 
 /// Whether the kernels take the problem with these parameters, or why not.
@@ -189,10 +208,10 @@ pub fn heuristic(p: &PagedProblem, sm_count: usize) -> Params {
     q
 }
 
-/// The launch shapes of `_append`, `_attn` and `_merge` (static shared memory only).
-pub fn configs(p: &PagedProblem, q: &Params) -> [LaunchConfig; 3] {
+/// The launch shapes of `_attn` and `_merge` (static shared memory only; `_merge` runs only
+/// when not [`merge_in_attn`]).
+pub fn configs(p: &PagedProblem, q: &Params) -> [LaunchConfig; 2] {
     [
-        LaunchConfig { grid: ((p.batch * p.heads_kv * p.new_tokens) as u32, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 },
         LaunchConfig {
             grid: (chunks(p, q) as u32, (p.heads_kv * row_groups(p, q)) as u32, p.batch as u32),
             block: (q.threads() as u32, 1, 1),

@@ -97,22 +97,6 @@ extern "C" __global__ void __launch_bounds__(256) @NAME@_copy(TL_PG_ARGS) {
   }
 }
 
-// The new tokens' keys and values into their slots: one block per (sequence, KV head, token).
-extern "C" __global__ void __launch_bounds__(32) @NAME@_append(TL_PG_ARGS) {
-  const int t = blockIdx.x % @T@, hk = (blockIdx.x / @T@) % @HKV@, b = blockIdx.x / (@T@ * @HKV@);
-  const int past = tl_past[b];
-  if (past < 0 || past > @CTX@ - @T@) return;
-  const int p = past + t;
-  const int blk = tl_table[(long long)b * @M@ + p / @BS@];
-  if (blk < 0 || blk >= @NBLK@) return;
-  const long long slot = ((long long)blk * @BS@ + p % @BS@) * @HKV@ + hk;
-  const long long src = ((long long)b * @HKV@ + hk) * @T@ + t;
-  for (int i = threadIdx.x; i < @KL@ + @VL@; i += 32) {
-    if (i < @KL@) ((uint4*)tl_kco)[slot * @KL@ + i] = tl_pg_ld16((const char*)tl_k + (src * @KL@ + i) * 16);
-    else ((uint4*)tl_vco)[slot * @VL@ + i - @KL@] = tl_pg_ld16((const char*)tl_v + (src * @VL@ + i - @KL@) * 16);
-  }
-}
-
 // One chunk of one sequence's context for one KV head's query rows.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) {
   __shared__ __align__(16) float s_buf[@BUF@];
@@ -143,8 +127,7 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
       ws_ml[2 * TL_PG_PART(i)] = bad ? TL_NAN_F : -TL_INF_F;
       ws_ml[2 * TL_PG_PART(i) + 1] = 0.f;
     }
-    return;
-  }
+  } else {
   // Queries: lane l holds dims 8 (l % KL) .. +8 of every row, scaled by scale * log2(e).
   const int kl = lane % @KL@, kr = lane / @KL@;
   float qf[@ROWS@][8];
@@ -164,7 +147,14 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
       const int j = j0 + u * @KPW@ + kr;
       if (j < n) {
         const long long slot = ((long long)s_tbl[j / @BS@] * @BS@ + j % @BS@) * @HKV@ + hk;
-        kv[u] = tl_pg_ld16((const char*)tl_kco + (slot * @KL@ + kl) * 16);
+        if (p0 + j >= past) {
+          // A new token: its key comes from the input; row group 0 appends it to the cache.
+          const long long src = ((long long)b * @HKV@ + hk) * @T@ + (p0 + j - past);
+          kv[u] = tl_pg_ld16((const char*)tl_k + (src * @KL@ + kl) * 16);
+          if (rg == 0) ((uint4*)tl_kco)[slot * @KL@ + kl] = kv[u];
+        } else {
+          kv[u] = tl_pg_ld16((const char*)tl_kco + (slot * @KL@ + kl) * 16);
+        }
       } else {
         kv[u] = make_uint4(0u, 0u, 0u, 0u);
       }
@@ -222,7 +212,13 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
       const int j = j0 + u * @VPW@ + vr;
       if (j < n) {
         const long long slot = ((long long)s_tbl[j / @BS@] * @BS@ + j % @BS@) * @HKV@ + hk;
-        vv[u] = tl_pg_ld16((const char*)tl_vco + (slot * @VL@ + vl) * 16);
+        if (p0 + j >= past) {
+          const long long src = ((long long)b * @HKV@ + hk) * @T@ + (p0 + j - past);
+          vv[u] = tl_pg_ld16((const char*)tl_v + (src * @VL@ + vl) * 16);
+          if (rg == 0) ((uint4*)tl_vco)[slot * @VL@ + vl] = vv[u];
+        } else {
+          vv[u] = tl_pg_ld16((const char*)tl_vco + (slot * @VL@ + vl) * 16);
+        }
       } else {
         vv[u] = make_uint4(0u, 0u, 0u, 0u);
       }
@@ -267,7 +263,8 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
     ws_ml[2 * TL_PG_PART(i)] = s_max[i];
     ws_ml[2 * TL_PG_PART(i) + 1] = s_sum[i];
   }
-#undef TL_PG_PART
+  }
+@LAST@#undef TL_PG_PART
 }
 
 // One query row: its chunks merged through their log-sum-exps (base 2), stored in 16 bits.
@@ -292,6 +289,61 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@_merge(TL_PG_ARGS) {
     y[d] = tl_pg_f2h(nan || m == -TL_INF_F ? TL_NAN_F : o / l);
   }
 }
+"#;
+
+const LAST: &str = r#"  // The last of the sequence's chunk blocks for these rows merges the chunks through their
+  // log-sum-exps (base 2) and stores the rows in 16 bits; it resets the arrival counter.
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* cnt = (int*)(tl_ws + @PARTS@LL * (@DV@ + 2)) + ((long long)b * @HKV@ + hk) * @RG@ + rg;
+    s_last = atomicAdd(cnt, 1) == @C@ - 1;
+    if (s_last) *cnt = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = warp; i < nr; i += @WARPS@) {
+    const float* ml = ws_ml + 2 * (TL_PG_PART(i) - c);
+    float m = -TL_INF_F;
+    bool nan = false;
+    for (int x = lane; x < @C@; x += 32) {
+      const float v = __ldcg(ml + 2 * x);
+      nan |= v != v;
+      m = fmaxf(m, v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      nan |= __shfl_xor_sync(0xffffffffu, (float)nan, o) != 0.f;
+    }
+    float l = 0.f;
+    for (int x = lane; x < @C@; x += 32) {
+      const float v = __ldcg(ml + 2 * x);
+      if (v != -TL_INF_F) l += __ldcg(ml + 2 * x + 1) * exp2f(v - m);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      s_max[i] = nan || m == -TL_INF_F ? TL_NAN_F : m;
+      s_sum[i] = l;
+    }
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < nr * @DV@; x += @THREADS@) {
+    const int i = x / @DV@, d = x % @DV@;
+    const long long part0 = TL_PG_PART(i) - c;
+    const float* ml = ws_ml + 2 * part0;
+    const float m = s_max[i];
+    float o = 0.f;
+    if (m == m)
+      for (int y = 0; y < @C@; ++y) {
+        const float v = __ldcg(ml + 2 * y);
+        if (v != -TL_INF_F) o += __ldcg(ws_o + (part0 + y) * @DV@ + d) * exp2f(v - m);
+      }
+    ((unsigned short*)tl_y)[part0 / @C@ * @DV@ + d] = tl_pg_f2h(m == m ? o / s_sum[i] : TL_NAN_F);
+  }
 "#;
 
 fn render_kernels(p: &PagedProblem, q: &Params, name: &str) -> String {
@@ -328,7 +380,8 @@ fn render_kernels(p: &PagedProblem, q: &Params, name: &str) -> String {
         ("@VVECS@", (p.v_cache_elems() / 8).to_string()),
         ("@SCALE2@", flit(p.scale * std::f32::consts::LOG2_E)),
     ];
-    let mut s = KERNELS.to_string();
+    let last = if super::merge_in_attn(p, q) { LAST } else { "" };
+    let mut s = KERNELS.replace("@LAST@", last);
     for (k, v) in &vars {
         s = s.replace(k, v);
     }
