@@ -314,15 +314,18 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             let carried = !Region::of(&l.body).carried_scalars().is_empty();
             if carried {
                 if l.extent >= 2 * lanes && lanes > 1 {
+                    // Long reductions (a group's whole span): four vectors of partials, four
+                    // independent chains of additions instead of one.
+                    let factor = if l.extent >= 64 * lanes { 4 * lanes } else { lanes };
                     let mut trial = w.clone();
-                    if let Ok((_, i)) = super::rfactor(&mut trial, &name, lanes) {
+                    if let Ok((_, i)) = super::rfactor(&mut trial, &name, factor) {
                         if super::vectorize(&mut trial, &i).is_ok() {
                             attempt(
                                 &mut w,
                                 &mut s,
                                 Primitive::Rfactor {
                                     loop_var: name.clone(),
-                                    factor: lanes,
+                                    factor,
                                 },
                             );
                             attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: i });
