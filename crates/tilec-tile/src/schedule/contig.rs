@@ -59,7 +59,12 @@ fn strides(
     vars: &[VarId],
 ) -> Result<Option<Vec<i64>>, ()> {
     match linear_form(cx, k, buf, idx) {
-        Some(a) => vars.iter().map(|&v| stride_of(&a, v)).collect::<Option<Vec<_>>>().map(Some).ok_or(()),
+        Some(a) => vars
+            .iter()
+            .map(|&v| stride_of(&a, v))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or(()),
         None if vars.iter().all(|&v| !idx.iter().any(|e| e.uses_var(v))) => Ok(None),
         None => Err(()),
     }
@@ -91,7 +96,9 @@ fn value_uses(e: &Expr, v: VarId) -> bool {
     match e {
         Expr::Var(x) => *x == v,
         Expr::Int(_) | Expr::Lit(_) | Expr::Load(..) => false,
-        Expr::Unary(_, a) | Expr::Cast(_, a) | Expr::ToIndex(a) | Expr::CheckIndex(a, _) => value_uses(a, v),
+        Expr::Unary(_, a) | Expr::Cast(_, a) | Expr::ToIndex(a) | Expr::CheckIndex(a, _) => {
+            value_uses(a, v)
+        }
         Expr::Binary(_, a, b) => value_uses(a, v) || value_uses(b, v),
         Expr::Select(c, a, b) => value_uses(c, v) || value_uses(a, v) || value_uses(b, v),
     }
@@ -101,7 +108,9 @@ fn value_uses(e: &Expr, v: VarId) -> bool {
 /// allocations among them).
 fn only_in_indices(stmts: &[Stmt], v: VarId) -> bool {
     stmts.iter().all(|s| match s {
-        Stmt::Store { value, .. } | Stmt::Let { value, .. } | Stmt::Assign { value, .. } => !value_uses(value, v),
+        Stmt::Store { value, .. } | Stmt::Let { value, .. } | Stmt::Assign { value, .. } => {
+            !value_uses(value, v)
+        }
         Stmt::If { cond, then_, else_ } => {
             !value_uses(cond, v) && only_in_indices(then_, v) && only_in_indices(else_, v)
         }
@@ -130,7 +139,11 @@ pub(crate) fn contiguous_pair(k: &Kernel, outer: &Loop, inner: &Loop) -> bool {
     }
     let cx = AffineCx::new(k);
     let mut any_unit = false;
-    let accesses = r.stores.iter().map(|(b, i, _)| (b, i)).chain(r.loads.iter().map(|(b, i)| (b, i)));
+    let accesses = r
+        .stores
+        .iter()
+        .map(|(b, i, _)| (b, i))
+        .chain(r.loads.iter().map(|(b, i)| (b, i)));
     for (buf, idx) in accesses {
         match strides(&cx, k, *buf, idx, &[a, b]) {
             Ok(None) => {}
@@ -154,11 +167,19 @@ pub(crate) fn fuse_runs(k: &mut Kernel, root: &str) -> (Vec<Primitive>, String) 
     let mut steps = vec![];
     let mut root = root.to_string();
     loop {
-        let Some(l) = k.var_named(&root).and_then(|v| locate(&k.body, v)).and_then(|p| loop_ref(k, &p)) else {
+        let Some(l) = k
+            .var_named(&root)
+            .and_then(|v| locate(&k.body, v))
+            .and_then(|p| loop_ref(k, &p))
+        else {
             break;
         };
-        let Some((outer, inner)) = find_pair(k, l) else { break };
-        let Ok(fused) = super::fuse(k, &outer, &inner) else { break };
+        let Some((outer, inner)) = find_pair(k, l) else {
+            break;
+        };
+        let Ok(fused) = super::fuse(k, &outer, &inner) else {
+            break;
+        };
         if outer == root {
             root = fused;
         }
@@ -196,10 +217,25 @@ mod tests {
     }
 
     /// `for a in 0..na { for b in 0..nb { body(a, b) } }`: the kernel and both loops.
-    fn nest(k: &mut Kernel, na: i64, nb: i64, body: impl FnOnce(&mut Kernel, VarId, VarId) -> Vec<Stmt>) -> (Loop, Loop) {
+    fn nest(
+        k: &mut Kernel,
+        na: i64,
+        nb: i64,
+        body: impl FnOnce(&mut Kernel, VarId, VarId) -> Vec<Stmt>,
+    ) -> (Loop, Loop) {
         let (a, b) = (k.index_var("a"), k.index_var("b"));
-        let inner = Loop { var: b, extent: nb, kind: LoopKind::Serial, body: body(k, a, b) };
-        let outer = Loop { var: a, extent: na, kind: LoopKind::Serial, body: vec![Stmt::For(inner.clone())] };
+        let inner = Loop {
+            var: b,
+            extent: nb,
+            kind: LoopKind::Serial,
+            body: body(k, a, b),
+        };
+        let outer = Loop {
+            var: a,
+            extent: na,
+            kind: LoopKind::Serial,
+            body: vec![Stmt::For(inner.clone())],
+        };
         k.body.push(Stmt::For(outer.clone()));
         (outer, inner)
     }
@@ -215,7 +251,11 @@ mod tests {
         // out[a, b] = x[a, b] * 2 over [4, 16].
         assert!(pair(4, 16, |k, a, b| {
             let (x, out) = (k.param("x", F, vec![4, 16]), k.param("out", F, vec![4, 16]));
-            let val = Expr::bin(BinOp::Mul, Expr::load(x, vec![v(a), v(b)]), Expr::float(2.0, F));
+            let val = Expr::bin(
+                BinOp::Mul,
+                Expr::load(x, vec![v(a), v(b)]),
+                Expr::float(2.0, F),
+            );
             vec![Stmt::store(out, vec![v(a), v(b)], val)]
         }));
         // A group's channels and pixels: x[0, 3 * 4 + a, b / 5, b % 5] summed (a reduction into
@@ -225,7 +265,10 @@ mod tests {
             let acc = k.new_var("acc", Ty::Elem(F), true);
             let ch = Expr::add(Expr::Int(12), v(a));
             let idx = vec![Expr::Int(0), ch, Expr::div(v(b), 5), Expr::rem(v(b), 5)];
-            vec![Stmt::Assign { var: acc, value: Expr::add(v(acc), Expr::load(x, idx)) }]
+            vec![Stmt::Assign {
+                var: acc,
+                value: Expr::add(v(acc), Expr::load(x, idx)),
+            }]
         }));
         // Every other column of rows of 16 is one stride-2 run beside the stride-1 store.
         assert!(pair(4, 8, |k, a, b| {
@@ -235,9 +278,17 @@ mod tests {
         }));
         // An operand invariant in both loops is fine.
         assert!(pair(3, 8, |k, a, b| {
-            let (x, s, out) = (k.param("x", F, vec![24]), k.param("s", F, vec![1]), k.param("out", F, vec![24]));
+            let (x, s, out) = (
+                k.param("x", F, vec![24]),
+                k.param("s", F, vec![1]),
+                k.param("out", F, vec![24]),
+            );
             let i = Expr::add(Expr::mul(v(a), Expr::Int(8)), v(b));
-            let val = Expr::bin(BinOp::Mul, Expr::load(x, vec![i.clone()]), Expr::load(s, vec![Expr::Int(0)]));
+            let val = Expr::bin(
+                BinOp::Mul,
+                Expr::load(x, vec![i.clone()]),
+                Expr::load(s, vec![Expr::Int(0)]),
+            );
             vec![Stmt::store(out, vec![i], val)]
         }));
     }
@@ -258,8 +309,16 @@ mod tests {
         }));
         // A per-row scale (stride 1 along a, 0 along b): a broadcast on one loop only.
         assert!(!pair(4, 16, |k, a, b| {
-            let (x, g, out) = (k.param("x", F, vec![4, 16]), k.param("g", F, vec![4]), k.param("out", F, vec![4, 16]));
-            let val = Expr::bin(BinOp::Mul, Expr::load(x, vec![v(a), v(b)]), Expr::load(g, vec![v(a)]));
+            let (x, g, out) = (
+                k.param("x", F, vec![4, 16]),
+                k.param("g", F, vec![4]),
+                k.param("out", F, vec![4, 16]),
+            );
+            let val = Expr::bin(
+                BinOp::Mul,
+                Expr::load(x, vec![v(a), v(b)]),
+                Expr::load(g, vec![v(a)]),
+            );
             vec![Stmt::store(out, vec![v(a), v(b)], val)]
         }));
         // A reduction into a per-row accumulator: fusing would not change the order, but the
@@ -288,14 +347,20 @@ mod tests {
             var: b,
             extent: 16,
             kind: LoopKind::Serial,
-            body: vec![Stmt::Assign { var: acc, value: Expr::add(v(acc), Expr::load(x, vec![v(a), v(b)])) }],
+            body: vec![Stmt::Assign {
+                var: acc,
+                value: Expr::add(v(acc), Expr::load(x, vec![v(a), v(b)])),
+            }],
         };
         let outer = Loop {
             var: a,
             extent: 4,
             kind: LoopKind::Serial,
             body: vec![
-                Stmt::Let { var: acc, value: Expr::float(0.0, F) },
+                Stmt::Let {
+                    var: acc,
+                    value: Expr::float(0.0, F),
+                },
                 Stmt::For(inner.clone()),
                 Stmt::store(out, vec![v(a)], v(acc)),
             ],
@@ -312,11 +377,25 @@ mod tests {
         let f = k.index_var("f");
         let idx = vec![Expr::div(v(f), 6), Expr::rem(v(f), 6)];
         let body = vec![Stmt::store(out, idx.clone(), Expr::load(x, idx))];
-        let l = Loop { var: f, extent: 24, kind: LoopKind::Serial, body };
+        let l = Loop {
+            var: f,
+            extent: 24,
+            kind: LoopKind::Serial,
+            body,
+        };
         assert!(unit_stride(&k, &l));
         // A transposed store is not.
-        let body = vec![Stmt::store(out, vec![Expr::rem(v(f), 4), Expr::div(v(f), 4)], Expr::load(x, vec![Expr::Int(0), Expr::Int(0)]))];
-        let l = Loop { var: f, extent: 24, kind: LoopKind::Serial, body };
+        let body = vec![Stmt::store(
+            out,
+            vec![Expr::rem(v(f), 4), Expr::div(v(f), 4)],
+            Expr::load(x, vec![Expr::Int(0), Expr::Int(0)]),
+        )];
+        let l = Loop {
+            var: f,
+            extent: 24,
+            kind: LoopKind::Serial,
+            body,
+        };
         assert!(!unit_stride(&k, &l));
     }
 
@@ -326,26 +405,45 @@ mod tests {
     #[test]
     fn default_schedule_fuses_group_spans() {
         let mut k = Kernel::new("gn");
-        let (x, gamma, out) = (k.param("x", F, vec![1, 8, 4, 8]), k.param("g", F, vec![8]), k.param("out", F, vec![1, 8, 4, 8]));
+        let (x, gamma, out) = (
+            k.param("x", F, vec![1, 8, 4, 8]),
+            k.param("g", F, vec![8]),
+            k.param("out", F, vec![1, 8, 4, 8]),
+        );
         let g = k.index_var("g");
         let [c0, h0, w0, c1, h1, w1] = ["c0", "h0", "w0", "c1", "h1", "w1"].map(|n| k.index_var(n));
         let acc = k.new_var("acc", Ty::Elem(F), true);
         let ch = |c: VarId| Expr::add(Expr::mul(v(g), Expr::Int(4)), v(c));
         let xi = |c, h, w| vec![Expr::Int(0), ch(c), v(h), v(w)];
-        let sum = Stmt::Assign { var: acc, value: Expr::add(v(acc), Expr::load(x, xi(c0, h0, w0))) };
-        let scaled = Expr::bin(BinOp::Mul, Expr::load(x, xi(c1, h1, w1)), Expr::load(gamma, vec![ch(c1)]));
+        let sum = Stmt::Assign {
+            var: acc,
+            value: Expr::add(v(acc), Expr::load(x, xi(c0, h0, w0))),
+        };
+        let scaled = Expr::bin(
+            BinOp::Mul,
+            Expr::load(x, xi(c1, h1, w1)),
+            Expr::load(gamma, vec![ch(c1)]),
+        );
         let val = Expr::bin(BinOp::Mul, scaled, v(acc));
-        let nest3 = |c, h, w, body| Stmt::for_(c, 4, vec![Stmt::for_(h, 4, vec![Stmt::for_(w, 8, body)])]);
+        let nest3 =
+            |c, h, w, body| Stmt::for_(c, 4, vec![Stmt::for_(h, 4, vec![Stmt::for_(w, 8, body)])]);
         k.body.push(Stmt::for_(
             g,
             2,
             vec![
-                Stmt::Let { var: acc, value: Expr::float(0.0, F) },
+                Stmt::Let {
+                    var: acc,
+                    value: Expr::float(0.0, F),
+                },
                 nest3(c0, h0, w0, vec![sum]),
                 nest3(c1, h1, w1, vec![Stmt::store(out, xi(c1, h1, w1), val)]),
             ],
         ));
-        let t = super::super::CpuTarget { threads: 1, vector_bytes: 64, ..Default::default() };
+        let t = super::super::CpuTarget {
+            threads: 1,
+            vector_bytes: 64,
+            ..Default::default()
+        };
         let s = super::super::default_cpu(&k, &t).to_string();
         let want = "fuse h0, w0\nfuse c0, h0_w0\nfuse h1, w1\nrfactor c0_h0_w0 by 16\nvectorize c0_h0_w0_i\nvectorize h1_w1\n";
         assert_eq!(s, want);
