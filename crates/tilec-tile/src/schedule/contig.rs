@@ -166,14 +166,11 @@ pub(crate) fn contiguous_pair(k: &Kernel, outer: &Loop, inner: &Loop) -> bool {
 pub(crate) fn fuse_runs(k: &mut Kernel, root: &str) -> (Vec<Primitive>, String) {
     let mut steps = vec![];
     let mut root = root.to_string();
-    loop {
-        let Some(l) = k
-            .var_named(&root)
-            .and_then(|v| locate(&k.body, v))
-            .and_then(|p| loop_ref(k, &p))
-        else {
-            break;
-        };
+    while let Some(l) = k
+        .var_named(&root)
+        .and_then(|v| locate(&k.body, v))
+        .and_then(|p| loop_ref(k, &p))
+    {
         let Some((outer, inner)) = find_pair(k, l) else {
             break;
         };
