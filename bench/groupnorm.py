@@ -42,6 +42,7 @@ LAYERS = [
     ("unet_gn32_silu_64x64x128", "decomposed", 128, 32, [64, 64], "silu", None),
     ("unet_gn32_silu_32x32x256", "decomposed", 256, 32, [32, 32], "silu", None),
     ("unet_gn32_silu_16x16x512", "decomposed", 512, 32, [16, 16], "silu", None),
+    ("unet_gn32_silu_8x8x512", "decomposed", 512, 32, [8, 8], "silu", None),
     ("native_gn32_silu_32x32x256", "native", 256, 32, [32, 32], "silu", None),
     ("native_gn6_silu_ragged_24x24x96", "native", 96, 6, [24, 24], "silu", None),
 ]

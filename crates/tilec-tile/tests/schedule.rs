@@ -1614,9 +1614,12 @@ fn default_cpu_schedules_apply_and_preserve_results() {
         s.to_string().starts_with("fuse a, b\nparallel a_b\n"),
         "{s}"
     );
-    // Long contiguous reductions: rfactor by the vector width (8 f64 lanes), then vectorize.
-    let s = schedule::default_cpu(&rowred(64, 1100, BinOp::Add, DType::F64).k, t);
+    // Contiguous reductions: rfactor by the vector width (8 f64 lanes), then vectorize; by
+    // four vectors (four chains of additions) from 64 vectors on.
+    let s = schedule::default_cpu(&rowred(256, 300, BinOp::Add, DType::F64).k, t);
     assert_eq!(s.to_string(), "parallel i\nrfactor j by 8\nvectorize j_i\n");
+    let s = schedule::default_cpu(&rowred(64, 1100, BinOp::Add, DType::F64).k, t);
+    assert_eq!(s.to_string(), "parallel i\nrfactor j by 32\nvectorize j_i\n");
     let s = schedule::default_cpu(&rowred(4, 256, BinOp::Max, DType::F32).k, t);
     assert_eq!(s.to_string(), "rfactor j by 16\nvectorize j_i\n");
     // Gemm blocking from the vector width: 16 f32 lanes, nr two vectors, mr 8 (16

@@ -4,7 +4,8 @@
 //! spatial sizes that are not a multiple of the vector width, batches, inputs that arrive
 //! channels-last (a transpose before the norm), the fused SiLU and GELU epilogues, and the
 //! exporter's spelling of a group norm (an instance norm between reshapes, then the
-//! per-channel affine), which the optimizer turns into one `GroupNorm`.
+//! per-channel affine), which the optimizer turns into one `GroupNorm`; and the shapes whose
+//! loops the schedule fuses over a group's contiguous span.
 
 use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions};
@@ -126,6 +127,27 @@ fn channels_last_inputs() {
     check("cl_g4_6x5", &[1, 16, 6, 5], 4, Form::ChannelsLast, Act::Silu);
     check("cl_instance", &[2, 7, 4, 9], 7, Form::ChannelsLast, Act::None);
     check("cl_1d", &[1, 12, 50], 3, Form::ChannelsLast, Act::Gelu);
+}
+
+/// Shapes whose group statistics and epilogues the CPU schedule fuses into one loop over a
+/// group's span (channels and pixels, contiguous in NCHW) and over each channel's pixels: spans
+/// that are not a multiple of the vector width, shorter than two vectors, 1-D and 3-D, groups of
+/// one channel and one group of every channel, a batch, and UNet's widths.
+#[test]
+fn fused_group_spans() {
+    check("span_5x7_g8", &[1, 32, 5, 7], 8, Form::Native, Act::Silu);
+    check("span_3x3_g16", &[1, 48, 3, 3], 16, Form::Exported, Act::Silu);
+    check("span_13x11_g4", &[1, 64, 13, 11], 4, Form::Native, Act::None);
+    check("span_1d_37", &[1, 32, 37], 8, Form::Native, Act::Silu);
+    check("span_1d_exp", &[1, 40, 29], 5, Form::Exported, Act::Silu);
+    check("span_3d", &[1, 16, 3, 4, 5], 4, Form::Native, Act::Silu);
+    check("span_3d_exp", &[1, 12, 2, 5, 9], 3, Form::Exported, Act::Gelu);
+    check("span_instance_17x19", &[1, 8, 17, 19], 8, Form::Native, Act::Silu);
+    check("span_one_group", &[2, 24, 9, 7], 1, Form::Exported, Act::Silu);
+    check("span_batch3", &[3, 64, 6, 6], 32, Form::Exported, Act::Silu);
+    check("unet_8x8x512", &[1, 512, 8, 8], 32, Form::Exported, Act::Silu);
+    check("unet_16x16x256", &[1, 256, 16, 16], 32, Form::Exported, Act::Silu);
+    check("unet_32x32x128_native", &[1, 128, 32, 32], 32, Form::Native, Act::Silu);
 }
 
 /// The exporter's spelling becomes one `GroupNorm`: the optimized graph has no instance norm

@@ -2,7 +2,6 @@
 
 use tilec_ir::DType;
 
-use super::affine::AffineCx;
 use super::deps::Region;
 use super::{apply_primitive, locate, loop_ref, var_name, Primitive, Schedule};
 use crate::ir::*;
@@ -286,6 +285,11 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 );
             }
         }
+        // Innermost loops that continue one another in memory (a group's channels and
+        // pixels) become one loop, so that vectorization runs over the whole span.
+        let (fused, r) = super::contig::fuse_runs(&mut w, &root);
+        s.steps.extend(fused);
+        root = r;
         // Innermost loops of the nest.
         let mut inner_loops = vec![];
         if let Some((l, _)) = loop_named(&w, &root) {
@@ -304,21 +308,24 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             }
             let l = l.clone();
             let lanes = t.lanes(loop_dtype(&w, &l));
-            if !contiguous(&w, &l) {
+            if !super::contig::unit_stride(&w, &l) {
                 continue;
             }
             let carried = !Region::of(&l.body).carried_scalars().is_empty();
             if carried {
                 if l.extent >= 2 * lanes && lanes > 1 {
+                    // Long reductions (a group's whole span): four vectors of partials, four
+                    // independent chains of additions instead of one.
+                    let factor = if l.extent >= 64 * lanes { 4 * lanes } else { lanes };
                     let mut trial = w.clone();
-                    if let Ok((_, i)) = super::rfactor(&mut trial, &name, lanes) {
+                    if let Ok((_, i)) = super::rfactor(&mut trial, &name, factor) {
                         if super::vectorize(&mut trial, &i).is_ok() {
                             attempt(
                                 &mut w,
                                 &mut s,
                                 Primitive::Rfactor {
                                     loop_var: name.clone(),
-                                    factor: lanes,
+                                    factor,
                                 },
                             );
                             attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: i });
@@ -484,49 +491,4 @@ fn loop_dtype(k: &Kernel, l: &Loop) -> DType {
         .first()
         .map(|(b, _)| k.buf(*b).dtype)
         .unwrap_or(DType::F32)
-}
-
-/// Whether the loop walks memory with stride one: some access has the loop variable with
-/// coefficient one in its last dimension, and no store uses the variable with another stride.
-fn contiguous(k: &Kernel, l: &Loop) -> bool {
-    let cx = AffineCx::new(k);
-    let r = Region::of(&l.body);
-    let atom = super::affine::Atom::Var(l.var);
-    let stride = |idx: &[Expr]| -> Option<Option<i64>> {
-        // Some(Some(c)): coefficient c in the last dim and unused elsewhere; Some(None): unused.
-        let mut used_elsewhere = false;
-        for e in &idx[..idx.len().saturating_sub(1)] {
-            match cx.affine(e) {
-                Some(a) => used_elsewhere |= a.vars().contains(&l.var),
-                None => used_elsewhere |= e.uses_var(l.var),
-            }
-        }
-        let last = match idx.last() {
-            None => return Some(None),
-            Some(e) => cx.affine(e)?,
-        };
-        let c = last.terms.get(&atom).copied();
-        let inside = last
-            .terms
-            .keys()
-            .any(|a| !matches!(a, super::affine::Atom::Var(_)) && a.vars().contains(&l.var));
-        if used_elsewhere || inside {
-            return None;
-        }
-        Some(c)
-    };
-    let mut any_unit = false;
-    for (_, idx, _) in &r.stores {
-        match stride(idx) {
-            Some(None) => {}
-            Some(Some(1)) => any_unit = true,
-            _ => return false,
-        }
-    }
-    for (_, idx) in &r.loads {
-        if stride(idx) == Some(Some(1)) {
-            any_unit = true;
-        }
-    }
-    any_unit
 }

@@ -18,6 +18,7 @@
 
 mod affine;
 mod cache;
+mod contig;
 mod default;
 mod deps;
 mod loops;
