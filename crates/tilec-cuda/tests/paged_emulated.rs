@@ -411,6 +411,8 @@ fn rendered_paged_kernels_match_the_interpreter_under_emulation() {
     };
     let dir: PathBuf = std::env::temp_dir().join(format!("tilec-paged-emu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // Both ways of merging the chunks are among the cases.
+    assert!(cases().iter().any(|c| paged::merge_in_attn(&c.p, &c.q)) && cases().iter().any(|c| !paged::merge_in_attn(&c.p, &c.q)));
     let only = std::env::var("PAGED_EMU_ONLY").unwrap_or_default();
     let mut failed = vec![];
     for c in cases().iter().filter(|c| c.label.contains(only.as_str())) {

@@ -18,8 +18,8 @@
 //!    sum of exponentials and unnormalized output go to a workspace (f32). The new tokens'
 //!    keys and values are read from the step's inputs, not the cache, and the blocks of the
 //!    first row group write them into their cache slots as they read them (the append costs
-//!    no kernel of its own, and no block reads a slot another block writes). When the chunks
-//!    are few ([`merge_in_attn`]), the last block of a (sequence, KV head, row group) to
+//!    no kernel of its own, and no block reads a slot another block writes). With one chunk
+//!    per sequence ([`merge_in_attn`]), the last block of a (sequence, KV head, row group) to
 //!    finish — an arrival counter per group in the workspace, reset by that block — merges
 //!    the chunks through their log-sum-exps and stores the rows in 16 bits;
 //! 3. `_merge` otherwise: one block per query row merging its chunks and storing the row.
@@ -128,14 +128,17 @@ pub fn row_groups(p: &PagedProblem, q: &Params) -> usize {
 }
 
 /// Whether the attention kernel merges the chunks itself (its last block per row group):
-/// when there are at most [`MERGE_IN_ATTN_CHUNKS`] of them, so that one block's merge stays
-/// short next to a kernel launch; more chunks get the `_merge` kernel's block per row.
+/// when there are at most [`MERGE_IN_ATTN_CHUNKS`] of them; more chunks get the `_merge`
+/// kernel's block per row. Measured on an H200 (LLaMA-1.1B at batch 1, 5 chunks of 64), the
+/// last block's merge made the attention kernel 6 µs longer under `ncu`, where the `_merge`
+/// kernel took 3 µs, and the step was no faster: only a single chunk, whose merge is the
+/// block's own normalization, is merged in place.
 pub fn merge_in_attn(p: &PagedProblem, q: &Params) -> bool {
     chunks(p, q) <= MERGE_IN_ATTN_CHUNKS
 }
 
 /// The most chunks [`merge_in_attn`] merges in the attention kernel.
-pub const MERGE_IN_ATTN_CHUNKS: usize = 16;
+pub const MERGE_IN_ATTN_CHUNKS: usize = 1;
 
 /// Arrival counters (one `i32` per sequence, KV head and row group) at the workspace's end.
 pub fn counters(p: &PagedProblem, q: &Params) -> usize {
