@@ -51,8 +51,7 @@ pub fn check_cases() -> Vec<Case> {
         c("decode_mqa_f16_d64", problem(3, 12, 1, 1, 64, 320, DType::F16), vec![7, 159, 319]),
         c("decode_three_tokens_bf16_d128", problem(2, 4, 2, 3, 128, 400, DType::BF16), vec![9, 390]),
         c("decode_mha_f16_d128_b32", problem(32, 8, 8, 1, 128, 1024, DType::F16), (0..32).map(|i| i * 31 + 5).collect()),
-        // A 1.1B LLaMA's step at batch 1 (chunks merged in the attention kernel), and a long
-        // context at batch 1 (64 chunks: the merge kernel).
+        // A 1.1B LLaMA's step at batch 1, and a long context at batch 1 (64 chunks).
         c("decode_llama_bs1_gqa_bf16_d64", problem(1, 32, 4, 1, 64, 272, DType::BF16), vec![200]),
         c("decode_long_bs1_gqa_bf16_d128", problem(1, 32, 8, 1, 128, 4096, DType::BF16), vec![4000]),
     ]
@@ -223,9 +222,8 @@ pub fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters:
     stream.synchronize().map_err(s)?;
     let mut raw = vec![0u8; ny * 2];
     dy.read(0, &mut raw).map_err(s)?;
-    // A second launch (the arrival counters back at zero, the new tokens already in their
-    // slots) gives the same output bit for bit, and the new keys and values are in the slots
-    // the table names.
+    // A second launch (the new tokens already in their slots) gives the same output bit for
+    // bit, and the new keys and values are in the slots the table names.
     dy.fill_u32(stream, 0xffff_ffff).map_err(s)?;
     kern.launch(stream, &ptrs).map_err(s)?;
     stream.synchronize().map_err(s)?;

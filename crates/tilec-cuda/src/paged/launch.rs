@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{applies, configs, copy_config, counters, kernel_name, merge_in_attn, workspace_bytes, PagedProblem, Params};
+use super::{applies, configs, copy_config, kernel_name, merge_in_attn, workspace_bytes, PagedProblem, Params};
 use crate::driver::{Device, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 
@@ -29,13 +29,7 @@ impl PagedKernel {
         let module = Arc::new(device.load_module(image)?);
         let f = |suffix: &str| module.function(&format!("{name}_{suffix}"));
         let (copy, attn, merge) = (f("copy")?, f("attn")?, f("merge")?);
-        let bytes = workspace_bytes(problem, params);
-        let workspace = device.alloc(bytes)?;
-        // The arrival counters start at zero; each launch leaves them there.
-        let s = device.stream()?;
-        let cnt = 4 * counters(problem, params);
-        workspace.fill(&s, bytes - cnt, cnt, 0)?;
-        s.synchronize()?;
+        let workspace = device.alloc(workspace_bytes(problem, params))?;
         Ok(PagedKernel { name, problem: problem.clone(), params: *params, cache_hit, copy, attn, merge, workspace })
     }
 
@@ -50,7 +44,7 @@ impl PagedKernel {
 
     /// Launches the step with the ten pointers of `paged_attention`: the caches copied when
     /// the new ones are not the old ones' storage, the chunks (appending the new tokens), the
-    /// merge when the attention kernel does not merge.
+    /// merge when there is more than one chunk.
     pub fn launch(&self, stream: &Stream, ptrs: &[u64]) -> Result<()> {
         if ptrs.len() != PARAMS {
             return Err(CudaError::Usage(format!("kernel {}: {} pointers for {PARAMS} parameters", self.name, ptrs.len())));

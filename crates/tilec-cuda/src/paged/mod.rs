@@ -19,10 +19,9 @@
 //!    keys and values are read from the step's inputs, not the cache, and the blocks of the
 //!    first row group write them into their cache slots as they read them (the append costs
 //!    no kernel of its own, and no block reads a slot another block writes). With one chunk
-//!    per sequence ([`merge_in_attn`]), the last block of a (sequence, KV head, row group) to
-//!    finish — an arrival counter per group in the workspace, reset by that block — merges
-//!    the chunks through their log-sum-exps and stores the rows in 16 bits;
-//! 3. `_merge` otherwise: one block per query row merging its chunks and storing the row.
+//!    per sequence ([`merge_in_attn`]) the block stores its rows in 16 bits itself;
+//! 3. `_merge` otherwise: one block per query row merging its chunks through their
+//!    log-sum-exps and storing the row in 16 bits.
 //!
 //! The chunk length (a whole number of cache blocks) is chosen so that the grid fills the SMs
 //! several times over ([`heuristic`]). Past lengths and the block table are read on the
@@ -127,30 +126,20 @@ pub fn row_groups(p: &PagedProblem, q: &Params) -> usize {
     p.group().div_ceil(q.rows.max(1)).max(1)
 }
 
-/// Whether the attention kernel merges the chunks itself (its last block per row group):
-/// when there are at most [`MERGE_IN_ATTN_CHUNKS`] of them; more chunks get the `_merge`
-/// kernel's block per row. Measured on an H200 (LLaMA-1.1B at batch 1, 5 chunks of 64), the
-/// last block's merge made the attention kernel 6 µs longer under `ncu`, where the `_merge`
-/// kernel took 3 µs, and the step was no faster: only a single chunk, whose merge is the
-/// block's own normalization, is merged in place.
+/// Whether the attention kernel stores the rows itself: with one chunk per sequence there is
+/// nothing to merge and the `_merge` kernel is not launched. (Merging several chunks in the
+/// attention kernel, its last block per row group through an arrival counter, measured no
+/// faster on an H200: for LLaMA-1.1B at batch 1, 5 chunks of 64, it made the attention kernel
+/// 6 µs longer under `ncu`, where the `_merge` kernel took 3 µs.)
 pub fn merge_in_attn(p: &PagedProblem, q: &Params) -> bool {
-    chunks(p, q) <= MERGE_IN_ATTN_CHUNKS
-}
-
-/// The most chunks [`merge_in_attn`] merges in the attention kernel.
-pub const MERGE_IN_ATTN_CHUNKS: usize = 1;
-
-/// Arrival counters (one `i32` per sequence, KV head and row group) at the workspace's end.
-pub fn counters(p: &PagedProblem, q: &Params) -> usize {
-    p.batch * p.heads_kv * row_groups(p, q)
+    chunks(p, q) == 1
 }
 
 /// Bytes of the f32 workspace: per query row and chunk, the unnormalized output, then per
-/// query row and chunk the maximum and the sum, then the arrival counters (zero between
-/// launches).
+/// query row and chunk the maximum and the sum.
 pub fn workspace_bytes(p: &PagedProblem, q: &Params) -> usize {
     let parts = p.batch * p.heads_q * p.new_tokens * chunks(p, q);
-    4 * parts * (p.v_head_dim + 2) + 4 * counters(p, q)
+    4 * parts * (p.v_head_dim + 2)
 }
 
 /// Whether the kernels take the problem with these parameters, or why not.

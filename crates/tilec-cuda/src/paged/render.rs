@@ -122,12 +122,20 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
   }
   bad = __syncthreads_or(bad);
   if (bad || n <= 0) {
+    if (@ONE@) {
+      // One chunk a sequence: the rows are this block's to store, NaN for a bad table (or
+      // a bad length, which leaves nothing to attend to).
+      for (int x = threadIdx.x; x < nr * @DV@; x += @THREADS@)
+        ((unsigned short*)tl_y)[TL_PG_PART(x / @DV@) * @DV@ + x % @DV@] = tl_pg_f2h(TL_NAN_F);
+      return;
+    }
     // Nothing to read: a chunk past the sequence's end weighs nothing; a bad table poisons.
     for (int i = threadIdx.x; i < nr; i += @THREADS@) {
       ws_ml[2 * TL_PG_PART(i)] = bad ? TL_NAN_F : -TL_INF_F;
       ws_ml[2 * TL_PG_PART(i) + 1] = 0.f;
     }
-  } else {
+    return;
+  }
   // Queries: lane l holds dims 8 (l % KL) .. +8 of every row, scaled by scale * log2(e).
   const int kl = lane % @KL@, kr = lane / @KL@;
   float qf[@ROWS@][8];
@@ -257,14 +265,16 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@_attn(TL_PG_ARGS) 
     const int i = x / @DV@, d = x % @DV@;
     float o = 0.f;
     for (int w = 0; w < @WARPS@; ++w) o += s_buf[(w * @ROWS@ + i) * @DV@ + d];
-    ws_o[TL_PG_PART(i) * @DV@ + d] = o;
+    if (@ONE@)  // One chunk a sequence: nothing to merge, the row is final.
+      ((unsigned short*)tl_y)[TL_PG_PART(i) * @DV@ + d] = tl_pg_f2h(s_max[i] == -TL_INF_F ? TL_NAN_F : o / s_sum[i]);
+    else
+      ws_o[TL_PG_PART(i) * @DV@ + d] = o;
   }
-  for (int i = threadIdx.x; i < nr; i += @THREADS@) {
+  for (int i = threadIdx.x; i < nr && !@ONE@; i += @THREADS@) {
     ws_ml[2 * TL_PG_PART(i)] = s_max[i];
     ws_ml[2 * TL_PG_PART(i) + 1] = s_sum[i];
   }
-  }
-@LAST@#undef TL_PG_PART
+#undef TL_PG_PART
 }
 
 // One query row: its chunks merged through their log-sum-exps (base 2), stored in 16 bits.
@@ -289,61 +299,6 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@_merge(TL_PG_ARGS) {
     y[d] = tl_pg_f2h(nan || m == -TL_INF_F ? TL_NAN_F : o / l);
   }
 }
-"#;
-
-const LAST: &str = r#"  // The last of the sequence's chunk blocks for these rows merges the chunks through their
-  // log-sum-exps (base 2) and stores the rows in 16 bits; it resets the arrival counter.
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* cnt = (int*)(tl_ws + @PARTS@LL * (@DV@ + 2)) + ((long long)b * @HKV@ + hk) * @RG@ + rg;
-    s_last = atomicAdd(cnt, 1) == @C@ - 1;
-    if (s_last) *cnt = 0;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int i = warp; i < nr; i += @WARPS@) {
-    const float* ml = ws_ml + 2 * (TL_PG_PART(i) - c);
-    float m = -TL_INF_F;
-    bool nan = false;
-    for (int x = lane; x < @C@; x += 32) {
-      const float v = __ldcg(ml + 2 * x);
-      nan |= v != v;
-      m = fmaxf(m, v);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      nan |= __shfl_xor_sync(0xffffffffu, (float)nan, o) != 0.f;
-    }
-    float l = 0.f;
-    for (int x = lane; x < @C@; x += 32) {
-      const float v = __ldcg(ml + 2 * x);
-      if (v != -TL_INF_F) l += __ldcg(ml + 2 * x + 1) * exp2f(v - m);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) {
-      s_max[i] = nan || m == -TL_INF_F ? TL_NAN_F : m;
-      s_sum[i] = l;
-    }
-  }
-  __syncthreads();
-  for (int x = threadIdx.x; x < nr * @DV@; x += @THREADS@) {
-    const int i = x / @DV@, d = x % @DV@;
-    const long long part0 = TL_PG_PART(i) - c;
-    const float* ml = ws_ml + 2 * part0;
-    const float m = s_max[i];
-    float o = 0.f;
-    if (m == m)
-      for (int y = 0; y < @C@; ++y) {
-        const float v = __ldcg(ml + 2 * y);
-        if (v != -TL_INF_F) o += __ldcg(ws_o + (part0 + y) * @DV@ + d) * exp2f(v - m);
-      }
-    ((unsigned short*)tl_y)[part0 / @C@ * @DV@ + d] = tl_pg_f2h(m == m ? o / s_sum[i] : TL_NAN_F);
-  }
 "#;
 
 fn render_kernels(p: &PagedProblem, q: &Params, name: &str) -> String {
@@ -379,9 +334,9 @@ fn render_kernels(p: &PagedProblem, q: &Params, name: &str) -> String {
         ("@KVECS@", (p.k_cache_elems() / 8).to_string()),
         ("@VVECS@", (p.v_cache_elems() / 8).to_string()),
         ("@SCALE2@", flit(p.scale * std::f32::consts::LOG2_E)),
+        ("@ONE@", if c == 1 { "true" } else { "false" }.to_string()),
     ];
-    let last = if super::merge_in_attn(p, q) { LAST } else { "" };
-    let mut s = KERNELS.replace("@LAST@", last);
+    let mut s = KERNELS.to_string();
     for (k, v) in &vars {
         s = s.replace(k, v);
     }
