@@ -684,12 +684,19 @@ fn run_case(
 }
 
 /// `GEMM_STAGED=0|1` turns the staged epilogue off or on (for comparisons), fitting the stages;
+/// `GEMM_SHUFFLE=0|1` the epilogue regrouped by warp shuffles (on: in place of staging);
 /// `GEMM_PINGPONG=1` runs two consumer warpgroups on tiles of their own (128x128 tiles).
 fn with_env(q: Params) -> Params {
     let flag = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
     let mut q = q;
     if let Some(v) = flag("GEMM_STAGED") {
         q.staged = v != 0;
+    }
+    if let Some(v) = flag("GEMM_SHUFFLE") {
+        q.shuffle = v != 0;
+        if v != 0 {
+            q.staged = false;
+        }
     }
     if flag("GEMM_PINGPONG") == Some(1) && q.consumers == 2 && q.cluster_m == 1 {
         q.pingpong = true;

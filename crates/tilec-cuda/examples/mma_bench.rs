@@ -253,7 +253,7 @@ fn problem(case: &Case) -> MmaProblem {
             "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
              __align__(16) {} tl_v[8];\n  const long long tl_j = tl_jv * 8;\n  \
              for (int l = 0; l < 8; ++l) {{ const float tl_acc0 = tl_acc[l]; tl_v[l] = {}; }}\n  \
-             {vguard}for (int w = 0; w < (int)sizeof(tl_v) / 16; ++w) reinterpret_cast<uint4*>(&y_out[{index}])[w] = reinterpret_cast<const uint4*>(tl_v)[w];\n}}\n",
+             {vguard}for (int w = 0; w < (int)sizeof(tl_v) / 16; ++w) tl_st_v4(reinterpret_cast<uint4*>(&y_out[{index}]) + w, reinterpret_cast<const uint4*>(tl_v)[w]);\n}}\n",
             params.join(", "),
             storage(od),
             store(od).replace("tl_acc", "tl_acc0"),
@@ -309,6 +309,10 @@ fn params_with_env(case: &Case, p: &MmaProblem, sms: usize) -> Params {
     if let Some(v) = std::env::var("MMA_PARK").ok().and_then(|v| v.parse::<u8>().ok()) {
         q.park16 = v != 32;
     }
+    // `MMA_SHUFFLE=0|1`: the epilogue regrouped by warp shuffles off or on.
+    if let Some(v) = std::env::var("MMA_SHUFFLE").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q.shuffle = v != 0;
+    }
     q
 }
 
@@ -342,6 +346,12 @@ fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, Strin
     // `SM90_STAGED=0|1`: the epilogue from registers or through shared memory.
     if let Some(v) = std::env::var("SM90_STAGED").ok().and_then(|v| v.parse::<u8>().ok()) {
         q90.staged = v != 0;
+    }
+    // `SM90_SHUFFLE=0|1`: the epilogue regrouped by warp shuffles off or on; staged wherever
+    // the shuffled one does not run.
+    if let Some(v) = std::env::var("SM90_SHUFFLE").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q90.shuffle = v != 0;
+        q90.staged = !gemm::shuffled(&p.gemm, &q90);
     }
     // `SM90_PARK=32|16`: the staged epilogue parks f32 (as before 16-bit parking), or 16 bits
     // where that is exact (the default).

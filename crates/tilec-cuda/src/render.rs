@@ -1016,6 +1016,7 @@ impl R<'_> {
                     &acc.name,
                     buf.dtype,
                     l.extent,
+                    true,
                 );
             }
         }
@@ -1046,6 +1047,7 @@ impl R<'_> {
                 &format!("(&{}[{base}])", buf_name(self.k, acc.buf)),
                 buf.dtype,
                 l.extent,
+                false,
             );
         }
         self.indent -= 1;
@@ -1076,13 +1078,17 @@ impl R<'_> {
         (w, t)
     }
 
-    fn copy_vector(&mut self, src: &str, dst: &str, d: DType, lanes: i64) {
+    fn copy_vector(&mut self, src: &str, dst: &str, d: DType, lanes: i64, load: bool) {
         let (w, t) = Self::vector_width(d, lanes);
         let n = d.size_bytes() as i64 * lanes / w;
         for c in 0..n {
-            self.line(&format!(
-                "reinterpret_cast<{t}*>({dst})[{c}] = reinterpret_cast<const {t}*>({src})[{c}];"
-            ));
+            // An epilogue's 16-byte accesses as single instructions (see `tl_st_v4`).
+            let line = match (self.whole_vector_stores && w == 16, load) {
+                (true, true) => format!("reinterpret_cast<uint4*>({dst})[{c}] = tl_ld_v4(reinterpret_cast<const uint4*>({src}) + {c});"),
+                (true, false) => format!("tl_st_v4(reinterpret_cast<uint4*>({dst}) + {c}, reinterpret_cast<const uint4*>({src})[{c}]);"),
+                _ => format!("reinterpret_cast<{t}*>({dst})[{c}] = reinterpret_cast<const {t}*>({src})[{c}];"),
+            };
+            self.line(&line);
         }
     }
 

@@ -344,7 +344,8 @@ fn fnv(s: &str) -> u64 {
 /// The 16-bit problem classes render exactly the source they rendered before fp8 and tf32
 /// were added (hashes taken then), custom epilogues and split A included; the one class on
 /// heuristic parameters has since taken the staged epilogue (`_st`), then parked in 16 bits
-/// (`_sth`; hash retaken each time).
+/// (`_sth`), then the shuffled epilogue (`_sx`; hash retaken each time). All were retaken
+/// once when the shared prelude gained the 16-byte global access helpers.
 #[test]
 fn sixteen_bit_sources_are_unchanged() {
     let mut all = classes();
@@ -371,15 +372,100 @@ fn sixteen_bit_sources_are_unchanged() {
 }
 
 const EXPECTED_HASHES: &str = "
-8fe98bae8e0cb148 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232
-3cdb97c57228fec2 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232
-ef35322fd4f4a1ac tl_gemm_sm90_bf16cr_bf16_128x256x64_s4_c2_g8_r40x232
-81fec7beed6a7cfe tl_gemm_sm90_bf16cc_bf16_128x256x64_s4_c2_g8_r40x232
-8ffb264d31b75a8a tl_gemm_sm90_f16rc_f32_128x128x64_s6_c2_g8_r40x232_biasf32_relu
-cf7a53c5acd3e487 tl_gemm_sm90_bf16rr_bf16_256x128x64_s4_c2_g8_r40x232_biasbf16_gelu_bcb
-e2f964fb2569f761 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232_k2
-c4fd2ae8a2822244 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232_k2
-f1d70c9ca4ea8149 tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232_sth
-f77a074fe26a0c97 tl_gemm_sm90_f16rr_f16_128x256x64_s4_c2_g8_r40x232_as
-7bb66be5ec406e65 tl_gemm_sm90_bf16rc_bf16_128x128x64_s6_c2_g8_r40x232_e9286d69871787cfb
+55a80bb98277d4b8 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232
+57ba738ea12e67f2 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232
+5f61d2004029bf1c tl_gemm_sm90_bf16cr_bf16_128x256x64_s4_c2_g8_r40x232
+01cf426e2c00012e tl_gemm_sm90_bf16cc_bf16_128x256x64_s4_c2_g8_r40x232
+2e2395fccfdbfeda tl_gemm_sm90_f16rc_f32_128x128x64_s6_c2_g8_r40x232_biasf32_relu
+b72074be18702757 tl_gemm_sm90_bf16rr_bf16_256x128x64_s4_c2_g8_r40x232_biasbf16_gelu_bcb
+ea8ed9e8d45b2711 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232_k2
+992c86facfdf0bf4 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232_k2
+af5742d7dcb7ede5 tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232_sx
+ff79cf188b31a587 tl_gemm_sm90_f16rr_f16_128x256x64_s4_c2_g8_r40x232_as
+6415dd32a46c3835 tl_gemm_sm90_bf16rc_bf16_128x128x64_s6_c2_g8_r40x232_e9286d69871787cfb
 ";
+
+/// The shuffled epilogue on the tile shapes of [`staged_classes`] with the epilogues it takes:
+/// a custom one with its vector function (16-bit, and f32 without rounding first), the built-in
+/// bias and GELU into 16 bits, the built-in f32 store with ReLU, fp8 with scales. A custom
+/// epilogue without a vector function keeps the staged one.
+fn shuffled_classes() -> Vec<(Problem, Params)> {
+    use Layout::{ColMajor as C, RowMajor as R};
+    let mut v = vec![];
+    for (i, (p, q)) in staged_classes().into_iter().enumerate() {
+        if i % 2 == 1 || p.in_dtype == DType::F8E4M3 {
+            continue;
+        }
+        let q = Params { staged: false, shuffle: true, ..q };
+        let d = p.in_dtype;
+        v.push((p.clone(), q));
+        let mut other = p.clone();
+        match (i / 2) % 4 {
+            0 => {
+                other.custom = None;
+                other.epilogue = Epilogue { bias: Some(DType::F32), activation: Activation::Gelu };
+            }
+            1 => {
+                other.custom = None;
+                other.out_dtype = DType::F32;
+                other.epilogue = Epilogue { bias: Some(d), activation: Activation::Relu };
+            }
+            2 => other.custom = Some(gemm::CustomEpilogue { rounds_to: None, ..store_epilogue(1000, DType::F32, true) }),
+            _ => {
+                other = Problem::new(1000, 1000, 1024, DType::F8E4M3).with_layouts(R, C);
+                other.scale_a = true;
+                other.scale_b = true;
+                other.custom = Some(store_epilogue(1000, DType::BF16, true));
+                v.push((other, Params { tile_k: 128, ..q }));
+                continue;
+            }
+        }
+        v.push((other, q));
+    }
+    v
+}
+
+#[test]
+fn shuffled_epilogues_render_their_exchanges() {
+    let classes = shuffled_classes();
+    assert!(classes.len() >= 16, "{}", classes.len());
+    for (p, q) in &classes {
+        assert_eq!(gemm::applies(p, q, (9, 0)), Ok(()), "{p:?} {q:?}");
+        assert!(gemm::shuffled(p, q) && gemm::park_dtype(p, q).is_none());
+        let src = gemm::render(p, q);
+        let name = gemm::kernel_name(p, q);
+        assert!(name.ends_with("_sx") || name.contains("_sx_e"), "{name}");
+        assert_eq!(src.matches('{').count(), src.matches('}').count(), "{name}");
+        // Four exchanges per 64-row block, no shared memory and no warp barrier.
+        assert_eq!(src.matches("tl_quad_swap(tl_x").count(), 4 * q.warp_m() / 64, "{name}");
+        assert!(!src.contains("__syncwarp();") && !src.contains("tl_dyn_stage"), "{name}");
+        match &p.custom {
+            Some(c) => assert!(src.contains(&format!("{}(o, eb, er, col / 8, tl_v);", c.vector.as_deref().unwrap_or("?"))), "{name}"),
+            None => assert!(src.contains("if (tl_vec && col + 8 <= N)"), "{name}"),
+        }
+    }
+    // Without a vector function the staged epilogue stays.
+    let (mut p, q) = classes[0].clone();
+    p.custom = Some(store_epilogue(1000, p.in_dtype, false));
+    assert!(!gemm::shuffled(&p, &q) && !gemm::render(&p, &q).contains("tl_quad_swap(tl_x"));
+    // The heuristic takes it wherever it applies.
+    let (p, _) = &classes[0];
+    assert!(gemm::heuristic(p, 132).shuffle && !gemm::heuristic(p, 132).staged);
+    assert!(gemm::heuristic(&p.clone(), 132).smem_bytes() <= gemm::MAX_SMEM);
+}
+
+#[test]
+fn shuffled_epilogues_compile_with_nvrtc_for_sm_90a() {
+    let Some(nv) = nvrtc_or_skip("shuffled_epilogues_compile_with_nvrtc_for_sm_90a") else {
+        return;
+    };
+    let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
+    let modules: Vec<(String, String)> = shuffled_classes()
+        .iter()
+        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
+        .collect();
+    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
+        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
+        assert!(img.starts_with(b"\x7fELF"), "{name}");
+    }
+}

@@ -22,6 +22,7 @@
 pub mod host;
 mod launch;
 pub(crate) mod render;
+pub(crate) mod shuffle;
 
 pub use launch::{GemmArgs, GemmKernel};
 pub use render::{kernel_name, render};
@@ -420,6 +421,23 @@ pub struct Params {
     /// The staged epilogue parks the accumulators in 16 bits where that changes no result
     /// ([`park_dtype`]); `false` keeps them f32 (for comparisons).
     pub park16: bool,
+    /// The epilogue regroups each quad's accumulators with warp shuffles, so that a lane holds
+    /// [`EPILOGUE_VEC`](crate::render::EPILOGUE_VEC) adjacent columns of one row, and stores
+    /// them from registers (16-byte stores, a quad covering 64 contiguous bytes of a row for
+    /// 16-bit outputs): no shared memory and no warp barrier. Where it applies
+    /// ([`shuffle_applies`]) it takes the place of `staged`.
+    pub shuffle: bool,
+}
+
+/// Whether the shuffled epilogue can run a problem's epilogue: the built-in one, or a custom
+/// one with a vector function (a lane's 8 columns handed over at once).
+pub fn shuffle_applies(p: &Problem) -> bool {
+    p.custom.as_ref().is_none_or(|c| c.vector.is_some())
+}
+
+/// Whether the kernel for `p` and `q` uses the shuffled epilogue.
+pub fn shuffled(p: &Problem, q: &Params) -> bool {
+    q.shuffle && shuffle_applies(p)
 }
 
 /// Shared memory of the staged epilogue, for up to 8 consumer warps: per warp, one slice of 16
@@ -436,7 +454,7 @@ pub const STAGING_BYTES: usize = 8 * 16 * 40 * 4;
 /// the bias and activation). f32, tf32 and fp8 products written as f32 keep f32, and so does a
 /// custom epilogue without a vector function.
 pub fn park_dtype(p: &Problem, q: &Params) -> Option<DType> {
-    if !q.staged || !q.park16 {
+    if !q.staged || !q.park16 || shuffled(p, q) {
         return None;
     }
     let d = match &p.custom {
@@ -467,6 +485,7 @@ impl Default for Params {
             staged: false,
             pingpong: false,
             park16: true,
+            shuffle: false,
         }
     }
 }
@@ -816,9 +835,10 @@ fn check_input_dtypes(p: &Problem) -> Result<(), String> {
 /// SMs idle, narrower tiles (128x128, then 64-row tiles with one consumer) trade intensity for
 /// parallelism.
 pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
-    // The epilogue goes through shared memory (coalesced stores), taking stages that no longer
-    // fit.
-    let mut q = Params { staged: true, ..shape_heuristic(problem, sm_count) };
+    // The epilogue's stores are coalesced: from registers regrouped by warp shuffles where it
+    // has a vector path, otherwise through shared memory, taking stages that no longer fit.
+    let shuffle = shuffle_applies(problem);
+    let mut q = Params { staged: !shuffle, shuffle, ..shape_heuristic(problem, sm_count) };
     while q.stages > 2 && q.smem_bytes() > MAX_SMEM {
         q.stages -= 1;
     }
@@ -1019,10 +1039,15 @@ mod tests {
         assert!(src.contains("for (int kk = 0; kk < BK / 32; ++kk)"));
         assert!(src.contains("const float* __restrict__ scale_a,\n       const float* __restrict__ scale_b)"));
         assert!(src.contains("const float ab_scale = __ldg(scale_a) * __ldg(scale_b);"));
+        // Shuffled: scaled before the exchanges, the bias and activation added per column after.
+        assert!(q.shuffle && !q.staged, "{q:?}");
+        assert!(src.contains("float2 tl_x0 = make_float2(acc[0][16 * g + 2 * h] * ab_scale,"), "{src}");
+        assert!(src.contains("const float tl_t = tl_v[x] + (col + x < N ? bias[col + x] : 0.0f);"), "{src}");
         // Staged: scaled into shared memory, the bias and activation added per element after.
-        assert!(src.contains("make_float2(acc[0][4 * (ch * 4 + qq) + 2 * h] * ab_scale,"), "{src}");
-        assert!(src.contains("const float x = v + bias[col];"), "{src}");
-        let unstaged = render(&p, &Params { staged: false, ..q });
+        let staged = render(&p, &Params { staged: true, shuffle: false, ..q });
+        assert!(staged.contains("make_float2(acc[0][4 * (ch * 4 + qq) + 2 * h] * ab_scale,"), "{staged}");
+        assert!(staged.contains("const float x = v + bias[col];"), "{staged}");
+        let unstaged = render(&p, &Params { staged: false, shuffle: false, ..q });
         assert!(unstaged.contains("acc[0][4 * q + 2 * h] * ab_scale + bias0"));
         let mut t = Problem::new(300, 200, 100, DType::F32)
             .with_layouts(Layout::RowMajor, Layout::ColMajor);

@@ -24,7 +24,7 @@ use tilec_ir::DType;
 use super::{Activation, Layout, Params, Problem};
 use crate::render::{EPILOGUE_VEC, PRELUDE};
 
-fn short(d: DType) -> &'static str {
+pub(super) fn short(d: DType) -> &'static str {
     match d {
         DType::BF16 => "bf16",
         DType::F16 => "f16",
@@ -41,7 +41,7 @@ fn mma_types(p: &Problem) -> (&'static str, &'static str) {
     (t(p.in_dtype), t(p.b_dtype()))
 }
 
-fn storage(d: DType) -> &'static str {
+pub(super) fn storage(d: DType) -> &'static str {
     match d {
         DType::BF16 => "tl_bf16",
         DType::F16 => "tl_f16",
@@ -106,6 +106,7 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         (false, true) => "_pp".to_string(),
         (false, false) => String::new(),
     };
+    let staged = if super::shuffled(p, q) { format!("{staged}_sx") } else { staged };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
@@ -267,7 +268,7 @@ pub(crate) fn wgmma_fn(name: &str, n: usize, k: usize, ta: &str, tb: &str, trans
     s
 }
 
-fn load_out(d: DType, e: &str) -> String {
+pub(super) fn load_out(d: DType, e: &str) -> String {
     match d {
         DType::BF16 => format!("tl_ld_bf16({e})"),
         DType::F16 => format!("tl_ld_f16({e})"),
@@ -299,8 +300,12 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     let mut s = String::new();
     s.push_str(PRELUDE);
     s.push_str(HELPERS);
-    if super::park_dtype(p, q).is_some() {
+    let shuffled = super::shuffled(p, q);
+    if super::park_dtype(p, q).is_some() || (shuffled && p.custom.is_none() && p.out_dtype != DType::F32) {
         s.push_str(PARK16_HELPERS);
+    }
+    if shuffled {
+        s.push_str(super::shuffle::HELPERS);
     }
     if p.conv.is_some() {
         s.push_str(IM2COL_HELPER);
@@ -678,6 +683,9 @@ fn scale_factor(p: &Problem) -> &'static str {
 /// Accumulator register `4 q + 2 h + e` of a 64-row block holds row `16 warp + lane / 4 + 8 h`,
 /// column `8 q + 2 (lane % 4) + e` of the block.
 fn render_epilogue(p: &Problem, q: &Params) -> String {
+    if super::shuffled(p, q) {
+        return super::shuffle::render(p, q, scale_factor(p));
+    }
     if let Some(c) = &p.custom {
         return render_custom_epilogue(p, c, q);
     }
@@ -686,16 +694,7 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
     let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
     let bn = q.tile_n;
     let od = p.out_dtype;
-    let act = |v: &str| -> String {
-        match p.epilogue.activation {
-            Activation::None => v.to_string(),
-            Activation::Relu => format!("fmaxf({v}, 0.0f)"),
-            Activation::Gelu if od == DType::F32 => {
-                format!("(0.5f * {v} * (1.0f + erff({v} * 0.70710678118654752f)))")
-            }
-            Activation::Gelu => format!("tl_gelu_erf({v})"),
-        }
-    };
+    let act = |v: &str| activation(p, v);
     let (bias0, bias1) = match p.epilogue.bias {
         Some(d) => (
             format!("(col < N ? {} : 0.0f)", load_out(d, "bias[col]")),
@@ -782,11 +781,21 @@ fn render_epilogue(p: &Problem, q: &Params) -> String {
     s
 }
 
-/// The per-element calls of a custom epilogue (guarded at the edges).
-fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) -> String {
-    let mblocks = q.warp_m() / 64;
-    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
-    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
+/// The built-in epilogue's activation of `v` (an f32 expression).
+pub(super) fn activation(p: &Problem, v: &str) -> String {
+    match p.epilogue.activation {
+        Activation::None => v.to_string(),
+        Activation::Relu => format!("fmaxf({v}, 0.0f)"),
+        Activation::Gelu if p.out_dtype == DType::F32 => {
+            format!("(0.5f * {v} * (1.0f + erff({v} * 0.70710678118654752f)))")
+        }
+        Activation::Gelu => format!("tl_gelu_erf({v})"),
+    }
+}
+
+/// A custom epilogue's parameter names as call arguments (each followed by `, `), and the
+/// expressions of the batch and row it is called with (`row` and `b` in scope).
+pub(super) fn custom_args(c: &super::CustomEpilogue) -> (String, String, String) {
     let args: String = c
         .params
         .iter()
@@ -799,6 +808,15 @@ fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) ->
         Some(r) => (format!("(long long)row / {r}"), format!("(long long)row % {r}")),
         None => ("(long long)b".to_string(), "(long long)row".to_string()),
     };
+    (args, bexpr, rexpr)
+}
+
+/// The per-element calls of a custom epilogue (guarded at the edges).
+fn render_custom_epilogue(p: &Problem, c: &super::CustomEpilogue, q: &Params) -> String {
+    let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
+    let (args, bexpr, rexpr) = custom_args(c);
     if q.staged {
         if let Some(vf) = &c.vector {
             return render_staged_vector_epilogue(p, q, scale_factor(p), &format!("const long long eb = {bexpr}, er = {rexpr};"), &c.name, vf, &args);

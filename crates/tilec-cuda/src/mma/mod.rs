@@ -67,11 +67,22 @@ pub struct Params {
     /// The staged epilogue parks the tile in 16 bits where that changes no result
     /// ([`park_dtype`]); `false` keeps it f32 (for comparisons).
     pub park16: bool,
+    /// The epilogue regroups each quad's accumulators with warp shuffles so that a lane hands
+    /// 8 adjacent columns of a row to the vector epilogue function, straight from registers
+    /// (as the Hopper template's, [`crate::gemm::Params::shuffle`]); where it applies
+    /// ([`shuffled`]) it takes the place of `staged`.
+    pub shuffle: bool,
+}
+
+/// Whether the kernel for `p` and `q` uses the shuffled epilogue: asked for, with a vector
+/// epilogue function, and each warp's columns whole groups of 32 (four 8-column fragments).
+pub fn shuffled(p: &MmaProblem, q: &Params) -> bool {
+    q.shuffle && p.gemm.custom.as_ref().is_some_and(|c| c.vector.is_some()) && q.warp_n() % 32 == 0
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { tile_m: 128, tile_n: 128, tile_k: 64, warps_m: 2, warps_n: 4, stages: 4, split_k: 1, prefetch: 0, staged: true, park16: true }
+        Params { tile_m: 128, tile_n: 128, tile_k: 64, warps_m: 2, warps_n: 4, stages: 4, split_k: 1, prefetch: 0, staged: true, park16: true, shuffle: false }
     }
 }
 
@@ -81,7 +92,7 @@ impl Default for Params {
 /// MatMul), so rounding it before parking is exact; tiles at least 64 columns wide (eight
 /// 16-byte groups a row, the swizzle's span).
 pub fn park_dtype(p: &MmaProblem, q: &Params) -> Option<DType> {
-    if !q.staged || !q.park16 || q.tile_n < 64 {
+    if !q.staged || !q.park16 || q.tile_n < 64 || shuffled(p, q) {
         return None;
     }
     // As the Hopper template (`gemm::park_dtype`): only with a vector epilogue function.
@@ -283,7 +294,7 @@ pub fn tiles(p: &Problem, q: &Params) -> usize {
 pub fn heuristic(problem: &MmaProblem, sm_count: usize) -> Params {
     let p = &problem.gemm;
     // Three stages: two blocks of 128x128 share an SM, each hiding the other's latency.
-    let mut q = Params { stages: 3, ..Params::default() };
+    let mut q = Params { stages: 3, shuffle: true, ..Params::default() };
     if problem.conv.is_some() && p.m > 64 {
         // Measured on ResNet-50's convolutions (H200): 128x64 tiles with 4x2 warps of 32x32 and
         // four stages beat 128x128 and 64x128 on every shape tried (1.1-1.8x).

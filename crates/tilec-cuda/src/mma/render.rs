@@ -15,7 +15,7 @@ use std::fmt::Write;
 use tilec_ir::DType;
 
 
-use super::{park_dtype, MmaProblem, Params};
+use super::{park_dtype, shuffled, MmaProblem, Params};
 use crate::families::OperandRef;
 use crate::gemm::Layout;
 use crate::render::{param_name, short16 as short, source_hash as fnv, EPILOGUE_VEC, PRELUDE};
@@ -322,6 +322,9 @@ fn render_body(p: &MmaProblem, q: &Params, a: &OperandRef, b: &OperandRef, name:
     if park_dtype(p, q).is_some() {
         s.push_str(crate::gemm::render::PARK16_HELPERS);
     }
+    if shuffled(p, q) {
+        s.push_str(crate::gemm::shuffle::HELPERS);
+    }
     s.push_str(&mma_fn(short(g.in_dtype)));
     let mut params = decls.clone();
     params.extend(["const unsigned short* __restrict__ tl_bpk", "float* __restrict__ tl_ws", "int* __restrict__ tl_cnt"].map(String::from));
@@ -528,7 +531,53 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             threads = q.threads(),
         );
     }
-    if let Some(d) = park_dtype(p, q) {
+    if shuffled(p, q) {
+        // Each quad's four 8-column fragments of a row regrouped by warp shuffles
+        // (`gemm::shuffle`): a lane then holds 8 adjacent columns and hands them to the vector
+        // function from registers (no barrier, no shared memory).
+        let _ = write!(
+            s,
+            r#"  {{
+    const bool tl_h1 = (lane & 1) != 0, tl_h2 = (lane & 2) != 0;
+#pragma unroll
+    for (int x = 0; x < {mi}; ++x)
+#pragma unroll
+      for (int g = 0; g < {groups}; ++g)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+          float2 tl_x0 = make_float2(acc[x][4 * g][2 * h], acc[x][4 * g][2 * h + 1]);
+          float2 tl_x1 = make_float2(acc[x][4 * g + 1][2 * h], acc[x][4 * g + 1][2 * h + 1]);
+          float2 tl_x2 = make_float2(acc[x][4 * g + 2][2 * h], acc[x][4 * g + 2][2 * h + 1]);
+          float2 tl_x3 = make_float2(acc[x][4 * g + 3][2 * h], acc[x][4 * g + 3][2 * h + 1]);
+          tl_quad_swap(tl_x0, tl_x1, tl_h1, 1);
+          tl_quad_swap(tl_x2, tl_x3, tl_h1, 1);
+          tl_quad_swap(tl_x0, tl_x2, tl_h2, 2);
+          tl_quad_swap(tl_x1, tl_x3, tl_h2, 2);
+          const int row = m0 + wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
+          const int col = n0 + wn * {wn} + 32 * g + 8 * (lane & 3);
+          if (row < {m} && col < {n}) {{
+            {split_row}
+            __align__(16) float tl_v[8] = {{tl_x0.x, tl_x0.y, tl_x1.x, tl_x1.y, tl_x2.x, tl_x2.y, tl_x3.x, tl_x3.y}};
+            if (col + 8 <= {n}) {{
+              {vf}({args}eb, er, col / 8, tl_v);
+            }} else {{
+#pragma unroll
+              for (int tl_x = 0; tl_x < 8; ++tl_x)
+                if (col + tl_x < {n}) {epi}({args}eb, er, col + tl_x, tl_v[tl_x]);
+            }}
+          }}
+        }}
+  }}
+}}
+"#,
+            groups = ni / 4,
+            wm = q.warp_m(),
+            wn = q.warp_n(),
+            m = g.m,
+            n = g.n,
+            vf = c.and_then(|c| c.vector.as_deref()).unwrap_or("tl_missing"),
+        );
+    } else if let Some(d) = park_dtype(p, q) {
         // As below, parked in 16 bits: exact, as the epilogue function rounds the product to
         // `d` first anyway (a 16-bit MatMul's output in the graph). Row r holds tile_n / 8
         // 16-byte groups (64 columns or more: a multiple of 8 groups, rows a multiple of 128
@@ -735,6 +784,46 @@ mod tests {
                 modules.push((format!("{name}_{i}"), render(&p, &q, &ra, &rb)));
             }
         }
+        let c = crate::Compiler::new(nv, "sm_90a").with_cache_dir(None);
+        for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
+            assert!(r.unwrap_or_else(|e| panic!("{name}: {e}")).image.starts_with(b"\x7fELF"), "{name}");
+        }
+    }
+
+    /// The shuffled epilogue on the tile shapes the heuristic picks (and split K): four
+    /// exchanges a fragment row, no barrier after the main loop; it needs the vector function
+    /// and warps 32 columns wide, else the staged one stays. Compiled where NVRTC is found.
+    #[test]
+    fn shuffled_epilogues_render_and_compile() {
+        let (ra, rb) = (OperandRef { param: 0, offset_bytes: 0 }, OperandRef { param: 1, offset_bytes: 0 });
+        let d = Params { shuffle: true, ..Params::default() };
+        let shapes = [
+            d,
+            Params { tile_m: 128, tile_n: 64, warps_m: 4, warps_n: 2, stages: 4, ..d },
+            Params { tile_m: 16, tile_n: 128, warps_m: 1, warps_n: 4, split_k: 3, ..d },
+            Params { tile_m: 64, tile_n: 128, warps_m: 2, warps_n: 2, ..d },
+        ];
+        let mut modules = vec![];
+        for (i, q) in shapes.into_iter().enumerate() {
+            let p = rounding(if i % 2 == 0 { 200 } else { 203 }, true);
+            assert!(shuffled(&p, &q) && park_dtype(&p, &q).is_none(), "{q:?}");
+            let src = render(&p, &q, &ra, &rb);
+            assert_eq!(src.matches("tl_quad_swap(tl_x").count(), 4, "{q:?}");
+            assert!(src.contains("tl_epi_v(a, b, c, eb, er, col / 8, tl_v);"), "{src}");
+            // The main loop's barriers only: none between it and the stores.
+            let tail = &src[src.find("cp.async.wait_group 0;").unwrap_or(0)..];
+            assert!(!tail.contains("__syncthreads();") || q.split_k > 1, "{q:?}");
+            let name = kernel_name(&p, &q, &ra, &rb);
+            assert_ne!(name, kernel_name(&p, &Params { shuffle: false, ..q }, &ra, &rb));
+            modules.push((format!("{name}_{i}"), src));
+        }
+        // Without the vector function, or on warps 16 columns wide: staged.
+        assert!(!shuffled(&rounding(200, false), &d));
+        assert!(!shuffled(&rounding(200, true), &Params { tile_n: 64, warps_n: 4, ..d }));
+        let Ok(nv) = crate::Nvrtc::load() else {
+            eprintln!("note: shuffled_epilogues_render_and_compile: compile skipped (no NVRTC; set TILEC_NVRTC_LIB)");
+            return;
+        };
         let c = crate::Compiler::new(nv, "sm_90a").with_cache_dir(None);
         for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
             assert!(r.unwrap_or_else(|e| panic!("{name}: {e}")).image.starts_with(b"\x7fELF"), "{name}");

@@ -1,0 +1,147 @@
+//! The shuffled epilogue of the Hopper GEMM template ([`Params::shuffle`]): the accumulators
+//! are regrouped in registers so that each lane stores 8 adjacent columns of one row.
+//!
+//! A consumer thread's wgmma accumulators hold, for every 8-column group `q` of its warp's 16
+//! rows, the column pair `2 (lane % 4)` of rows `lane / 4` and `lane / 4 + 8`: the four lanes
+//! of a quad share a row, two columns each. Four groups `4 g .. 4 g + 3` of one row are a 4 x 4
+//! matrix over the quad (group by lane) of column pairs. Transposing it with two butterfly
+//! exchanges (partner lanes `l ^ 1`, then `l ^ 2`: four shuffles of a pair each) leaves lane
+//! `l` with group `4 g + l % 4` whole, in column order. The lane then hands those 8 columns to
+//! the epilogue's vector function or the built-in store: a quad writes 32 adjacent columns of
+//! a row (64 bytes in 16 bits), a warp 8 rows at once.
+//!
+//! Against the staged epilogue (accumulators parked in shared memory 16 x 32 at a time, read
+//! back behind a warp barrier) this keeps every exchange independent of the others, so the
+//! shuffles of a tile's 16 groups overlap instead of waiting out one shared-memory round trip
+//! after another.
+
+use std::fmt::Write;
+
+use super::render::{activation, custom_args, load_out, short, storage};
+use super::{Params, Problem};
+use crate::render::EPILOGUE_VEC;
+use tilec_ir::DType;
+
+/// Device helper: one butterfly step of the quad transpose.
+pub(crate) const HELPERS: &str = r#"
+// One butterfly step of the quad transpose on column pairs: `a` is the pair whose index has the
+// step's bit clear, `b` the one with it set. A lane whose own bit (`hi`) is set gives away `a`
+// and takes its partner's `b` in its place; the partner gives `b` and takes `a`.
+__device__ __forceinline__ void tl_quad_swap(float2& a, float2& b, bool hi, int mask) {
+  const float2 give = hi ? a : b;
+  float2 got;
+  got.x = __shfl_xor_sync(0xffffffffu, give.x, mask);
+  got.y = __shfl_xor_sync(0xffffffffu, give.y, mask);
+  if (hi) a = got; else b = got;
+}
+"#;
+
+/// The epilogue code of the consumer loop (after the tile's last wgmma has completed):
+/// `scale` is the factor applied to each accumulator (empty, or ` * ab_scale`).
+pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
+    assert_eq!(EPILOGUE_VEC, 8, "a lane regroups one 8-column group");
+    let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
+    let sink = match &p.custom {
+        Some(c) => {
+            let (args, bexpr, rexpr) = custom_args(c);
+            let vf = c.vector.as_deref().unwrap_or("tl_missing_vector_epilogue");
+            format!(
+                r#"const long long eb = {bexpr}, er = {rexpr};
+                if (col + 8 <= N) {{
+                  {vf}({args}eb, er, col / 8, tl_v);
+                }} else {{
+#pragma unroll
+                  for (int x = 0; x < 8; ++x)
+                    if (col + x < N) {f}({args}eb, er, col + x, tl_v[x]);
+                }}"#,
+                f = c.name
+            )
+        }
+        None => builtin_sink(p),
+    };
+    let mut s = String::from(
+        "      {\n        const bool tl_h1 = (lane & 1) != 0, tl_h2 = (lane & 2) != 0;\n",
+    );
+    if p.custom.is_none() {
+        s.push_str(
+            "        const bool tl_vec = ((ldc | batch_stride_c) & 7) == 0 && (reinterpret_cast<unsigned long long>(c) & 15) == 0;\n",
+        );
+    }
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"        {{
+          const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+          for (int g = 0; g < {groups}; ++g) {{
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+              float2 tl_x0 = make_float2(acc[{j}][16 * g + 2 * h]{scale}, acc[{j}][16 * g + 2 * h + 1]{scale});
+              float2 tl_x1 = make_float2(acc[{j}][16 * g + 4 + 2 * h]{scale}, acc[{j}][16 * g + 4 + 2 * h + 1]{scale});
+              float2 tl_x2 = make_float2(acc[{j}][16 * g + 8 + 2 * h]{scale}, acc[{j}][16 * g + 8 + 2 * h + 1]{scale});
+              float2 tl_x3 = make_float2(acc[{j}][16 * g + 12 + 2 * h]{scale}, acc[{j}][16 * g + 12 + 2 * h + 1]{scale});
+              tl_quad_swap(tl_x0, tl_x1, tl_h1, 1);
+              tl_quad_swap(tl_x2, tl_x3, tl_h1, 1);
+              tl_quad_swap(tl_x0, tl_x2, tl_h2, 2);
+              tl_quad_swap(tl_x1, tl_x3, tl_h2, 2);
+              const int row = row0 + 8 * h, col = n0 + 32 * g + 8 * (lane & 3);
+              if (row < M && col < N) {{
+                __align__(16) float tl_v[8] = {{tl_x0.x, tl_x0.y, tl_x1.x, tl_x1.y, tl_x2.x, tl_x2.y, tl_x3.x, tl_x3.y}};
+                {sink}
+              }}
+            }}
+          }}
+        }}
+"#,
+            groups = q.tile_n / 32,
+        );
+    }
+    s.push_str("      }\n");
+    s
+}
+
+/// The built-in epilogue on a lane's 8 columns `tl_v` of `row` from `col`: bias, activation,
+/// and one 16-byte store (two for f32) where C's rows keep the alignment, else element by
+/// element.
+fn builtin_sink(p: &Problem) -> String {
+    let od = p.out_dtype;
+    let bias = match p.epilogue.bias {
+        Some(d) => format!(" + (col + x < N ? {} : 0.0f)", load_out(d, "bias[col + x]")),
+        None => String::new(),
+    };
+    let act = activation(p, "tl_t");
+    let (vector, one) = match od {
+        DType::F16 | DType::BF16 => {
+            let pack = format!("tl_pack_{}x2", short(od));
+            (
+                format!(
+                    "*reinterpret_cast<uint4*>(dst) = make_uint4({pack}(tl_y[0], tl_y[1]), {pack}(tl_y[2], tl_y[3]), {pack}(tl_y[4], tl_y[5]), {pack}(tl_y[6], tl_y[7]));"
+                ),
+                format!("dst[x] = tl_st_{}(tl_y[x]);", short(od)),
+            )
+        }
+        _ => (
+            "reinterpret_cast<float4*>(dst)[0] = make_float4(tl_y[0], tl_y[1], tl_y[2], tl_y[3]);\n                  reinterpret_cast<float4*>(dst)[1] = make_float4(tl_y[4], tl_y[5], tl_y[6], tl_y[7]);".to_string(),
+            "dst[x] = tl_y[x];".to_string(),
+        ),
+    };
+    format!(
+        r#"{out_t}* dst = c + (long long)b * batch_stride_c + (long long)row * ldc + col;
+                float tl_y[8];
+#pragma unroll
+                for (int x = 0; x < 8; ++x) {{
+                  const float tl_t = tl_v[x]{bias};
+                  tl_y[x] = {act};
+                }}
+                if (tl_vec && col + 8 <= N) {{
+                  {vector}
+                }} else {{
+#pragma unroll
+                  for (int x = 0; x < 8; ++x)
+                    if (col + x < N) {one}
+                }}"#,
+        out_t = storage(od),
+    )
+}
