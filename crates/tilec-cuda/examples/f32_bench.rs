@@ -9,7 +9,7 @@
 //! - `bench`: `gemm_f32_8192` (A and B row-major, as `bench/gemm_tc_peer.py`'s exact-f32
 //!   peer) and 4096, timed (median of `--iters` runs, CUDA events) and checked on samples.
 //!
-//! `F32_PARAMS=tile_m,tile_n,tile_k,split_k` overrides the heuristic's parameters for cases
+//! `F32_PARAMS=tile_m,tile_n,tile_k,split_k[,min_blocks]` overrides the heuristic's parameters for cases
 //! that do not fix their own (sweeps). Prints one JSON object per line, then a summary line.
 
 use serde_json::json;
@@ -61,7 +61,7 @@ fn lname(a: Layout, b: Layout) -> String {
 
 fn check_cases() -> Vec<Case> {
     let mut v = vec![];
-    let q = |tile_m, tile_n, tile_k, split_k| Params { tile_m, tile_n, tile_k, split_k };
+    let q = |tile_m, tile_n, tile_k, split_k| Params { tile_m, tile_n, tile_k, split_k, min_blocks: 2 };
     for (a, b) in [(R, C), (R, R), (C, C), (C, R)] {
         let l = lname(a, b);
         v.push(with(case(&format!("layouts_{l}"), 296, 200, 136, 1, a, b, 4), Params::default()));
@@ -137,7 +137,8 @@ fn params_of(c: &Case, p: &Problem, sms: usize) -> Params {
     }
     let env: Vec<usize> = std::env::var("F32_PARAMS").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
     match env[..] {
-        [tile_m, tile_n, tile_k, split_k] => Params { tile_m, tile_n, tile_k, split_k },
+        [tile_m, tile_n, tile_k, split_k] => Params { tile_m, tile_n, tile_k, split_k, min_blocks: 2 },
+        [tile_m, tile_n, tile_k, split_k, min_blocks] => Params { tile_m, tile_n, tile_k, split_k, min_blocks },
         _ => simt::heuristic(p, sms),
     }
 }

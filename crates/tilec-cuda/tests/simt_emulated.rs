@@ -233,19 +233,19 @@ fn case(label: &'static str, (m, n, k, batch): (usize, usize, usize, usize), (la
 fn cases() -> Vec<Case> {
     use Layout::{ColMajor as C, RowMajor as R};
     let big = Params::default();
-    let small = Params { tile_m: 32, tile_n: 64, tile_k: 16, split_k: 1 };
+    let small = Params { tile_m: 32, tile_n: 64, tile_k: 16, split_k: 1, min_blocks: 2 };
     let mut v = vec![
         // Ragged, 16-byte aligned leading dimensions (float4 reads with scalar edges).
         case("rr", (291, 203, 130, 1), (R, R), (132, 204), big),
         case("rc", (291, 203, 130, 1), (R, C), (132, 132), big),
         case("cr", (291, 203, 130, 1), (C, R), (292, 204), Params { tile_k: 16, ..big }),
-        case("cc", (291, 203, 130, 1), (C, C), (292, 132), Params { tile_m: 64, tile_n: 32, tile_k: 8, split_k: 1 }),
+        case("cc", (291, 203, 130, 1), (C, C), (292, 132), Params { tile_m: 64, tile_n: 32, tile_k: 8, split_k: 1, min_blocks: 2 }),
         // Dense odd leading dimensions: scalar reads.
         case("rr_odd", (133, 97, 75, 1), (R, R), (75, 97), small),
         case("cc_odd", (133, 97, 75, 1), (C, C), (133, 75), Params { tile_m: 128, tile_n: 32, ..small }),
         // Split K (ragged last slice, an empty split: 9 slices over 4 splits of 3).
-        case("split_rc", (70, 90, 140, 1), (R, C), (140, 140), Params { tile_m: 64, tile_n: 64, tile_k: 16, split_k: 4 }),
-        case("split_m1", (1, 100, 300, 1), (R, R), (300, 100), Params { tile_m: 32, tile_n: 32, tile_k: 8, split_k: 5 }),
+        case("split_rc", (70, 90, 140, 1), (R, C), (140, 140), Params { tile_m: 64, tile_n: 64, tile_k: 16, split_k: 4, min_blocks: 2 }),
+        case("split_m1", (1, 100, 300, 1), (R, R), (300, 100), Params { tile_m: 32, tile_n: 32, tile_k: 8, split_k: 5, min_blocks: 2 }),
         case("batched", (40, 36, 20, 3), (R, C), (20, 20), small),
     ];
     // A broadcast B (batch stride 0).
@@ -267,7 +267,7 @@ fn cases() -> Vec<Case> {
     heads.len_b = 2 * 20 * 48;
     v.push(heads);
     // A split A: [2 groups][3 heads][rows 10][64] read as [20 rows][192], misaligned by 1 float.
-    let mut split_a = case("a_split", (20, 24, 192, 1), (R, R), (64, 24), Params { tile_m: 32, tile_n: 32, tile_k: 8, split_k: 1 });
+    let mut split_a = case("a_split", (20, 24, 192, 1), (R, R), (64, 24), Params { tile_m: 32, tile_n: 32, tile_k: 8, split_k: 1, min_blocks: 2 });
     split_a.p.a_split = Some(tilec_cuda::gemm::ASplit { rows: 10, head_stride: 640, group_stride: 1920 });
     split_a.a = OperandRef { param: 0, offset_bytes: 4 };
     split_a.len_a = 2 * 1920 + 1;

@@ -68,6 +68,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
         tile_n: get("tile_n", q.tile_n),
         tile_k: get("tile_k", q.tile_k),
         split_k: get("split_k", q.split_k),
+        ..q
     }
 }
 

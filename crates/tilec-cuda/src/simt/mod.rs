@@ -50,11 +50,14 @@ pub struct Params {
     pub tile_k: usize,
     /// Blocks sharing one tile's K range (1: no split).
     pub split_k: usize,
+    /// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 2 caps a thread at 128
+    /// registers (two blocks hide each other's barriers), 1 lets it take up to 255.
+    pub min_blocks: usize,
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { tile_m: 128, tile_n: 128, tile_k: 8, split_k: 1 }
+        Params { tile_m: 128, tile_n: 128, tile_k: 8, split_k: 1, min_blocks: 2 }
     }
 }
 
@@ -115,6 +118,9 @@ impl Params {
         }
         if ![8, 16].contains(&self.tile_k) {
             return Err(format!("tile_k {} (8 or 16)", self.tile_k));
+        }
+        if !(1..=2).contains(&self.min_blocks) {
+            return Err(format!("min_blocks {} (1 or 2)", self.min_blocks));
         }
         if !(1..=32).contains(&self.split_k) {
             return Err(format!("split_k {} (1 to 32)", self.split_k));

@@ -104,6 +104,8 @@ struct Copy {
 /// N; `row`: the shared-memory row length; `addr(go, gk)`: the element's address.
 #[allow(clippy::too_many_arguments)]
 fn copy(reg: &str, kmajor: bool, side: usize, tk: usize, o0: &str, ext: usize, k: usize, row: usize, v: usize, addr: &dyn Fn(&str, &str) -> String) -> Copy {
+    // Tiles that divide the extents never reach past them: no checks (shapes are compiled in).
+    let (ext_full, k_full) = (ext % side == 0, k % tk == 0);
     let len = if kmajor { tk } else { side };
     let per_row = len / v;
     let chunks = side * tk / v;
@@ -118,8 +120,16 @@ fn copy(reg: &str, kmajor: bool, side: usize, tk: usize, o0: &str, ext: usize, k
         format!("        const int gk = k0 + r, go = {o0} + c;\n")
     };
     // Whether the chunk's row exists, and element `e` of it.
-    let row_ok = if kmajor { format!("go < {ext}") } else { format!("gk < {k}") };
-    let elem_ok = |e: &str| if kmajor { format!("gk + {e} < {k}") } else { format!("go + {e} < {ext}") };
+    let row_ok = match (kmajor, ext_full, k_full) {
+        (true, true, _) | (false, _, true) => "true".to_string(),
+        (true, false, _) => format!("go < {ext}"),
+        (false, _, false) => format!("gk < {k}"),
+    };
+    let elem_ok = |e: &str| match (kmajor, ext_full, k_full) {
+        (true, _, true) | (false, true, _) => "true".to_string(),
+        (true, _, false) => format!("gk + {e} < {k}"),
+        (false, false, _) => format!("go + {e} < {ext}"),
+    };
     let at = |e: &str| if kmajor { addr("go", &format!("gk + {e}")) } else { addr(&format!("go + {e}"), "gk") };
     let mut load = head.clone();
     load.push_str(&coords);
@@ -245,7 +255,7 @@ fn render_body(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef, name: &s
     let _ = write!(
         s,
         r#"
-extern "C" __global__ void __launch_bounds__({THREADS}, 2) {name}({params}) {{
+extern "C" __global__ void __launch_bounds__({THREADS}, {min_blocks}) {name}({params}) {{
   __shared__ __align__(16) float tl_sm[{smem}];
   float* const As = tl_sm;
   float* const Bs = tl_sm + {a_buf2};
@@ -302,6 +312,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 2) {name}({params}) {{
   }}
 "#,
         params = params.join(",\n    "),
+        min_blocks = q.min_blocks,
         smem = q.smem_floats(),
         a_buf = q.tile_k * ar,
         a_buf2 = 2 * q.tile_k * ar,
@@ -481,7 +492,7 @@ mod tests {
     fn split_k_flattened_rows_and_small_tiles() {
         let mut p = problem(Layout::RowMajor, Layout::ColMajor);
         p.custom.as_mut().map(|c| c.rows = Some(97));
-        let q = Params { tile_m: 32, tile_n: 64, tile_k: 16, split_k: 3 };
+        let q = Params { tile_m: 32, tile_n: 64, tile_k: 16, split_k: 3, min_blocks: 2 };
         let src = render(&p, &q, &RA, &RB);
         assert!(src.contains("atomicAdd(tl_cnt + pid, 1) == 3 - 1"), "{src}");
         assert!(src.contains("const int eb = row / 97, er = row - eb * 97;"));
