@@ -53,10 +53,10 @@ fn plan(problem: MmaProblem, params: Params, a: OperandRef, b: OperandRef) -> Fa
 pub struct Sm80MmaGemm;
 pub static SM80_MMA_GEMM: Sm80MmaGemm = Sm80MmaGemm;
 
-const NAMES: [&str; 9] = ["tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages", "split_k", "prefetch", "staged"];
+const NAMES: [&str; 10] = ["tile_m", "tile_n", "tile_k", "warps_m", "warps_n", "stages", "split_k", "prefetch", "staged", "shuffle"];
 
 fn to_params(q: &Params) -> FParams {
-    let v = [q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k, q.prefetch, q.staged as usize];
+    let v = [q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k, q.prefetch, q.staged as usize, q.shuffle as usize];
     FParams(NAMES.iter().copied().zip(v.map(|x| x as i64)).collect())
 }
 
@@ -72,6 +72,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
         split_k: get("split_k", q.split_k),
         prefetch: get("prefetch", q.prefetch),
         staged: get("staged", q.staged as usize) != 0,
+        shuffle: get("shuffle", q.shuffle as usize) != 0,
         ..q
     }
 }
@@ -113,6 +114,8 @@ impl Family for Sm80MmaGemm {
                 ("split_k", vec![1, 2, 4, 8, 16]),
                 ("prefetch", vec![0, 128, 256]),
                 ("staged", vec![0, 1]),
+                // The epilogue regrouped by warp shuffles (where there is a vector function).
+                ("shuffle", vec![0, 1]),
             ],
         }
     }
