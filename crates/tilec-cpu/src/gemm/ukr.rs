@@ -112,7 +112,9 @@ pub(super) fn micro_kernel(double: bool, b: &Blocking, cpu: &CpuInfo) -> (String
 
 /// The indirect micro-kernel: like [`micro_kernel`], but `A` is read in place through one
 /// pointer per row and piece (`ptrs[q * mr + i]`, `pl[q]` elements each, see
-/// [`tilec_tile::indirect`]); the `B` panel runs through the pieces in order.
+/// [`tilec_tile::indirect`]); the `B` panel runs through the pieces in order. A piece whose
+/// every row points at the zero buffer `z` (the tap of a padded convolution that reads only
+/// padding for all the tile's positions: most of a dilated one's) adds nothing and is skipped.
 pub(super) fn micro_kernel_indirect(b: &Blocking, cpu: &CpuInfo) -> (String, String) {
     ukr_source(false, true, b, cpu)
 }
@@ -135,7 +137,7 @@ pub(super) fn ukr_source(double: bool, indirect: bool, b: &Blocking, cpu: &CpuIn
     s.push_str(&format!("#if !({})\n#error \"the GEMM micro-kernel needs a {}-byte vector ISA: compile for the CPU it was generated for\"\n#endif\n", is.cond, vb));
     s.push_str("#include <immintrin.h>\n");
     let a_param = if indirect {
-        format!("int64_t np, const int32_t *TC_RESTRICT pl, const {t} *const *TC_RESTRICT ptrs")
+        format!("int64_t np, const int32_t *TC_RESTRICT pl, const {t} *const *TC_RESTRICT ptrs, const {t} *z")
     } else {
         format!("int64_t kc, const {t} *TC_RESTRICT a")
     };
@@ -159,6 +161,8 @@ pub(super) fn ukr_source(double: bool, indirect: bool, b: &Blocking, cpu: &CpuIn
             s.push_str(&format!("        const {t} *TC_RESTRICT a{i} = ptrs[q * {mr} + {i}];\n"));
         }
         s.push_str("        const int64_t kc = pl[q];\n");
+        let all_zero = (0..mr).map(|i| format!("a{i} == z")).collect::<Vec<_>>().join(" && ");
+        s.push_str(&format!("        if ({all_zero}) {{ b += kc * {nr}; continue; }}\n"));
     }
     s.push_str(&format!("{pad}    #pragma GCC unroll 4\n{pad}    for (int64_t k = 0; k < kc; ++k) {{\n"));
     for v in 0..nv {
