@@ -63,6 +63,9 @@ fn linear_half_pixel() {
     check("down", &[1, 3, 12, 10], &[1, 3, 4, 5], CoordMode::HalfPixel);
     // A single input position spread over a map (an ASPP pooling branch).
     check("one", &[1, 8, 1, 1], &[1, 8, 7, 7], CoordMode::HalfPixel);
+    // One input row beside a resized axis; odd and even integer factors.
+    check("row", &[1, 3, 1, 5], &[1, 3, 4, 10], CoordMode::HalfPixel);
+    check("x3", &[1, 2, 5, 4], &[1, 2, 15, 12], CoordMode::HalfPixel);
     check("torch", &[1, 3, 4, 6], &[1, 3, 10, 9], CoordMode::PytorchHalfPixel);
 }
 
