@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, ReduceKind, ReduceOp, UnaryOp, Window};
 use tilec_ir::{DType, Graph, NodeId, Op, Tensor, TensorType, ValueDef};
 use tilec_opt::partition::{
     explain, explain_group, partition, Class, GroupKind, Partition, RejectReason, Target,
@@ -442,6 +442,57 @@ fn fusion_that_would_create_a_cycle_is_rejected() {
             .any(|r| r.producer == g1 && r.consumer == g2 && r.reason == RejectReason::Cycle),
         "{out}"
     );
+}
+
+/// `conv(concat(transpose(a), b))`, channels-last, over a `k`×`k` window; `relu` puts an
+/// elementwise producer in front of each concatenated input.
+fn transposed_concat_conv(k: usize, relu: bool) -> Graph {
+    let mut g = Graph::new("unet_decoder");
+    let a = g.add_input("a", f32t(&[1, 8, 6, 6]));
+    let b = g.add_input("b", f32t(&[1, 6, 6, 8]));
+    let (a, b) = if relu {
+        (g.add(Op::Unary(UnaryOp::Relu), &[a]).unwrap(), g.add(Op::Unary(UnaryOp::Relu), &[b]).unwrap())
+    } else {
+        (a, b)
+    };
+    let t = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 3, 1] }), &[a]).unwrap();
+    let c = g.add(Op::Layout(LayoutOp::Concat { axis: 3 }), &[t, b]).unwrap();
+    let wv: Vec<f64> = (0..8 * 16 * k * k).map(|i| (i % 5) as f64 * 0.1).collect();
+    let w = g.add_const("w", Tensor::from_f64s(DType::F32, vec![8, 16, k, k], &wv).unwrap());
+    let bias = g.add_const("bias", Tensor::from_f64s(DType::F32, vec![8], &[0.0; 8]).unwrap());
+    let p = k / 2;
+    let window = Window {
+        kernel: vec![k, k],
+        strides: vec![1, 1],
+        dilations: vec![1, 1],
+        pads: Padding::Explicit(vec![p; 4]),
+    };
+    let y = g
+        .add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: true }), &[c, w, bias])
+        .unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn transposes_stay_out_of_windowed_convs() {
+    // A 3×3 convolution would gather across the transposed axes at every tap: the transpose
+    // (and the concat around it) is materialized, whatever produces its inputs. A 1×1
+    // convolution reads each element once and takes it.
+    let t = Target::cpu();
+    for (k, relu) in [(3, false), (3, true), (1, false), (1, true)] {
+        let g = transposed_concat_conv(k, relu);
+        let p = partition(&g, &t);
+        let what = format!("k{k} relu {relu}");
+        check_invariants(&g, &p, &what);
+        let out = explain(&g, &p, &t);
+        let conv = p.groups.iter().find(|gr| gr.kind == GroupKind::Conv).expect("a conv group");
+        let folded = conv
+            .nodes
+            .iter()
+            .any(|&n| matches!(g.node(n).op, Op::Layout(LayoutOp::Transpose { .. })));
+        assert_eq!(folded, k == 1, "{what}: {out}");
+    }
 }
 
 #[test]

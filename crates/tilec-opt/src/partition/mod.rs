@@ -44,7 +44,7 @@ pub use crate::target;
 use cost::{classify, node_flops, reduction_row, Sizes};
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use tilec_ir::op::LinalgOp;
+use tilec_ir::op::{LayoutOp, LinalgOp};
 use tilec_ir::{Graph, NodeId, Op, Uses, ValueDef, ValueId};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -348,6 +348,32 @@ impl<'a> St<'a> {
                         })
                 })
         })
+    }
+
+    /// Whether `p` holds a transpose and `c` is anchored on a convolution of more than one
+    /// tap or a windowed pool: such an anchor reads each input element once per tap, so a
+    /// transpose folded into it gathers every time (UNet's decoder: a transposed
+    /// convolution's NCHW output concatenated channels-last in front of a 3×3 convolution,
+    /// which then could run neither in place nor as Winograd).
+    fn transposes_into_window(&self, p: usize, c: usize) -> bool {
+        let transposes = self.groups[p]
+            .nodes
+            .iter()
+            .any(|&n| matches!(self.g.node(n).op, Op::Layout(LayoutOp::Transpose { .. })));
+        transposes
+            && self.groups[c].anchors.iter().any(|&a| {
+                let node = self.g.node(a);
+                match &node.op {
+                    Op::Linalg(LinalgOp::Conv { .. }) => self
+                        .g
+                        .value(node.inputs[1])
+                        .ty
+                        .fixed_shape()
+                        .is_some_and(|w| w.iter().skip(2).product::<usize>() > 1),
+                    Op::Linalg(LinalgOp::Pool { .. }) => true,
+                    _ => false,
+                }
+            })
     }
 
     fn producer_groups(&self, gi: usize) -> BTreeSet<usize> {
@@ -660,6 +686,11 @@ impl<'a> St<'a> {
                     Some("pads the input of a convolution over few channels: materialized once".into());
                 continue;
             }
+            if self.transposes_into_window(gi, c) {
+                self.groups[gi].note =
+                    Some("transposes the input of a windowed anchor: materialized once".into());
+                continue;
+            }
             self.merge(c, gi);
             changed = true;
         }
@@ -872,6 +903,11 @@ impl<'a> St<'a> {
     fn try_prologue(&mut self, p: usize, c: usize) -> bool {
         if self.pads_thin_conv(p) {
             let d = "the channels-last input of a convolution over few channels: folded, every tap would re-index and check bounds; materialized once".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
+        if self.transposes_into_window(p, c) {
+            let d = "transposes the input of a windowed anchor: folded, every tap would gather across the transposed axes and the anchor could not read its input in place; materialized once".to_string();
             self.reject(p, c, RejectReason::Recompute, d);
             return false;
         }
