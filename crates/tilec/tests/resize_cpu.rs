@@ -70,6 +70,19 @@ fn linear_half_pixel() {
 }
 
 #[test]
+fn large_upsampling_runs_one_axis_at_a_time() {
+    // Upsampling by 16 along both axes is split (`split-resizes`) into a resize along W and
+    // one along H, which stay two kernels; by 2 it stays one.
+    for (xs, os, kernels) in [([1, 21, 3, 4], [1, 21, 48, 64], 2), ([1, 4, 5, 6], [1, 4, 10, 12], 1)] {
+        let g = graph(&xs, &os, ResizeMode::Linear, CoordMode::HalfPixel);
+        let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
+        let c = compile(&g, &opts).unwrap();
+        assert!(c.report.fallbacks.is_empty(), "{:?}", c.report.fallbacks);
+        assert_eq!(c.report.decisions.len(), kernels, "{xs:?} -> {os:?}: {:?}", c.report.decisions);
+    }
+}
+
+#[test]
 fn nearest_stays_on_the_interpreter() {
     let g = graph(&[1, 2, 3, 3], &[1, 2, 6, 6], ResizeMode::Nearest, CoordMode::Asymmetric);
     let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };

@@ -376,6 +376,19 @@ impl<'a> St<'a> {
             })
     }
 
+    /// Whether a resize in `c` reads a value that a resize in `p` computes (`split-resizes`
+    /// separates an interpolation over several axes into such a chain).
+    fn resize_reads_resize(&self, p: usize, c: usize) -> bool {
+        let is_resize = |n: NodeId| matches!(self.g.node(n).op, Op::Layout(LayoutOp::Resize(_)));
+        self.groups[c].nodes.iter().any(|&n| {
+            is_resize(n)
+                && self.g.node(n).inputs.iter().any(|&v| match self.g.value(v).def {
+                    ValueDef::Node { node, .. } => self.gid[node.index()] == p && is_resize(node),
+                    _ => false,
+                })
+        })
+    }
+
     fn producer_groups(&self, gi: usize) -> BTreeSet<usize> {
         self.ext_inputs(gi)
             .into_iter()
@@ -1022,6 +1035,11 @@ impl<'a> St<'a> {
     }
 
     fn try_chain(&mut self, p: usize, c: usize) -> bool {
+        if self.resize_reads_resize(p, c) {
+            let d = "a resize read by a resize: inlined, each output would interpolate the producer's taps again (a resize over several axes, split one axis at a time, fused back); materialized".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         let (saved, escapes) = self.saved_bytes(p, c);
         let (pe, ce) = (self.iter_elems(p), self.iter_elems(c));
         if ce > pe && pe > 0.0 {
