@@ -241,14 +241,16 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         && k_contiguous(r.k, &g.a, g.k_var);
     let ukri = match &ind {
         _ if a_rows => {
-            let (src, name) = micro_kernel_indirect(&bl, &cpu);
+            let (src, name) = micro_kernel_indirect(false, &bl, &cpu);
             if !r.pre.contains(&src) {
                 r.pre.push_str(&src);
             }
             name
         }
-        Some(_) => {
-            let (src, name) = micro_kernel_indirect(&bl, &cpu);
+        Some(x) => {
+            // Only an operand with bounds checks has rows that read the zero buffer.
+            let checked = x.leaves.iter().any(|l| !l.atoms.is_empty());
+            let (src, name) = micro_kernel_indirect(checked, &bl, &cpu);
             if !r.pre.contains(&src) {
                 r.pre.push_str(&src);
             }
