@@ -350,17 +350,19 @@ impl<'a> St<'a> {
         })
     }
 
-    /// Whether `p` holds a transpose and `c` is anchored on a convolution of more than one
-    /// tap or a windowed pool: such an anchor reads each input element once per tap, so a
-    /// transpose folded into it gathers every time (UNet's decoder: a transposed
-    /// convolution's NCHW output concatenated channels-last in front of a 3×3 convolution,
-    /// which then could run neither in place nor as Winograd).
-    fn transposes_into_window(&self, p: usize, c: usize) -> bool {
-        let transposes = self.groups[p]
-            .nodes
-            .iter()
-            .any(|&n| matches!(self.g.node(n).op, Op::Layout(LayoutOp::Transpose { .. })));
-        transposes
+    /// Whether `c` is anchored on a convolution of more than one tap that `p` transposes or
+    /// concatenates the input of, or on a windowed pool that `p` transposes the input of. Such
+    /// an anchor reads each input element once per tap: folded in, a transpose gathers across
+    /// the transposed axes and a concatenation selects between its inputs every time, and the
+    /// convolution can read neither in place nor run as Winograd (UNet's decoder: a 3×3
+    /// convolution over the concatenation of an upsampled map and the encoder's features).
+    fn reindexes_into_window(&self, p: usize, c: usize) -> bool {
+        let has = |f: &dyn Fn(&LayoutOp) -> bool| {
+            self.groups[p].nodes.iter().any(|&n| matches!(&self.g.node(n).op, Op::Layout(l) if f(l)))
+        };
+        let transposes = has(&|l| matches!(l, LayoutOp::Transpose { .. }));
+        let concats = has(&|l| matches!(l, LayoutOp::Concat { .. }));
+        (transposes || concats)
             && self.groups[c].anchors.iter().any(|&a| {
                 let node = self.g.node(a);
                 match &node.op {
@@ -370,7 +372,7 @@ impl<'a> St<'a> {
                         .ty
                         .fixed_shape()
                         .is_some_and(|w| w.iter().skip(2).product::<usize>() > 1),
-                    Op::Linalg(LinalgOp::Pool { .. }) => true,
+                    Op::Linalg(LinalgOp::Pool { .. }) => transposes,
                     _ => false,
                 }
             })
@@ -387,6 +389,18 @@ impl<'a> St<'a> {
                     _ => false,
                 })
         })
+    }
+
+    /// Whether layout group `gi` transposes the result of an anchor group (its one producer)
+    /// and layout group `c` concatenates.
+    fn transposes_anchor_into_concat(&self, gi: usize, c: usize) -> bool {
+        let has = |g: usize, f: &dyn Fn(&Op) -> bool| self.groups[g].nodes.iter().any(|&n| f(&self.g.node(n).op));
+        let prods = self.producer_groups(gi);
+        self.kind(c) == GroupKind::Layout
+            && prods.len() == 1
+            && prods.iter().all(|&p| self.has_anchor(p) && self.kind(p) != GroupKind::Opaque)
+            && has(gi, &|op| matches!(op, Op::Layout(LayoutOp::Transpose { .. })))
+            && has(c, &|op| matches!(op, Op::Layout(LayoutOp::Concat { .. })))
     }
 
     fn producer_groups(&self, gi: usize) -> BTreeSet<usize> {
@@ -699,9 +713,16 @@ impl<'a> St<'a> {
                     Some("pads the input of a convolution over few channels: materialized once".into());
                 continue;
             }
-            if self.transposes_into_window(gi, c) {
+            if self.reindexes_into_window(gi, c) {
                 self.groups[gi].note =
-                    Some("transposes the input of a windowed anchor: materialized once".into());
+                    Some("re-indexes the input of a windowed anchor: materialized once".into());
+                continue;
+            }
+            // A transpose of an anchor's result into a concatenation: the anchor writes it in
+            // the new layout (rule 2) instead of the concatenation gathering across the
+            // transposed axes (UNet's transposed convolutions, NCHW, concatenated
+            // channels-last with the encoder's features).
+            if self.transposes_anchor_into_concat(gi, c) {
                 continue;
             }
             self.merge(c, gi);
@@ -919,8 +940,8 @@ impl<'a> St<'a> {
             self.reject(p, c, RejectReason::Recompute, d);
             return false;
         }
-        if self.transposes_into_window(p, c) {
-            let d = "transposes the input of a windowed anchor: folded, every tap would gather across the transposed axes and the anchor could not read its input in place; materialized once".to_string();
+        if self.reindexes_into_window(p, c) {
+            let d = "transposes or concatenates the input of a windowed anchor: folded, every tap would re-index (gather across transposed axes, select between inputs) and the anchor could not read its input in place; materialized once".to_string();
             self.reject(p, c, RejectReason::Recompute, d);
             return false;
         }
