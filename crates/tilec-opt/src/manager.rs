@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinConvs, SinkTransposes, Simplify, TargetKind};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -156,6 +156,7 @@ pub fn pipeline_spec_with(target: TargetKind, cuda_flash: bool) -> Vec<SpecStage
     v.push(SpecStage::Once(at(2, SinkTransposes)));
     if target == TargetKind::Cpu {
         v.push(SpecStage::Once(at(3, PadThinConvs)));
+        v.push(SpecStage::Once(at(3, SplitResizes)));
     }
     v.push(canonicalize());
     v

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, ReduceKind, ReduceOp, UnaryOp};
+use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, ReduceKind, ReduceOp, UnaryOp, Window};
 use tilec_ir::{DType, Graph, NodeId, Op, Tensor, TensorType, ValueDef};
 use tilec_opt::partition::{
     explain, explain_group, partition, Class, GroupKind, Partition, RejectReason, Target,
@@ -442,6 +442,76 @@ fn fusion_that_would_create_a_cycle_is_rejected() {
             .any(|r| r.producer == g1 && r.consumer == g2 && r.reason == RejectReason::Cycle),
         "{out}"
     );
+}
+
+/// `conv(concat(transpose(a), b))`, channels-last, over a `k`×`k` window; `producer` puts an
+/// elementwise op (`Some(false)`) or an NCHW 1×1 convolution (`Some(true)`) in front of `a`,
+/// and a ReLU in front of `b` with either.
+fn transposed_concat_conv(k: usize, producer: Option<bool>) -> Graph {
+    let mut g = Graph::new("unet_decoder");
+    let a = g.add_input("a", f32t(&[1, 8, 6, 6]));
+    let b = g.add_input("b", f32t(&[1, 6, 6, 8]));
+    let window = |k: usize| Window {
+        kernel: vec![k, k],
+        strides: vec![1, 1],
+        dilations: vec![1, 1],
+        pads: Padding::Explicit(vec![k / 2; 4]),
+    };
+    let weights = |g: &mut Graph, name: &str, m: usize, c: usize, k: usize| {
+        let wv: Vec<f64> = (0..m * c * k * k).map(|i| (i % 5) as f64 * 0.1).collect();
+        let w = g.add_const(name, Tensor::from_f64s(DType::F32, vec![m, c, k, k], &wv).unwrap());
+        let bias = g.add_const(&format!("{name}.bias"), Tensor::from_f64s(DType::F32, vec![m], &vec![0.0; m]).unwrap());
+        (w, bias)
+    };
+    let (a, b) = match producer {
+        None => (a, b),
+        Some(conv) => {
+            let a = if conv {
+                let (w, bias) = weights(&mut g, "w0", 8, 8, 1);
+                let op = Op::Linalg(LinalgOp::Conv { window: window(1), group: 1, channels_last: false });
+                g.add(op, &[a, w, bias]).unwrap()
+            } else {
+                g.add(Op::Unary(UnaryOp::Relu), &[a]).unwrap()
+            };
+            (a, g.add(Op::Unary(UnaryOp::Relu), &[b]).unwrap())
+        }
+    };
+    let t = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 2, 3, 1] }), &[a]).unwrap();
+    let c = g.add(Op::Layout(LayoutOp::Concat { axis: 3 }), &[t, b]).unwrap();
+    let (w, bias) = weights(&mut g, "w", 8, 16, k);
+    let op = Op::Linalg(LinalgOp::Conv { window: window(k), group: 1, channels_last: true });
+    let y = g.add(op, &[c, w, bias]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn reindexing_stays_out_of_windowed_convs() {
+    // A 3×3 convolution would gather across the transposed axes and select between the
+    // concatenated inputs at every tap: both stay out of it, whatever produces the inputs.
+    // A 1×1 convolution reads each element once and takes them. A transpose of an anchor's
+    // result is written by that anchor, not gathered by the concatenation.
+    let t = Target::cpu();
+    let is_layout = |g: &Graph, n: NodeId| matches!(g.node(n).op, Op::Layout(_));
+    let is_transpose = |g: &Graph, n: NodeId| matches!(g.node(n).op, Op::Layout(LayoutOp::Transpose { .. }));
+    for k in [3, 1] {
+        for producer in [None, Some(false), Some(true)] {
+            let g = transposed_concat_conv(k, producer);
+            let p = partition(&g, &t);
+            let what = format!("k{k} producer {producer:?}");
+            check_invariants(&g, &p, &what);
+            let out = explain(&g, &p, &t);
+            let last = p.group_of[g.nodes().len() - 1].unwrap();
+            let folded = p.groups[last].nodes.iter().any(|&n| is_layout(&g, n));
+            assert_eq!(folded, k == 1, "{what}: {out}");
+            // An anchor's result is transposed by the anchor, not in the concatenation.
+            if producer == Some(true) {
+                let conv0 = p.group_of[0].unwrap();
+                let written = p.groups[conv0].nodes.iter().any(|&n| is_transpose(&g, n));
+                assert!(written, "{what}: {out}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -175,6 +175,9 @@ fn dilated_dense() {
     // padding along H, and dilation 6 over it, whose taps all read the input somewhere.
     check("d12", Case { dil: 12, pads: [12; 4], relu: true, ..case(1, 32, 7, 9, 1) }, "cpu.blis_gemm");
     check("d6", Case { dil: 6, pads: [6; 4], residual: true, ..case(1, 32, 7, 9, 1) }, "cpu.blis_gemm");
+    // DeepLab-V3's ASPP branch: dilation 12 over 14x14, every tap live somewhere but most
+    // row tiles meeting only padding through the outer taps (skipped as a whole), a batch.
+    check("d12of14", Case { n: 2, dil: 12, pads: [12; 4], relu: true, ..case(1, 64, 14, 14, 1) }, "cpu.blis_gemm");
     // Dead taps on one side only.
     check("d5asym", Case { dil: 5, pads: [5, 0, 1, 5], ..case(1, 32, 6, 8, 1) }, "cpu.blis_gemm");
 }

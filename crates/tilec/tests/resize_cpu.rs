@@ -63,7 +63,23 @@ fn linear_half_pixel() {
     check("down", &[1, 3, 12, 10], &[1, 3, 4, 5], CoordMode::HalfPixel);
     // A single input position spread over a map (an ASPP pooling branch).
     check("one", &[1, 8, 1, 1], &[1, 8, 7, 7], CoordMode::HalfPixel);
+    // One input row beside a resized axis; odd and even integer factors.
+    check("row", &[1, 3, 1, 5], &[1, 3, 4, 10], CoordMode::HalfPixel);
+    check("x3", &[1, 2, 5, 4], &[1, 2, 15, 12], CoordMode::HalfPixel);
     check("torch", &[1, 3, 4, 6], &[1, 3, 10, 9], CoordMode::PytorchHalfPixel);
+}
+
+#[test]
+fn large_upsampling_runs_one_axis_at_a_time() {
+    // Upsampling by 16 along both axes is split (`split-resizes`) into a resize along W and
+    // one along H, which stay two kernels; by 2 it stays one.
+    for (xs, os, kernels) in [([1, 21, 3, 4], [1, 21, 48, 64], 2), ([1, 4, 5, 6], [1, 4, 10, 12], 1)] {
+        let g = graph(&xs, &os, ResizeMode::Linear, CoordMode::HalfPixel);
+        let opts = CompileOptions { cache_dir: Some(cache()), ..Default::default() };
+        let c = compile(&g, &opts).unwrap();
+        assert!(c.report.fallbacks.is_empty(), "{:?}", c.report.fallbacks);
+        assert_eq!(c.report.decisions.len(), kernels, "{xs:?} -> {os:?}: {:?}", c.report.decisions);
+    }
 }
 
 #[test]

@@ -31,6 +31,10 @@ use pack::{im2col_form, im2col_of, im2col_pack, im2col_pack_a, indirect_code, k_
 use tilec_tile::indirect::indirect_form;
 use ukr::{micro_kernel, micro_kernel_indirect};
 
+/// Shortest piece (elements of `k`) for which the indirect micro-kernel tests whether a row
+/// tile reads only the zero buffer.
+const SKIP_MIN_PIECE: i64 = 64;
+
 /// Chooses the blocking of an `m × n × k` single-precision product for `cpu`.
 pub fn gemm_params(m: i64, n: i64, k: i64, cpu: &CpuInfo) -> GemmParams {
     // Register tile: mr x nr/lanes accumulators (24 of the 32 zmm registers with AVX-512).
@@ -241,14 +245,20 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
         && k_contiguous(r.k, &g.a, g.k_var);
     let ukri = match &ind {
         _ if a_rows => {
-            let (src, name) = micro_kernel_indirect(&bl, &cpu);
+            let (src, name) = micro_kernel_indirect(false, &bl, &cpu);
             if !r.pre.contains(&src) {
                 r.pre.push_str(&src);
             }
             name
         }
-        Some(_) => {
-            let (src, name) = micro_kernel_indirect(&bl, &cpu);
+        Some(x) => {
+            // Only an operand with bounds checks has rows that read the zero buffer; the test
+            // (a compare per row and piece) is paid back by the pieces skipped only where each
+            // piece is long (a dilated convolution over many channels, not a grouped one's
+            // pieces of 16 channels).
+            let checked = x.leaves.iter().any(|l| !l.atoms.is_empty());
+            let shortest = x.slices.iter().flatten().flatten().map(|p| p.len).min().unwrap_or(0);
+            let (src, name) = micro_kernel_indirect(checked && shortest >= SKIP_MIN_PIECE, &bl, &cpu);
             if !r.pre.contains(&src) {
                 r.pre.push_str(&src);
             }
@@ -407,7 +417,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                 np = x.max_pieces().max(1)
             );
             let call = format!(
-                "if (ppa) {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});\n                        else {ukri}(tc_np, tc_plq, tc_ptr + ir * tc_np, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"
+                "if (ppa) {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});\n                        else {ukri}(tc_np, tc_plq, tc_ptr + ir * tc_np, tc_zero, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"
             );
             (tables, decl, format!("if (!ppa) {fill}"), call)
         }
@@ -432,7 +442,7 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
                     }}"#
             ),
             format!(
-                "if (ppa) {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});\n                        else {ukri}(tc_np, tc_plq, tc_ptr + ir * tc_np, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"
+                "if (ppa) {ukr}(kc, pak + ir * kc, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});\n                        else {ukri}(tc_np, tc_plq, tc_ptr + ir * tc_np, tc_zero, pbk + jr * kc, pc > 0 ? ws : NULL, {nr}, last ? ct : ws, {nr});"
             ),
         ),
         None if a_fast.is_some() => (

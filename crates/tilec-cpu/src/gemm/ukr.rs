@@ -107,24 +107,32 @@ pub(super) fn isa(double: bool, vector_bytes: usize, fma: bool) -> Isa {
 /// The micro-kernel `cout[mr × nr] = (cin ? cin : 0) + a_panel · b_panel` (file-scope C code,
 /// guarded so that it is defined once per translation unit) and its name.
 pub(super) fn micro_kernel(double: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
-    ukr_source(double, false, b, cpu)
+    ukr_source(double, None, b, cpu)
 }
 
 /// The indirect micro-kernel: like [`micro_kernel`], but `A` is read in place through one
 /// pointer per row and piece (`ptrs[q * mr + i]`, `pl[q]` elements each, see
-/// [`tilec_tile::indirect`]); the `B` panel runs through the pieces in order.
-pub(super) fn micro_kernel_indirect(b: &Blocking, cpu: &CpuInfo) -> (String, String) {
-    ukr_source(false, true, b, cpu)
+/// [`tilec_tile::indirect`]); the `B` panel runs through the pieces in order. With `skip`
+/// (an operand with bounds checks), a piece whose every row points at the zero buffer `z`
+/// (the tap of a padded convolution that reads only padding for all the tile's positions:
+/// most of a dilated one's) adds nothing and is skipped; without, `z` is not read.
+pub(super) fn micro_kernel_indirect(skip: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
+    ukr_source(false, Some(skip), b, cpu)
 }
 
-pub(super) fn ukr_source(double: bool, indirect: bool, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
+/// `indirect`: `None` for the packed micro-kernel, else whether it skips zero pieces.
+pub(super) fn ukr_source(double: bool, indirect: Option<bool>, b: &Blocking, cpu: &CpuInfo) -> (String, String) {
+    let skip = indirect == Some(true);
+    let indirect = indirect.is_some();
     let t = if double { "double" } else { "float" };
     let eb = if double { 8 } else { 4 };
     let vb = b.lanes as usize * eb;
     let is = isa(double, vb, cpu.fma);
     let nv = b.nr / b.lanes;
     let (mr, nr, lanes) = (b.mr, b.nr, b.lanes);
-    let name = if indirect {
+    let name = if skip {
+        format!("tc_ukriz_{t}_{mr}x{nr}_w{vb}")
+    } else if indirect {
         format!("tc_ukri_{t}_{mr}x{nr}_w{vb}")
     } else {
         format!("tc_ukr_{t}_{mr}x{nr}_w{vb}")
@@ -135,7 +143,7 @@ pub(super) fn ukr_source(double: bool, indirect: bool, b: &Blocking, cpu: &CpuIn
     s.push_str(&format!("#if !({})\n#error \"the GEMM micro-kernel needs a {}-byte vector ISA: compile for the CPU it was generated for\"\n#endif\n", is.cond, vb));
     s.push_str("#include <immintrin.h>\n");
     let a_param = if indirect {
-        format!("int64_t np, const int32_t *TC_RESTRICT pl, const {t} *const *TC_RESTRICT ptrs")
+        format!("int64_t np, const int32_t *TC_RESTRICT pl, const {t} *const *TC_RESTRICT ptrs, const {t} *z")
     } else {
         format!("int64_t kc, const {t} *TC_RESTRICT a")
     };
@@ -159,6 +167,12 @@ pub(super) fn ukr_source(double: bool, indirect: bool, b: &Blocking, cpu: &CpuIn
             s.push_str(&format!("        const {t} *TC_RESTRICT a{i} = ptrs[q * {mr} + {i}];\n"));
         }
         s.push_str("        const int64_t kc = pl[q];\n");
+        if skip {
+            let all_zero = (0..mr).map(|i| format!("a{i} == z")).collect::<Vec<_>>().join(" && ");
+            s.push_str(&format!("        if ({all_zero}) {{ b += kc * {nr}; continue; }}\n"));
+        } else {
+            s.push_str("        (void)z;\n");
+        }
     }
     s.push_str(&format!("{pad}    #pragma GCC unroll 4\n{pad}    for (int64_t k = 0; k < kc; ++k) {{\n"));
     for v in 0..nv {

@@ -44,7 +44,7 @@ pub use crate::target;
 use cost::{classify, node_flops, reduction_row, Sizes};
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use tilec_ir::op::LinalgOp;
+use tilec_ir::op::{LayoutOp, LinalgOp};
 use tilec_ir::{Graph, NodeId, Op, Uses, ValueDef, ValueId};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -348,6 +348,59 @@ impl<'a> St<'a> {
                         })
                 })
         })
+    }
+
+    /// Whether `c` is anchored on a convolution of more than one tap that `p` transposes or
+    /// concatenates the input of, or on a windowed pool that `p` transposes the input of. Such
+    /// an anchor reads each input element once per tap: folded in, a transpose gathers across
+    /// the transposed axes and a concatenation selects between its inputs every time, and the
+    /// convolution can read neither in place nor run as Winograd (UNet's decoder: a 3×3
+    /// convolution over the concatenation of an upsampled map and the encoder's features).
+    fn reindexes_into_window(&self, p: usize, c: usize) -> bool {
+        let has = |f: &dyn Fn(&LayoutOp) -> bool| {
+            self.groups[p].nodes.iter().any(|&n| matches!(&self.g.node(n).op, Op::Layout(l) if f(l)))
+        };
+        let transposes = has(&|l| matches!(l, LayoutOp::Transpose { .. }));
+        let concats = has(&|l| matches!(l, LayoutOp::Concat { .. }));
+        (transposes || concats)
+            && self.groups[c].anchors.iter().any(|&a| {
+                let node = self.g.node(a);
+                match &node.op {
+                    Op::Linalg(LinalgOp::Conv { .. }) => self
+                        .g
+                        .value(node.inputs[1])
+                        .ty
+                        .fixed_shape()
+                        .is_some_and(|w| w.iter().skip(2).product::<usize>() > 1),
+                    Op::Linalg(LinalgOp::Pool { .. }) => transposes,
+                    _ => false,
+                }
+            })
+    }
+
+    /// Whether a resize in `c` reads a value that a resize in `p` computes (`split-resizes`
+    /// separates an interpolation over several axes into such a chain).
+    fn resize_reads_resize(&self, p: usize, c: usize) -> bool {
+        let is_resize = |n: NodeId| matches!(self.g.node(n).op, Op::Layout(LayoutOp::Resize(_)));
+        self.groups[c].nodes.iter().any(|&n| {
+            is_resize(n)
+                && self.g.node(n).inputs.iter().any(|&v| match self.g.value(v).def {
+                    ValueDef::Node { node, .. } => self.gid[node.index()] == p && is_resize(node),
+                    _ => false,
+                })
+        })
+    }
+
+    /// Whether layout group `gi` transposes the result of an anchor group (its one producer)
+    /// and layout group `c` concatenates.
+    fn transposes_anchor_into_concat(&self, gi: usize, c: usize) -> bool {
+        let has = |g: usize, f: &dyn Fn(&Op) -> bool| self.groups[g].nodes.iter().any(|&n| f(&self.g.node(n).op));
+        let prods = self.producer_groups(gi);
+        self.kind(c) == GroupKind::Layout
+            && prods.len() == 1
+            && prods.iter().all(|&p| self.has_anchor(p) && self.kind(p) != GroupKind::Opaque)
+            && has(gi, &|op| matches!(op, Op::Layout(LayoutOp::Transpose { .. })))
+            && has(c, &|op| matches!(op, Op::Layout(LayoutOp::Concat { .. })))
     }
 
     fn producer_groups(&self, gi: usize) -> BTreeSet<usize> {
@@ -660,6 +713,18 @@ impl<'a> St<'a> {
                     Some("pads the input of a convolution over few channels: materialized once".into());
                 continue;
             }
+            if self.reindexes_into_window(gi, c) {
+                self.groups[gi].note =
+                    Some("re-indexes the input of a windowed anchor: materialized once".into());
+                continue;
+            }
+            // A transpose of an anchor's result into a concatenation: the anchor writes it in
+            // the new layout (rule 2) instead of the concatenation gathering across the
+            // transposed axes (UNet's transposed convolutions, NCHW, concatenated
+            // channels-last with the encoder's features).
+            if self.transposes_anchor_into_concat(gi, c) {
+                continue;
+            }
             self.merge(c, gi);
             changed = true;
         }
@@ -875,6 +940,11 @@ impl<'a> St<'a> {
             self.reject(p, c, RejectReason::Recompute, d);
             return false;
         }
+        if self.reindexes_into_window(p, c) {
+            let d = "transposes or concatenates the input of a windowed anchor: folded, every tap would re-index (gather across transposed axes, select between inputs) and the anchor could not read its input in place; materialized once".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         let ck = self.kind(c);
         let (saved, escapes) = self.saved_bytes(p, c);
         let pf = self.group_flops(p);
@@ -986,6 +1056,11 @@ impl<'a> St<'a> {
     }
 
     fn try_chain(&mut self, p: usize, c: usize) -> bool {
+        if self.resize_reads_resize(p, c) {
+            let d = "a resize read by a resize: inlined, each output would interpolate the producer's taps again (a resize over several axes, split one axis at a time, fused back); materialized".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         let (saved, escapes) = self.saved_bytes(p, c);
         let (pe, ce) = (self.iter_elems(p), self.iter_elems(c));
         if ce > pe && pe > 0.0 {

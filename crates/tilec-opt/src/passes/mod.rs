@@ -10,6 +10,7 @@ pub mod layout;
 mod merge_products;
 mod precision;
 mod simplify;
+mod split_resizes;
 
 pub use cse::Cse;
 pub use dce::Dce;
@@ -19,6 +20,7 @@ pub use merge_products::MergeProducts;
 pub use layout::{ChooseLayout, PadThinConvs, SinkTransposes, TargetKind};
 pub use precision::convert_precision;
 pub use simplify::Simplify;
+pub use split_resizes::SplitResizes;
 
 use crate::OptError;
 use tilec_ir::{Graph, IrError};

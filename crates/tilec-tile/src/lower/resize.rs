@@ -53,29 +53,46 @@ impl Lowerer<'_> {
         }
         let cd = compute_dtype(d);
         // Per resized axis: the two taps and the weight of the second.
-        let mut axes: Vec<(usize, [Expr; 2], Expr)> = vec![];
+        let mut axes: Vec<(usize, [Expr; 2], Option<Expr>)> = vec![];
         for j in 0..xs.len() {
             let (i, o) = (xs[j], os[j]);
             if i == o && a.scales[j] == 1.0 {
                 continue;
             }
+            if i == 1 {
+                // Both taps clamp to the one input: a broadcast (weights summing to 1).
+                axes.push((j, [Expr::Int(0), Expr::Int(0)], None));
+                continue;
+            }
+            // `n / d` in lowest terms: `n = 2I·o + (I − O)` and `d = 2O` share `gcd(2I, I − O,
+            // 2O)` (`I` and more when `O` is a multiple of `I`), so that an upsampling by an
+            // integer factor divides by that factor or twice it (a power of two for factors of
+            // two) instead of by `2O`, which the C compiler turns into shifts and vectorizes.
+            let g = gcd(gcd(2 * i, (i - o).abs()), 2 * o).max(1);
             let num = self.simp(bin(
-                BinOp::Sub,
-                bin(BinOp::Mul, bin(BinOp::Add, bin(BinOp::Mul, idx[j].clone(), Expr::Int(2)), Expr::Int(1)), Expr::Int(i)),
-                Expr::Int(o),
+                BinOp::Add,
+                bin(BinOp::Mul, idx[j].clone(), Expr::Int(2 * i / g)),
+                Expr::Int((i - o) / g),
             ));
-            let den = 2 * o;
+            let den = 2 * o / g;
             let q = self.simp(bin(BinOp::FloorDiv, num.clone(), Expr::Int(den)));
             let clamp = |e: Expr| bin(BinOp::Min, bin(BinOp::Max, e, Expr::Int(0)), Expr::Int(i - 1));
             let t0 = self.simp(clamp(q.clone()));
             let t1 = self.simp(clamp(bin(BinOp::Add, q, Expr::Int(1))));
             let r = self.simp(bin(BinOp::FloorMod, num, Expr::Int(den)));
             let f = bin(BinOp::Mul, Expr::Cast(cd, Box::new(r)), lit(1.0 / den as f64, cd));
-            axes.push((j, [t0, t1], f));
+            axes.push((j, [t0, t1], Some(f)));
         }
         let mut sum: Option<Expr> = None;
+        // Broadcast axes take their one tap; the others' corners are summed.
+        let mut base = idx.to_vec();
+        for (j, taps, _) in &axes {
+            base[*j] = taps[0].clone();
+        }
+        let axes: Vec<(usize, [Expr; 2], Expr)> =
+            axes.into_iter().filter_map(|(j, t, f)| f.map(|f| (j, t, f))).collect();
         for corner in 0..1usize << axes.len() {
-            let mut at = idx.to_vec();
+            let mut at = base.clone();
             let mut w: Option<Expr> = None;
             for (b, (j, taps, f)) in axes.iter().enumerate() {
                 let hi = corner >> b & 1 == 1;
@@ -100,4 +117,8 @@ impl Lowerer<'_> {
         let s = sum.expect("at least one corner");
         Ok(self.down(s, d))
     }
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
