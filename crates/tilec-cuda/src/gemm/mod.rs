@@ -1065,7 +1065,7 @@ mod tests {
         assert!(src.contains("const float ab_scale = __ldg(scale_a) * __ldg(scale_b);"));
         // Shuffled: scaled before the exchanges, the bias and activation added per column after.
         assert!(q.shuffle && !q.staged, "{q:?}");
-        assert!(src.contains("float2 tl_x0 = make_float2(acc[0][16 * g + 2 * h] * ab_scale,"), "{src}");
+        assert!(src.contains("float2 tl_x0 = make_float2(acc[0][16 * g + 0 + 2 * h + 0] * ab_scale,"), "{src}");
         assert!(src.contains("const float tl_t = tl_v[x] + (col + x < N ? bias[col + x] : 0.0f);"), "{src}");
         // Staged: scaled into shared memory, the bias and activation added per element after.
         let staged = render(&p, &Params { staged: true, shuffle: false, ..q });

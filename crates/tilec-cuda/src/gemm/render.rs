@@ -910,16 +910,11 @@ fn render_staged_vector_epilogue(p: &Problem, q: &Params, scale: &str, split: &s
                 {split}
                 const uint4 tl_w = *reinterpret_cast<const uint4*>(tl_s + r * 16 + 4 * ((lane & 3) ^ ((r >> 1) & 3)));
                 __align__(16) float tl_v[{v}] = {{{unpack}}};
-                if (col + {v} <= N) {{
-                  {vf}({args}eb, er, col / {v}, tl_v);
-                }} else {{
-#pragma unroll
-                  for (int x = 0; x < {v}; ++x)
-                    if (col + x < N) {f}({args}eb, er, col + x, tl_v[x]);
-                }}
+{call}
               }}
             }}"#,
-            unpack = unpack.join(", ")
+            unpack = unpack.join(", "),
+            call = super::shuffle::vector_call(vf, f, args, "N", "                "),
         );
         return render_parked16(q, d, scale, &readback);
     }

@@ -36,6 +36,34 @@ __device__ __forceinline__ void tl_quad_swap(float2& a, float2& b, bool hi, int 
 }
 "#;
 
+/// The exchange for one row of four fragments: declares `tl_x0 .. tl_x3` (column pairs) from
+/// `frag(i, e)`, the C expression of fragment `i`'s element `e` (0 or 1) in this row, and
+/// regroups them so that `tl_x<i>` holds columns `2 i, 2 i + 1` of the lane's own fragment
+/// (needs `lane`, and `tl_h1`, `tl_h2` for its bits 0 and 1).
+pub(crate) fn regroup(frag: &dyn Fn(usize, usize) -> String, ind: &str) -> String {
+    let mut s = String::new();
+    for i in 0..4 {
+        let _ = writeln!(s, "{ind}float2 tl_x{i} = make_float2({}, {});", frag(i, 0), frag(i, 1));
+    }
+    for (a, b, bit) in [(0, 1, 1), (2, 3, 1), (0, 2, 2), (1, 3, 2)] {
+        let _ = writeln!(s, "{ind}tl_quad_swap(tl_x{a}, tl_x{b}, tl_h{bit}, {bit});");
+    }
+    let _ = writeln!(
+        s,
+        "{ind}__align__(16) float tl_v[8] = {{tl_x0.x, tl_x0.y, tl_x1.x, tl_x1.y, tl_x2.x, tl_x2.y, tl_x3.x, tl_x3.y}};"
+    );
+    s
+}
+
+/// A lane's 8 columns `tl_v` from `col` handed to the vector epilogue function `vf`, or element
+/// by element to `f` past the right edge `n` (the call arguments `args` come first, then the
+/// batch `eb` and row `er`).
+pub(crate) fn vector_call(vf: &str, f: &str, args: &str, n: &str, ind: &str) -> String {
+    format!(
+        "{ind}if (col + 8 <= {n}) {{\n{ind}  {vf}({args}eb, er, col / 8, tl_v);\n{ind}}} else {{\n#pragma unroll\n{ind}  for (int tl_x = 0; tl_x < 8; ++tl_x)\n{ind}    if (col + tl_x < {n}) {f}({args}eb, er, col + tl_x, tl_v[tl_x]);\n{ind}}}"
+    )
+}
+
 /// The epilogue code of the consumer loop (after the tile's last wgmma has completed):
 /// `scale` is the factor applied to each accumulator (empty, or ` * ab_scale`).
 pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
@@ -48,15 +76,8 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
             let (args, bexpr, rexpr) = custom_args(c);
             let vf = c.vector.as_deref().unwrap_or("tl_missing_vector_epilogue");
             format!(
-                r#"const long long eb = {bexpr}, er = {rexpr};
-                if (col + 8 <= N) {{
-                  {vf}({args}eb, er, col / 8, tl_v);
-                }} else {{
-#pragma unroll
-                  for (int x = 0; x < 8; ++x)
-                    if (col + x < N) {f}({args}eb, er, col + x, tl_v[x]);
-                }}"#,
-                f = c.name
+                "const long long eb = {bexpr}, er = {rexpr};\n{}",
+                vector_call(vf, &c.name, &args, "N", "                ")
             )
         }
         None => builtin_sink(p),
@@ -78,17 +99,8 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
           for (int g = 0; g < {groups}; ++g) {{
 #pragma unroll
             for (int h = 0; h < 2; ++h) {{
-              float2 tl_x0 = make_float2(acc[{j}][16 * g + 2 * h]{scale}, acc[{j}][16 * g + 2 * h + 1]{scale});
-              float2 tl_x1 = make_float2(acc[{j}][16 * g + 4 + 2 * h]{scale}, acc[{j}][16 * g + 4 + 2 * h + 1]{scale});
-              float2 tl_x2 = make_float2(acc[{j}][16 * g + 8 + 2 * h]{scale}, acc[{j}][16 * g + 8 + 2 * h + 1]{scale});
-              float2 tl_x3 = make_float2(acc[{j}][16 * g + 12 + 2 * h]{scale}, acc[{j}][16 * g + 12 + 2 * h + 1]{scale});
-              tl_quad_swap(tl_x0, tl_x1, tl_h1, 1);
-              tl_quad_swap(tl_x2, tl_x3, tl_h1, 1);
-              tl_quad_swap(tl_x0, tl_x2, tl_h2, 2);
-              tl_quad_swap(tl_x1, tl_x3, tl_h2, 2);
-              const int row = row0 + 8 * h, col = n0 + 32 * g + 8 * (lane & 3);
+{regroup}              const int row = row0 + 8 * h, col = n0 + 32 * g + 8 * (lane & 3);
               if (row < M && col < N) {{
-                __align__(16) float tl_v[8] = {{tl_x0.x, tl_x0.y, tl_x1.x, tl_x1.y, tl_x2.x, tl_x2.y, tl_x3.x, tl_x3.y}};
                 {sink}
               }}
             }}
@@ -96,6 +108,7 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
         }}
 "#,
             groups = q.tile_n / 32,
+            regroup = regroup(&|i, e| format!("acc[{j}][16 * g + {} + 2 * h + {e}]{scale}", 4 * i), "              "),
         );
     }
     s.push_str("      }\n");

@@ -275,13 +275,7 @@ fn staged_readback16(q: &Params, d: DType, m: usize, n: usize, split_row: &str, 
       {split_row}
       const uint4 tl_w = *reinterpret_cast<const uint4*>(tl_stage + tl_r * {rw} + 4 * (tl_g ^ (tl_r & 7)));
       __align__(16) float tl_v[8] = {{{unpack}}};
-      if (col + 8 <= {n}) {{
-        {vf}({args}eb, er, col / 8, tl_v);
-      }} else {{
-#pragma unroll
-        for (int tl_x = 0; tl_x < 8; ++tl_x)
-          if (col + tl_x < {n}) {epi}({args}eb, er, col + tl_x, tl_v[tl_x]);
-      }}
+{call}
     }}
   }}
 "#,
@@ -289,6 +283,7 @@ fn staged_readback16(q: &Params, d: DType, m: usize, n: usize, split_row: &str, 
                 gpr = bn / 8,
                 rw = bn / 2,
                 unpack = unpack.join(", "),
+                call = crate::gemm::shuffle::vector_call(vf, epi, args, &n.to_string(), "      "),
             )
     }
 }
@@ -545,26 +540,11 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
       for (int g = 0; g < {groups}; ++g)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {{
-          float2 tl_x0 = make_float2(acc[x][4 * g][2 * h], acc[x][4 * g][2 * h + 1]);
-          float2 tl_x1 = make_float2(acc[x][4 * g + 1][2 * h], acc[x][4 * g + 1][2 * h + 1]);
-          float2 tl_x2 = make_float2(acc[x][4 * g + 2][2 * h], acc[x][4 * g + 2][2 * h + 1]);
-          float2 tl_x3 = make_float2(acc[x][4 * g + 3][2 * h], acc[x][4 * g + 3][2 * h + 1]);
-          tl_quad_swap(tl_x0, tl_x1, tl_h1, 1);
-          tl_quad_swap(tl_x2, tl_x3, tl_h1, 1);
-          tl_quad_swap(tl_x0, tl_x2, tl_h2, 2);
-          tl_quad_swap(tl_x1, tl_x3, tl_h2, 2);
-          const int row = m0 + wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
+{regroup}          const int row = m0 + wm * {wm} + x * 16 + (lane >> 2) + 8 * h;
           const int col = n0 + wn * {wn} + 32 * g + 8 * (lane & 3);
           if (row < {m} && col < {n}) {{
             {split_row}
-            __align__(16) float tl_v[8] = {{tl_x0.x, tl_x0.y, tl_x1.x, tl_x1.y, tl_x2.x, tl_x2.y, tl_x3.x, tl_x3.y}};
-            if (col + 8 <= {n}) {{
-              {vf}({args}eb, er, col / 8, tl_v);
-            }} else {{
-#pragma unroll
-              for (int tl_x = 0; tl_x < 8; ++tl_x)
-                if (col + tl_x < {n}) {epi}({args}eb, er, col + tl_x, tl_v[tl_x]);
-            }}
+{call}
           }}
         }}
   }}
@@ -575,7 +555,8 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
             wn = q.warp_n(),
             m = g.m,
             n = g.n,
-            vf = c.and_then(|c| c.vector.as_deref()).unwrap_or("tl_missing"),
+            regroup = crate::gemm::shuffle::regroup(&|i, e| format!("acc[x][4 * g + {i}][2 * h + {e}]"), "          "),
+            call = crate::gemm::shuffle::vector_call(c.and_then(|c| c.vector.as_deref()).unwrap_or("tl_missing"), &epi, &args, &g.n.to_string(), "            "),
         );
     } else if let Some(d) = park_dtype(p, q) {
         // As below, parked in 16 bits: exact, as the epilogue function rounds the product to
