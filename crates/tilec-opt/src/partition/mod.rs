@@ -356,7 +356,13 @@ impl<'a> St<'a> {
     /// the transposed axes and a concatenation selects between its inputs every time, and the
     /// convolution can read neither in place nor run as Winograd (UNet's decoder: a 3×3
     /// convolution over the concatenation of an upsampled map and the encoder's features).
+    ///
+    /// CPU targets only: the GPU templates read a channels-first input through their own
+    /// fused transpose (the mma.sync template's gathered im2col at a model's first layer).
     fn reindexes_into_window(&self, p: usize, c: usize) -> bool {
+        if self.t.is_gpu() {
+            return false;
+        }
         let has = |f: &dyn Fn(&LayoutOp) -> bool| {
             self.groups[p].nodes.iter().any(|&n| matches!(&self.g.node(n).op, Op::Layout(l) if f(l)))
         };
