@@ -13,7 +13,7 @@ use tilec::compiled::{compile, CompileOptions};
 mod poisoned;
 use poisoned::random;
 use tilec_ir::op::{BinaryOp, LayoutOp, NormOp, UnaryOp};
-use tilec_ir::{DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
+use tilec_ir::{DType, Dim, Graph, Op, Tensor, TensorType};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Form {
