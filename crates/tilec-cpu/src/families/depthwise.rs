@@ -1,5 +1,6 @@
-//! `cpu.depthwise`: depthwise convolutions (one input and one output channel per group),
-//! channels-last and 2-D, as loops vectorized along the channels with register blocks of
+//! `cpu.depthwise`: depthwise convolutions (one input channel per group) and grouped ones
+//! with at most 8 input and output channels per group and at least a vector's lanes of
+//! groups, channels-last and 2-D, as loops vectorized along the groups with register blocks of
 //! output pixels and the padding split off into border code without bounds checks
 //! (`tilec_tile::lower::depthwise`). Its schedule: the row loop parallel, every channel loop
 //! vectorized; nothing else moves.
@@ -56,7 +57,7 @@ impl Family for Depthwise {
     }
 
     /// The shape tests; lowering checks the dtypes.
-    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
+    fn applies(&self, p: &Problem, t: &Target) -> Result<(), String> {
         let Some(Op::Linalg(LinalgOp::Conv { window: w, group, channels_last })) = p.anchor_op() else {
             return Err("not a convolution".into());
         };
@@ -80,10 +81,16 @@ impl Family for Depthwise {
         if !channels_last {
             return Err("not channels-last".into());
         }
-        match refusal(&xs, &ws, *group, *channels_last, w, &geo) {
-            Some(why) => Err(why),
-            None => Ok(()),
+        if let Some(why) = refusal(&xs, &ws, *group, *channels_last, w, &geo) {
+            return Err(why);
         }
+        // A grouped convolution's lanes are its groups: with fewer groups than a vector holds,
+        // the GEMM families (`cpu.grouped`, `cpu.blis_gemm`) fill their registers better.
+        let lanes = t.cpu.lanes(p.graph.value(node.outputs[0]).ty.dtype);
+        if ws[1] > 1 && (*group as i64) < lanes {
+            return Err(format!("{group} groups of {} input channels, fewer groups than the {lanes} lanes of a vector", ws[1]));
+        }
+        Ok(())
     }
 
     fn build(&self, p: &Problem, _t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
