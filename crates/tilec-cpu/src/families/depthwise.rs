@@ -19,8 +19,12 @@ use super::{build_with, CpuBuilt};
 pub struct Depthwise;
 pub static DEPTHWISE: Depthwise = Depthwise;
 
-const OPTS: LowerOptions =
-    LowerOptions { conv: ConvAlgo::Depthwise, attention: tilec_tile::lower::AttentionAlgo::Rows, pool: tilec_tile::lower::PoolAlgo::PerOutput };
+/// The lowering, with two-pixel blocks of 8 output channels where AVX-512's 32 vector
+/// registers hold their 16 accumulators.
+fn opts(t: &Target) -> LowerOptions {
+    let conv = ConvAlgo::Depthwise { wide: t.cpu.avx512f };
+    LowerOptions { conv, attention: tilec_tile::lower::AttentionAlgo::Rows, pool: tilec_tile::lower::PoolAlgo::PerOutput }
+}
 
 /// The fixed dimensions of a value's shape (`None` if any is symbolic).
 fn dims(p: &Problem, v: tilec_ir::ValueId) -> Option<Vec<i64>> {
@@ -93,7 +97,7 @@ impl Family for Depthwise {
         Ok(())
     }
 
-    fn build(&self, p: &Problem, _t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
-        build_with(p, OPTS, schedule)
+    fn build(&self, p: &Problem, t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
+        build_with(p, opts(t), schedule)
     }
 }

@@ -44,10 +44,17 @@ pub const ROW_LOOP: &str = "dwrow";
 pub const CHANNEL_LOOP: &str = "dwc";
 
 /// Pixels per register block for a kernel of `taps` taps, `i` input and `m` output channels
-/// per group (one accumulator per pixel and output channel).
-pub fn block_pixels(taps: i64, i: i64, m: i64) -> i64 {
+/// per group (one accumulator per pixel and output channel). A grouped convolution (`i > 1`)
+/// loads `m` weight vectors per tap and input channel, and with `wide` (32 vector registers)
+/// its blocks hold at least two pixels, so that each weight serves two of them.
+pub fn block_pixels(taps: i64, i: i64, m: i64, wide: bool) -> i64 {
     let m = m.max(1);
-    (MAX_BLOCK_TERMS / (taps.max(1) * i.max(1) * m)).clamp(1, (MAX_BLOCK / m).max(1))
+    let p = (MAX_BLOCK_TERMS / (taps.max(1) * i.max(1) * m)).clamp(1, (MAX_BLOCK / m).max(1));
+    if i > 1 && wide {
+        p.max(2)
+    } else {
+        p
+    }
 }
 
 /// One spatial axis: output size, the interior range `[lo, hi)` of output positions whose
@@ -120,7 +127,7 @@ pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Wi
 
 /// Lowers the depthwise conv `n` (see the module doc); anything [`refusal`] names is
 /// `Unsupported` with its reason.
-pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool, geo: &[(i64, i64, i64)]) -> R<Vec<Stmt>> {
+pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool, geo: &[(i64, i64, i64)], wide: bool) -> R<Vec<Stmt>> {
     let node = l.node(n);
     let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
     let (xs, ws) = (l.shape(x), l.shape(wt));
@@ -139,7 +146,7 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: boo
     let mult = ws[0] / c;
     let ay = Axis::new(h, kh, w.strides[0] as i64, w.dilations[0] as i64, geo[0].1, geo[0].0);
     let ax = Axis::new(wd, kw, w.strides[1] as i64, w.dilations[1] as i64, geo[1].1, geo[1].0);
-    let rb = block_pixels(taps, cin, mult);
+    let rb = block_pixels(taps, cin, mult, wide);
 
     // Weights transposed to [taps, M, I, G].
     let wbuf = l.scratch(cd, vec![taps, mult, cin, c]);
