@@ -663,7 +663,8 @@ fn light_cnns_go_nhwc_on_cuda() {
 }
 
 /// `pad-thin-convs`: a channels-last conv over 3 channels with padding gets an explicit `pad`
-/// (same results on the interpreter), wider or NCHW convs are left alone, and the partitioner
+/// (same results on the interpreter), wider or NCHW convs and grouped ones of 16 groups or
+/// more are left alone, and the partitioner
 /// keeps the padded copy out of the conv's kernel.
 #[test]
 fn thin_channels_last_convs_are_padded_explicitly() {
@@ -700,6 +701,19 @@ fn thin_channels_last_convs_are_padded_explicitly() {
     let y = cl(&mut n, x, 3, 8, 1, false);
     n.set_outputs(vec![y]);
     assert!(!PadThinConvs.run(&mut n).unwrap());
+    // A grouped conv of 4 channels per group is padded with 8 groups, not with 32 (ResNeXt's:
+    // the CPU's depthwise family takes it with its padding).
+    for (groups, padded) in [(8, true), (32, false)] {
+        let mut gg = Graph::new("grouped");
+        let x = input(&mut gg, DType::F32, &[1, 9, 9, 4 * groups]);
+        let w = random_const(&mut gg, DType::F32, &[4 * groups, 4, 3, 3], 5);
+        let b = random_const(&mut gg, DType::F32, &[4 * groups], 6);
+        let window =
+            Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+        let y = gg.add(Op::Linalg(LinalgOp::Conv { window, group: groups, channels_last: true }), &[x, w, b]).unwrap();
+        gg.set_outputs(vec![y]);
+        assert_eq!(PadThinConvs.run(&mut gg).unwrap(), padded, "{groups} groups");
+    }
     // The pad is a kernel of its own.
     let p = partition(&h, &Target::preset(TargetKind::Cpu));
     let conv_group = p.groups.iter().find(|grp| grp.nodes.iter().any(|&id| {

@@ -39,12 +39,14 @@ struct Case {
     bn: bool,
     act: Act,
     residual: bool,
-    /// Output channels per input channel.
+    /// Output channels per group.
     mult: usize,
+    /// Input channels per group (1: depthwise; `c` counts the groups).
+    cin: usize,
 }
 
 fn case(c: usize, h: usize, w: usize, k: usize, stride: usize, p: usize) -> Case {
-    Case { n: 1, c, h, w, k, stride, dil: 1, pads: [p; 4], bn: false, act: Act::None, residual: false, mult: 1 }
+    Case { n: 1, c, h, w, k, stride, dil: 1, pads: [p; 4], bn: false, act: Act::None, residual: false, mult: 1, cin: 1 }
 }
 
 fn out_size(i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize) -> usize {
@@ -58,11 +60,11 @@ fn scalar(g: &mut Graph, name: &str, v: f32) -> ValueId {
 /// One channels-last depthwise conv and its epilogue.
 fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     let mut g = Graph::new("dw");
-    let xs = [t.n, t.h, t.w, t.c];
+    let xs = [t.n, t.h, t.w, t.c * t.cin];
     let x = g.add_input("x", TensorType::fixed(DType::F32, &xs));
-    let scale = 1.0 / (t.k * t.k) as f32;
+    let scale = 1.0 / (t.k * t.k * t.cin) as f32;
     let co = t.c * t.mult;
-    let w = g.add_const("w", random(&[co, 1, t.k, t.k], rng, -scale * 2.0, scale * 2.0));
+    let w = g.add_const("w", random(&[co, t.cin, t.k, t.k], rng, -scale * 2.0, scale * 2.0));
     let b = g.add_const("b", random(&[co], rng, -0.5, 0.5));
     let window = Window {
         kernel: vec![t.k, t.k],
@@ -169,13 +171,33 @@ fn channel_multipliers() {
     check("m8", Case { mult: 8, act: Act::HardSwish, ..case(3, 7, 7, 3, 1, 1) });
 }
 
-/// Refused with a reason: a channel multiplier above 8 and a grouped convolution of two
-/// input channels per group run elsewhere, and so does padding far beyond the kernel.
+/// Grouped convolutions with a few channels per group (a vector lane per group, summing over
+/// its own input channels): ResNeXt's 32×4 and 32×8 and RegNet-like widths of 8, strides 1
+/// and 2, ragged group counts and row lengths, batches, and the epilogues.
+#[test]
+fn grouped() {
+    check("g32x4", Case { cin: 4, mult: 4, bn: true, act: Act::Relu, ..case(32, 14, 14, 3, 1, 1) });
+    check("g32x4s2", Case { n: 2, cin: 4, mult: 4, act: Act::Relu, residual: true, ..case(32, 15, 13, 3, 2, 1) });
+    check("g32x8", Case { cin: 8, mult: 8, bn: true, act: Act::Relu, ..case(32, 9, 11, 3, 1, 1) });
+    check("g32x8s2", Case { cin: 8, mult: 8, ..case(32, 12, 12, 3, 2, 1) });
+    check("g37x2", Case { cin: 2, mult: 2, act: Act::Silu, ..case(37, 7, 23, 3, 1, 1) });
+    check("g20x8", Case { cin: 8, mult: 8, residual: true, ..case(20, 6, 6, 3, 1, 1) });
+    check("g16x3to6", Case { cin: 3, mult: 6, ..case(16, 8, 9, 3, 2, 1) });
+    check("g16x4k1", Case { cin: 4, mult: 4, ..case(16, 5, 7, 1, 1, 0) });
+}
+
+/// Refused with a reason: a channel multiplier above 8, a grouped convolution of fewer groups
+/// than a vector's lanes or of 16 input channels per group run elsewhere, and so does padding
+/// far beyond the kernel.
 #[test]
 fn refusals_name_a_reason() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for (name, cin, cout, group, reason) in
-        [("mult9", 4, 36, 4, "a channel multiplier of 9"), ("grouped", 8, 8, 4, "one input channel per group")]
+        [
+        ("mult9", 4, 36, 4, "9 output channels per group, more than 8"),
+        ("fewgroups", 8, 8, 4, "fewer groups than the"),
+        ("wide", 64, 64, 4, "16 input channels per group, more than 8"),
+    ]
     {
         let mut g = Graph::new(name);
         let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 6, 6, cin]));

@@ -5,8 +5,9 @@
 //! asymmetric padding, dilations 2 and 3 and dilations far beyond the input (taps that read
 //! only padding), batches, the fused epilogues (batch norm, ReLU, residual add), and weights
 //! that are a graph input. The cases assert which family builds the convolution:
-//! `cpu.grouped` wherever groups of fewer output channels than a vector can be merged, the
-//! GEMM family for wider groups, and a dilated depthwise convolution of an NCHW graph entered
+//! `cpu.depthwise` for at least a vector's lanes (16) of groups of at most 8 channels,
+//! `cpu.grouped` wherever fewer groups of fewer output channels than a vector can be merged,
+//! the GEMM family for wider groups, and a dilated depthwise convolution of an NCHW graph entered
 //! by two inputs is still run channels-last by `cpu.depthwise`.
 
 use rand::{Rng, SeedableRng};
@@ -133,11 +134,14 @@ fn check(name: &str, t: Case, family: &str) -> Vec<(String, String)> {
 
 #[test]
 fn few_channels_per_group() {
-    // ResNeXt-50's first stages: 32 groups of 4 and of 8, a stride-2 block, the epilogues.
-    check("rx4", Case { bn: true, relu: true, ..case(32, 4, 9, 11, 1) }, "cpu.grouped");
-    check("rx8s2", Case { relu: true, residual: true, ..case(32, 8, 13, 13, 2) }, "cpu.grouped");
-    // Two and three channels per group (merged 8 and 5 at a time), ragged sizes, a batch.
-    check("cg2", Case { n: 2, ..case(16, 2, 7, 5, 1) }, "cpu.grouped");
+    // ResNeXt-50's first stages: 32 groups of 4 and of 8, a stride-2 block, the epilogues: a
+    // vector lane per group.
+    check("rx4", Case { bn: true, relu: true, ..case(32, 4, 9, 11, 1) }, "cpu.depthwise");
+    check("rx8s2", Case { relu: true, residual: true, ..case(32, 8, 13, 13, 2) }, "cpu.depthwise");
+    check("cg2", Case { n: 2, ..case(16, 2, 7, 5, 1) }, "cpu.depthwise");
+    // Fewer groups than lanes: two and three channels per group merged 8 and 5 at a time,
+    // ragged sizes, a batch.
+    check("cg2few", Case { n: 2, ..case(8, 2, 7, 5, 1) }, "cpu.grouped");
     check("cg3", Case { pads: [0, 1, 2, 0], ..case(10, 3, 10, 9, 2) }, "cpu.grouped");
     // More output channels than input channels per group.
     check("cg4m8", Case { mg: 8, bn: true, ..case(6, 4, 8, 8, 1) }, "cpu.grouped");

@@ -1,5 +1,6 @@
-//! `cpu.depthwise`: depthwise convolutions (one input and one output channel per group),
-//! channels-last and 2-D, as loops vectorized along the channels with register blocks of
+//! `cpu.depthwise`: depthwise convolutions (one input channel per group) and grouped ones
+//! with at most 8 input and output channels per group and at least a vector's lanes of
+//! groups, channels-last and 2-D, as loops vectorized along the groups with register blocks of
 //! output pixels and the padding split off into border code without bounds checks
 //! (`tilec_tile::lower::depthwise`). Its schedule: the row loop parallel, every channel loop
 //! vectorized; nothing else moves.
@@ -18,8 +19,12 @@ use super::{build_with, CpuBuilt};
 pub struct Depthwise;
 pub static DEPTHWISE: Depthwise = Depthwise;
 
-const OPTS: LowerOptions =
-    LowerOptions { conv: ConvAlgo::Depthwise, attention: tilec_tile::lower::AttentionAlgo::Rows, pool: tilec_tile::lower::PoolAlgo::PerOutput };
+/// The lowering, with two-pixel blocks of 8 output channels where AVX-512's 32 vector
+/// registers hold their 16 accumulators.
+fn opts(t: &Target) -> LowerOptions {
+    let conv = ConvAlgo::Depthwise { wide: t.cpu.avx512f };
+    LowerOptions { conv, attention: tilec_tile::lower::AttentionAlgo::Rows, pool: tilec_tile::lower::PoolAlgo::PerOutput }
+}
 
 /// The fixed dimensions of a value's shape (`None` if any is symbolic).
 fn dims(p: &Problem, v: tilec_ir::ValueId) -> Option<Vec<i64>> {
@@ -56,7 +61,7 @@ impl Family for Depthwise {
     }
 
     /// The shape tests; lowering checks the dtypes.
-    fn applies(&self, p: &Problem, _t: &Target) -> Result<(), String> {
+    fn applies(&self, p: &Problem, t: &Target) -> Result<(), String> {
         let Some(Op::Linalg(LinalgOp::Conv { window: w, group, channels_last })) = p.anchor_op() else {
             return Err("not a convolution".into());
         };
@@ -80,13 +85,19 @@ impl Family for Depthwise {
         if !channels_last {
             return Err("not channels-last".into());
         }
-        match refusal(&xs, &ws, *group, *channels_last, w, &geo) {
-            Some(why) => Err(why),
-            None => Ok(()),
+        if let Some(why) = refusal(&xs, &ws, *group, *channels_last, w, &geo) {
+            return Err(why);
         }
+        // A grouped convolution's lanes are its groups: with fewer groups than a vector holds,
+        // the GEMM families (`cpu.grouped`, `cpu.blis_gemm`) fill their registers better.
+        let lanes = t.cpu.lanes(p.graph.value(node.outputs[0]).ty.dtype);
+        if ws[1] > 1 && (*group as i64) < lanes {
+            return Err(format!("{group} groups of {} input channels, fewer groups than the {lanes} lanes of a vector", ws[1]));
+        }
+        Ok(())
     }
 
-    fn build(&self, p: &Problem, _t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
-        build_with(p, OPTS, schedule)
+    fn build(&self, p: &Problem, t: &Target, _params: &Params) -> Result<CpuBuilt, String> {
+        build_with(p, opts(t), schedule)
     }
 }

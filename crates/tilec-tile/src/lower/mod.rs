@@ -80,11 +80,12 @@ pub enum ConvAlgo {
     /// Winograd F(4×4, 3×3) or F(2×2, 3×3) (`winograd.rs`): a 3×3 stride-1 f32 channels-last
     /// convolution with enough channels and tiles; anything else is `Unsupported`.
     Winograd,
-    /// A depthwise convolution (`depthwise.rs`): channels-last, 2-D, one input channel per
-    /// group and up to 8 output channels per group (the channel multiplier), vectorized
-    /// along the channels in register blocks of output pixels, borders without bounds
-    /// checks; anything else is `Unsupported`.
-    Depthwise,
+    /// A depthwise or narrow grouped convolution (`depthwise.rs`): channels-last, 2-D, up to
+    /// 8 input and 8 output channels per group, vectorized along the groups in register
+    /// blocks of output pixels, borders without bounds checks; anything else is
+    /// `Unsupported`. `wide`: the target has 32 vector registers, so that a grouped
+    /// convolution's blocks may hold two pixels of 8 output channels each.
+    Depthwise { wide: bool },
     /// A `Gemm` as [`ConvAlgo::Gemm`] over groups merged `merge` at a time: each merged
     /// group's weights block-diagonal (zero between its groups), so that a convolution with
     /// few output channels per group fills whole vectors of them (`conv.rs`). `merge` must

@@ -8,8 +8,9 @@
 //! partitioner materializes in front of a thin convolution rather than folding it into the
 //! operand), the conv's operand is a plain read of contiguous `kernel width × channels` runs,
 //! and the CPU GEMM reads it in place. The copy is small: the input image with its border.
-//! Depthwise convolutions (one input channel per group, any channel multiplier) keep their
-//! padding: `cpu.depthwise` computes the border pixels without bounds checks.
+//! Depthwise convolutions (one input channel per group, any channel multiplier) and grouped
+//! ones of at least [`MIN_GROUPS`] groups keep their padding: `cpu.depthwise` computes the
+//! border pixels without bounds checks.
 
 use super::super::{finish, ir};
 use crate::{OptError, Pass};
@@ -18,6 +19,9 @@ use tilec_ir::{Graph, Op, Tensor};
 
 /// Most input channels per group of a convolution this pass pads explicitly.
 pub const MAX_CHANNELS: usize = 4;
+/// Fewest groups of a grouped convolution that keeps its padding (a vector's lanes of groups,
+/// which `cpu.depthwise` takes).
+pub const MIN_GROUPS: usize = 16;
 
 pub struct PadThinConvs;
 
@@ -40,9 +44,10 @@ impl Pass for PadThinConvs {
                 continue;
             }
             // A depthwise convolution (one input channel per group, output channels a multiple
-            // of the input's): the CPU's depthwise family splits the padding off into border
-            // code, a copy only costs.
-            if *group > 1 && *group == xs[r - 1] && ws[1] == 1 && ws[0] % *group == 0 {
+            // of the input's), or a grouped one of at least [`MIN_GROUPS`] groups: the CPU's
+            // depthwise family splits the padding off into border code, a copy only costs.
+            let grouped = *group > 1 && xs[r - 1] == *group * ws[1] && ws[0] % *group == 0;
+            if grouped && (ws[1] == 1 || *group >= MIN_GROUPS) {
                 continue;
             }
             // The spatial padding the conv applies (channels-last: axes 1..r-1).

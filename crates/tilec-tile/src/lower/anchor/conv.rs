@@ -91,7 +91,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         ConvAlgo::Auto => kk >= 16 && mg >= 4,
         ConvAlgo::Direct => false,
         ConvAlgo::Gemm | ConvAlgo::GroupedGemm { .. } => true,
-        ConvAlgo::Depthwise => return super::depthwise::conv(l, n, w, group, cl, &geo),
+        ConvAlgo::Depthwise { wide } => return super::depthwise::conv(l, n, w, group, cl, &geo, wide),
         ConvAlgo::Winograd => {
             let st = if cl { super::winograd::conv(l, n, w, group, &geo)? } else { None };
             return st.ok_or_else(|| {

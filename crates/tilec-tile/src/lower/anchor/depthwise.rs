@@ -1,16 +1,19 @@
-//! Depthwise convolutions (one input channel per group, `M >= 1` output channels per group:
-//! the channel multiplier), channels-last and 2-D, as loops vectorized along the input
-//! channels with register blocks of output pixels along W and no bounds checks at all.
+//! Depthwise and narrow grouped convolutions (`I <= 8` input channels per group, `M <= 8`
+//! output channels per group: depthwise when `I = 1`, `M` its channel multiplier),
+//! channels-last and 2-D, as loops vectorized along the groups with register blocks of
+//! output pixels along W and no bounds checks at all. Only useful multiply-adds are done:
+//! a vector lane is one group, and accumulates over that group's own input channels.
 //!
-//! The kernel: the weights transposed into a local `[taps, M, C]` buffer (so that a vector of
-//! channels reads one tap's weights contiguously), a nest that reads only the weights, so that
-//! the CPU back end prepares it once ahead of the calls when they are constants (a pack slot)
-//! and per call otherwise; then, in parallel over
-//! the output rows (`N × OH`), a row's pixels in *blocks*: per block one loop over the input
-//! channels (vectorized) holding one accumulator per pixel and output channel of the group
-//! (`M` of them, output channels `c·M + j` a stride `M` apart), the taps unrolled into
-//! straight-line multiply-adds that load each input once for all `M`, then the bias and the
-//! group's epilogue per pixel and output channel.
+//! The kernel: the weights transposed into a local `[taps, M, I, G]` buffer (so that a vector
+//! of groups reads one tap's weights contiguously), a nest that reads only the weights, so
+//! that the CPU back end prepares it once ahead of the calls when they are constants (a pack
+//! slot) and per call otherwise; then, in parallel over
+//! the output rows (`N × OH`), a row's pixels in *blocks*: per block one loop over the
+//! groups (vectorized) holding one accumulator per pixel and output channel of the group
+//! (`M` of them, output channels `g·M + j` a stride `M` apart), the taps and the group's
+//! input channels `g·I + i` (a stride `I` apart) unrolled into straight-line multiply-adds
+//! that load each input once for all `M`, then the bias and the group's epilogue per pixel
+//! and output channel.
 //!
 //! Padding never becomes a condition: the rows and columns whose windows lie wholly inside
 //! the input (the *interior*, a range of rows or columns computed here) read every tap; each
@@ -40,11 +43,18 @@ const MAX_BLOCK: i64 = 8;
 pub const ROW_LOOP: &str = "dwrow";
 pub const CHANNEL_LOOP: &str = "dwc";
 
-/// Pixels per register block for a kernel of `taps` taps and channel multiplier `m` (one
-/// accumulator per pixel and multiple).
-pub fn block_pixels(taps: i64, m: i64) -> i64 {
+/// Pixels per register block for a kernel of `taps` taps, `i` input and `m` output channels
+/// per group (one accumulator per pixel and output channel). A grouped convolution (`i > 1`)
+/// loads `m` weight vectors per tap and input channel, and with `wide` (32 vector registers)
+/// its blocks hold at least two pixels, so that each weight serves two of them.
+pub fn block_pixels(taps: i64, i: i64, m: i64, wide: bool) -> i64 {
     let m = m.max(1);
-    (MAX_BLOCK_TERMS / (taps.max(1) * m)).clamp(1, (MAX_BLOCK / m).max(1))
+    let p = (MAX_BLOCK_TERMS / (taps.max(1) * i.max(1) * m)).clamp(1, (MAX_BLOCK / m).max(1));
+    if i > 1 && wide {
+        p.max(2)
+    } else {
+        p
+    }
 }
 
 /// One spatial axis: output size, the interior range `[lo, hi)` of output positions whose
@@ -93,15 +103,15 @@ pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Wi
     if !channels_last {
         return Some("not channels-last".into());
     }
-    let c = xs[3];
-    if group as i64 != c || ws[1] != 1 || ws[0] % c.max(1) != 0 || ws[0] == 0 {
-        return Some(format!(
-            "not depthwise with one input channel per group ({group} groups, {c} input and {} output channels)",
-            ws[0]
-        ));
+    let (c, g) = (xs[3], group as i64);
+    if g < 1 || c % g != 0 || ws[1] != c / g || ws[0] % g != 0 || ws[0] == 0 {
+        return Some(format!("not a grouped convolution ({group} groups, {c} input and {} output channels)", ws[0]));
     }
-    if ws[0] / c > MAX_BLOCK {
-        return Some(format!("a channel multiplier of {}, more than {MAX_BLOCK}", ws[0] / c));
+    if ws[1] > MAX_BLOCK {
+        return Some(format!("{} input channels per group, more than {MAX_BLOCK}", ws[1]));
+    }
+    if ws[0] / g > MAX_BLOCK {
+        return Some(format!("{} output channels per group, more than {MAX_BLOCK}", ws[0] / g));
     }
     for (j, &(o, pb, _)) in geo.iter().enumerate() {
         let a = Axis::new(xs[1 + j], ws[2 + j], w.strides[j] as i64, w.dilations[j] as i64, pb, o);
@@ -117,7 +127,7 @@ pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Wi
 
 /// Lowers the depthwise conv `n` (see the module doc); anything [`refusal`] names is
 /// `Unsupported` with its reason.
-pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool, geo: &[(i64, i64, i64)]) -> R<Vec<Stmt>> {
+pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: bool, geo: &[(i64, i64, i64)], wide: bool) -> R<Vec<Stmt>> {
     let node = l.node(n);
     let (x, wt, bias, out) = (node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0]);
     let (xs, ws) = (l.shape(x), l.shape(wt));
@@ -129,29 +139,31 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: boo
     }
     let d = l.dtype(out);
     let cd = compute_dtype(d);
-    let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
+    let (nb, h, wd) = (xs[0], xs[1], xs[2]);
+    let (c, cin) = (group as i64, ws[1]);
     let (kh, kw) = (ws[2], ws[3]);
     let taps = kh * kw;
     let mult = ws[0] / c;
     let ay = Axis::new(h, kh, w.strides[0] as i64, w.dilations[0] as i64, geo[0].1, geo[0].0);
     let ax = Axis::new(wd, kw, w.strides[1] as i64, w.dilations[1] as i64, geo[1].1, geo[1].0);
-    let rb = block_pixels(taps, mult);
+    let rb = block_pixels(taps, cin, mult, wide);
 
-    // Weights transposed to [taps, M, C].
-    let wbuf = l.scratch(cd, vec![taps, mult, c]);
+    // Weights transposed to [taps, M, I, G].
+    let wbuf = l.scratch(cd, vec![taps, mult, cin, c]);
     let tv = l.loop_var("dwt", taps);
     let jv = l.loop_var("dwj", mult);
+    let iv = l.loop_var("dwi", cin);
     let cv = l.loop_var(CHANNEL_LOOP, c);
     let m = l.begin_block();
     let oc = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(cv), Expr::Int(mult)), Expr::Var(jv)));
-    let wv = val(l, wt, &[oc, Expr::Int(0), bin(BinOp::Div, Expr::Var(tv), Expr::Int(kw)), bin(BinOp::Rem, Expr::Var(tv), Expr::Int(kw))]);
+    let wv = val(l, wt, &[oc, Expr::Var(iv), bin(BinOp::Div, Expr::Var(tv), Expr::Int(kw)), bin(BinOp::Rem, Expr::Var(tv), Expr::Int(kw))]);
     let mut wbody = l.end_block(m);
-    wbody.push(Stmt::store(wbuf, vec![Expr::Var(tv), Expr::Var(jv), Expr::Var(cv)], wv?));
-    let transpose = Lowerer::nest(&[(tv, taps), (jv, mult), (cv, c)], wbody);
+    wbody.push(Stmt::store(wbuf, vec![Expr::Var(tv), Expr::Var(jv), Expr::Var(iv), Expr::Var(cv)], wv?));
+    let transpose = Lowerer::nest(&[(tv, taps), (jv, mult), (iv, cin), (cv, c)], wbody);
 
     // Every pixel of every block runs the epilogue from the same state.
     let stored = l.stored();
-    let cx = Cx { x, bias, out, d, cd, c, mult, kw, wbuf, ay: &ay, ax: &ax, stored };
+    let cx = Cx { x, bias, out, d, cd, c, cin, mult, kw, wbuf, ay: &ay, ax: &ax, stored };
     let row = l.loop_var(ROW_LOOP, nb * ay.out);
     let n_e = l.simp(bin(BinOp::Div, Expr::Var(row), Expr::Int(ay.out)));
     let oh_e = l.simp(bin(BinOp::Rem, Expr::Var(row), Expr::Int(ay.out)));
@@ -187,8 +199,11 @@ struct Cx<'a> {
     out: tilec_ir::ValueId,
     d: DType,
     cd: DType,
+    /// Groups.
     c: i64,
-    /// Output channels per input channel.
+    /// Input channels per group.
+    cin: i64,
+    /// Output channels per group.
     mult: i64,
     kw: i64,
     wbuf: BufId,
@@ -235,7 +250,7 @@ impl Cx<'_> {
         Ok(st)
     }
 
-    /// One channel loop computing the pixels `cols` (column, taps inside the input) of row
+    /// One loop over the groups computing the pixels `cols` (column, taps inside the input) of row
     /// `oh_e`, rows `khs` of the window inside the input.
     fn block(&self, l: &mut Lowerer, n_e: &Expr, oh_e: &Expr, khs: &[i64], cols: &[(Expr, Vec<i64>)]) -> R<Stmt> {
         let cv = l.loop_var(CHANNEL_LOOP, self.c);
@@ -243,7 +258,7 @@ impl Cx<'_> {
         let mark = l.begin_block();
         let mut body = vec![];
         let mult = self.mult as usize;
-        // accs[i * M + j]: pixel i, output channel c·M + j.
+        // accs[i * M + j]: pixel i, output channel g·M + j.
         let mut accs: Vec<Option<VarId>> = vec![None; cols.len() * mult];
         for &r in khs {
             let ih = self.ay.coord(l, oh_e, r);
@@ -251,36 +266,41 @@ impl Cx<'_> {
                 if !cols.iter().any(|(_, ts)| ts.contains(&t)) {
                     continue;
                 }
-                let mut wvs = Vec::with_capacity(mult);
-                for j in 0..mult {
-                    let wv = l.elem_var("w", self.cd, false);
-                    let at = vec![Expr::Int(r * self.kw + t), Expr::Int(j as i64), ch.clone()];
-                    body.push(Stmt::Let { var: wv, value: Expr::Load(self.wbuf, at) });
-                    wvs.push(wv);
-                }
-                for (i, (ow, ts)) in cols.iter().enumerate() {
-                    if !ts.contains(&t) {
-                        continue;
+                // Input channel g·I + ci of each pixel, against output channels g·M + j.
+                for ci in 0..self.cin {
+                    let mut wvs = Vec::with_capacity(mult);
+                    for j in 0..mult {
+                        let wv = l.elem_var("w", self.cd, false);
+                        let at = vec![Expr::Int(r * self.kw + t), Expr::Int(j as i64), Expr::Int(ci), ch.clone()];
+                        body.push(Stmt::Let { var: wv, value: Expr::Load(self.wbuf, at) });
+                        wvs.push(wv);
                     }
-                    let iw = self.ax.coord(l, ow, t);
-                    let xv = val(l, self.x, &[n_e.clone(), ih.clone(), iw, ch.clone()])?;
-                    body.extend(l.take_lets());
-                    let xv = if mult > 1 { l.hoist(xv, self.cd) } else { xv };
-                    body.extend(l.take_lets());
-                    for (j, &wv) in wvs.iter().enumerate() {
-                        let prod = bin(BinOp::Mul, xv.clone(), Expr::Var(wv));
-                        match accs[i * mult + j] {
-                            None => {
-                                let a = l.elem_var("acc", self.cd, true);
-                                body.push(Stmt::Let { var: a, value: prod });
-                                accs[i * mult + j] = Some(a);
+                    let xc = l.simp(bin(BinOp::Add, bin(BinOp::Mul, ch.clone(), Expr::Int(self.cin)), Expr::Int(ci)));
+                    for (i, (ow, ts)) in cols.iter().enumerate() {
+                        if !ts.contains(&t) {
+                            continue;
+                        }
+                        let iw = self.ax.coord(l, ow, t);
+                        let xv = val(l, self.x, &[n_e.clone(), ih.clone(), iw, xc.clone()])?;
+                        body.extend(l.take_lets());
+                        let xv = if mult > 1 { l.hoist(xv, self.cd) } else { xv };
+                        body.extend(l.take_lets());
+                        for (j, &wv) in wvs.iter().enumerate() {
+                            let prod = bin(BinOp::Mul, xv.clone(), Expr::Var(wv));
+                            match accs[i * mult + j] {
+                                None => {
+                                    let a = l.elem_var("acc", self.cd, true);
+                                    body.push(Stmt::Let { var: a, value: prod });
+                                    accs[i * mult + j] = Some(a);
+                                }
+                                Some(a) => body.push(Stmt::Assign { var: a, value: bin(BinOp::Add, Expr::Var(a), prod) }),
                             }
-                            Some(a) => body.push(Stmt::Assign { var: a, value: bin(BinOp::Add, Expr::Var(a), prod) }),
                         }
                     }
                 }
             }
         }
+
         let mut ocs = Vec::with_capacity(mult);
         let mut bvs = Vec::with_capacity(mult);
         for j in 0..mult as i64 {
