@@ -685,7 +685,8 @@ fn run_case(
 
 /// `GEMM_STAGED=0|1` turns the staged epilogue off or on (for comparisons), fitting the stages;
 /// `GEMM_SHUFFLE=0|1` the epilogue regrouped by warp shuffles (on: in place of staging);
-/// `GEMM_PINGPONG=1` runs two consumer warpgroups on tiles of their own (128x128 tiles).
+/// `GEMM_PINGPONG=1` runs two consumer warpgroups on tiles of their own (128x128 tiles);
+/// `GEMM_SK=0|1` stream-K.
 fn with_env(q: Params) -> Params {
     let flag = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
     let mut q = q;
@@ -703,6 +704,14 @@ fn with_env(q: Params) -> Params {
         q.tile_m = 128;
         q.tile_n = q.tile_n.min(128);
         q.stages = 8;
+    }
+    // `GEMM_SK=0|1`: stream-K off or on (on: without ping-pong or clusters).
+    if let Some(v) = flag("GEMM_SK") {
+        q.stream_k = v != 0;
+        if v != 0 {
+            q.pingpong = false;
+            q.cluster_m = 1;
+        }
     }
     while q.stages > 2 && q.smem_bytes() > gemm::MAX_SMEM {
         q.stages -= 1;

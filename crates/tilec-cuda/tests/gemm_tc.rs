@@ -345,7 +345,8 @@ fn fnv(s: &str) -> u64 {
 /// were added (hashes taken then), custom epilogues and split A included; the one class on
 /// heuristic parameters has since taken the staged epilogue (`_st`), then parked in 16 bits
 /// (`_sth`), then the shuffled epilogue (`_sx`; hash retaken each time). All were retaken
-/// once when the shared prelude gained the 16-byte global access helpers.
+/// once when the shared prelude gained the 16-byte global access helpers, and once when the
+/// loops over K took a unit's range (`kb_lo..kb_hi`, for stream-K).
 #[test]
 fn sixteen_bit_sources_are_unchanged() {
     let mut all = classes();
@@ -372,17 +373,17 @@ fn sixteen_bit_sources_are_unchanged() {
 }
 
 const EXPECTED_HASHES: &str = "
-55a80bb98277d4b8 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232
-57ba738ea12e67f2 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232
-5f61d2004029bf1c tl_gemm_sm90_bf16cr_bf16_128x256x64_s4_c2_g8_r40x232
-01cf426e2c00012e tl_gemm_sm90_bf16cc_bf16_128x256x64_s4_c2_g8_r40x232
-2e2395fccfdbfeda tl_gemm_sm90_f16rc_f32_128x128x64_s6_c2_g8_r40x232_biasf32_relu
-b72074be18702757 tl_gemm_sm90_bf16rr_bf16_256x128x64_s4_c2_g8_r40x232_biasbf16_gelu_bcb
-ea8ed9e8d45b2711 tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232_k2
-992c86facfdf0bf4 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232_k2
-b04823b47b40002b tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232_sx
-ff79cf188b31a587 tl_gemm_sm90_f16rr_f16_128x256x64_s4_c2_g8_r40x232_as
-6415dd32a46c3835 tl_gemm_sm90_bf16rc_bf16_128x128x64_s6_c2_g8_r40x232_e9286d69871787cfb
+671afe9fc427ff5c tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232
+39f37e05bd32e784 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232
+83bdb404f2e09d9a tl_gemm_sm90_bf16cr_bf16_128x256x64_s4_c2_g8_r40x232
+2ab8ba686a800eae tl_gemm_sm90_bf16cc_bf16_128x256x64_s4_c2_g8_r40x232
+db5342b3ae40ffac tl_gemm_sm90_f16rc_f32_128x128x64_s6_c2_g8_r40x232_biasf32_relu
+9b724e836800cf70 tl_gemm_sm90_bf16rr_bf16_256x128x64_s4_c2_g8_r40x232_biasbf16_gelu_bcb
+917247f01ee4fbad tl_gemm_sm90_bf16rr_bf16_128x256x64_s4_c2_g8_r40x232_k2
+dffbc7bd17271900 tl_gemm_sm90_bf16rc_bf16_128x256x64_s4_c2_g8_r40x232_k2
+98b9378388811f29 tl_gemm_sm90_bf16rc_bf16_64x64x64_s8_c1_g8_r40x232_sx
+e5c03a6cd1ec1275 tl_gemm_sm90_f16rr_f16_128x256x64_s4_c2_g8_r40x232_as
+6f411a0964ae43db tl_gemm_sm90_bf16rc_bf16_128x128x64_s6_c2_g8_r40x232_e9286d69871787cfb
 ";
 
 /// The shuffled epilogue on the tile shapes of [`staged_classes`] with the epilogues it takes:
@@ -461,6 +462,66 @@ fn shuffled_epilogues_compile_with_nvrtc_for_sm_90a() {
     };
     let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
     let modules: Vec<(String, String)> = shuffled_classes()
+        .iter()
+        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
+        .collect();
+    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
+        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
+        assert!(img.starts_with(b"\x7fELF"), "{name}");
+    }
+}
+
+/// Stream-K on the staged and shuffled classes that take it (no ping-pong, no clusters):
+/// 16-bit, fp8 and tf32 operands, built-in and custom epilogues, a convolution.
+fn stream_k_classes() -> Vec<(Problem, Params)> {
+    let mut v: Vec<(Problem, Params)> = staged_classes()
+        .into_iter()
+        .chain(shuffled_classes())
+        .filter(|(_, q)| !q.pingpong && q.cluster_m == 1)
+        .map(|(p, q)| (p, Params { stream_k: true, ..q }))
+        .collect();
+    let mut t = Problem::new(500, 300, 700, DType::F32).with_layouts(Layout::RowMajor, Layout::ColMajor);
+    t.tf32 = true;
+    v.push((t, Params { tile_k: 32, tile_n: 128, stream_k: true, ..Params::default() }));
+    let g = gemm::ConvGeom { n: 2, h: 9, w: 7, c: 64, kh: 3, kw: 3, oh: 9, ow: 7, stride: (1, 1), pad: (1, 1), dil: (1, 1), nchw_input: false };
+    let c = Problem::for_conv(g, 128, DType::F16);
+    v.push((c, Params { tile_n: 128, stream_k: true, ..Params::default() }));
+    v
+}
+
+#[test]
+fn stream_k_kernels_render_their_fixup() {
+    let classes = stream_k_classes();
+    assert!(classes.len() >= 12, "{}", classes.len());
+    for (p, q) in &classes {
+        assert_eq!(gemm::applies(p, q, (9, 0)), Ok(()), "{p:?} {q:?}");
+        let src = gemm::render(p, q);
+        let name = gemm::kernel_name(p, q);
+        assert!(name.contains("_sk"), "{name}");
+        assert_eq!(src.matches('{').count(), src.matches('}').count(), "{name}");
+        // Producer and consumers walk the same units; a parked part skips the epilogue.
+        assert_eq!(src.matches("tl_sk_next(sk, u_t, u_pos, t, kb_lo, kb_hi)").count(), 2, "{name}");
+        assert!(src.contains("float* __restrict__ sk_ws") && src.contains("bar.sync 3, ") && src.contains("continue;"), "{name}");
+        // Each accumulator parked and added once per 4.
+        let parked = src.matches("__stcg(part + ").count();
+        assert_eq!(parked, q.tile_m * q.tile_n / q.threads().saturating_sub(128) / 4, "{name}");
+        assert_eq!(src.matches("__ldcg(part + ").count(), parked, "{name}");
+        let plain = gemm::render(p, &Params { stream_k: false, ..*q });
+        assert!(!plain.contains("tl_sk") && !plain.contains("sk_ws"), "{name}");
+    }
+    // Not with ping-pong or clusters.
+    for q in [Params { pingpong: true, tile_n: 128, stream_k: true, ..Params::default() }, Params { cluster_m: 2, stream_k: true, ..Params::default() }] {
+        assert!(q.validate().is_err(), "{q:?}");
+    }
+}
+
+#[test]
+fn stream_k_kernels_compile_with_nvrtc_for_sm_90a() {
+    let Some(nv) = nvrtc_or_skip("stream_k_kernels_compile_with_nvrtc_for_sm_90a") else {
+        return;
+    };
+    let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
+    let modules: Vec<(String, String)> = stream_k_classes()
         .iter()
         .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
         .collect();

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tilec_ir::DType;
 
-use super::{applies, kernel_name, render, Layout, Params, Problem};
-use crate::driver::{Device, Function, LaunchConfig, Stream};
+use super::{applies, kernel_name, render, stream_k, Layout, Params, Problem};
+use crate::driver::{Device, DeviceBuffer, Function, LaunchConfig, Stream};
 use crate::error::{CudaError, Result};
 use crate::nvrtc::Compiler;
 use crate::tma::{Im2colMap, TensorMap, TiledMap, TmaDType, TmaSwizzle};
@@ -23,6 +23,9 @@ pub struct GemmKernel {
     func: Function,
     /// A convolution's weight repacking kernel (see [`super::render_repack`]).
     repack: Option<Function>,
+    /// Stream-K's counters and parked partial sums (see [`super::stream_k`]), for a grid of
+    /// `resident_blocks`; the counters start at zero and every launch leaves them so.
+    workspace: Option<DeviceBuffer>,
 }
 
 /// Everything one launch needs: the tensor maps of A and B (which hold their addresses), the
@@ -135,6 +138,13 @@ impl GemmKernel {
             )?;
             resident_blocks = (clusters * cl).clamp(cl, props.sm_count / cl * cl);
         }
+        let workspace = if params.stream_k {
+            let ws = device.alloc(stream_k::workspace_bytes(params, resident_blocks as usize))?;
+            ws.write(0, &[0u8; stream_k::FLAG_SLOTS * 4])?;
+            Some(ws)
+        } else {
+            None
+        };
         Ok(GemmKernel {
             name,
             problem: problem.clone(),
@@ -143,6 +153,7 @@ impl GemmKernel {
             resident_blocks,
             func,
             repack,
+            workspace,
         })
     }
 
@@ -327,7 +338,11 @@ impl GemmKernel {
         let tiles = p.m.div_ceil(q.tile_m * cl) * p.n.div_ceil(q.tile_n) * p.batch;
         // In ping-pong a block works on two tiles at once.
         let per_block = if q.pingpong { tiles.div_ceil(2) } else { tiles };
-        let grid = (per_block.min(self.resident_blocks as usize / cl).max(1) * cl) as u32;
+        let grid = if q.stream_k {
+            stream_k::grid(self.resident_blocks as usize, tiles, p.k.div_ceil(q.tile_k)) as u32
+        } else {
+            (per_block.min(self.resident_blocks as usize / cl).max(1) * cl) as u32
+        };
         Ok(GemmArgs {
             map_a,
             map_b,
@@ -374,12 +389,17 @@ impl GemmKernel {
             &mut ldc as *mut i64 as *mut c_void,
             &mut bsc as *mut i64 as *mut c_void,
         ];
+        let mut ws = self.workspace.as_ref().map_or(0, |w| w.ptr());
+        if self.params.stream_k {
+            params.push(&mut ws as *mut u64 as *mut c_void);
+        }
         for e in scales.iter_mut().chain(extra.iter_mut()) {
             params.push(e as *mut u64 as *mut c_void);
         }
         // SAFETY: the values match the kernel's parameters in order, size and alignment (two
-        // 128-byte tensor maps, two pointers, four ints, two 64-bit integers, then one pointer
-        // per scale and per custom epilogue parameter, checked in `args_scaled`).
+        // 128-byte tensor maps, two pointers, four ints, two 64-bit integers, stream-K's
+        // workspace where the kernel has one, then one pointer per scale and per custom
+        // epilogue parameter, checked in `args_scaled`).
         unsafe { self.func.launch_raw(stream, &args.launch, &mut params) }
     }
 }

@@ -23,6 +23,7 @@ pub mod host;
 mod launch;
 pub(crate) mod render;
 pub(crate) mod shuffle;
+pub mod stream_k;
 
 pub use launch::{GemmArgs, GemmKernel};
 pub use render::{kernel_name, render};
@@ -167,6 +168,12 @@ impl ConvGeom {
     /// Whether 16-byte slices of a pixel's channels can be copied whole.
     pub fn vector(&self) -> bool {
         self.c % 8 == 0 && !self.nchw_input
+    }
+    /// Whether, short of [`vector`](Self::vector), a pixel's channels come in whole 8-byte
+    /// groups of four (a thin input padded to four channels, as an image's first convolution
+    /// gets on GPUs).
+    pub fn half_vector(&self) -> bool {
+        !self.vector() && self.c % 4 == 0 && !self.nchw_input
     }
     /// A 1x1 convolution of stride 1 without padding over a channels-last input: the input is
     /// already the product's A (`[N*H*W][C]`, row-major) and the weights `[O][C][1][1]` its
@@ -427,6 +434,12 @@ pub struct Params {
     /// 16-bit outputs): no shared memory and no warp barrier. Where it applies
     /// ([`shuffle_applies`]) it takes the place of `staged`.
     pub shuffle: bool,
+    /// Stream-K: the last waves' tiles are split by K-blocks evenly over the persistent grid
+    /// (the tiles before them run whole), so that a tile count that leaves part of the last
+    /// wave idle keeps every SM busy. The block holding a split tile's first K-blocks adds the
+    /// partial sums the later blocks park in a workspace, then runs the epilogue (see
+    /// [`stream_k`] for the decomposition). Not with ping-pong or clusters.
+    pub stream_k: bool,
 }
 
 /// Whether the shuffled epilogue can run a problem's epilogue: the built-in one, or a custom
@@ -486,6 +499,7 @@ impl Default for Params {
             pingpong: false,
             park16: true,
             shuffle: false,
+            stream_k: false,
         }
     }
 }
@@ -550,6 +564,9 @@ impl Params {
         }
         if !(1..=2).contains(&self.cluster_m) {
             return Err(format!("cluster_m {} (1 or 2)", self.cluster_m));
+        }
+        if self.stream_k && (self.pingpong || self.cluster_m != 1) {
+            return Err("stream-K runs without ping-pong and without clusters".into());
         }
         if self.cluster_m > 1 && self.tile_n % (64 * self.cluster_m) != 0 {
             return Err(format!(

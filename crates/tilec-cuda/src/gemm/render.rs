@@ -107,6 +107,7 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         (false, false) => String::new(),
     };
     let staged = if super::shuffled(p, q) { format!("{staged}_sx") } else { staged };
+    let staged = if q.stream_k { format!("{staged}_sk") } else { staged };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
     } else {
@@ -310,6 +311,9 @@ pub fn render(problem: &Problem, params: &Params) -> String {
     if p.conv.is_some() {
         s.push_str(IM2COL_HELPER);
     }
+    if q.stream_k {
+        s.push_str(super::stream_k::HELPERS);
+    }
     s.push_str(&wgmma_fn(
         "tl_wgmma",
         bn,
@@ -344,7 +348,7 @@ pub fn render(problem: &Problem, params: &Params) -> String {
 extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {name}(const __grid_constant__ tl_tmap map_a, const __grid_constant__ tl_tmap map_b,
        {out_t}* __restrict__ c, {bias_param},
-       int M, int N, int K, int batch, long long ldc, long long batch_stride_c{extra_params}) {{
+       int M, int N, int K, int batch, long long ldc, long long batch_stride_c{sk_param}{extra_params}) {{
   constexpr int BM = {bm}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {group}, CL = {cl};
   constexpr unsigned A_BYTES = {a_bytes}u, STAGE_BYTES = {stage}u;
   extern __shared__ unsigned char tl_dyn_smem[];
@@ -369,18 +373,18 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
   const int tiles_m = (M + BM * CL - 1) / (BM * CL), tiles_n = (N + BN - 1) / BN;
   const int tiles_per_batch = tiles_m * tiles_n;
   const int tiles = tiles_per_batch * batch;
-  const int kblocks = (K + BK - 1) / BK;
+  const int kblocks = (K + BK - 1) / BK;{sk_init}
   if (wg == 0) {{
     asm volatile("setmaxnreg.dec.sync.aligned.u32 {preg};");
     if (tid == 0) {{
       tl_tma_prefetch_map(&map_a);
       tl_tma_prefetch_map(&map_b);
       unsigned it = 0;
-      for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {{
+{producer_loop}
         int b, tm, tn;
         tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
         const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+        for (int kb = kb_lo; kb < kb_hi; ++kb, ++it) {{
           const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
           tl_mbar_wait(bars + 8 * (STAGES + s), ph ^ 1u);
           const unsigned full = bars + 8 * s;
@@ -404,7 +408,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
       int b, tm, tn;
       tl_tile_coords(t, tiles_m, tiles_n, tiles_per_batch, GROUP_M, b, tm, tn);
       const int m0 = (tm * CL + rank) * BM, n0 = tn * BN;{pp_wait}
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {{
+      for (int kb = kb_lo; kb < kb_hi; ++kb, ++it) {{
         const unsigned s = it % STAGES, ph = (it / STAGES) & 1u;
         tl_mbar_wait(bars + 8 * s, ph);
         const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
@@ -415,7 +419,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {mmas}
         }}
         tl_wgmma_commit();
-        if (kb > 0) {{
+        if (kb > kb_lo) {{
           tl_wgmma_wait<1>();
           // The previous slot's products are done: hand it back to the producer.
           if (lane == 0) {release}
@@ -427,7 +431,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
       for (int j = 0; j < {mblocks}; ++j)
 #pragma unroll
         for (int i = 0; i < {accn}; ++i) asm volatile("" : "+f"(acc[j][i]) :: "memory");
-{epilogue}{pp_skip}
+{fixup}{epilogue}{pp_skip}
     }}
   }}
 {cluster_exit}}}
@@ -445,10 +449,19 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
         consumer_loop = if q.pingpong {
             // Ping-pong: warpgroup cw takes every other tile of the block's sequence; its ring
             // position skips the other's K-blocks.
-            "    unsigned it = cw * kblocks;\n    for (int t = blockIdx.x + cw * gridDim.x; t < tiles; t += 2 * gridDim.x) {"
+            "    unsigned it = cw * kblocks;\n    for (int t = blockIdx.x + cw * gridDim.x; t < tiles; t += 2 * gridDim.x) {\n      const int kb_lo = 0, kb_hi = kblocks;"
+                .to_string()
         } else {
-            "    unsigned it = 0;\n    for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {"
+            format!("    unsigned it = 0;\n{}", unit_loop(q))
         },
+        producer_loop = unit_loop(q),
+        sk_param = if q.stream_k { ", float* __restrict__ sk_ws" } else { "" },
+        sk_init = if q.stream_k {
+            "\n  const tl_sk sk = tl_sk_init(tiles, kblocks);\n  int* const sk_flags = reinterpret_cast<int*>(sk_ws);"
+        } else {
+            ""
+        },
+        fixup = if q.stream_k { super::stream_k::render_fixup(q) } else { String::new() },
         pp_skip = if q.pingpong { "\n      it += kblocks;" } else { "" },
         // The warpgroups take turns in the main loop (named barriers 1 and 2, both warpgroups'
         // 256 threads): a warpgroup's K-blocks start only once the other's previous tile has
@@ -541,6 +554,17 @@ __device__ __forceinline__ void tl_tile_coords(int t, int tiles_m, int tiles_n, 
         s.push_str(&super::render_repack(&name, c, p.n));
     }
     s
+}
+
+/// The head of a warpgroup's loop over its units of work, setting the tile `t` and its K-blocks
+/// `[kb_lo, kb_hi)`: whole tiles in turn, or with stream-K the block's share of the
+/// decomposition (see [`super::stream_k`]).
+fn unit_loop(q: &Params) -> String {
+    if q.stream_k {
+        "    long long u_pos = sk.lo;\n    for (int u_t = blockIdx.x, t, kb_lo, kb_hi; tl_sk_next(sk, u_t, u_pos, t, kb_lo, kb_hi);) {".into()
+    } else {
+        "    for (int t = blockIdx.x / CL; t < tiles; t += gridDim.x / CL) {\n      const int kb_lo = 0, kb_hi = kblocks;".into()
+    }
 }
 
 /// The producer's copies for one stage.
@@ -663,7 +687,7 @@ fn render_mmas(q: &Params, a_kmajor: bool) -> String {
         let (kstep, lbo) = if a_kmajor { (32, 16) } else { (2048, 8192) };
         let _ = writeln!(
             s,
-            "{ind}tl_wgmma(acc[{j}], tl_wgmma_desc(sa + ({wg} + {j}) * 8192u + {kstep}u * kk, {lbo}u, 1024u), db, (kb > 0 || kk > 0) ? 1 : 0);"
+            "{ind}tl_wgmma(acc[{j}], tl_wgmma_desc(sa + ({wg} + {j}) * 8192u + {kstep}u * kk, {lbo}u, 1024u), db, (kb > kb_lo || kk > 0) ? 1 : 0);"
         );
     }
     s
