@@ -250,6 +250,13 @@ fn sixteen_bit_convolutions_run_as_implicit_gemms_on_tensor_cores() {
         assert!(why.contains("implicit im2col") && why.contains(&format!("kernel {k}x{k}, stride {stride}x{stride}")), "{why}");
         let src = &mma[0].source.source;
         assert!(src.contains("mma.sync.aligned.m16n8k16") && src.contains("_repack("), "no mma or repack kernel");
+        // Three input channels are padded to four (`pad-thin-channels`, a kernel of its own
+        // with the transpose): the template copies whole 8-byte pixels.
+        assert_eq!(src.contains("tl_cp8(dst"), c == 3, "{all:#?}");
+        if c == 3 {
+            assert!(why.contains("im2col of 2x16x16x4 (kernel 7x7"), "{why}");
+            assert_eq!(p.kernels().len(), 3, "{all:#?}");
+        }
         let why = sm90[0].family.describe();
         assert!(why.contains("implicit im2col") && why.contains("kernel 3x3, stride 1x1"), "{why}");
         let src = &sm90[0].source.source;
@@ -266,12 +273,13 @@ fn sixteen_bit_convolutions_run_as_implicit_gemms_on_tensor_cores() {
             assert!(src.matches("tl_epi_v(").count() >= 2, "the vector epilogue is not called");
         }
     }
-    // A 1x1 convolution of stride 1 is a plain product of its buffers on either template.
-    for o in [256, 320] {
+    // A 1x1 convolution of stride 1 is a plain product of its buffers on either template: the
+    // mma.sync one for a shallow one into at most 64 channels, else the Hopper one.
+    for o in [64, 256, 320] {
         let p = prepared(&conv(DType::F16, 2, 64, 12, o, 3, 1, 1, false), &GpuTarget::hopper());
-        let k = p.kernels().into_iter().find(|k| k.family.describe().contains(&format!("{o}x{o}"))).expect("the 1x1 kernel");
+        let k = p.kernels().into_iter().find(|k| k.family.describe().contains(&format!("x{o}x{o} batch"))).expect("the 1x1 kernel");
         let (why, src) = (k.family.describe(), &k.source.source);
-        let fam = if o > 256 { "sm90_tc_gemm" } else { "sm80_mma_gemm" };
+        let fam = if o > 64 { "sm90_tc_gemm" } else { "sm80_mma_gemm" };
         assert_eq!(k.family.decision.family, fam, "{why}");
         assert!(!why.contains("im2col") && !src.contains("_repack(") && !src.contains(".im2col."), "{why}");
     }

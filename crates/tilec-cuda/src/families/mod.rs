@@ -44,7 +44,7 @@ pub use sm80_flash_attn::{flash_parts, flash_plan, is_flash, reshape_view, FLASH
 pub use sm80_gemv::{gemv_params, gemv_plan, GEMV};
 pub use sm80_mma_gemm::{mma_gemm, MMA_GEMM};
 pub use sm80_paged_attn::{paged_plan, paged_problem, PAGED_ATTN};
-pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM, SHALLOW_CONV_K};
+pub use sm90_tc_gemm::{hopper_gemm, Sm90Kernel, HOPPER_GEMM, NARROW_CONV_N, SHALLOW_CONV_K};
 pub use template::{FamilyKernel, FamilyPlan, OperandRef, PlanKind};
 
 /// What a GPU family builds.
