@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 use serde_json::json;
-use tilec_cuda::families::{FamilyKernel, FamilyPlan, OperandRef, PlanKind, HOPPER_GEMM, MMA_GEMM, SHALLOW_CONV_K};
+use tilec_cuda::families::{FamilyKernel, FamilyPlan, OperandRef, PlanKind, HOPPER_GEMM, MMA_GEMM, NARROW_CONV_N, SHALLOW_CONV_K};
 use tilec_cuda::gemm::{self, CustomEpilogue, Layout, Problem};
 use tilec_cuda::mma::{self, ConvGeom, MmaProblem, Params};
 use tilec_cuda::*;
@@ -84,6 +84,9 @@ fn check_cases() -> Vec<Case> {
     add("conv3x3", DType::F16, conv(2, 9, 16, 32, 3, 1, 1, 1), None);
     add("conv3x3_s2", DType::BF16, conv(3, 15, 8, 64, 3, 2, 1, 1), None);
     add("conv_stem_c3", DType::F16, conv(2, 23, 3, 64, 7, 2, 3, 1), None);
+    // Four channels a pixel (8-byte copies): a padded stem, and a ragged 3x3.
+    add("conv_stem_c4", DType::F16, conv(2, 23, 4, 64, 7, 2, 3, 1), None);
+    add("conv_c4_ragged", DType::BF16, conv(3, 13, 12, 40, 3, 2, 1, 1), None);
     add("conv1x1_s2", DType::F16, conv(2, 14, 64, 128, 1, 2, 0, 1), None);
     add("conv_dil2", DType::BF16, conv(1, 17, 24, 40, 3, 1, 2, 2), None);
     add("conv_ragged", DType::F16, conv(3, 11, 40, 72, 3, 1, 0, 1), Some(Params { tile_m: 64, tile_n: 64, warps_m: 2, warps_n: 2, ..Params::default() }));
@@ -187,6 +190,9 @@ fn bench_cases() -> Vec<Case> {
     for (i, (h, c, o, k, s)) in resnet50_convs().into_iter().enumerate() {
         add(format!("resnet50_conv{i:02}_{h}x{c}x{o}_k{k}s{s}"), DType::F16, conv(64, h, c, o, k, s, k / 2, 1));
     }
+    // The first convolution as CUDA targets run it: its input padded to 4 channels
+    // (`pad-thin-channels`; the padding copy is a kernel of its own).
+    add("resnet50_stem_c4_224x4x64_k7s2".into(), DType::F16, conv(64, 224, 4, 64, 7, 2, 3, 1));
     v
 }
 
@@ -326,7 +332,8 @@ fn hopper() -> bool {
 }
 
 /// Whether `BENCH_FAMILY=auto` asks for the template model dispatch picks for a convolution:
-/// the Hopper one where its im2col copy applies and K exceeds [`SHALLOW_CONV_K`], else mma.sync.
+/// the Hopper one where it applies, unless K is at most [`SHALLOW_CONV_K`] and N at most
+/// [`NARROW_CONV_N`]; else mma.sync.
 fn auto() -> bool {
     std::env::var("BENCH_FAMILY").is_ok_and(|f| f == "auto")
 }
@@ -358,7 +365,15 @@ fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, Strin
     if let Some(v) = std::env::var("SM90_PARK").ok().and_then(|v| v.parse::<u8>().ok()) {
         q90.park16 = v != 32;
     }
-    let auto_sm90 = auto() && matches!(case.shape, Shape::Conv { .. }) && p.gemm.k > SHALLOW_CONV_K && gemm::applies(&p.gemm, &q90, cc).is_ok();
+    // `SM90_SK=0|1`: stream-K off or on (on: without ping-pong or clusters).
+    if let Some(v) = std::env::var("SM90_SK").ok().and_then(|v| v.parse::<u8>().ok()) {
+        q90.stream_k = v != 0;
+        if v != 0 {
+            q90.pingpong = false;
+            q90.cluster_m = 1;
+        }
+    }
+    let auto_sm90 = auto() && matches!(case.shape, Shape::Conv { .. }) && (p.gemm.k > SHALLOW_CONV_K || p.gemm.n > NARROW_CONV_N) && gemm::applies(&p.gemm, &q90, cc).is_ok();
     if hopper() || auto_sm90 {
         let q = q90;
         gemm::applies(&p.gemm, &q, cc)?;

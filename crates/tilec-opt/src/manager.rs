@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinChannels, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -115,7 +115,7 @@ pub fn merge_products_env() -> bool {
 }
 
 /// [`pipeline_spec`] for a given target (`choose-layout` depends on it; `pad-thin-convs` runs on
-/// the CPU only; on CUDA `recognize-attention` takes only what the FlashAttention family runs,
+/// the CPU only, `pad-thin-channels` on CUDA only; on CUDA `recognize-attention` takes only what the FlashAttention family runs,
 /// and not at all with `TILEC_CUDA_ATTENTION=off`).
 pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
     pipeline_spec_with(target, target == TargetKind::Cuda && cuda_flash_attention_env())
@@ -157,6 +157,9 @@ pub fn pipeline_spec_with(target: TargetKind, cuda_flash: bool) -> Vec<SpecStage
     if target == TargetKind::Cpu {
         v.push(SpecStage::Once(at(3, PadThinConvs)));
         v.push(SpecStage::Once(at(3, SplitResizes)));
+    }
+    if target == TargetKind::Cuda {
+        v.push(SpecStage::Once(at(3, PadThinChannels)));
     }
     v.push(canonicalize());
     v

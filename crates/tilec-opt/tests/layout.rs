@@ -817,3 +817,49 @@ fn nhwc_regions_take_channels_last_mlps_without_transposes() {
     let (_, tr4) = cpu_pipeline(&g, 19);
     assert_eq!(tr4, 2, "one transpose in, one out");
 }
+
+/// `pad-thin-channels` (CUDA): a 16-bit channels-last conv over 3 or 6 channels reads an input
+/// padded with zero channels to 4 or 8 and weights padded to match (same results on the
+/// interpreter); 4 channels, f32, grouped and NCHW convs are left alone; the GPU partitioner
+/// keeps the padded copy a kernel of its own.
+#[test]
+fn thin_channels_are_padded_to_whole_pixels_for_cuda() {
+    use tilec_opt::partition::{partition, Target};
+    use tilec_opt::passes::PadThinChannels;
+    let conv = |g: &mut Graph, x: ValueId, cin: usize, group: usize, dt: DType, cl: bool, seed: u64| {
+        let w = random_const(g, dt, &[16, cin / group, 7, 7], seed);
+        let b = random_const(g, dt, &[16], seed + 1);
+        let window = Window { kernel: vec![7, 7], strides: vec![2, 2], dilations: vec![1, 1], pads: Padding::Explicit(vec![3; 4]) };
+        g.add(Op::Linalg(LinalgOp::Conv { window, group, channels_last: cl }), &[x, w, b]).unwrap()
+    };
+    for (c, dt, group, cl, padded_to) in [
+        (3, DType::F16, 1, true, Some(4)),
+        (6, DType::BF16, 1, true, Some(8)),
+        (1, DType::F16, 1, true, Some(4)),
+        (4, DType::F16, 1, true, None),
+        (3, DType::F32, 1, true, None),
+        (6, DType::F16, 2, true, None),
+        (3, DType::F16, 1, false, None),
+    ] {
+        let mut g = Graph::new("thin");
+        let shape = if cl { [2, 13, 11, c] } else { [2, c, 13, 11] };
+        let x = input(&mut g, dt, &shape);
+        let y = conv(&mut g, x, c, group, dt, cl, 9);
+        g.set_outputs(vec![y]);
+        let mut h = g.clone();
+        assert_eq!(PadThinChannels.run(&mut h).unwrap(), padded_to.is_some(), "{c} {dt:?} {group} {cl}");
+        let Some(cp) = padded_to else { continue };
+        verify(&h).unwrap();
+        assert_same(&g, &h, 11);
+        let pad = h.nodes().into_iter().find(|n| matches!(n.op, Op::Layout(LayoutOp::Pad { .. }))).expect("a pad");
+        let Op::Layout(LayoutOp::Pad { pads, .. }) = &pad.op else { unreachable!() };
+        assert_eq!(pads, &vec![0, 0, 0, 0, 0, 0, 0, (cp - c) as i64]);
+        let conv_id = h.node_ids().find(|&id| matches!(h.node(id).op, Op::Linalg(LinalgOp::Conv { .. }))).unwrap();
+        assert_eq!(h.value(h.node(conv_id).inputs[1]).ty.fixed_shape().unwrap(), vec![16, cp, 7, 7]);
+        assert!(!PadThinChannels.run(&mut h.clone()).unwrap(), "nothing left to pad");
+        // The padded copy stays out of the conv's kernel on a GPU.
+        let p = partition(&h, &Target::preset(TargetKind::Cuda));
+        let conv_group = p.groups.iter().find(|grp| grp.nodes.contains(&conv_id)).expect("the conv's group");
+        assert!(!conv_group.nodes.iter().any(|&id| matches!(h.node(id).op, Op::Layout(LayoutOp::Pad { .. }))), "the pad is folded into the conv");
+    }
+}

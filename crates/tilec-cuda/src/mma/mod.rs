@@ -387,6 +387,9 @@ mod tests {
         let stem = ConvGeom { c: 3, kh: 7, kw: 7, ..g };
         assert_eq!(stem.k(), 147);
         assert_eq!(stem.k_padded(), 152);
-        assert!(!stem.vector());
+        assert!(!stem.vector() && !stem.half_vector());
+        let padded = ConvGeom { c: 4, ..stem };
+        assert!(padded.half_vector() && !padded.vector() && ConvGeom { c: 8, ..stem }.vector());
+        assert!(!ConvGeom { nchw_input: true, ..padded }.half_vector());
     }
 }

@@ -63,6 +63,9 @@ __device__ __forceinline__ unsigned tl_mma_saddr(const void* p) {
 __device__ __forceinline__ void tl_cp16(unsigned dst, const void* src, unsigned bytes) {
   asm volatile("cp.async.cg.shared.global" TL_L2_HINT " [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void tl_cp8(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void tl_ldm4(unsigned addr, unsigned* r) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -133,6 +136,20 @@ fn load_a(p: &MmaProblem, q: &Params) -> String {
     }}
 "#,
                 tap = tap("gk", "        "),
+            );
+        } else if c.half_vector() {
+            // Four channels a pixel: each 16-byte chunk is two taps, copied 8 bytes apiece.
+            let _ = write!(
+                s,
+                r#"#pragma unroll
+        for (int e = 0; e < 2; ++e) {{
+          const int kv = gk + 4 * e;
+{tap}          tl_cp8(dst + 8 * e, ok ? (const void*)(A + at) : (const void*)A, ok ? 8u : 0u);
+        }}
+      }}
+    }}
+"#,
+                tap = tap("kv", "          "),
             );
         } else {
             let _ = write!(

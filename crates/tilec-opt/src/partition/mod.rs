@@ -334,9 +334,11 @@ impl<'a> St<'a> {
     }
 
     /// Whether layout group `gi` computes the input of a channels-last convolution over at
-    /// most `pad-thin-convs`' channel count per group (its padded, channels-last copy of an
-    /// image: read in place by the conv only when materialized).
+    /// most `pad-thin-convs`' channel count per group, or on GPUs at most 8 (`pad-thin-channels`
+    /// pads to 4 or 8): its padded, channels-last copy of an image, read in place by the conv
+    /// (in whole pixels on GPUs) only when materialized.
     fn pads_thin_conv(&self, gi: usize) -> bool {
+        let thin = if self.t.is_gpu() { 8 } else { crate::passes::layout::THIN_CONV_CHANNELS };
         self.kind(gi) == GroupKind::Layout && self.groups[gi].nodes.iter().any(|&n| {
             let node = self.g.node(n);
             self.uses[node.outputs[0].index()].by_node.iter().any(|&(c, slot)| {
@@ -344,7 +346,7 @@ impl<'a> St<'a> {
                     slot == 0
                         && matches!(cn.op, Op::Linalg(LinalgOp::Conv { channels_last: true, .. }))
                         && self.g.value(cn.inputs[1]).ty.fixed_shape().is_some_and(|w| {
-                            w.len() > 1 && w[1] <= crate::passes::layout::THIN_CONV_CHANNELS
+                            w.len() > 1 && w[1] <= thin
                         })
                 })
         })

@@ -17,7 +17,7 @@ pub use dce::Dce;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use merge_products::MergeProducts;
-pub use layout::{ChooseLayout, PadThinConvs, SinkTransposes, TargetKind};
+pub use layout::{ChooseLayout, PadThinChannels, PadThinConvs, SinkTransposes, TargetKind};
 pub use precision::convert_precision;
 pub use simplify::Simplify;
 pub use split_resizes::SplitResizes;
