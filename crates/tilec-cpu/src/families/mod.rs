@@ -15,6 +15,7 @@ mod conv_transpose;
 mod depthwise;
 mod direct;
 mod gemv;
+mod group_direct;
 mod grouped;
 mod winograd;
 
@@ -49,6 +50,7 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
             Entry { family: &conv_transpose::CONV_TRANSPOSE, kinds: &[GroupKind::Conv] },
+            Entry { family: &group_direct::GROUP_DIRECT, kinds: &[GroupKind::Conv] },
             Entry { family: &grouped::GROUPED, kinds: &[GroupKind::Conv] },
             Entry { family: &attention_flash::ATTENTION_FLASH, kinds: &[GroupKind::Attention] },
             Entry { family: &attention_gemm::ATTENTION_GEMM, kinds: &[GroupKind::Attention] },

@@ -59,19 +59,19 @@ pub fn block_pixels(taps: i64, i: i64, m: i64, wide: bool) -> i64 {
 
 /// One spatial axis: output size, the interior range `[lo, hi)` of output positions whose
 /// window lies inside the input, and for each border position the taps inside.
-struct Axis {
-    out: i64,
-    lo: i64,
-    hi: i64,
-    stride: i64,
-    dil: i64,
-    pad: i64,
-    size: i64,
-    k: i64,
+pub(super) struct Axis {
+    pub(super) out: i64,
+    pub(super) lo: i64,
+    pub(super) hi: i64,
+    pub(super) stride: i64,
+    pub(super) dil: i64,
+    pub(super) pad: i64,
+    pub(super) size: i64,
+    pub(super) k: i64,
 }
 
 impl Axis {
-    fn new(size: i64, k: i64, stride: i64, dil: i64, pad: i64, out: i64) -> Axis {
+    pub(super) fn new(size: i64, k: i64, stride: i64, dil: i64, pad: i64, out: i64) -> Axis {
         // o*s - pad >= 0  and  o*s - pad + (k-1)*dil <= size - 1.
         let lo = ((pad + stride - 1) / stride).min(out);
         let top = size - 1 + pad - (k - 1) * dil;
@@ -80,17 +80,17 @@ impl Axis {
     }
 
     /// The output positions outside the interior.
-    fn border(&self) -> Vec<i64> {
+    pub(super) fn border(&self) -> Vec<i64> {
         (0..self.lo).chain(self.hi..self.out).collect()
     }
 
     /// The taps of output position `o` that fall inside the input.
-    fn taps_at(&self, o: i64) -> Vec<i64> {
+    pub(super) fn taps_at(&self, o: i64) -> Vec<i64> {
         (0..self.k).filter(|t| (0..self.size).contains(&(o * self.stride + t * self.dil - self.pad))).collect()
     }
 
     /// The input coordinate of tap `t` at output position `o`.
-    fn coord(&self, l: &Lowerer, o: &Expr, t: i64) -> Expr {
+    pub(super) fn coord(&self, l: &Lowerer, o: &Expr, t: i64) -> Expr {
         l.simp(bin(BinOp::Add, bin(BinOp::Mul, o.clone(), Expr::Int(self.stride)), Expr::Int(t * self.dil - self.pad)))
     }
 }
