@@ -125,10 +125,14 @@ fn check_graph(name: &str, g: &Graph, inputs: &[Tensor], want_depthwise: usize) 
     poisoned::check_runs(name, &mut c, inputs, &want, 1e-5, 1e-5);
 }
 
+/// Checks a case the family takes: all but grouped convolutions whose groups' output
+/// channels fill whole vectors (8 with AVX2), which are `cpu.group_direct`'s.
 fn check(name: &str, t: Case) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(name.bytes().map(u64::from).sum::<u64>() * 7919);
     let (g, inputs) = graph(&t, &mut rng);
-    check_graph(name, &g, &inputs, 1);
+    let lanes = tilec_opt::target::CpuTarget::host().lanes(DType::F32) as usize;
+    let whole_vectors = t.cin > 1 && t.mult % lanes == 0;
+    check_graph(name, &g, &inputs, usize::from(!whole_vectors));
 }
 
 #[test]
@@ -196,7 +200,8 @@ fn refusals_name_a_reason() {
         [
         ("mult9", 4, 36, 4, "9 output channels per group, more than 8"),
         ("fewgroups", 8, 8, 4, "fewer groups than the"),
-        ("wide", 64, 64, 4, "16 input channels per group, more than 8"),
+        // 12 output channels per group: not whole vectors, so not `cpu.group_direct`'s either.
+        ("wide", 64, 48, 4, "16 input channels per group, more than 8"),
     ]
     {
         let mut g = Graph::new(name);

@@ -152,9 +152,10 @@ fn check(name: &str, t: Case, family: &str) -> Vec<(String, String)> {
 #[test]
 fn few_channels_per_group() {
     // ResNeXt-50's first stages: 32 groups of 4 and of 8, a stride-2 block, the epilogues: a
-    // vector lane per group.
+    // vector lane per group (the groups of 8 a whole vector each with AVX2).
     check("rx4", Case { bn: true, relu: true, ..case(32, 4, 9, 11, 1) }, "cpu.depthwise");
-    check("rx8s2", Case { relu: true, residual: true, ..case(32, 8, 13, 13, 2) }, "cpu.depthwise");
+    let rx8 = if lanes() == 8 { "cpu.group_direct" } else { "cpu.depthwise" };
+    check("rx8s2", Case { relu: true, residual: true, ..case(32, 8, 13, 13, 2) }, rx8);
     check("cg2", Case { n: 2, ..case(16, 2, 7, 5, 1) }, "cpu.depthwise");
     // Fewer groups than lanes (8 with AVX2): two and three channels per group merged 4 and 2
     // (AVX2) or 4 and 3 (AVX-512) at a time, ragged sizes, a batch.
