@@ -100,6 +100,13 @@ fn lanes(p: &Problem, t: &Target) -> Result<i64, String> {
     if cg > MAX_IN_CHANNELS {
         return Err(format!("{cg} input channels per group, more than {MAX_IN_CHANNELS}: deep enough for the GEMM template"));
     }
+    // Strided with output rows shorter than a block (ResNeXt-50's and RegNet-X's last
+    // stride-2 convolutions into 7x7): each row stages input rows twice as wide, and the
+    // block broadcasts twice the columns; measured 1.03-1.09 of the GEMM family's time.
+    let (stride, ow) = (w.strides.iter().copied().max().unwrap_or(1), os[2]);
+    if stride > 1 && ow < pixels(t) {
+        return Err(format!("strided, with output rows of {ow} pixels, shorter than a block of {}", pixels(t)));
+    }
     if mg % lanes != 0 {
         return Err(format!("{mg} output channels per group, not whole vectors of {lanes}"));
     }
