@@ -125,10 +125,14 @@ fn check_graph(name: &str, g: &Graph, inputs: &[Tensor], want_depthwise: usize) 
     poisoned::check_runs(name, &mut c, inputs, &want, 1e-5, 1e-5);
 }
 
+/// Checks a case the family takes: all but grouped convolutions whose groups' output
+/// channels fill whole vectors (8 with AVX2), which are `cpu.group_direct`'s.
 fn check(name: &str, t: Case) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(name.bytes().map(u64::from).sum::<u64>() * 7919);
     let (g, inputs) = graph(&t, &mut rng);
-    check_graph(name, &g, &inputs, 1);
+    let lanes = tilec_opt::target::CpuTarget::host().lanes(DType::F32) as usize;
+    let whole_vectors = t.cin > 1 && t.mult % lanes == 0;
+    check_graph(name, &g, &inputs, usize::from(!whole_vectors));
 }
 
 #[test]
@@ -179,7 +183,7 @@ fn grouped() {
     check("g32x4", Case { cin: 4, mult: 4, bn: true, act: Act::Relu, ..case(32, 14, 14, 3, 1, 1) });
     check("g32x4s2", Case { n: 2, cin: 4, mult: 4, act: Act::Relu, residual: true, ..case(32, 15, 13, 3, 2, 1) });
     check("g32x8", Case { cin: 8, mult: 8, bn: true, act: Act::Relu, ..case(32, 9, 11, 3, 1, 1) });
-    check("g32x8s2", Case { cin: 8, mult: 8, ..case(32, 12, 12, 3, 2, 1) });
+    check("g32x8s2", Case { cin: 8, mult: 8, ..case(32, 12, 17, 3, 2, 1) });
     check("g37x2", Case { cin: 2, mult: 2, act: Act::Silu, ..case(37, 7, 23, 3, 1, 1) });
     check("g20x8", Case { cin: 8, mult: 8, residual: true, ..case(20, 6, 6, 3, 1, 1) });
     check("g16x3to6", Case { cin: 3, mult: 6, ..case(16, 8, 9, 3, 2, 1) });
@@ -196,7 +200,8 @@ fn refusals_name_a_reason() {
         [
         ("mult9", 4, 36, 4, "9 output channels per group, more than 8"),
         ("fewgroups", 8, 8, 4, "fewer groups than the"),
-        ("wide", 64, 64, 4, "16 input channels per group, more than 8"),
+        // 12 output channels per group: not whole vectors, so not `cpu.group_direct`'s either.
+        ("wide", 64, 48, 4, "16 input channels per group, more than 8"),
     ]
     {
         let mut g = Graph::new(name);

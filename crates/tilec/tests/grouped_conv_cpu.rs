@@ -5,10 +5,12 @@
 //! asymmetric padding, dilations 2 and 3 and dilations far beyond the input (taps that read
 //! only padding), batches, the fused epilogues (batch norm, ReLU, residual add), and weights
 //! that are a graph input. The cases assert which family builds the convolution:
-//! `cpu.depthwise` for at least a vector's lanes (16) of groups of at most 8 channels,
-//! `cpu.grouped` wherever fewer groups of fewer output channels than a vector can be merged,
-//! the GEMM family for wider groups, and a dilated depthwise convolution of an NCHW graph entered
-//! by two inputs is still run channels-last by `cpu.depthwise`.
+//! `cpu.depthwise` for at least a vector's lanes (16 with AVX-512, 8 with AVX2) of groups of
+//! at most 8 channels, `cpu.grouped` wherever fewer groups of fewer output channels than a
+//! vector can be merged, `cpu.group_direct` for groups of whole vectors of output channels
+//! and at most 32 input channels, the GEMM family for deeper groups, and a dilated depthwise
+//! convolution of an NCHW graph entered by two inputs is still run channels-last by
+//! `cpu.depthwise`.
 
 use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions};
@@ -107,6 +109,21 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
     (g, inputs)
 }
 
+/// Vector lanes of f32 on this machine (16 with AVX-512, 8 with AVX2).
+fn lanes() -> i64 {
+    tilec_opt::target::CpuTarget::host().lanes(DType::F32)
+}
+
+/// The family of few groups of 8 output channels: a whole vector with AVX2
+/// (`cpu.group_direct`), merged two at a time with AVX-512 (`cpu.grouped`).
+fn eight_out() -> &'static str {
+    if lanes() == 8 {
+        "cpu.group_direct"
+    } else {
+        "cpu.grouped"
+    }
+}
+
 fn cache() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache")
 }
@@ -135,39 +152,68 @@ fn check(name: &str, t: Case, family: &str) -> Vec<(String, String)> {
 #[test]
 fn few_channels_per_group() {
     // ResNeXt-50's first stages: 32 groups of 4 and of 8, a stride-2 block, the epilogues: a
-    // vector lane per group.
+    // vector lane per group (the groups of 8 a whole vector each with AVX2).
     check("rx4", Case { bn: true, relu: true, ..case(32, 4, 9, 11, 1) }, "cpu.depthwise");
-    check("rx8s2", Case { relu: true, residual: true, ..case(32, 8, 13, 13, 2) }, "cpu.depthwise");
+    let rx8 = if lanes() == 8 { "cpu.group_direct" } else { "cpu.depthwise" };
+    check("rx8s2", Case { relu: true, residual: true, ..case(32, 8, 13, 17, 2) }, rx8);
     check("cg2", Case { n: 2, ..case(16, 2, 7, 5, 1) }, "cpu.depthwise");
-    // Fewer groups than lanes: two and three channels per group merged 8 and 5 at a time,
-    // ragged sizes, a batch.
-    check("cg2few", Case { n: 2, ..case(8, 2, 7, 5, 1) }, "cpu.grouped");
-    check("cg3", Case { pads: [0, 1, 2, 0], ..case(10, 3, 10, 9, 2) }, "cpu.grouped");
+    // Fewer groups than lanes (8 with AVX2): two and three channels per group merged 4 and 2
+    // (AVX2) or 4 and 3 (AVX-512) at a time, ragged sizes, a batch.
+    check("cg2few", Case { n: 2, ..case(4, 2, 7, 5, 1) }, "cpu.grouped");
+    check("cg3", Case { pads: [0, 1, 2, 0], ..case(6, 3, 10, 9, 2) }, "cpu.grouped");
     // More output channels than input channels per group.
-    check("cg4m8", Case { mg: 8, bn: true, ..case(6, 4, 8, 8, 1) }, "cpu.grouped");
+    check("cg4m8", Case { mg: 8, bn: true, ..case(6, 4, 8, 8, 1) }, eight_out());
     // Groups that do not divide into whole vectors: 6 groups of 4 merge 3 at a time.
     check("g6", case(6, 4, 6, 7, 1), "cpu.grouped");
 }
 
 #[test]
 fn dilated_grouped() {
-    check("cg4d2", Case { dil: 2, pads: [2; 4], relu: true, ..case(8, 4, 12, 10, 1) }, "cpu.grouped");
-    check("cg8d3s2", Case { dil: 3, pads: [3, 2, 3, 1], ..case(4, 8, 15, 14, 2) }, "cpu.grouped");
+    check("cg4d2", Case { dil: 2, pads: [2; 4], relu: true, ..case(4, 4, 12, 10, 1) }, "cpu.grouped");
+    check("cg8d3s2", Case { dil: 3, pads: [3, 2, 3, 1], ..case(4, 8, 15, 18, 2) }, eight_out());
 }
 
 #[test]
 fn weights_as_input() {
     // Block-diagonal weights built from an input on every call.
-    check("inw", Case { input_weights: true, ..case(8, 4, 6, 6, 1) }, "cpu.grouped");
+    check("inw", Case { input_weights: true, ..case(4, 4, 6, 6, 1) }, "cpu.grouped");
 }
 
 #[test]
-fn wide_groups_stay_gemm() {
-    // 16 and 64 output channels per group are whole vectors already: the GEMM family's.
-    let why = check("cg16", Case { bn: true, relu: true, ..case(4, 16, 7, 9, 1) }, "cpu.blis_gemm");
+fn deep_groups_stay_gemm() {
+    // 64 input channels per group: products deep enough for the GEMM family's panels.
+    let why = check("cg64s2", Case { residual: true, ..case(2, 64, 9, 9, 2) }, "cpu.blis_gemm");
+    assert!(why.iter().any(|(f, r)| f == "cpu.group_direct" && r.contains("more than 32")), "{why:?}");
     assert!(why.iter().any(|(f, r)| f == "cpu.grouped" && r.contains("nothing to merge")), "{why:?}");
-    check("cg64s2", Case { residual: true, ..case(2, 64, 9, 9, 2) }, "cpu.blis_gemm");
-    check("cg16d2", Case { dil: 2, pads: [2; 4], ..case(3, 16, 10, 11, 1) }, "cpu.blis_gemm");
+}
+
+#[test]
+fn whole_vector_groups_direct() {
+    // RegNet-X's groups of 16 (2, 4, 10 and 25 groups, fewer than a vector's lanes but for
+    // the last) and ResNeXt-50's 32 groups of 16 and 32: vectorized within each group.
+    let gd = "cpu.group_direct";
+    check("gd16", Case { bn: true, relu: true, ..case(4, 16, 7, 9, 1) }, gd);
+    check("gd16s2", Case { relu: true, residual: true, ..case(10, 16, 13, 17, 2) }, gd);
+    check("gd16x32", Case { n: 2, bn: true, ..case(32, 16, 6, 5, 1) }, gd);
+    check("gd32", Case { pads: [0, 1, 2, 0], ..case(3, 32, 9, 10, 1) }, gd);
+    check("gd32s2", Case { relu: true, ..case(5, 32, 8, 15, 2) }, gd);
+    // More output channels than input channels per group, fewer input channels than a
+    // vector, an odd group count.
+    check("gd4m16", Case { mg: 16, ..case(3, 4, 11, 9, 1) }, gd);
+    check("gd8m32s2", Case { mg: 32, pads: [1, 0, 0, 1], ..case(5, 8, 9, 16, 2) }, gd);
+    // Dilation, a 5x5 and a 1x1 window, a map all border (every column's window reaches the
+    // padding), the weights a graph input (transposed on every call).
+    check("gd16d2", Case { dil: 2, pads: [2; 4], ..case(3, 16, 10, 11, 1) }, gd);
+    check("gd16k5", Case { k: 5, pads: [2; 4], relu: true, ..case(2, 16, 8, 9, 1) }, gd);
+    check("gd16k1", Case { k: 1, pads: [0; 4], ..case(2, 16, 5, 7, 1) }, gd);
+    check("gd16tiny", case(2, 16, 2, 1, 1), gd);
+    check("gd16inw", Case { input_weights: true, ..case(2, 16, 6, 7, 1) }, gd);
+    // Output channels per group that are not whole vectors are not this family's.
+    let why = check("gd12", case(4, 12, 6, 6, 1), "cpu.blis_gemm");
+    assert!(why.iter().any(|(f, r)| f == gd && r.contains("not whole vectors")), "{why:?}");
+    // Strided into rows shorter than a block: the GEMM family's.
+    let why = check("gd16s2short", case(4, 16, 13, 11, 2), "cpu.blis_gemm");
+    assert!(why.iter().any(|(f, r)| f == gd && r.contains("shorter than a block")), "{why:?}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! groups, channels-last and 2-D, as loops vectorized along the groups with register blocks of
 //! output pixels and the padding split off into border code without bounds checks
 //! (`tilec_tile::lower::depthwise`). Its schedule: the row loop parallel, every channel loop
-//! vectorized; nothing else moves.
+//! vectorized; nothing else moves. Grouped convolutions whose groups' output channels fill
+//! whole vectors (groups of 8 with AVX2) go to `cpu.group_direct`, tried first.
 
 use tilec_ir::op::LinalgOp;
 use tilec_ir::Op;

@@ -15,6 +15,7 @@ mod conv_transpose;
 mod depthwise;
 mod direct;
 mod gemv;
+mod group_direct;
 mod grouped;
 mod winograd;
 
@@ -47,6 +48,10 @@ pub fn registry() -> &'static Registry<Target, CpuBuilt> {
     REG.get_or_init(|| Registry {
         entries: vec![
             Entry { family: &winograd::WINOGRAD, kinds: &[GroupKind::Conv] },
+            // Before `cpu.depthwise`: where both apply (groups of 8 output channels with
+            // AVX2), whole vectors of a group's output channels beat lanes of groups, whose
+            // inputs are strided loads.
+            Entry { family: &group_direct::GROUP_DIRECT, kinds: &[GroupKind::Conv] },
             Entry { family: &depthwise::DEPTHWISE, kinds: &[GroupKind::Conv] },
             Entry { family: &conv_transpose::CONV_TRANSPOSE, kinds: &[GroupKind::Conv] },
             Entry { family: &grouped::GROUPED, kinds: &[GroupKind::Conv] },

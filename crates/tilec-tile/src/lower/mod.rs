@@ -24,6 +24,7 @@
 mod anchor;
 pub use anchor::conv_transpose;
 pub use anchor::depthwise;
+pub use anchor::group_direct;
 mod expr;
 mod resize;
 pub mod simplify;
@@ -91,6 +92,11 @@ pub enum ConvAlgo {
     /// few output channels per group fills whole vectors of them (`conv.rs`). `merge` must
     /// divide the groups; anything else is `Unsupported`.
     GroupedGemm { merge: u32 },
+    /// A grouped convolution vectorized within each group (`group_direct.rs`): channels-last,
+    /// 2-D, at most 64 input channels per group; a vectorized loop over one group's output
+    /// channels, each input value broadcast to them, in register blocks of `pixels` output
+    /// pixels; anything else is `Unsupported`.
+    GroupDirect { pixels: u32 },
 }
 
 /// How attention becomes a loop nest.

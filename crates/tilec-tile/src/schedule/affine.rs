@@ -64,9 +64,20 @@ pub(crate) fn determined_vars(
                 Atom::Div(x, d, fl) if det.contains(&Atom::Mod(x.clone(), *d, *fl)) => {
                     new_eqs.push((**x).clone())
                 }
-                Atom::Mod(x, d, _) => {
+                Atom::Mod(x, d, fl) => {
                     if let Some((lo, hi)) = x.bounds(ranges) {
                         if lo >= 0 && hi < *d {
+                            new_eqs.push((**x).clone());
+                        }
+                    }
+                    // A remainder of a quotient, `(y / a) % d`, and the quotient `y / (a·d)`
+                    // determine `y / a` (`= d · (y / (a·d)) + (y / a) % d`; `(y / a) / d`
+                    // simplifies to `y / (a·d)`, so the pair is not a plain div/mod pair).
+                    if let (Some((Atom::Div(y, a, f2), 1)), 0, 1) =
+                        (x.terms.iter().next().map(|(t, &c)| (t, c)), x.c, x.terms.len())
+                    {
+                        let whole = a.checked_mul(*d).map(|ad| Atom::Div(y.clone(), ad, *fl));
+                        if f2 == fl && whole.is_some_and(|w| det.contains(&w)) {
                             new_eqs.push((**x).clone());
                         }
                     }
@@ -91,4 +102,27 @@ pub(crate) fn determined_vars(
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `it / 36`, `it % 9` and `(it / 9) % 4` (an image, a row and a group of a loop over
+    /// (image, group, row)) pin `it` down; without the quotient's remainder they do not.
+    #[test]
+    fn nested_quotient_and_remainder_determine_the_dividend() {
+        let it = VarId(0);
+        let x = Affine::var(it);
+        let q9 = Atom::Div(Box::new(x.clone()), 9, false);
+        let eqs = vec![
+            (Affine::atom(Atom::Div(Box::new(x.clone()), 36, false)), 0),
+            (Affine::atom(Atom::Mod(Box::new(x.clone()), 9, false)), 0),
+            (Affine::atom(Atom::Mod(Box::new(Affine::atom(q9)), 4, false)), 0),
+        ];
+        let varying: BTreeSet<VarId> = [it].into();
+        let ranges: Ranges = [(it, (0, 71))].into_iter().collect();
+        assert!(determined_vars(&eqs, &varying, &ranges).contains(&it));
+        assert!(!determined_vars(&eqs[..2], &varying, &ranges).contains(&it));
+    }
 }

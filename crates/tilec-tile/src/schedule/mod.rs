@@ -34,7 +34,8 @@ use crate::ir::*;
 pub use cache::{cache_read, cache_write, compute_at, MAX_LOCAL_BYTES, MAX_REGISTER_ELEMS};
 pub use default::{default_cpu, gemm_params, CpuTarget, PARALLEL_MIN_WORK};
 pub use loops::{
-    fuse, gemm_blocking, gemm_transpose, gemm_vector, parallel, reorder, split, unroll, vectorize, MAX_UNROLL,
+    fuse, gemm_blocking, gemm_transpose, gemm_vector, parallel, reorder, split, unroll, vectorize, MAX_INNER_TRIPS,
+    MAX_UNROLL,
 };
 pub use partition::{partition, Partitioned};
 pub use rfactor::rfactor;

@@ -92,6 +92,7 @@ pub(super) fn conv(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         ConvAlgo::Direct => false,
         ConvAlgo::Gemm | ConvAlgo::GroupedGemm { .. } => true,
         ConvAlgo::Depthwise { wide } => return super::depthwise::conv(l, n, w, group, cl, &geo, wide),
+        ConvAlgo::GroupDirect { pixels } => return super::group_direct::conv(l, n, w, group, cl, &geo, pixels as i64),
         ConvAlgo::Winograd => {
             let st = if cl { super::winograd::conv(l, n, w, group, &geo)? } else { None };
             return st.ok_or_else(|| {

@@ -15,6 +15,11 @@
 //! that load each input once for all `M`, then the bias and the group's epilogue per pixel
 //! and output channel.
 //!
+//! Without `wide` (no AVX-512), a grouped convolution (`I > 1`) first copies each output
+//! row's input rows group-minor into a local `[KH, W, I, G]` buffer, which the blocks read
+//! contiguously: in place a vector of groups is `I` apart, a gather at every tap (AVX2 has no
+//! cheap one), and each element is copied once per window row instead.
+//!
 //! Padding never becomes a condition: the rows and columns whose windows lie wholly inside
 //! the input (the *interior*, a range of rows or columns computed here) read every tap; each
 //! border row and border column is a separate block of code at its fixed coordinate in which
@@ -59,19 +64,19 @@ pub fn block_pixels(taps: i64, i: i64, m: i64, wide: bool) -> i64 {
 
 /// One spatial axis: output size, the interior range `[lo, hi)` of output positions whose
 /// window lies inside the input, and for each border position the taps inside.
-struct Axis {
-    out: i64,
-    lo: i64,
-    hi: i64,
-    stride: i64,
-    dil: i64,
-    pad: i64,
-    size: i64,
-    k: i64,
+pub(super) struct Axis {
+    pub(super) out: i64,
+    pub(super) lo: i64,
+    pub(super) hi: i64,
+    pub(super) stride: i64,
+    pub(super) dil: i64,
+    pub(super) pad: i64,
+    pub(super) size: i64,
+    pub(super) k: i64,
 }
 
 impl Axis {
-    fn new(size: i64, k: i64, stride: i64, dil: i64, pad: i64, out: i64) -> Axis {
+    pub(super) fn new(size: i64, k: i64, stride: i64, dil: i64, pad: i64, out: i64) -> Axis {
         // o*s - pad >= 0  and  o*s - pad + (k-1)*dil <= size - 1.
         let lo = ((pad + stride - 1) / stride).min(out);
         let top = size - 1 + pad - (k - 1) * dil;
@@ -80,17 +85,17 @@ impl Axis {
     }
 
     /// The output positions outside the interior.
-    fn border(&self) -> Vec<i64> {
+    pub(super) fn border(&self) -> Vec<i64> {
         (0..self.lo).chain(self.hi..self.out).collect()
     }
 
     /// The taps of output position `o` that fall inside the input.
-    fn taps_at(&self, o: i64) -> Vec<i64> {
+    pub(super) fn taps_at(&self, o: i64) -> Vec<i64> {
         (0..self.k).filter(|t| (0..self.size).contains(&(o * self.stride + t * self.dil - self.pad))).collect()
     }
 
     /// The input coordinate of tap `t` at output position `o`.
-    fn coord(&self, l: &Lowerer, o: &Expr, t: i64) -> Expr {
+    pub(super) fn coord(&self, l: &Lowerer, o: &Expr, t: i64) -> Expr {
         l.simp(bin(BinOp::Add, bin(BinOp::Mul, o.clone(), Expr::Int(self.stride)), Expr::Int(t * self.dil - self.pad)))
     }
 }
@@ -163,7 +168,11 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: boo
 
     // Every pixel of every block runs the epilogue from the same state.
     let stored = l.stored();
-    let cx = Cx { x, bias, out, d, cd, c, cin, mult, kw, wbuf, ay: &ay, ax: &ax, stored };
+    // Without AVX-512, a grouped convolution's rows of input are first copied group-minor
+    // (`[KH, W, I, G]`), so that the blocks read a vector of groups contiguously: in place,
+    // its lanes are `I` apart, a gather at each of the taps that read the element.
+    let rows = (cin > 1 && !wide).then(|| l.scratch(cd, vec![kh, wd, cin, c]));
+    let cx = Cx { x, bias, out, d, cd, c, cin, mult, kw, wbuf, rows, ay: &ay, ax: &ax, stored };
     let row = l.loop_var(ROW_LOOP, nb * ay.out);
     let n_e = l.simp(bin(BinOp::Div, Expr::Var(row), Expr::Int(ay.out)));
     let oh_e = l.simp(bin(BinOp::Rem, Expr::Var(row), Expr::Int(ay.out)));
@@ -178,14 +187,15 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, w: &Window, group: usize, cl: boo
         let cond = bin(BinOp::Eq, oh_e.clone(), Expr::Int(r));
         chain = if chain.is_empty() { body } else { vec![Stmt::If { cond, then_: body, else_: chain }] };
     }
-    let row_body = match interior {
+    let mut row_body: Vec<Stmt> = rows.map(Stmt::Alloc).into_iter().collect();
+    row_body.extend(match interior {
         Some(body) if chain.is_empty() => body,
         Some(body) => {
             let inside = bin(BinOp::And, bin(BinOp::Ge, oh_e.clone(), Expr::Int(ay.lo)), bin(BinOp::Lt, oh_e.clone(), Expr::Int(ay.hi)));
             vec![Stmt::If { cond: l.simp(inside), then_: body, else_: chain }]
         }
         None => chain,
-    };
+    });
     let mut st = vec![Stmt::Alloc(wbuf)];
     st.extend(transpose);
     st.push(Stmt::for_(row, nb * ay.out, row_body));
@@ -207,6 +217,8 @@ struct Cx<'a> {
     mult: i64,
     kw: i64,
     wbuf: BufId,
+    /// The grouped convolution's input rows of an output row, `[KH, W, I, G]` (see `conv`).
+    rows: Option<BufId>,
     ay: &'a Axis,
     ax: &'a Axis,
     /// The group outputs stored before the convolution.
@@ -220,6 +232,18 @@ impl Cx<'_> {
         let ax = self.ax;
         let all_kw: Vec<i64> = (0..ax.k).collect();
         let mut st = vec![];
+        if let Some(rows) = self.rows {
+            for &r in khs {
+                let ih = self.ay.coord(l, oh_e, r);
+                let (wv, iv, cv) = (l.loop_var("dww", ax.size), l.loop_var("dwi", self.cin), l.loop_var(CHANNEL_LOOP, self.c));
+                let mark = l.begin_block();
+                let xc = l.simp(bin(BinOp::Add, bin(BinOp::Mul, Expr::Var(cv), Expr::Int(self.cin)), Expr::Var(iv)));
+                let xv = val(l, self.x, &[n_e.clone(), ih, Expr::Var(wv), xc]);
+                let mut body = l.end_block(mark);
+                body.push(Stmt::store(rows, vec![Expr::Int(r), Expr::Var(wv), Expr::Var(iv), Expr::Var(cv)], xv?));
+                st.extend(Lowerer::nest(&[(wv, ax.size), (iv, self.cin), (cv, self.c)], body));
+            }
+        }
         for o in 0..ax.lo {
             st.push(self.block(l, n_e, oh_e, khs, &[(Expr::Int(o), ax.taps_at(o))])?);
         }
@@ -281,7 +305,10 @@ impl Cx<'_> {
                             continue;
                         }
                         let iw = self.ax.coord(l, ow, t);
-                        let xv = val(l, self.x, &[n_e.clone(), ih.clone(), iw, xc.clone()])?;
+                        let xv = match self.rows {
+                            Some(rows) => Expr::Load(rows, vec![Expr::Int(r), iw, Expr::Int(ci), ch.clone()]),
+                            None => val(l, self.x, &[n_e.clone(), ih.clone(), iw, xc.clone()])?,
+                        };
                         body.extend(l.take_lets());
                         let xv = if mult > 1 { l.hoist(xv, self.cd) } else { xv };
                         body.extend(l.take_lets());

@@ -25,6 +25,7 @@ mod common;
 mod conv;
 pub mod conv_transpose;
 pub mod depthwise;
+pub mod group_direct;
 mod loss;
 mod matmul;
 mod norm;
