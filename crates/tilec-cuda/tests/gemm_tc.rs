@@ -166,21 +166,22 @@ fn kernels_render_with_wgmma_tma_and_register_reallocation() {
     }
 }
 
-#[test]
-fn kernels_compile_with_nvrtc_for_sm_90a() {
-    let Some(nv) = nvrtc_or_skip("kernels_compile_with_nvrtc_for_sm_90a") else {
+/// Compiles every class's kernel for sm_90a with NVRTC (skipped with a note without NVRTC).
+fn compile_all(test: &str, classes: impl IntoIterator<Item = (Problem, Params)>) {
+    let Some(nv) = nvrtc_or_skip(test) else {
         return;
     };
     let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
-    let modules: Vec<(String, String)> = classes()
-        .iter()
-        .chain(narrow_classes().iter())
-        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
-        .collect();
+    let modules: Vec<(String, String)> = classes.into_iter().map(|(p, q)| (gemm::kernel_name(&p, &q), gemm::render(&p, &q))).collect();
     for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
         let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
         assert!(img.starts_with(b"\x7fELF"), "{name}");
     }
+}
+
+#[test]
+fn kernels_compile_with_nvrtc_for_sm_90a() {
+    compile_all("kernels_compile_with_nvrtc_for_sm_90a", classes().into_iter().chain(narrow_classes()));
 }
 
 /// A custom epilogue storing C (`[m][n]` of `out`), with the vector function where asked, and
@@ -317,18 +318,7 @@ fn staged_epilogues_render_their_parking() {
 
 #[test]
 fn staged_epilogues_compile_with_nvrtc_for_sm_90a() {
-    let Some(nv) = nvrtc_or_skip("staged_epilogues_compile_with_nvrtc_for_sm_90a") else {
-        return;
-    };
-    let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
-    let modules: Vec<(String, String)> = staged_classes()
-        .iter()
-        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
-        .collect();
-    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
-        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
-        assert!(img.starts_with(b"\x7fELF"), "{name}");
-    }
+    compile_all("staged_epilogues_compile_with_nvrtc_for_sm_90a", staged_classes());
 }
 
 /// FNV-1a of a string: stable across runs and builds.
@@ -457,18 +447,7 @@ fn shuffled_epilogues_render_their_exchanges() {
 
 #[test]
 fn shuffled_epilogues_compile_with_nvrtc_for_sm_90a() {
-    let Some(nv) = nvrtc_or_skip("shuffled_epilogues_compile_with_nvrtc_for_sm_90a") else {
-        return;
-    };
-    let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
-    let modules: Vec<(String, String)> = shuffled_classes()
-        .iter()
-        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
-        .collect();
-    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
-        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
-        assert!(img.starts_with(b"\x7fELF"), "{name}");
-    }
+    compile_all("shuffled_epilogues_compile_with_nvrtc_for_sm_90a", shuffled_classes());
 }
 
 /// Stream-K on the staged and shuffled classes that take it (no ping-pong, no clusters):
@@ -517,16 +496,5 @@ fn stream_k_kernels_render_their_fixup() {
 
 #[test]
 fn stream_k_kernels_compile_with_nvrtc_for_sm_90a() {
-    let Some(nv) = nvrtc_or_skip("stream_k_kernels_compile_with_nvrtc_for_sm_90a") else {
-        return;
-    };
-    let c = Compiler::new(nv, "sm_90a").with_cache_dir(None);
-    let modules: Vec<(String, String)> = stream_k_classes()
-        .iter()
-        .map(|(p, q)| (gemm::kernel_name(p, q), gemm::render(p, q)))
-        .collect();
-    for (r, (name, _)) in c.compile_many(&modules).into_iter().zip(&modules) {
-        let img = r.unwrap_or_else(|e| panic!("{name}: {e}")).image;
-        assert!(img.starts_with(b"\x7fELF"), "{name}");
-    }
+    compile_all("stream_k_kernels_compile_with_nvrtc_for_sm_90a", stream_k_classes());
 }
