@@ -11,10 +11,10 @@ use tilec_opt::target::Target;
 use tilec_tile::family::{Family, Params, Problem};
 use tilec_tile::lower::group_direct::{refusal, LANE_LOOP, ROW_LOOP};
 use tilec_tile::lower::{ConvAlgo, LowerOptions};
-use tilec_tile::schedule::{Primitive, Schedule};
-use tilec_tile::{Kernel, Stmt};
+use tilec_tile::schedule::Schedule;
+use tilec_tile::Kernel;
 
-use super::{build_with, CpuBuilt};
+use super::{build_with, fixed_dims as dims, CpuBuilt};
 
 pub struct GroupDirect;
 pub static GROUP_DIRECT: GroupDirect = GroupDirect;
@@ -39,30 +39,9 @@ fn opts(t: &Target) -> LowerOptions {
     LowerOptions { conv, ..Default::default() }
 }
 
-/// The fixed dimensions of a value's shape (`None` if any is symbolic).
-fn dims(p: &Problem, v: tilec_ir::ValueId) -> Option<Vec<i64>> {
-    p.graph.value(v).ty.fixed_shape().map(|s| s.into_iter().map(|d| d as i64).collect())
-}
-
 /// The schedule: the row loop parallel, the lane loops vectorized.
 fn schedule(k: &Kernel) -> Schedule {
-    let mut s = Schedule::new();
-    let mut names = vec![];
-    for st in &k.body {
-        st.visit(&mut |st| {
-            if let Stmt::For(l) = st {
-                names.push(k.var_info(l.var).name.clone());
-            }
-        });
-    }
-    for name in names {
-        if name.starts_with(ROW_LOOP) {
-            s.push(Primitive::Parallel { loop_var: name });
-        } else if name.starts_with(LANE_LOOP) {
-            s.push(Primitive::Vectorize { loop_var: name });
-        }
-    }
-    s
+    super::by_loop_names(k, ROW_LOOP, LANE_LOOP)
 }
 
 /// The vector lanes of the convolution's output channels, or why it is not one this family

@@ -73,6 +73,33 @@ pub(crate) fn has_gemm(k: &Kernel) -> bool {
     found
 }
 
+/// The fixed dimensions of a value's shape (`None` if any is symbolic).
+pub(crate) fn fixed_dims(p: &Problem, v: tilec_ir::ValueId) -> Option<Vec<i64>> {
+    p.graph.value(v).ty.fixed_shape().map(|s| s.into_iter().map(|d| d as i64).collect())
+}
+
+/// A schedule by loop names: loops named from `parallel` run in parallel, loops named from
+/// `vector` are vectorized (the direct convolution families name their loops so).
+pub(crate) fn by_loop_names(k: &Kernel, parallel: &str, vector: &str) -> Schedule {
+    let mut names = vec![];
+    for st in &k.body {
+        st.visit(&mut |st| {
+            if let Stmt::For(l) = st {
+                names.push(k.var_info(l.var).name.clone());
+            }
+        });
+    }
+    let mut s = Schedule::new();
+    for name in names {
+        if name.starts_with(parallel) {
+            s.push(schedule::Primitive::Parallel { loop_var: name });
+        } else if name.starts_with(vector) {
+            s.push(schedule::Primitive::Vectorize { loop_var: name });
+        }
+    }
+    s
+}
+
 /// The single gemm of a kernel.
 pub(crate) fn the_gemm(k: &Kernel) -> Option<tilec_tile::Gemm> {
     let mut gemms = vec![];

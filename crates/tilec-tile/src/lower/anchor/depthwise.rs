@@ -118,6 +118,12 @@ pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Wi
     if ws[0] / g > MAX_BLOCK {
         return Some(format!("{} output channels per group, more than {MAX_BLOCK}", ws[0] / g));
     }
+    border_refusal(xs, ws, w, geo)
+}
+
+/// Why a channels-last window over `xs` with weights `ws` has too many border positions on
+/// some spatial axis (more than [`MAX_BORDER`]: padding far beyond the kernel), if it does.
+pub(super) fn border_refusal(xs: &[i64], ws: &[i64], w: &Window, geo: &[(i64, i64, i64)]) -> Option<String> {
     for (j, &(o, pb, _)) in geo.iter().enumerate() {
         let a = Axis::new(xs[1 + j], ws[2 + j], w.strides[j] as i64, w.dilations[j] as i64, pb, o);
         if a.lo > MAX_BORDER || a.out - a.hi > MAX_BORDER {

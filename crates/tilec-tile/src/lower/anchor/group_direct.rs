@@ -33,7 +33,7 @@ use tilec_ir::op::Window;
 use tilec_ir::{DType, NodeId};
 
 use super::common::val;
-use super::depthwise::{Axis, MAX_BORDER};
+use super::depthwise::{border_refusal, Axis};
 use super::super::{bin, compute_dtype, lit, Lowerer, R};
 use crate::ir::*;
 
@@ -71,13 +71,7 @@ pub fn refusal(xs: &[i64], ws: &[i64], group: usize, channels_last: bool, w: &Wi
     if ws[1] > MAX_IN_CHANNELS {
         return Some(format!("{} input channels per group, more than {MAX_IN_CHANNELS}", ws[1]));
     }
-    for (j, &(o, pb, _)) in geo.iter().enumerate() {
-        let a = Axis::new(xs[1 + j], ws[2 + j], w.strides[j] as i64, w.dilations[j] as i64, pb, o);
-        if a.lo > MAX_BORDER || a.out - a.hi > MAX_BORDER {
-            return Some(format!("{} border positions on axis {j}, more than {MAX_BORDER}", a.lo.max(a.out - a.hi)));
-        }
-    }
-    None
+    border_refusal(xs, ws, w, geo)
 }
 
 /// Lowers the grouped conv `n` (see the module doc) in blocks of `pixels` output pixels;
