@@ -148,7 +148,8 @@ pub(super) fn render_fixup(q: &Params) -> String {
 
 /// The tiles that run whole on a grid of `grid` blocks (`dp_tiles`): all, when they fill whole
 /// waves; else those of the waves before the last full one.
-pub fn whole_tiles(tiles: usize, grid: usize) -> usize {
+#[cfg(test)]
+fn whole_tiles(tiles: usize, grid: usize) -> usize {
     let waves = tiles / grid;
     if tiles % grid == 0 {
         tiles
@@ -157,9 +158,10 @@ pub fn whole_tiles(tiles: usize, grid: usize) -> usize {
     }
 }
 
-/// The decomposition as the device computes it, for tests and the host's checks: each block's
-/// units `(tile, kb_lo, kb_hi)` in order.
-pub fn units(tiles: usize, kblocks: usize, grid: usize) -> Vec<Vec<(usize, usize, usize)>> {
+/// The decomposition as the device computes it (`tl_sk_init`, `tl_sk_next`), for the tests:
+/// each block's units `(tile, kb_lo, kb_hi)` in order.
+#[cfg(test)]
+fn units(tiles: usize, kblocks: usize, grid: usize) -> Vec<Vec<(usize, usize, usize)>> {
     let g = grid;
     let dp = whole_tiles(tiles, g);
     let iters = (tiles - dp) * kblocks;
@@ -180,7 +182,8 @@ pub fn units(tiles: usize, kblocks: usize, grid: usize) -> Vec<Vec<(usize, usize
 }
 
 /// The block whose share holds split iteration `p` (`tl_sk_owner`).
-pub fn owner(p: usize, iters: usize, grid: usize) -> usize {
+#[cfg(test)]
+fn owner(p: usize, iters: usize, grid: usize) -> usize {
     ((p + 1) * grid).div_ceil(iters) - 1
 }
 
