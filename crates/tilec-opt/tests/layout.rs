@@ -426,6 +426,39 @@ fn choose_layout_prefers_nhwc_on_cuda_for_conv_chains() {
     verify(&o).unwrap();
 }
 
+/// Grouped convolutions of 8 channels per group (RegNet-Y's): channels-last on the CPU exactly
+/// where 8 output channels are whole vectors of the machine (AVX2 or narrower), which the
+/// within-group direct kernel computes without padding; NCHW where vectors are 16 wide.
+#[test]
+fn choose_layout_grouped_convs_by_vector_width() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 32, 8, 8]);
+    let mut v = x;
+    for i in 0..2 {
+        let w = random_const(&mut g, DType::F32, &[32, 8, 3, 3], 60 + i);
+        let b = random_const(&mut g, DType::F32, &[32], 70 + i);
+        let window = Window {
+            kernel: vec![3, 3],
+            strides: vec![1, 1],
+            dilations: vec![1, 1],
+            pads: Padding::Explicit(vec![1; 4]),
+        };
+        v = g
+            .add(Op::Linalg(LinalgOp::Conv { window, group: 4, channels_last: false }), &[v, w, b])
+            .unwrap();
+        v = g.add(Op::Unary(UnaryOp::Relu), &[v]).unwrap();
+    }
+    g.set_outputs(vec![v]);
+    let lanes = tilec_opt::target::CpuTarget::host().lanes_of(4);
+    let cpu = plan_layout(&g, TargetKind::Cpu);
+    print!("{lanes} lanes: {}", cpu.report());
+    assert_eq!(cpu.nhwc_regions(), usize::from(8 % lanes == 0), "8 channels per group, {lanes} lanes");
+    let mut h = g.clone();
+    apply_plan(&mut h, &cpu).unwrap();
+    verify(&h).unwrap();
+    assert_same(&g, &h, 6);
+}
+
 #[test]
 fn choose_layout_on_light_cnns() {
     let light = repo_root().join("testdata/gen/light");

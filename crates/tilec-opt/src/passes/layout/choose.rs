@@ -330,7 +330,7 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
         let (layout, reason) = match target {
             TargetKind::Cpu if convs == 0 => (Layout::Nchw, "no convolution to gain from channels-last".to_string()),
             TargetKind::Cpu => {
-                let (aligned, total) = lane_aligned_conv_flops(g, members);
+                let (aligned, total) = lane_aligned_conv_flops(g, members, host_f32_lanes());
                 if boundary > convs {
                     (Layout::Nchw, format!("{boundary} boundary transposes outweigh {convs} conv(s)"))
                 } else if aligned * 10.0 < total * 9.0 {
@@ -377,13 +377,25 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
 
 const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 
-/// Where axis `a` of an NCHW tensor lands in NHWC.
+/// Most input channels per group of a grouped convolution the CPU computes directly, vectorized
+/// within each group (`cpu.group_direct`, which takes 2-32).
+const GROUP_DIRECT_MAX_IN: usize = 32;
+
+/// The f32 lanes of this machine's vectors (8 with AVX2, 16 with AVX-512): a CPU model is
+/// compiled for the CPU it runs on.
+fn host_f32_lanes() -> usize {
+    static LANES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LANES.get_or_init(|| crate::target::CpuTarget::host().lanes_of(4))
+}
+
 /// Multiply-adds of the region's convolutions channels-last on the CPU, weighted by how much
 /// of the register tiles they fill (output channels per group padded as the CPU gemm tile
 /// pads them: one vector up to 16, three at exactly 48, else whole pairs of vectors; depthwise
 /// convs, with any channel multiplier, are direct loops over the input channels and fill
-/// them), and unweighted.
-fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
+/// them; so do grouped ones of up to [`GROUP_DIRECT_MAX_IN`] input channels per group whose
+/// output channels per group are whole vectors of `lanes`, computed within each group), and
+/// unweighted.
+fn lane_aligned_conv_flops(g: &Graph, members: &[usize], lanes: usize) -> (f64, f64) {
     let (mut aligned, mut total) = (0.0, 0.0);
     for &ni in members {
         let n = &g.nodes()[ni];
@@ -393,7 +405,8 @@ fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
         let (Some(w), Some(o)) = (w, o) else { continue };
         let work = (o.iter().product::<usize>() * w[1..].iter().product::<usize>()) as f64;
         let mg = (w[0] / (*group).max(1)).max(1);
-        let padded = if w[1] == 1 && *group > 1 && mg <= 8 {
+        let direct = *group > 1 && w[1] <= GROUP_DIRECT_MAX_IN && mg % lanes.max(1) == 0;
+        let padded = if (w[1] == 1 && *group > 1 && mg <= 8) || direct {
             mg
         } else if mg <= 16 || mg == 48 {
             mg.div_ceil(16) * 16
@@ -406,6 +419,7 @@ fn lane_aligned_conv_flops(g: &Graph, members: &[usize]) -> (f64, f64) {
     (aligned, total)
 }
 
+/// Where axis `a` of an NCHW tensor lands in NHWC.
 fn nhwc_axis(a: usize) -> usize {
     TO_NHWC.iter().position(|&p| p == a).unwrap_or(a)
 }
