@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::ir::{BinOp, Expr, VarId};
+use crate::ir::{BinOp, Expr, Stmt, VarId};
 
 /// Extents of loop variables (a variable `v` ranges over `0..ranges[v]`).
 pub type Ranges = HashMap<VarId, i64>;
@@ -421,6 +421,46 @@ pub fn simplify(e: Expr, r: &Ranges) -> Expr {
     from_lin(to_lin(e, r))
 }
 
+/// Simplifies the index of every load and store in `stmts`, with the extents of the loops
+/// around them (`r`) and of the loops inside. For a schedule that substituted `v + c` for a
+/// loop variable (a partitioned loop): a divisor or remainder that could not be simplified
+/// while its dividend might be negative (a concatenation's `i - n0`) can be once the loop
+/// starts past the branch point. Only indices are touched: element arithmetic keeps its
+/// order of operations.
+pub fn simplify_accesses(stmts: &mut [Stmt], r: &Ranges) {
+    let loads = |e: Expr, r: &Ranges| {
+        e.rewrite(&mut |e| match e {
+            Expr::Load(b, idx) => Expr::Load(b, idx.into_iter().map(|x| simplify(x, r)).collect()),
+            e => e,
+        })
+    };
+    for s in stmts {
+        match s {
+            Stmt::For(l) => {
+                let mut inner = r.clone();
+                inner.insert(l.var, l.extent);
+                simplify_accesses(&mut l.body, &inner);
+            }
+            Stmt::Store { index, value, .. } => {
+                for e in index.iter_mut() {
+                    *e = simplify(std::mem::replace(e, Expr::Int(0)), r);
+                }
+                *value = loads(std::mem::replace(value, Expr::Int(0)), r);
+            }
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => {
+                *value = loads(std::mem::replace(value, Expr::Int(0)), r);
+            }
+            Stmt::If { cond, then_, else_ } => {
+                *cond = loads(std::mem::replace(cond, Expr::Int(0)), r);
+                simplify_accesses(then_, r);
+                simplify_accesses(else_, r);
+            }
+            Stmt::Gemm(g) => simplify_accesses(&mut g.epilogue, r),
+            Stmt::Alloc(_) | Stmt::Barrier | Stmt::BlockReduce { .. } => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +499,36 @@ mod tests {
                 }
             }
             _ => unreachable!(),
+        }
+    }
+
+    /// A transposed patch grid read past a concatenation's first row: `(c * 196 + (t - 1))`
+    /// unravelled into `[256, 14, 14]` cannot simplify while `t` may be 0; once the loop over
+    /// `t` starts at 1 (`t = u + 1`, a partitioned loop), the accesses come back to
+    /// `c * 196 + u`.
+    #[test]
+    fn accesses_simplify_once_a_loop_starts_later() {
+        let (c, u) = (VarId(0), VarId(1));
+        let flat = add(mul(Expr::Var(c), 196), Expr::bin(BinOp::Sub, add(v(1), Expr::Int(1)), Expr::Int(1)));
+        let wide = Expr::bin(BinOp::Sub, add(mul(Expr::Var(c), 196), v(1)), Expr::Int(1));
+        let unravel = |f: Expr| add(add(mul(rem(div(f.clone(), 196), 256), 196), mul(rem(div(f.clone(), 14), 14), 14)), rem(f, 14));
+        let load = Expr::Load(crate::ir::BufId(0), vec![unravel(flat)]);
+        let mut body = vec![Stmt::For(crate::ir::Loop {
+            var: u,
+            extent: 196,
+            kind: crate::ir::LoopKind::Serial,
+            body: vec![Stmt::Store { buf: crate::ir::BufId(1), index: vec![unravel(wide.clone())], value: load }],
+        })];
+        let outer: Ranges = [(c, 256)].into_iter().collect();
+        simplify_accesses(&mut body, &outer);
+        let Stmt::For(l) = &body[0] else { unreachable!() };
+        let Stmt::Store { index, value, .. } = &l.body[0] else { unreachable!() };
+        assert_eq!(*value, Expr::Load(crate::ir::BufId(0), vec![add(mul(Expr::Var(c), 196), v(1))]));
+        // `c * 196 + u - 1` may be -1 (c = u = 0): its truncating remainders stay as they were,
+        // and the value is unchanged wherever it is defined.
+        let both = |cv: i64, uv: i64| move |x: VarId| if x == c { cv } else { uv };
+        for (cv, uv) in [(0, 1), (3, 0), (255, 195), (17, 100)] {
+            assert_eq!(eval(&index[0], &both(cv, uv)), eval(&unravel(wide.clone()), &both(cv, uv)));
         }
     }
 

@@ -229,6 +229,18 @@ pub fn partition(k: &mut Kernel, name: &str) -> Result<Partitioned, ScheduleErro
             }
             out.push(s);
         }
+        // Each piece starts at a known iteration: indices that stayed unsimplified for want of
+        // a sign (a concatenation's `i - n0` under a remainder) may now simplify.
+        let mut extents = crate::lower::simplify::Ranges::new();
+        for s in &k.body {
+            s.visit(&mut |s| {
+                if let Stmt::For(l) = s {
+                    let e = extents.entry(l.var).or_insert(0);
+                    *e = (*e).max(l.extent);
+                }
+            });
+        }
+        crate::lower::simplify::simplify_accesses(&mut out, &extents);
         let vanished = err(k, P, "loop vanished");
         let block = block_mut(&mut k.body, &pos.block).ok_or(vanished)?;
         block.splice(pos.idx..pos.idx + 1, out);
