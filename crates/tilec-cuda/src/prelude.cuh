@@ -20,17 +20,17 @@ __device__ __forceinline__ tl_f16 tl_st_f16(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
   return h;
 }
-// Whole 16-byte global accesses of an epilogue's lanes. Written out because the optimizer
-// may split a 16-byte copy of 16-bit lanes into 4-byte stores (NVRTC 13.0), four times the
-// store instructions of a warp. Each lane touches addresses no other access of its thread
-// does, so no memory clobber is needed.
+// Whole 16-byte global accesses of an epilogue's lanes. The store is written out because the
+// optimizer may split a 16-byte copy of 16-bit lanes into 4-byte stores (NVRTC 13.0), four
+// times the store instructions of a warp. Each lane touches addresses no other access of its
+// thread does, so no memory clobber is needed. The load stays a plain C++ load: a 16-byte
+// aligned uint4 load is one instruction, and unlike a volatile asm statement the compiler
+// may issue it ahead of earlier stores (the loads of several column groups together).
 __device__ __forceinline__ void tl_st_v4(void* p, uint4 v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
 __device__ __forceinline__ uint4 tl_ld_v4(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
+  return *reinterpret_cast<const uint4*>(p);
 }
 __device__ __forceinline__ float tl_ld_bf16(tl_bf16 h) { return __uint_as_float(((unsigned int)h.bits) << 16); }
 __device__ __forceinline__ tl_bf16 tl_st_bf16(float f) {

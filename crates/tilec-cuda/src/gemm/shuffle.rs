@@ -66,21 +66,23 @@ pub(crate) fn vector_call(vf: &str, f: &str, args: &str, n: &str, ind: &str) -> 
 
 /// The epilogue code of the consumer loop (after the tile's last wgmma has completed):
 /// `scale` is the factor applied to each accumulator (empty, or ` * ab_scale`).
+///
+/// A tile wholly inside C takes a copy of the loop without edge checks. Behind per-group
+/// checks the compiler keeps each group's loads (a residual's, say) after the previous group's
+/// stores; unguarded, it can issue the loads of several groups before their stores.
 pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
     assert_eq!(EPILOGUE_VEC, 8, "a lane regroups one 8-column group");
-    let mblocks = q.warp_m() / 64;
-    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
-    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
-    let sink = match &p.custom {
+    let (edge, interior) = match &p.custom {
         Some(c) => {
             let (args, bexpr, rexpr) = custom_args(c);
             let vf = c.vector.as_deref().unwrap_or("tl_missing_vector_epilogue");
-            format!(
-                "const long long eb = {bexpr}, er = {rexpr};\n{}",
-                vector_call(vf, &c.name, &args, "N", "                ")
+            let head = format!("const long long eb = {bexpr}, er = {rexpr};\n");
+            (
+                format!("{head}{}", vector_call(vf, &c.name, &args, "N", "                ")),
+                format!("{head}                {vf}({args}eb, er, col / 8, tl_v);"),
             )
         }
-        None => builtin_sink(p),
+        None => (builtin_sink(p, false), builtin_sink(p, true)),
     };
     let mut s = String::from(
         "      {\n        const bool tl_h1 = (lane & 1) != 0, tl_h2 = (lane & 2) != 0;\n",
@@ -90,6 +92,29 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
             "        const bool tl_vec = ((ldc | batch_stride_c) & 7) == 0 && (reinterpret_cast<unsigned long long>(c) & 15) == 0;\n",
         );
     }
+    let _ = write!(
+        s,
+        "        if (m0 + {bm} <= M && n0 + {bn} <= N) {{\n{}        }} else {{\n{}        }}\n",
+        row_blocks(q, scale, &interior, None),
+        row_blocks(q, scale, &edge, Some("row < M && col < N")),
+        bm = q.tile_m,
+        bn = q.tile_n,
+    );
+    s.push_str("      }\n");
+    s
+}
+
+/// The loops over a consumer's 64-row blocks and 8-column groups, each group regrouped and
+/// handed to `sink`, behind `guard` where given.
+fn row_blocks(q: &Params, scale: &str, sink: &str, guard: Option<&str>) -> String {
+    let mblocks = q.warp_m() / 64;
+    // The warpgroup's first 64-row block of the tile (in ping-pong each owns a whole tile).
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
+    let (open, close) = match guard {
+        Some(g) => (format!("if ({g}) {{"), "}"),
+        None => ("{".to_string(), "}"),
+    };
+    let mut s = String::new();
     for j in 0..mblocks {
         let _ = write!(
             s,
@@ -100,9 +125,9 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {{
 {regroup}              const int row = row0 + 8 * h, col = n0 + 32 * g + 8 * (lane & 3);
-              if (row < M && col < N) {{
+              {open}
                 {sink}
-              }}
+              {close}
             }}
           }}
         }}
@@ -111,19 +136,20 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
             regroup = regroup(&|i, e| format!("acc[{j}][16 * g + {} + 2 * h + {e}]{scale}", 4 * i), "              "),
         );
     }
-    s.push_str("      }\n");
     s
 }
 
 /// The built-in epilogue on a lane's 8 columns `tl_v` of `row` from `col`: bias, activation,
 /// and one 16-byte store (two for f32) where C's rows keep the alignment, else element by
-/// element.
-fn builtin_sink(p: &Problem) -> String {
+/// element. `interior`: all 8 columns are inside C, no edge checks.
+fn builtin_sink(p: &Problem, interior: bool) -> String {
     let od = p.out_dtype;
     let bias = match p.epilogue.bias {
+        Some(d) if interior => format!(" + {}", load_out(d, "bias[col + x]")),
         Some(d) => format!(" + (col + x < N ? {} : 0.0f)", load_out(d, "bias[col + x]")),
         None => String::new(),
     };
+    let (fits, inside) = if interior { ("", "") } else { (" && col + 8 <= N", "if (col + x < N) ") };
     let act = activation(p, "tl_t");
     let (vector, one) = match od {
         DType::F16 | DType::BF16 => {
@@ -148,12 +174,12 @@ fn builtin_sink(p: &Problem) -> String {
                   const float tl_t = tl_v[x]{bias};
                   tl_y[x] = {act};
                 }}
-                if (tl_vec && col + 8 <= N) {{
+                if (tl_vec{fits}) {{
                   {vector}
                 }} else {{
 #pragma unroll
                   for (int x = 0; x < 8; ++x)
-                    if (col + x < N) {one}
+                    {inside}{one}
                 }}"#,
         out_t = storage(od),
     )
