@@ -851,6 +851,10 @@ fn check_input_dtypes(p: &Problem) -> Result<(), String> {
 /// with the most arithmetic per byte of shared memory read. When those tiles would leave most
 /// SMs idle, narrower tiles (128x128, then 64-row tiles with one consumer) trade intensity for
 /// parallelism.
+///
+/// `TILEC_SM90_CLUSTER=2` (an experiment, read once) turns every choice whose M spans two
+/// tile rows or more into two-block clusters sharing B through TMA multicast (without
+/// ping-pong, which clusters exclude), to compare whole models with and without them.
 pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
     // The epilogue's stores are coalesced: from registers regrouped by warp shuffles where it
     // has a vector path, otherwise through shared memory, taking stages that no longer fit.
@@ -859,7 +863,22 @@ pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
     while q.stages > 2 && q.smem_bytes() > MAX_SMEM {
         q.stages -= 1;
     }
+    if cluster_env() && problem.m > q.tile_m {
+        let mut c = Params { cluster_m: 2, pingpong: false, stages: 8, ..q };
+        while c.stages > 2 && c.smem_bytes() > MAX_SMEM {
+            c.stages -= 1;
+        }
+        if c.validate().is_ok() {
+            q = c;
+        }
+    }
     q
+}
+
+/// Whether `TILEC_SM90_CLUSTER=2` asks for two-block clusters (see [`heuristic`]).
+fn cluster_env() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TILEC_SM90_CLUSTER").is_ok_and(|v| v.trim() == "2"))
 }
 
 /// Tile shape and pipeline depth (without the staged epilogue's shared memory).
