@@ -10,7 +10,8 @@
 //! - `bench`: the large shapes, timed (median of `--iters` runs after warm-ups, CUDA events),
 //!   each also checked on samples.
 //!
-//! - `compile`: no device: renders and compiles (NVRTC, sm_90a) every kernel of both phases.
+//! - `compile`: no device: renders and compiles (NVRTC, sm_90a) every kernel of both phases
+//!   (`--dump DIR` writes their sources).
 //!
 //! Prints one JSON object per line. `--dump DIR` writes each kernel's source and cubin there.
 
@@ -752,7 +753,11 @@ fn main() {
             }
             let name = gemm::kernel_name(&c.problem, &q);
             if selected(&c.label) && !modules.iter().any(|m| m.0 == name) {
-                modules.push((name, gemm::render(&c.problem, &q)));
+                let src = gemm::render(&c.problem, &q);
+                if let Some(dir) = &dump {
+                    let _ = std::fs::write(format!("{dir}/{name}.cu"), &src);
+                }
+                modules.push((name, src));
             }
         }
         let results = comp.compile_many(&modules);

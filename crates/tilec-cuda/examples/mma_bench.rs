@@ -14,7 +14,9 @@
 //! each convolution on the template model dispatch picks. `SM90_PARK=32` makes the Hopper
 //! template's staged epilogue park the accumulators as f32 where it would park them in 16
 //! bits (the `park16` cases of `check` and 16-bit outputs: compare in one run); `MMA_PARK=32`
-//! likewise for the mma.sync template.
+//! likewise for the mma.sync template. `EPI_RES=1` gives every case a residual operand of C's
+//! shape and dtype that the epilogue adds (as a model's products with a fused residual add
+//! do; the vector function loads 8 of it at a time with `tl_ld_v4`), checked like the rest.
 //!
 //! Prints one JSON object per line.
 
@@ -203,6 +205,20 @@ fn store(d: DType) -> &'static str {
         _ => "tl_st_bf16(tl_acc)",
     }
 }
+/// The C expression reading a stored element `e` of dtype `d` as f32.
+fn load(d: DType, e: &str) -> String {
+    match d {
+        DType::F32 => e.to_string(),
+        DType::F16 => format!("tl_ld_f16({e})"),
+        _ => format!("tl_ld_bf16({e})"),
+    }
+}
+
+/// Whether `EPI_RES=1` asks for a residual operand added in the epilogue.
+fn residual() -> bool {
+    std::env::var("EPI_RES").is_ok_and(|v| v == "1")
+}
+
 fn storage(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
@@ -221,6 +237,11 @@ fn problem(case: &Case) -> MmaProblem {
         format!("const {}* __restrict__ w_in", storage(dt)),
         format!("{}* __restrict__ y_out", storage(od)),
     ];
+    let mut params = params;
+    let res = residual();
+    if res {
+        params.push(format!("const {}* __restrict__ r_in", storage(od)));
+    }
     let (mut gp, conv, rows, index) = match &case.shape {
         Shape::Gemm { m, n, k, batch, a, b, lda, ldb } => {
             let mut p = Problem::new(*m, *n, *k, dt).with_layouts(*a, *b);
@@ -245,20 +266,31 @@ fn problem(case: &Case) -> MmaProblem {
     // `EPI_NULL=1` (an experiment): the epilogue stores only values it never sees, so the
     // kernel keeps its accumulators and the epilogue's control but writes nothing.
     let guard = if std::env::var("EPI_NULL").is_ok_and(|v| v == "1") { "if (tl_acc == 1.2345e38f) " } else { "" };
+    // With a residual, each accumulator gets its element of `r_in` added first.
+    let plus = if res { format!(" + {}", load(od, &format!("r_in[{index}]"))) } else { String::new() };
     let mut source = format!(
         "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ {guard}y_out[{index}] = {}; }}\n",
         params.join(", "),
-        store(od)
+        store(od).replace("tl_acc", &format!("(tl_acc{plus})"))
     );
     // Groups of 8 columns as one vector store where rows keep 16-byte alignment (as the
     // renderer's vector epilogue gives a model's kernels); `EPI_VEC=0` leaves them out.
     let no_vec = std::env::var("EPI_VEC").is_ok_and(|v| v == "0");
     let vector = (gp.n % 8 == 0 && !no_vec).then(|| {
+        // The residual's 8 elements in whole 16-byte loads, as a model's vector epilogue reads them.
+        let (rload, radd) = if res {
+            (
+                format!("__align__(16) {st} tl_r[8];\n  for (int w = 0; w < (int)sizeof(tl_r) / 16; ++w) reinterpret_cast<uint4*>(tl_r)[w] = tl_ld_v4(reinterpret_cast<const uint4*>(&r_in[{index}]) + w);\n  ", st = storage(od)),
+                format!(" + {}", load(od, "tl_r[l]")),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         let _ = write!(
             source,
             "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
-             __align__(16) {} tl_v[8];\n  const long long tl_j = tl_jv * 8;\n  \
-             for (int l = 0; l < 8; ++l) {{ const float tl_acc0 = tl_acc[l]; tl_v[l] = {}; }}\n  \
+             __align__(16) {} tl_v[8];\n  const long long tl_j = tl_jv * 8;\n  {rload}\
+             for (int l = 0; l < 8; ++l) {{ const float tl_acc0 = tl_acc[l]{radd}; tl_v[l] = {}; }}\n  \
              {vguard}for (int w = 0; w < (int)sizeof(tl_v) / 16; ++w) tl_st_v4(reinterpret_cast<uint4*>(&y_out[{index}]) + w, reinterpret_cast<const uint4*>(tl_v)[w]);\n}}\n",
             params.join(", "),
             storage(od),
@@ -273,7 +305,7 @@ fn problem(case: &Case) -> MmaProblem {
             let _ = write!(
                 source,
                 "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
-                 for (int l = 0; l < 8; ++l) {{ const long long tl_j = tl_jv * 8 + l; const float tl_acc0 = tl_acc[l]; {guard}y_out[{index}] = {}; }}\n}}\n",
+                 for (int l = 0; l < 8; ++l) {{ const long long tl_j = tl_jv * 8 + l; const float tl_acc0 = tl_acc[l]{plus}; {guard}y_out[{index}] = {}; }}\n}}\n",
                 params.join(", "),
                 store(od).replace("tl_acc", "tl_acc0"),
                 guard = guard.replace("tl_acc", "tl_acc0"),
@@ -434,6 +466,8 @@ fn describe_params(plan: &FamilyPlan) -> String {
 struct Data {
     a: Vec<u16>,
     b: Vec<u16>,
+    /// The residual (`EPI_RES=1`) as f64, C's shape; empty without one.
+    r: Vec<f64>,
     da: DeviceBuffer,
     db: DeviceBuffer,
 }
@@ -452,6 +486,11 @@ fn sizes(case: &Case) -> (usize, usize, usize) {
 
 /// The reference value of output element `idx` (dense C).
 fn reference(case: &Case, d: &Data, idx: usize) -> f64 {
+    d.r.get(idx).copied().unwrap_or(0.0) + product(case, d, idx)
+}
+
+/// The matrix product's (or convolution's) value of output element `idx`.
+fn product(case: &Case, d: &Data, idx: usize) -> f64 {
     let dt = case.dtype;
     match &case.shape {
         Shape::Gemm { m, n, k, a, b, lda, ldb, .. } => {
@@ -513,11 +552,32 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, case: &Case, iters: 
     let a: Vec<u16> = (0..ea).map(|_| to_bits(case.dtype, rng.unit())).collect();
     let b: Vec<u16> = (0..eb).map(|_| to_bits(case.dtype, rng.unit())).collect();
     let (da, db) = (up(&a).map_err(s)?, up(&b).map_err(s)?);
-    let d = Data { a, b, da, db };
     let osz = case.out.size_bytes();
+    // The residual in C's dtype (`EPI_RES=1`), rounded as the kernel reads it.
+    let (r, dr) = if residual() {
+        let (bits, vals): (Vec<u8>, Vec<f64>) = match case.out {
+            DType::F32 => {
+                let v: Vec<f32> = (0..ec).map(|_| rng.unit()).collect();
+                (v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.iter().map(|&x| x as f64).collect())
+            }
+            o => {
+                let v: Vec<u16> = (0..ec).map(|_| to_bits(o, rng.unit())).collect();
+                (v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.iter().map(|&x| from_bits(o, x)).collect())
+            }
+        };
+        let buf = dev.alloc(bits.len().max(4)).map_err(s)?;
+        buf.write(0, &bits).map_err(s)?;
+        (vals, Some(buf))
+    } else {
+        (vec![], None)
+    };
+    let d = Data { a, b, r, da, db };
     // Rounded up to whole words for the 32-bit poison fill (a ragged 16-bit C is odd-sized).
     let dc = dev.alloc((ec * osz).next_multiple_of(4)).map_err(s)?;
-    let ptrs = [d.da.ptr(), d.db.ptr(), dc.ptr()];
+    let mut ptrs = vec![d.da.ptr(), d.db.ptr(), dc.ptr()];
+    if let Some(r) = &dr {
+        ptrs.push(r.ptr());
+    }
     kern.bind(stream, &ptrs).map_err(s)?;
     dc.fill_u32(stream, 0xffff_ffff).map_err(s)?;
     kern.launch(stream, &ptrs).map_err(s)?;
@@ -577,7 +637,7 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, case: &Case, iters: 
     // `EPI_NULL=1` stores nothing by design: time it although its outputs cannot match.
     if case.time && (ok || std::env::var("EPI_NULL").is_ok_and(|v| v == "1")) {
         let ms = common::time_ms(dev, stream, 5, iters, || kern.launch(stream, &ptrs)).map_err(s)?;
-        let bytes = (ea + eb) * 2 + ec * osz;
+        let bytes = (ea + eb) * 2 + ec * osz * if dr.is_some() { 2 } else { 1 };
         j["ms"] = json!(ms);
         j["tflops"] = json!(2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch as f64 / ms / 1e9);
         j["tb_s"] = json!(bytes as f64 / ms / 1e9);
