@@ -126,7 +126,7 @@ fn problem(c: &Case) -> Problem {
     p.batch = c.batch;
     p.batch_stride_a = c.lda * if c.a == R { c.m } else { c.k };
     p.batch_stride_b = if c.shared_b { 0 } else { c.ldb * if c.b == R { c.k } else { c.n } };
-    p.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows: None, rounds_to: None, vector: None });
+    p.custom = Some(CustomEpilogue { loads: false, name: "tl_epi".into(), source, params, rows: None, rounds_to: None, vector: None });
     p
 }
 

@@ -165,7 +165,7 @@ fn problem(c: &Case) -> Problem {
         c.n,
         store(c.out)
     );
-    p.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows: None, rounds_to: None, vector: None });
+    p.custom = Some(CustomEpilogue { loads: false, name: "tl_epi".into(), source, params, rows: None, rounds_to: None, vector: None });
     p
 }
 

@@ -316,7 +316,7 @@ fn problem(case: &Case) -> MmaProblem {
     gp.out_dtype = od;
     // The function's first step is the cast to a 16-bit output: the templates may round first.
     let rounds_to = matches!(od, DType::F16 | DType::BF16).then_some(od);
-    gp.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows, rounds_to, vector });
+    gp.custom = Some(CustomEpilogue { loads: res, name: "tl_epi".into(), source, params, rows, rounds_to, vector });
     gp.conv = conv;
     MmaProblem { gemm: gp, conv }
 }

@@ -26,6 +26,7 @@ fn problem(m: usize, n: usize, k: usize, batch: usize, b: Layout, dt: DType) -> 
     p.lda = Some(k.next_multiple_of(8));
     p.ldb = Some(if b == Layout::ColMajor { k.next_multiple_of(8) } else { n });
     p.custom = Some(CustomEpilogue {
+        loads: false,
         name: "f".into(),
         source: format!("__device__ __forceinline__ void f(const {ty}* a, const {ty}* b, float* o, long long bz, long long r, long long c, float v) {{ o[(bz * {m} + r) * {n} + c] = v; }}\n"),
         params: vec![format!("const {ty}* __restrict__ a"), format!("const {ty}* __restrict__ b"), "float* __restrict__ o".into()],

@@ -211,7 +211,7 @@ fn epilogue(p: &mut Problem, flatten: Option<usize>) {
         "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ c[{index}] = tl_acc; }}\n",
         params.join(", ")
     );
-    p.custom = Some(CustomEpilogue { name: "tl_epi".into(), source, params, rows: flatten, rounds_to: None, vector: None });
+    p.custom = Some(CustomEpilogue { loads: false, name: "tl_epi".into(), source, params, rows: flatten, rounds_to: None, vector: None });
 }
 
 const A0: OperandRef = OperandRef { param: 0, offset_bytes: 0 };

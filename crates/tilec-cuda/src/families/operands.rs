@@ -379,7 +379,25 @@ pub fn epilogue_fn(k: &Kernel, g: &Gemm, rows: Option<usize>) -> Result<CustomEp
         Ok(v) => (source + &v, Some(vec_fn.to_string())),
         Err(_) => (source, None),
     };
+    // Whether the epilogue reads any tensor of the kernel's (a bias, a residual).
+    let mut loads = false;
+    for s in &g.epilogue {
+        s.visit(&mut |s| {
+            let mut e = vec![];
+            if let Stmt::Store { value, .. } | Stmt::Let { value, .. } | Stmt::Assign { value, .. } = s {
+                e.push(value);
+            }
+            for v in e {
+                v.visit(&mut |x| {
+                    if let Expr::Load(b, _) = x {
+                        loads |= k.buf(*b).scope == Scope::Global;
+                    }
+                });
+            }
+        });
+    }
     Ok(CustomEpilogue {
+        loads,
         name: entry_fn.into(),
         source,
         params: crate::render::param_list(&plain),

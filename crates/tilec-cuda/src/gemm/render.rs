@@ -1073,6 +1073,7 @@ mod tests {
     fn sixteen_bit_parking_round_trips_without_bank_conflicts() {
         let mut p = Problem::new(300, 200, 64, DType::F16);
         p.custom = Some(super::super::CustomEpilogue {
+            loads: false,
             name: "f".into(),
             source: String::new(),
             params: vec![],

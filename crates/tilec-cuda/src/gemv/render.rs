@@ -393,6 +393,7 @@ mod tests {
     pub(crate) fn problem(m: usize, n: usize, k: usize, b: Layout) -> Problem {
         let mut g = Problem::new(m, n, k, DType::BF16).with_layouts(Layout::RowMajor, b);
         g.custom = Some(CustomEpilogue {
+            loads: false,
             name: "tl_epi".into(),
             source: String::new(),
             params: vec!["const tl_bf16* __restrict__ a".into(), "const tl_bf16* __restrict__ b".into(), "float* __restrict__ c".into()],

@@ -6,7 +6,7 @@ use super::*;
 use crate::gemm::{BatchSplit, CustomEpilogue};
 
 fn with_epi(mut p: Problem) -> Problem {
-    p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
+    p.custom = Some(CustomEpilogue { loads: false, name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
     p
 }
 

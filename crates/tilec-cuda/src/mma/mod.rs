@@ -334,7 +334,7 @@ mod tests {
     use crate::gemm::CustomEpilogue;
 
     fn with_epi(mut p: Problem) -> MmaProblem {
-        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
+        p.custom = Some(CustomEpilogue { loads: false, name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
         MmaProblem { gemm: p, conv: None }
     }
 

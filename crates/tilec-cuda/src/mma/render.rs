@@ -676,6 +676,7 @@ mod tests {
     fn problem(a: Layout, b: Layout) -> MmaProblem {
         let mut g = Problem::new(300, 200, 136, DType::BF16).with_layouts(a, b);
         g.custom = Some(CustomEpilogue {
+            loads: false,
             name: "tl_epi".into(),
             source: String::new(),
             params: vec!["const tl_bf16* __restrict__ a".into(), "const tl_bf16* __restrict__ b".into(), "float* __restrict__ c".into()],

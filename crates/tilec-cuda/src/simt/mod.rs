@@ -233,7 +233,7 @@ mod tests {
     use crate::gemm::CustomEpilogue;
 
     pub(crate) fn with_epi(mut p: Problem) -> Problem {
-        p.custom = Some(CustomEpilogue { name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
+        p.custom = Some(CustomEpilogue { loads: false, name: "f".into(), source: "x".into(), params: vec![], rows: None, rounds_to: None, vector: None });
         p
     }
 

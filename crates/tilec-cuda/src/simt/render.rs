@@ -427,6 +427,7 @@ mod tests {
     fn problem(a: Layout, b: Layout) -> Problem {
         let mut g = Problem::new(291, 203, 130, DType::F32).with_layouts(a, b);
         g.custom = Some(CustomEpilogue {
+            loads: false,
             name: "tl_epi".into(),
             source: String::new(),
             params: vec!["const float* __restrict__ a".into(), "const float* __restrict__ b".into(), "float* __restrict__ c".into()],
