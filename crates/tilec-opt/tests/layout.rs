@@ -358,10 +358,16 @@ fn no_transpose_growth_on_models() {
 }
 
 fn conv_chain(g: &mut Graph, x: ValueId, n: usize) -> ValueId {
+    grouped_conv_chain(g, x, n, 4, 1, 20)
+}
+
+/// `n` times a 3x3 convolution of `c` channels in `group` groups (weights seeded from `seed`,
+/// biases from `seed + 20`) and a ReLU.
+fn grouped_conv_chain(g: &mut Graph, x: ValueId, n: usize, c: usize, group: usize, seed: u64) -> ValueId {
     let mut v = x;
     for i in 0..n {
-        let w = random_const(g, DType::F32, &[4, 4, 3, 3], 20 + i as u64);
-        let b = random_const(g, DType::F32, &[4], 40 + i as u64);
+        let w = random_const(g, DType::F32, &[c, c / group, 3, 3], seed + i as u64);
+        let b = random_const(g, DType::F32, &[c], seed + 20 + i as u64);
         let window = Window {
             kernel: vec![3, 3],
             strides: vec![1, 1],
@@ -369,14 +375,7 @@ fn conv_chain(g: &mut Graph, x: ValueId, n: usize) -> ValueId {
             pads: Padding::Explicit(vec![1; 4]),
         };
         v = g
-            .add(
-                Op::Linalg(LinalgOp::Conv {
-                    window,
-                    group: 1,
-                    channels_last: false,
-                }),
-                &[v, w, b],
-            )
+            .add(Op::Linalg(LinalgOp::Conv { window, group, channels_last: false }), &[v, w, b])
             .unwrap();
         v = g.add(Op::Unary(UnaryOp::Relu), &[v]).unwrap();
     }
@@ -433,21 +432,7 @@ fn choose_layout_prefers_nhwc_on_cuda_for_conv_chains() {
 fn choose_layout_grouped_convs_by_vector_width() {
     let mut g = Graph::new("t");
     let x = input(&mut g, DType::F32, &[1, 32, 8, 8]);
-    let mut v = x;
-    for i in 0..2 {
-        let w = random_const(&mut g, DType::F32, &[32, 8, 3, 3], 60 + i);
-        let b = random_const(&mut g, DType::F32, &[32], 70 + i);
-        let window = Window {
-            kernel: vec![3, 3],
-            strides: vec![1, 1],
-            dilations: vec![1, 1],
-            pads: Padding::Explicit(vec![1; 4]),
-        };
-        v = g
-            .add(Op::Linalg(LinalgOp::Conv { window, group: 4, channels_last: false }), &[v, w, b])
-            .unwrap();
-        v = g.add(Op::Unary(UnaryOp::Relu), &[v]).unwrap();
-    }
+    let v = grouped_conv_chain(&mut g, x, 2, 32, 4, 60);
     g.set_outputs(vec![v]);
     let lanes = tilec_opt::target::CpuTarget::host().lanes_of(4);
     let cpu = plan_layout(&g, TargetKind::Cpu);
