@@ -289,6 +289,18 @@ fn sixteen_bit_convolutions_run_as_implicit_gemms_on_tensor_cores() {
     assert!(why.iter().any(|w| w.contains("weights are not a constant")), "{why:#?}");
 }
 
+/// A convolution with tiles for one and a half waves whose epilogue reads its bias runs in
+/// two-block clusters without ping-pong (both warpgroups share each tile's epilogue).
+#[test]
+fn convolutions_with_a_bias_take_two_block_clusters() {
+    let p = prepared(&conv(DType::F16, 64, 128, 28, 128, 3, 1, 3, false), &GpuTarget::hopper());
+    let sm90: Vec<_> = p.kernels().into_iter().filter(|k| k.family.decision.family == "sm90_tc_gemm").collect();
+    assert_eq!(sm90.len(), 1, "{:?}", p.kernels().iter().map(|k| k.family.describe()).collect::<Vec<_>>());
+    let src = &sm90[0].source.source;
+    assert!(src.contains("__cluster_dims__(2, 1, 1)"), "{}", sm90[0].family.describe());
+    assert!(!src.contains("bar.sync %0, 256;"), "ping-pong: {}", sm90[0].family.describe());
+}
+
 #[test]
 fn family_kernels_compile_with_nvrtc() {
     let nv = match tilec::cuda::Nvrtc::load() {

@@ -382,17 +382,9 @@ pub fn epilogue_fn(k: &Kernel, g: &Gemm, rows: Option<usize>) -> Result<CustomEp
     // Whether the epilogue reads any tensor of the kernel's (a bias, a residual).
     let mut loads = false;
     for s in &g.epilogue {
-        s.visit(&mut |s| {
-            let mut e = vec![];
-            if let Stmt::Store { value, .. } | Stmt::Let { value, .. } | Stmt::Assign { value, .. } = s {
-                e.push(value);
-            }
-            for v in e {
-                v.visit(&mut |x| {
-                    if let Expr::Load(b, _) = x {
-                        loads |= k.buf(*b).scope == Scope::Global;
-                    }
-                });
+        crate::schedule::each_expr(s, &mut |x| {
+            if let Expr::Load(b, _) = x {
+                loads |= k.buf(*b).scope == Scope::Global;
             }
         });
     }
