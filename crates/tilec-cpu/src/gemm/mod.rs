@@ -27,7 +27,7 @@ pub use gemv::MAX_ROWS as GEMV_MAX_ROWS;
 
 use crate::cpuinfo::CpuInfo;
 use crate::render::{convert, value_type, Ctx, RenderError, Renderer};
-use pack::{im2col_form, im2col_of, im2col_pack, im2col_pack_a, indirect_code, k_contiguous, operand_params, uses_var};
+use pack::{im2col_form, im2col_of, im2col_pack, im2col_pack_a, im2col_pack_avx2, unit_columns, indirect_code, k_contiguous, operand_params, uses_var};
 use tilec_tile::indirect::indirect_form;
 use ukr::{micro_kernel, micro_kernel_indirect};
 
@@ -369,6 +369,9 @@ fn render_blocked(r: &mut Renderer, g: &Gemm, ctx: Ctx) -> Result<(), RenderErro
     let b_fast = match im2col_form(r, g) {
         Some(f) if !double && cpu.avx512f && bl.lanes == 16 && nr % 16 == 0 => {
             Some(im2col_pack(r, g, &f, nr)?)
+        }
+        Some(f) if !double && !cpu.avx512f && cpu.avx2 && bl.lanes == 8 && nr % 8 == 0 && unit_columns(&f, g.j_var) => {
+            Some(im2col_pack_avx2(r, g, &f, nr)?)
         }
         _ => None,
     };

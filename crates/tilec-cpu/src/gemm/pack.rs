@@ -81,20 +81,7 @@ pub(super) fn im2col_of(r: &Renderer, g: &Gemm, e: &Expr, vec: VarId) -> Option<
 /// panel edge; a stride-2 vector's loads are masked by the same bounds, spread to the even
 /// elements, so no masked-off element is read).
 pub(super) fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String, RenderError> {
-    let (vb, vj, vk) = (r.var_name(g.b_var), r.var_name(g.j_var), r.var_name(g.k_var));
-    r.open_scope();
-    for v in [g.b_var, g.j_var, g.k_var] {
-        r.declare(v);
-    }
-    let mut ex = |e: &Expr| -> Result<String, RenderError> { Ok(r.expr(e)?.0) };
-    let off_row = ex(&f.off.0)?;
-    let off_col = ex(&f.off.1)?;
-    let mut atoms = vec![];
-    for (op, row, col) in &f.atoms {
-        atoms.push((*op, ex(row)?, ex(col)?));
-    }
-    r.close_scope();
-    let _ = vb;
+    let (vj, vk, off_row, off_col, atoms) = b_parts(r, g, f)?;
     let nv = nr / 16;
     let src = format!("buf{}", f.buf.0);
     let mut tab = String::new();
@@ -162,6 +149,120 @@ pub(super) fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Re
                         tc_ct[v] = c ? 1 : c2 ? 2 : 0;
                     }}
                     const __m512i tc_even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                    for (int64_t kk = 0; kk < kc; ++kk) {{
+                        const int64_t {vk} = pc + kk;
+                        const float *xr = {src} + ({off_row});{row}{vecs}
+                    }}
+                }}"#
+    ))
+}
+
+/// Whether an [`Im2col`] operand's columns are consecutive elements: its column offset is `j`
+/// plus terms free of `j` (so a panel's vectors are contiguous but at the bounds).
+pub(super) fn unit_columns(f: &Im2col, j: VarId) -> bool {
+    fn coef(e: &Expr, j: VarId) -> Option<i64> {
+        let mut uses = false;
+        e.visit(&mut |x| uses |= matches!(x, Expr::Var(v) if *v == j));
+        if !uses {
+            return Some(0);
+        }
+        match e {
+            Expr::Var(_) => Some(1),
+            Expr::Binary(BinOp::Add, a, b) => Some(coef(a, j)? + coef(b, j)?),
+            Expr::Binary(BinOp::Sub, a, b) => Some(coef(a, j)? - coef(b, j)?),
+            Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
+                (x, Expr::Int(k)) | (Expr::Int(k), x) => Some(coef(x, j)? * k),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    coef(&f.off.1, j) == Some(1)
+}
+
+/// The variable names of `B`'s column and row, and the C text of an [`Im2col`] operand's row
+/// and column offsets and bounds (`OP`, row part, column part).
+#[allow(clippy::type_complexity)]
+fn b_parts(r: &mut Renderer, g: &Gemm, f: &Im2col) -> Result<(String, String, String, String, Vec<(BinOp, String, String)>), RenderError> {
+    let (vj, vk) = (r.var_name(g.j_var), r.var_name(g.k_var));
+    r.open_scope();
+    for v in [g.b_var, g.j_var, g.k_var] {
+        r.declare(v);
+    }
+    let mut ex = |e: &Expr| -> Result<String, RenderError> { Ok(r.expr(e)?.0) };
+    let off_row = ex(&f.off.0)?;
+    let off_col = ex(&f.off.1)?;
+    let mut atoms = vec![];
+    for (op, row, col) in &f.atoms {
+        atoms.push((*op, ex(row)?, ex(col)?));
+    }
+    r.close_scope();
+    Ok((vj, vk, off_row, off_col, atoms))
+}
+
+/// The B packing loop for an [`Im2col`] operand with AVX2 (f32, `nr` a multiple of 8), as
+/// [`im2col_pack`] with 8-column vectors: per panel the column parts are tabulated once; per
+/// row, each vector is one masked load (`vmaskmovps`, which reads no masked-off element)
+/// where the columns are contiguous in memory, else element by element under the same mask.
+/// For operands whose columns are consecutive ([`unit_columns`]: a transposed convolution's
+/// phase, a stride-1 convolution in NCHW); strided ones keep the plain loop (Wav2Vec2's 1-D
+/// convolutions were 7% slower through this one).
+pub(super) fn im2col_pack_avx2(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String, RenderError> {
+    let (vj, vk, off_row, off_col, atoms) = b_parts(r, g, f)?;
+    let nv = nr / 8;
+    let src = format!("buf{}", f.buf.0);
+    let mut tab = String::new();
+    let mut decl = format!("int32_t tc_cc[{nr}] __attribute__((aligned(32)));");
+    for (a, (_, _, col)) in atoms.iter().enumerate() {
+        decl.push_str(&format!(" int32_t tc_ca{a}[{nr}] __attribute__((aligned(32)));"));
+        tab.push_str(&format!(" tc_ca{a}[jj] = (int32_t)({col});"));
+    }
+    let mut row = String::new();
+    for (a, (_, rr, _)) in atoms.iter().enumerate() {
+        row.push_str(&format!(" const __m256i tc_t{a} = _mm256_set1_epi32((int32_t)(-({rr})));"));
+    }
+    let mut vecs = String::new();
+    for v in 0..nv {
+        let o = v * 8;
+        // Each bound `col OP -row` on the column parts `c` against `t = -row`.
+        let mut m = format!("tc_em[{v}]");
+        for (a, (op, _, _)) in atoms.iter().enumerate() {
+            let c = format!("_mm256_load_si256((const __m256i *)(tc_ca{a} + {o}))");
+            let t = format!("tc_t{a}");
+            let test = match op {
+                BinOp::Lt => format!("_mm256_cmpgt_epi32({t}, {c})"),
+                BinOp::Gt => format!("_mm256_cmpgt_epi32({c}, {t})"),
+                BinOp::Le => format!("_mm256_xor_si256(_mm256_cmpgt_epi32({c}, {t}), tc_ones)"),
+                _ => format!("_mm256_xor_si256(_mm256_cmpgt_epi32({t}, {c}), tc_ones)"),
+            };
+            m = format!("_mm256_and_si256({m}, {test})");
+        }
+        vecs.push_str(&format!(
+            r#"
+                            {{ const __m256i m = {m};
+                              if (tc_ct[{v}]) _mm256_storeu_ps(dst + kk * {nr} + {o}, _mm256_maskload_ps(xr + tc_cc[{o}], m));
+                              else {{ int32_t mm[8] __attribute__((aligned(32))); _mm256_store_si256((__m256i *)mm, m);
+                                     for (int l = 0; l < 8; ++l) dst[kk * {nr} + {o} + l] = mm[l] ? xr[tc_cc[{o} + l]] : 0.0f; }} }}"#
+        ));
+    }
+    Ok(format!(
+        r#"for (int64_t jp = 0; jp < nc; jp += {nr}) {{
+                    float *TC_RESTRICT dst = pb + jp * kc;
+                    const int64_t nvalid = nc - jp < {nr} ? nc - jp : {nr};
+                    {decl}
+                    __m256i tc_em[{nv}]; int tc_ct[{nv}];
+                    const __m256i tc_ones = _mm256_set1_epi32(-1), tc_lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                    for (int64_t jj = 0; jj < {nr}; ++jj) {{
+                        const int64_t {vj} = jc + jp + (jj < nvalid ? jj : 0);
+                        tc_cc[jj] = (int32_t)({off_col});{tab}
+                    }}
+                    for (int64_t v = 0; v < {nv}; ++v) {{
+                        const int64_t left = nvalid - v * 8;
+                        tc_em[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(left < 0 ? 0 : left > 8 ? 8 : left)), tc_lane);
+                        int c = 1;
+                        for (int64_t l = 1; l < 8; ++l) c &= tc_cc[v * 8 + l] == tc_cc[v * 8] + l || v * 8 + l >= nvalid;
+                        tc_ct[v] = c;
+                    }}
                     for (int64_t kk = 0; kk < kc; ++kk) {{
                         const int64_t {vk} = pc + kk;
                         const float *xr = {src} + ({off_row});{row}{vecs}
