@@ -81,7 +81,7 @@ pub(super) fn im2col_of(r: &Renderer, g: &Gemm, e: &Expr, vec: VarId) -> Option<
 /// panel edge; a stride-2 vector's loads are masked by the same bounds, spread to the even
 /// elements, so no masked-off element is read).
 pub(super) fn im2col_pack(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String, RenderError> {
-    let (vj, vk, off_row, off_col, atoms) = b_parts(r, g, f)?;
+    let (vj, vk, off_row, off_col, atoms) = im2col_parts(r, g, f, g.j_var)?;
     let nv = nr / 16;
     let src = format!("buf{}", f.buf.0);
     let mut tab = String::new();
@@ -180,13 +180,14 @@ pub(super) fn unit_columns(f: &Im2col, j: VarId) -> bool {
     coef(&f.off.1, j) == Some(1)
 }
 
-/// The variable names of `B`'s column and row, and the C text of an [`Im2col`] operand's row
-/// and column offsets and bounds (`OP`, row part, column part).
+/// The variable names of an [`Im2col`] operand's vector axis `vec` (`B`'s column, `A`'s row)
+/// and of `k`, and the C text of its offsets (`k` part, `vec` part) and bounds (`OP`, `k` part,
+/// `vec` part).
 #[allow(clippy::type_complexity)]
-fn b_parts(r: &mut Renderer, g: &Gemm, f: &Im2col) -> Result<(String, String, String, String, Vec<(BinOp, String, String)>), RenderError> {
-    let (vj, vk) = (r.var_name(g.j_var), r.var_name(g.k_var));
+fn im2col_parts(r: &mut Renderer, g: &Gemm, f: &Im2col, vec: VarId) -> Result<(String, String, String, String, Vec<(BinOp, String, String)>), RenderError> {
+    let (vj, vk) = (r.var_name(vec), r.var_name(g.k_var));
     r.open_scope();
-    for v in [g.b_var, g.j_var, g.k_var] {
+    for v in [g.b_var, vec, g.k_var] {
         r.declare(v);
     }
     let mut ex = |e: &Expr| -> Result<String, RenderError> { Ok(r.expr(e)?.0) };
@@ -208,7 +209,7 @@ fn b_parts(r: &mut Renderer, g: &Gemm, f: &Im2col) -> Result<(String, String, St
 /// phase, a stride-1 convolution in NCHW); strided ones keep the plain loop (Wav2Vec2's 1-D
 /// convolutions were 7% slower through this one).
 pub(super) fn im2col_pack_avx2(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) -> Result<String, RenderError> {
-    let (vj, vk, off_row, off_col, atoms) = b_parts(r, g, f)?;
+    let (vj, vk, off_row, off_col, atoms) = im2col_parts(r, g, f, g.j_var)?;
     let nv = nr / 8;
     let src = format!("buf{}", f.buf.0);
     let mut tab = String::new();
@@ -275,19 +276,7 @@ pub(super) fn im2col_pack_avx2(r: &mut Renderer, g: &Gemm, f: &Im2col, nr: i64) 
 /// panel the row parts are tabulated once; per `k`, the panel's `mr` values are one masked load
 /// where the rows are contiguous in memory, a masked gather elsewhere.
 pub(super) fn im2col_pack_a(r: &mut Renderer, g: &Gemm, f: &Im2col, mr: i64) -> Result<String, RenderError> {
-    let (vi, vk) = (r.var_name(g.i_var), r.var_name(g.k_var));
-    r.open_scope();
-    for v in [g.b_var, g.i_var, g.k_var] {
-        r.declare(v);
-    }
-    let mut ex = |e: &Expr| -> Result<String, RenderError> { Ok(r.expr(e)?.0) };
-    let off_k = ex(&f.off.0)?;
-    let off_i = ex(&f.off.1)?;
-    let mut atoms = vec![];
-    for (op, kp, ip) in &f.atoms {
-        atoms.push((*op, ex(kp)?, ex(ip)?));
-    }
-    r.close_scope();
+    let (vi, vk, off_k, off_i, atoms) = im2col_parts(r, g, f, g.i_var)?;
     let src = format!("buf{}", f.buf.0);
     let mut decl = String::from("int32_t tc_rc[16] __attribute__((aligned(64)));");
     let mut tab = String::new();
