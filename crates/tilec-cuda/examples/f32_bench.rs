@@ -1,6 +1,6 @@
 //! Checks and times the exact-f32 SIMT GEMM family (`simt_f32_gemm`) on a GPU.
 //!
-//! Usage: `f32_bench check|bench [--iters N] [--only SUBSTRING] [--dump DIR]`
+//! Usage: `f32_bench check|bench|compile [--iters N] [--only SUBSTRING] [--dump DIR]`
 //! - `check`: small and ragged shapes over the four layout pairs, misaligned leading
 //!   dimensions (scalar reads), batches (a broadcast B too), M = 1, split-K and a custom
 //!   epilogue (bias and ReLU): fresh random inputs, the output poisoned with NaN first, each
@@ -261,8 +261,38 @@ fn main() {
         eprintln!("f32_bench: {e}");
         std::process::exit(1)
     };
+    if phase == "compile" {
+        // No device: renders and compiles (NVRTC, sm_90a) the kernels of both phases for 132
+        // SMs; `--dump DIR` writes their sources and cubins.
+        let nv = Nvrtc::load().unwrap_or_else(|e| fail(e.to_string()));
+        let comp = Compiler::new(nv, "sm_90a").with_cache_dir(None);
+        let mut modules: Vec<(String, String)> = vec![];
+        for c in check_cases().into_iter().chain(bench_cases()) {
+            let p = problem(&c);
+            let q = params_of(&c, &p, 132);
+            let name = simt::kernel_name(&p, &q, &A, &B);
+            if only.as_ref().is_none_or(|o| c.label.contains(o.as_str())) && simt::applies(&p, &q, (9, 0)).is_ok() && !modules.iter().any(|m| m.0 == name) {
+                modules.push((name, simt::render(&p, &q, &A, &B)));
+            }
+        }
+        let results = comp.compile_many(&modules);
+        for (r, (name, src)) in results.iter().zip(&modules) {
+            match r {
+                Ok(c) => {
+                    if let Some(dir) = &dump {
+                        let _ = std::fs::write(format!("{dir}/{name}.cu"), src);
+                        let _ = std::fs::write(format!("{dir}/{name}.cubin"), &c.image);
+                    }
+                }
+                Err(e) => println!("{}", json!({"compile_error": name, "error": e.to_string()})),
+            }
+        }
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        println!("{}", json!({"compiled": modules.len(), "failed": failed}));
+        std::process::exit(i32::from(failed > 0));
+    }
     if phase != "check" && phase != "bench" {
-        fail(format!("unknown phase {phase:?} (check or bench)"));
+        fail(format!("unknown phase {phase:?} (check, bench or compile)"));
     }
     let dev = Device::open(0).unwrap_or_else(|e| fail(e.to_string()));
     let nv = Nvrtc::load().unwrap_or_else(|e| fail(e.to_string()));

@@ -61,6 +61,18 @@ fn check_cases() -> Vec<Case> {
     }
     // Odd N: row-major A, column-major B (the weight layout), odd ldc takes scalar stores.
     add("odd_n", pr(200, 517, 136, DType::BF16, R, C), None);
+    // Odd N over several tiles of each width (each row a different offset from 16-byte
+    // alignment: element-wise stores), with a bias and GELU.
+    for tn in [64, 128, 192, 256] {
+        let mut p = pr(520, 1031, 192, DType::F16, R, C);
+        p.epilogue = Epilogue { bias: Some(DType::F16), activation: Activation::Gelu };
+        let q = Params { tile_n: tn, ..gemm::heuristic(&p, 132) };
+        add(&format!("odd_n_tiles_{tn}"), p.clone(), Some(q));
+        if tn == 256 {
+            let q = Params { tile_m: 128, consumers: 2, stages: 4, ..q };
+            add("odd_n_tiles_128x256_c2", p, Some(q));
+        }
+    }
     let mut padded = pr(130, 72, 1000, DType::F16, R, R);
     padded.ldc = Some(80);
     add("ldc_padded", padded, None);
@@ -286,6 +298,10 @@ fn bench_cases() -> Vec<Case> {
         pr(4096, 4096, 4096, DType::BF16, R, R),
         None,
     );
+    // GPT-2's LM head: a plain product into rows of 50257 (not 16-byte aligned: element-wise
+    // stores), and padded to 50264 (aligned rows), to compare.
+    add("gpt2_lmhead_f16_4096x50257x768", pr(4096, 50257, 768, DType::F16, R, C), None);
+    add("gpt2_lmhead_pad8_f16_4096x50264x768", pr(4096, 50264, 768, DType::F16, R, C), None);
     let mut ep = pr(8192, 4096, 16384, DType::BF16, R, C);
     ep.epilogue = Epilogue {
         bias: Some(DType::BF16),
@@ -693,6 +709,9 @@ fn with_env(q: Params) -> Params {
     let mut q = q;
     if let Some(v) = flag("GEMM_STAGED") {
         q.staged = v != 0;
+    }
+    if let Some(v) = flag("GEMM_PARK16") {
+        q.park16 = v != 0;
     }
     if let Some(v) = flag("GEMM_SHUFFLE") {
         q.shuffle = v != 0;

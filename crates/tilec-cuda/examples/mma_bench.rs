@@ -17,6 +17,7 @@
 //! likewise for the mma.sync template. `EPI_RES=1` gives every case a residual operand of C's
 //! shape and dtype that the epilogue adds (as a model's products with a fused residual add
 //! do; the vector function loads 8 of it at a time with `tl_ld_v4`), checked like the rest.
+//! `EPI_GELU=1` applies GELU (tanh form) to each value before the store, likewise checked.
 //!
 //! Prints one JSON object per line.
 
@@ -189,6 +190,8 @@ fn bench_cases() -> Vec<Case> {
     // as the embedding stores them (K-contiguous) and transposed.
     add("gpt2_lmhead_f16_4096x50257x768".into(), DType::F16, gemm(4096, 50257, 768, 1, R, C));
     add("gpt2_lmhead_rr_f16_4096x50257x768".into(), DType::F16, gemm(4096, 50257, 768, 1, R, R));
+    // The same with the vocabulary padded to a multiple of 8 (every row 16-byte aligned).
+    add("gpt2_lmhead_pad8_f16_4096x50264x768".into(), DType::F16, gemm(4096, 50264, 768, 1, R, C));
     for (i, (h, c, o, k, s)) in resnet50_convs().into_iter().enumerate() {
         add(format!("resnet50_conv{i:02}_{h}x{c}x{o}_k{k}s{s}"), DType::F16, conv(64, h, c, o, k, s, k / 2, 1));
     }
@@ -217,6 +220,23 @@ fn load(d: DType, e: &str) -> String {
 /// Whether `EPI_RES=1` asks for a residual operand added in the epilogue.
 fn residual() -> bool {
     std::env::var("EPI_RES").is_ok_and(|v| v == "1")
+}
+
+/// Whether `EPI_GELU=1` asks for GELU (tanh form, as GPT-2's MLP) on each value before the
+/// store: an epilogue with arithmetic to hide.
+fn gelu() -> bool {
+    std::env::var("EPI_GELU").is_ok_and(|v| v == "1")
+}
+
+/// `e` through the epilogue's activation (`EPI_GELU`), in the form a model's kernel takes for
+/// 16-bit outputs (`EPI_GELU_PRECISE=1`: `tanhf`'s).
+fn act(e: &str) -> String {
+    if gelu() {
+        let precise = std::env::var("EPI_GELU_PRECISE").is_ok_and(|v| v == "1");
+        format!("tl_gelu_tanh{}({e})", if precise { "" } else { "_fast" })
+    } else {
+        e.to_string()
+    }
 }
 
 fn storage(d: DType) -> &'static str {
@@ -271,7 +291,7 @@ fn problem(case: &Case) -> MmaProblem {
     let mut source = format!(
         "static __device__ __forceinline__ void tl_epi({}, long long tl_b, long long tl_i, long long tl_j, float tl_acc) {{ {guard}y_out[{index}] = {}; }}\n",
         params.join(", "),
-        store(od).replace("tl_acc", &format!("(tl_acc{plus})"))
+        store(od).replace("tl_acc", &act(&format!("(tl_acc{plus})")))
     );
     // Groups of 8 columns as one vector store where rows keep 16-byte alignment (as the
     // renderer's vector epilogue gives a model's kernels); `EPI_VEC=0` leaves them out.
@@ -294,7 +314,7 @@ fn problem(case: &Case) -> MmaProblem {
              {vguard}for (int w = 0; w < (int)sizeof(tl_v) / 16; ++w) tl_st_v4(reinterpret_cast<uint4*>(&y_out[{index}]) + w, reinterpret_cast<const uint4*>(tl_v)[w]);\n}}\n",
             params.join(", "),
             storage(od),
-            store(od).replace("tl_acc", "tl_acc0"),
+            store(od).replace("tl_acc", &act("tl_acc0")),
             vguard = if guard.is_empty() { "" } else { "if (tl_acc[0] == 1.2345e38f) " },
         );
         "tl_epi_v".to_string()
@@ -307,7 +327,7 @@ fn problem(case: &Case) -> MmaProblem {
                 "static __device__ __forceinline__ void tl_epi_v({}, long long tl_b, long long tl_i, long long tl_jv, const float* __restrict__ tl_acc) {{\n  \
                  for (int l = 0; l < 8; ++l) {{ const long long tl_j = tl_jv * 8 + l; const float tl_acc0 = tl_acc[l]{plus}; {guard}y_out[{index}] = {}; }}\n}}\n",
                 params.join(", "),
-                store(od).replace("tl_acc", "tl_acc0"),
+                store(od).replace("tl_acc", &act("tl_acc0")),
                 guard = guard.replace("tl_acc", "tl_acc0"),
             );
             "tl_epi_v".to_string()
@@ -315,7 +335,7 @@ fn problem(case: &Case) -> MmaProblem {
     });
     gp.out_dtype = od;
     // The function's first step is the cast to a 16-bit output: the templates may round first.
-    let rounds_to = matches!(od, DType::F16 | DType::BF16).then_some(od);
+    let rounds_to = (matches!(od, DType::F16 | DType::BF16) && !gelu()).then_some(od);
     gp.custom = Some(CustomEpilogue { loads: res, name: "tl_epi".into(), source, params, rows, rounds_to, vector });
     gp.conv = conv;
     MmaProblem { gemm: gp, conv }
@@ -486,7 +506,12 @@ fn sizes(case: &Case) -> (usize, usize, usize) {
 
 /// The reference value of output element `idx` (dense C).
 fn reference(case: &Case, d: &Data, idx: usize) -> f64 {
-    d.r.get(idx).copied().unwrap_or(0.0) + product(case, d, idx)
+    let x = d.r.get(idx).copied().unwrap_or(0.0) + product(case, d, idx);
+    if gelu() {
+        0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+    } else {
+        x
+    }
 }
 
 /// The matrix product's (or convolution's) value of output element `idx`.
@@ -665,7 +690,8 @@ fn main() {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
     let mut rng = Rng(seed);
     let cases: Vec<Case> = if phase == "bench" { bench_cases() } else { check_cases() };
-    let cases: Vec<Case> = cases.into_iter().filter(|c| only.as_ref().is_none_or(|o| c.label.contains(o.as_str()))).collect();
+    // `--only a,b`: cases whose label contains any of the parts.
+    let cases: Vec<Case> = cases.into_iter().filter(|c| only.as_ref().is_none_or(|o| o.split(',').any(|x| c.label.contains(x)))).collect();
     // Compile every kernel first, in parallel (the runs then hit the compiler's cache).
     let sms = props.sm_count as usize;
     let modules: Vec<(String, String)> = cases

@@ -107,6 +107,20 @@ __device__ __forceinline__ float tl_gelu_erf(float x) {
   return x * (x >= 0.0f ? 1.0f - h : h);
 }
 
+// GELU in its tanh form (GPT-2's MLP) as x * sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3):
+// 1 + tanh(u) = 2 sigmoid(2 u), so 0.5 x (1 + tanh u) = x / (1 + exp(-2 u)). Approximate exp2
+// and reciprocal (two special-function operations, about 1e-6 relative) in place of tanhf's
+// thirty-odd instructions, which a product's epilogue pays per element. The exponent is held
+// below 2^126 so that the reciprocal stays normal (x tiny times the reciprocal: about -0).
+// Used where results are rounded to 16-bit floats.
+__device__ __forceinline__ float tl_gelu_tanh_fast(float x) {
+  const float u = x * fmaf(0.044715f * 0.79788456080286536f, x * x, 0.79788456080286536f);
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fminf(-2.8853900817779268f * u, 126.0f)));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return x * r;
+}
+
 // The named activations where results are f32 or f64, in the operation order of their formulas.
 __device__ __forceinline__ float tl_gelu_erf_exact(float x) {
   return (0.5f * x) * (1.0f + erff(x * 0.70710678118654752f));

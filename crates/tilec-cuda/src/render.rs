@@ -1505,6 +1505,7 @@ impl CStyle for Cuda {
             UnOp::GeluErf if !dbl && self.narrow => format!("tl_gelu_erf({a})"),
             UnOp::GeluErf if dbl => format!("tl_gelu_erf_d({a})"),
             UnOp::GeluErf => format!("tl_gelu_erf_exact({a})"),
+            UnOp::GeluTanh if !dbl && self.narrow => format!("tl_gelu_tanh_fast({a})"),
             UnOp::GeluTanh if dbl => format!("tl_gelu_tanh_d({a})"),
             UnOp::GeluTanh => format!("tl_gelu_tanh({a})"),
             UnOp::Silu if dbl => format!("tl_silu_d({a})"),

@@ -1098,6 +1098,48 @@ fn unaligned_output_rows_keep_the_element_wise_epilogue() {
     }
 }
 
+/// `gelu_tanh(x @ w + b)` over `d` (GPT-2's MLP up-projection).
+fn linear_gelu_tanh(d: DType, m: usize, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new("linear_gelu_tanh");
+    let x = g.add_input("x", TensorType::fixed(d, &[m, k]));
+    let w = konst(&mut g, "w", d, &[k, n]);
+    let b = konst(&mut g, "b", d, &[n]);
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[x, w]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Add), &[y, b]).unwrap();
+    let y = g.add(Op::Unary(UnaryOp::Gelu { tanh_approx: true }), &[y]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// A product's GELU in its tanh form takes the two-special-function form (x times a sigmoid)
+/// where the kernel writes 16-bit results, and `tanhf` where it writes f32 (the exact-f32
+/// family's epilogue). On a GPU both match the reference.
+#[test]
+fn tanh_gelu_epilogues_take_the_fast_form_for_sixteen_bit_outputs() {
+    let h = GpuTarget::hopper();
+    for d in [DType::F16, DType::BF16, DType::F32] {
+        let g = linear_gelu_tanh(d, 256, 192, 320);
+        let p = prepared(&g, &h);
+        let f = families(&p);
+        assert_eq!(p.kernels().len(), 1, "{f:?}");
+        let narrow = d != DType::F32;
+        assert_eq!(f[0].0, if narrow { "sm90_tc_gemm" } else { "simt_f32_gemm" }, "{} {f:?}", d.name());
+        let src = &p.kernels()[0].source.source;
+        assert_eq!(src.contains("tl_gelu_tanh_fast(("), narrow, "{}: fast GELU in the epilogue", d.name());
+        assert_eq!(src.contains("tl_gelu_tanh(("), !narrow, "{}: tanhf GELU in the epilogue", d.name());
+        if tilec::cuda::is_available() {
+            let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+            assert!(c.report.notes.is_empty(), "{:?}", c.report.notes);
+            let inputs = random_inputs(&g);
+            let want = tilec::reference::run(&g, inputs.clone()).unwrap();
+            c.poison().unwrap();
+            let got = c.run(&inputs).unwrap();
+            let cmp = tilec::compare::compare(&want[0], &got[0], 2e-2, 2e-2).unwrap();
+            assert!(cmp.ok(), "{}: max abs err {}, {} mismatches", d.name(), cmp.max_abs, cmp.mismatches);
+        }
+    }
+}
+
 /// Whether a schedule is one of the FlashAttention families.
 fn is_flash(schedule: &str) -> bool {
     schedule.ends_with("_flash_attn")
