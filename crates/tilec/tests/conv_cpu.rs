@@ -78,12 +78,34 @@ fn conv_node(g: &mut Graph, x: ValueId, cin: usize, cout: usize, k: usize, i: us
 /// and read by the indirect micro-kernel), then a 3×3 conv (Winograd) adding 32 channels.
 #[test]
 fn dense_block_normalized_concatenations() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (g, inputs) = dense_block(3, 11);
+    check_graph("dense", g, inputs, 3);
+}
+
+/// A deeper dense block: from the sixth layer on the concatenation has more inputs than a
+/// convolution folds in, so it is its own kernel (normalized and rectified on the way), cut
+/// along the channels into one vector loop per input, and the 1×1 conv reads its result.
+#[test]
+fn deep_dense_block_materializes_its_concatenations() {
+    let (g, inputs) = dense_block(7, 12);
+    let cache = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tilec-cache");
+    let opts = CompileOptions { cache_dir: Some(cache), keep_ir: true, ..Default::default() };
+    let c = compile(&g, &opts).unwrap();
+    // Layers 5 to 7 concatenate 5 to 7 inputs: three kernels of their own, without a product.
+    let alone: Vec<&String> = c.report.ir.iter().filter(|(n, l, _)| n.ends_with("_elementwise") && !l.contains("gemm")).map(|(n, _, _)| n).collect();
+    assert_eq!(alone.len(), 3, "concatenations on their own: {alone:?}");
+    check_graph("dense7", g, inputs, 7);
+}
+
+/// `layers` DenseNet layers over a 1×1 conv's 64 channels of 14×14 (batch norm and ReLU before
+/// each 1×1 conv, a 3×3 conv adding 32 channels), the block's concatenation as the output.
+fn dense_block(layers: usize, seed: u64) -> (Graph, Vec<Tensor>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut g = Graph::new("dense");
     let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 64, 14, 14]));
     let mut feats = vec![conv_node(&mut g, x, 64, 64, 1, 0, &mut rng)];
     let mut c = 64;
-    for l in 0..3 {
+    for l in 0..layers {
         let cat = if feats.len() == 1 {
             feats[0]
         } else {
@@ -97,16 +119,16 @@ fn dense_block_normalized_concatenations() {
         }
         let bn = g.add(Op::Norm(NormOp::BatchNorm { epsilon: 1e-5, channels_last: false }), &bn_in).unwrap();
         let r = g.add(Op::Unary(UnaryOp::Relu), &[bn]).unwrap();
-        let h = conv_node(&mut g, r, c, 64, 1, 10 + l, &mut rng);
+        let h = conv_node(&mut g, r, c, 64, 1, 100 + l, &mut rng);
         let h = g.add(Op::Unary(UnaryOp::Relu), &[h]).unwrap();
-        let y = conv_node(&mut g, h, 64, 32, 3, 20 + l, &mut rng);
+        let y = conv_node(&mut g, h, 64, 32, 3, 200 + l, &mut rng);
         feats.push(y);
         c += 32;
     }
     let out = g.add(Op::Layout(LayoutOp::Concat { axis: 1 }), &feats).unwrap();
     g.set_outputs(vec![out]);
     let inputs = vec![random(&[1, 64, 14, 14], &mut rng, 1.0)];
-    check_graph("dense", g, inputs, 3);
+    (g, inputs)
 }
 
 fn check_graph(name: &str, g: Graph, inputs: Vec<Tensor>, want_winograd: usize) {

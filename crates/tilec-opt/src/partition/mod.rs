@@ -177,6 +177,9 @@ pub const MAX_INLINE_DEPTH: u32 = 64;
 /// Most node instances in one group's expressions when every value read more than once is
 /// expanded at each read (as it is inside a bounds-checked branch).
 pub const MAX_INLINE_TREE: u64 = 1 << 14;
+/// Most inputs of a concatenation that a convolution reading it folds in on CPU targets (see
+/// `reindexes_into_window`): each element of the folded input selects among them.
+pub const MAX_FOLDED_CONCAT: usize = 4;
 
 struct Grp {
     nodes: Vec<NodeId>,
@@ -353,7 +356,8 @@ impl<'a> St<'a> {
     }
 
     /// Whether `c` is anchored on a convolution of more than one tap that `p` transposes or
-    /// concatenates the input of, or on a windowed pool that `p` transposes the input of. Such
+    /// concatenates the input of (any convolution, when the concatenation has more than
+    /// [`MAX_FOLDED_CONCAT`] inputs), or on a windowed pool that `p` transposes the input of. Such
     /// an anchor reads each input element once per tap: folded in, a transpose gathers across
     /// the transposed axes and a concatenation selects between its inputs every time, and the
     /// convolution can read neither in place nor run as Winograd (UNet's decoder: a 3×3
@@ -370,11 +374,19 @@ impl<'a> St<'a> {
         };
         let transposes = has(&|l| matches!(l, LayoutOp::Transpose { .. }));
         let concats = has(&|l| matches!(l, LayoutOp::Concat { .. }));
+        // A concatenation of many inputs selects among all of them for every element: even a
+        // one-tap convolution then packs its input far slower than it multiplies (DenseNet's
+        // 1x1 convolutions over the concatenated features of up to 24 earlier layers ran at
+        // 24-80 GFLOP/s), where the copy once is cheap.
+        let many = self.groups[p].nodes.iter().any(|&n| {
+            let node = self.g.node(n);
+            matches!(node.op, Op::Layout(LayoutOp::Concat { .. })) && node.inputs.len() > MAX_FOLDED_CONCAT
+        });
         (transposes || concats)
             && self.groups[c].anchors.iter().any(|&a| {
                 let node = self.g.node(a);
                 match &node.op {
-                    Op::Linalg(LinalgOp::Conv { .. }) => self
+                    Op::Linalg(LinalgOp::Conv { .. }) => many || self
                         .g
                         .value(node.inputs[1])
                         .ty

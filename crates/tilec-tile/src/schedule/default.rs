@@ -334,8 +334,13 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                 }
                 continue;
             }
-            if l.extent >= 2 {
-                attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: name });
+            // A concatenation along the vector axis (channels-last: `c < c0 ? a : c < c1 ? b :
+            // ...` for every element) is cut into one loop per input first, each vectorized
+            // on its own (DenseNet's concatenations of up to 48 layers' features).
+            for piece in cut_by_checks(&mut w, &mut s, &name, 2 * lanes.max(1) as i64, MAX_PIECES) {
+                if loop_named(&w, &piece).is_some_and(|(l, _)| l.extent >= 2) {
+                    attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: piece });
+                }
             }
         }
         // Windowed nests (pooling, direct convolution): the loop just outside a small
@@ -370,39 +375,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             if l.kind != LoopKind::Serial || l.extent < 8 {
                 continue;
             }
-            let mut trial = w.clone();
-            let mut pieces = vec![name.clone()];
-            if let Ok(p) = super::partition(&mut trial, &name) {
-                if p.interior_end - p.interior_start >= 8
-                    && attempt(
-                        &mut w,
-                        &mut s,
-                        Primitive::Partition {
-                            loop_var: name.clone(),
-                        },
-                    )
-                {
-                    // The border pieces too where they are long (a concatenation's inputs
-                    // along the vector axis: one piece per input, the piece after cut again
-                    // while it still selects between inputs).
-                    pieces.extend(p.before);
-                    let mut next = p.after;
-                    for _ in 0..8 {
-                        let Some(a) = next.take() else { break };
-                        let mut trial = w.clone();
-                        match super::partition(&mut trial, &a) {
-                            Ok(q) if attempt(&mut w, &mut s, Primitive::Partition { loop_var: a.clone() }) => {
-                                pieces.extend(q.before);
-                                pieces.push(a);
-                                next = q.after;
-                            }
-                            _ => pieces.push(a),
-                        }
-                    }
-                    pieces.extend(next);
-                }
-            }
-            for piece in pieces {
+            for piece in cut_by_checks(&mut w, &mut s, &name, 8, 16) {
                 let Some((l, _)) = loop_named(&w, &piece) else {
                     continue;
                 };
@@ -414,6 +387,49 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
         }
     }
     s
+}
+
+/// Most pieces [`cut_by_checks`] cuts an innermost loop into.
+const MAX_PIECES: usize = 64;
+
+/// Loop `name` partitioned by the checks in its body ([`super::partition`]) when its interior
+/// holds at least `min_interior` iterations, then each piece after it cut again while it still
+/// checks (a concatenation's inputs along the loop: one piece per input), up to `max_pieces`
+/// pieces in all. The pieces in order (the loop alone when it is not cut).
+fn cut_by_checks(w: &mut Kernel, s: &mut Schedule, name: &str, min_interior: i64, max_pieces: usize) -> Vec<String> {
+    let mut apply = |w: &mut Kernel, p: Primitive| -> bool {
+        let ok = apply_primitive(w, &p).is_ok();
+        if ok {
+            s.push(p);
+        }
+        ok
+    };
+    let mut pieces = vec![name.to_string()];
+    let mut trial = w.clone();
+    let Ok(p) = super::partition(&mut trial, name) else {
+        return pieces;
+    };
+    if p.interior_end - p.interior_start < min_interior || !apply(w, Primitive::Partition { loop_var: name.to_string() }) {
+        return pieces;
+    }
+    if let Some(b) = p.before {
+        pieces.insert(0, b);
+    }
+    let mut next = p.after;
+    while pieces.len() + 1 < max_pieces {
+        let Some(a) = next.take() else { break };
+        let mut trial = w.clone();
+        match super::partition(&mut trial, &a) {
+            Ok(q) if apply(w, Primitive::Partition { loop_var: a.clone() }) => {
+                pieces.extend(q.before);
+                pieces.push(a);
+                next = q.after;
+            }
+            _ => pieces.push(a),
+        }
+    }
+    pieces.extend(next);
+    pieces
 }
 
 /// The loop directly around loop `name` when it is serial and `name` is its whole body.
