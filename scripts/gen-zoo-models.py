@@ -36,6 +36,10 @@ reference; onnxruntime's output is checked against it before anything is written
   wav2vec2         Wav2Vec2Model, wav2vec2-base's feature encoder (1-D convs k10 s5, k3 s2 x4,
                    k2 s2 x2) at width 256, 2 transformer layers of 256, 16000 samples
 
+and, from torchvision and transformers as they stand (listed with their builders below):
+resnext50, regnet_x_400mf, deeplabv3_mnv3, densenet121, googlenet, shufflenet_v2, mnasnet,
+resnet18, mobilenet_v3_small, squeezenet, deit, roberta, gpt_neo, mistral.
+
 With --tiny the same architectures are built narrow and small (200-450 KB each, images
 32x32 or 64x64, sequences of 16 tokens or 32 frames) into models/zoo, for the tests: by
 default only those whose architecture models/ and models/sdpa/ do not already cover
@@ -371,6 +375,55 @@ GROUPED_DILATED = {
 # --- end of grouped and dilated convolutions ---------------------------------------------
 
 MODELS.update(GROUPED_DILATED)
+
+
+# --- more architectures, as users export them (full size only) ----------------------------
+#   densenet121        torchvision densenet121: dense blocks concatenating up to 48 layers'
+#                      features, batch norm and ReLU before each 1x1 conv; 1x3x224x224
+#   googlenet          torchvision googlenet (no auxiliary heads): inception concatenations
+#   shufflenet_v2      torchvision shufflenet_v2_x1_0: channel split, shuffle (reshape,
+#                      transpose), depthwise 3x3
+#   mnasnet            torchvision mnasnet1_0; resnet18; mobilenet_v3_small; squeezenet1_1
+#   deit               DeiTForImageClassification, DeiT-Tiny widths (192, 12 layers, 3 heads)
+#   roberta            RobertaModel, 4 layers of roberta-base width, vocab 8192, sequence 128
+#   gpt_neo            GPTNeoModel, 4 layers of 512 (global and local attention), sequence 128
+#   mistral            MistralForCausalLM, 4 layers of 512, 8 query / 2 KV heads, vocab 8192
+
+
+def torchvision_model(name: str, **kw):
+    def build(tiny):
+        import torchvision
+        m = getattr(torchvision.models, name)(weights=None, **kw)
+        return m, {"x": ("image", (1, 3, 224, 224))}, ["logits"]
+    return build
+
+
+def hf_model(config: str, model: str, inputs: dict, output: str, **kw):
+    def build(tiny):
+        return getattr(transformers, model)(getattr(transformers, config)(**kw)), inputs, [output]
+    return build
+
+
+MORE = {
+    "densenet121": torchvision_model("densenet121"),
+    "googlenet": torchvision_model("googlenet", aux_logits=False, init_weights=False),
+    "shufflenet_v2": torchvision_model("shufflenet_v2_x1_0"),
+    "mnasnet": torchvision_model("mnasnet1_0"),
+    "resnet18": torchvision_model("resnet18"),
+    "mobilenet_v3_small": torchvision_model("mobilenet_v3_small"),
+    "squeezenet": torchvision_model("squeezenet1_1"),
+    "deit": hf_model("DeiTConfig", "DeiTForImageClassification", image(224), "logits", hidden_size=192,
+                     num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
+    "roberta": hf_model("RobertaConfig", "RobertaModel", tokens(128, True), "last_hidden_state", vocab_size=8192,
+                        num_hidden_layers=4),
+    "gpt_neo": hf_model("GPTNeoConfig", "GPTNeoModel", tokens(128, False), "last_hidden_state", vocab_size=8192,
+                        hidden_size=512, num_layers=4, num_heads=8, attention_types=[[["global", "local"], 2]],
+                        use_cache=False),
+    "mistral": hf_model("MistralConfig", "MistralForCausalLM", tokens(128, False), "logits", vocab_size=8192,
+                        hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+                        num_key_value_heads=2, use_cache=False),
+}
+MODELS.update(MORE)
 
 
 def randomize(m: nn.Module) -> None:
