@@ -68,9 +68,22 @@ fn check_cases() -> Vec<Case> {
         p.epilogue = Epilogue { bias: Some(DType::F16), activation: Activation::Gelu };
         let q = Params { tile_n: tn, ..gemm::heuristic(&p, 132) };
         add(&format!("odd_n_tiles_{tn}"), p.clone(), Some(q));
+        let r = Params { rowstore: true, ..q };
+        let r = Params { stages: (2..=r.stages).rev().find(|&s| Params { stages: s, ..r }.smem_bytes() <= gemm::MAX_SMEM).unwrap_or(2), ..r };
+        add(&format!("odd_n_rowstore_{tn}"), p.clone(), Some(r));
         if tn == 256 {
             let q = Params { tile_m: 128, consumers: 2, stages: 4, ..q };
-            add("odd_n_tiles_128x256_c2", p, Some(q));
+            add("odd_n_tiles_128x256_c2", p.clone(), Some(q));
+            let r = Params { rowstore: true, stages: 3, ..q };
+            add("odd_n_rowstore_128x256_c2", p.clone(), Some(r));
+            let mut bt = p.clone();
+            bt.batch = 2;
+            bt.batch_stride_a = 520 * 192 + 24;
+            bt.batch_stride_b = 1031 * 192 + 40;
+            bt.batch_stride_c = 520 * 1031 + 4;
+            add("odd_n_rowstore_batched", bt, Some(r));
+            let pp = Params { rowstore: true, pingpong: true, tile_m: 128, tile_n: 128, stages: 4, ..q };
+            add("odd_n_rowstore_pingpong", p, Some(pp));
         }
     }
     let mut padded = pr(130, 72, 1000, DType::F16, R, R);
@@ -709,6 +722,13 @@ fn with_env(q: Params) -> Params {
     let mut q = q;
     if let Some(v) = flag("GEMM_STAGED") {
         q.staged = v != 0;
+    }
+    // `GEMM_ROWSTORE=0|1`: the shuffled epilogue's row stores for unaligned rows of C.
+    if let Some(v) = flag("GEMM_ROWSTORE") {
+        q.rowstore = v != 0 && q.shuffle && !q.staged;
+        while q.stages > 2 && q.smem_bytes() > gemm::MAX_SMEM {
+            q.stages -= 1;
+        }
     }
     if let Some(v) = flag("GEMM_PARK16") {
         q.park16 = v != 0;

@@ -434,7 +434,7 @@ fn plan_for(case: &Case, sms: usize, cc: (u32, u32)) -> Result<FamilyPlan, Strin
             entry: gemm::kernel_name(&p.gemm, &q),
             source: gemm::render(&p.gemm, &q),
             problem: p.gemm,
-            kind: PlanKind::Sm90(q),
+            kind: PlanKind::Sm90(q, None),
             a: A,
             b: B,
         });
@@ -463,7 +463,7 @@ fn describe_params(plan: &FamilyPlan) -> String {
             };
             format!("{}x{}x{} w{}x{} s{} k{}{park}", q.tile_m, q.tile_n, q.tile_k, q.warps_m, q.warps_n, q.stages, q.split_k)
         }
-        PlanKind::Sm90(q) => format!(
+        PlanKind::Sm90(q, _) => format!(
             "sm90 {}x{}x{} s{} c{} cl{}{}{}",
             q.tile_m,
             q.tile_n,

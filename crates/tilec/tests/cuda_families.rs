@@ -1098,6 +1098,35 @@ fn unaligned_output_rows_keep_the_element_wise_epilogue() {
     }
 }
 
+/// A plain product with rows not 16-byte aligned (N = 1031 in 16 bits, as GPT-2's LM head over
+/// 50257 ids) goes straight into C through the Hopper template's built-in epilogue, which
+/// stores each row of an interior tile as realigned whole 16-byte vectors; over 640 rows the
+/// tiles cover every offset from alignment. On a GPU it matches the reference (output poisoned
+/// first), in f16 and bf16.
+#[test]
+fn unaligned_plain_products_store_whole_rows() {
+    let h = GpuTarget::hopper();
+    for d in [DType::F16, DType::BF16] {
+        let g = linear_kmajor(d, 640, 320, 1031);
+        let p = prepared(&g, &h);
+        let f = families(&p);
+        assert_eq!(f[0].0, "sm90_tc_gemm", "{f:?}");
+        let src = &p.kernels()[0].source.source;
+        assert!(src.contains("tl_shift_halves(tl_a, tl_b, tl_s)"), "no row stores in the kernel");
+        assert!(!src.contains("tl_epi("), "an epilogue function where the built-in one stores");
+        if tilec::cuda::is_available() {
+            let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+            assert!(c.report.notes.is_empty(), "{:?}", c.report.notes);
+            let inputs = random_inputs(&g);
+            let want = tilec::reference::run(&g, inputs.clone()).unwrap();
+            c.poison().unwrap();
+            let got = c.run(&inputs).unwrap();
+            let cmp = tilec::compare::compare(&want[0], &got[0], 2e-2, 2e-2).unwrap();
+            assert!(cmp.ok(), "{}: max abs err {}, {} mismatches", d.name(), cmp.max_abs, cmp.mismatches);
+        }
+    }
+}
+
 /// `gelu_tanh(x @ w + b)` over `d` (GPT-2's MLP up-projection).
 fn linear_gelu_tanh(d: DType, m: usize, k: usize, n: usize) -> Graph {
     let mut g = Graph::new("linear_gelu_tanh");
@@ -1177,11 +1206,16 @@ fn sixteen_bit_products_park_in_sixteen_bits() {
         assert_eq!(srcs.len(), 1);
         assert!(srcs[0].contains("tl_quad_swap(tl_x0, tl_x1") && srcs[0].contains("_sx"), "{d:?}");
         assert!(!srcs[0].contains("float* tl_st =") && !srcs[0].contains("tl_pack_"), "{d:?}");
-        // N = 390: no vector function, so the staged epilogue, read back a row at a time
-        // (parked f32: 16-bit parking measured slower without the vector read-back).
-        let srcs = sm90(&linear_kmajor(d, 256, 512, 390), &h);
+        // N = 390 with a bias: no vector function, so the staged epilogue, read back a row at
+        // a time (parked f32: 16-bit parking measured slower without the vector read-back).
+        let srcs = sm90(&linear_nk_bias(d, 256, 512, 390), &h);
         assert_eq!(srcs.len(), 1);
         assert!(srcs[0].contains("float* tl_st =") && !srcs[0].contains("tl_pack_") && !srcs[0].contains("tl_quad_swap(tl_x"), "{d:?}");
+        // The plain product: the built-in epilogue, shuffled, with row stores for C's
+        // unaligned rows.
+        let srcs = sm90(&linear_kmajor(d, 256, 512, 390), &h);
+        assert_eq!(srcs.len(), 1);
+        assert!(srcs[0].contains("tl_quad_swap(tl_x0, tl_x1") && srcs[0].contains("tl_shift_halves(tl_a"), "{d:?}");
     }
     let tf32 = GpuTarget { allow_tf32: true, ..h };
     let mut seen = 0;

@@ -84,6 +84,17 @@ pub fn hopper_gemm(p: &FProblem, k: &Kernel, target: &GpuTarget) -> std::result:
         }
         d => return Err(format!("operands are {}, not f16, bf16, fp8 or f32", d.name())),
     }
+    // A plain 16-bit product whose rows are not whole 16-byte vectors (an odd vocabulary: GPT-2's
+    // LM head over 50257 ids) has no vector epilogue function; the built-in epilogue stores it
+    // straight into C, each row realigned into whole 16-byte stores (`Params::rowstore`).
+    let mut c = None;
+    if problem.custom.as_ref().is_some_and(|e| e.vector.is_none()) {
+        if let Ok((at, out @ (DType::F16 | DType::BF16))) = super::plain_store(k) {
+            problem.custom = None;
+            problem.out_dtype = out;
+            c = Some(at);
+        }
+    }
     let mut params = gemm::heuristic(&problem, target.sm_count as usize);
     // Skinny products (decode-shaped: a few rows against a large B) are bound by reading B;
     // with fewer tiles than SMs this persistent kernel leaves SMs idle, where the mma.sync
@@ -137,7 +148,7 @@ pub fn hopper_gemm(p: &FProblem, k: &Kernel, target: &GpuTarget) -> std::result:
         a,
         b,
         problem,
-        kind: PlanKind::Sm90(params),
+        kind: PlanKind::Sm90(params, c),
     })
 }
 
@@ -154,7 +165,7 @@ fn hopper_conv(view: GemmView, target: &GpuTarget) -> std::result::Result<Family
         a,
         b,
         problem,
-        kind: PlanKind::Sm90(params),
+        kind: PlanKind::Sm90(params, None),
     })
 }
 
@@ -213,7 +224,11 @@ impl Sm90Kernel {
         if let Some(p) = &self.packed {
             b = p.ptr(b)?;
         }
-        self.gemm.args_with(&self.plan.problem, a, b, 0, None, ptrs)
+        // A plain product goes straight to C; an epilogue function takes every pointer.
+        match &self.plan.kind {
+            PlanKind::Sm90(_, Some(c)) => self.gemm.args_with(&self.plan.problem, a, b, Self::at(c, ptrs)?, None, &[]),
+            _ => self.gemm.args_with(&self.plan.problem, a, b, 0, None, ptrs),
+        }
     }
 
     /// Prepares what depends on the pointers (a convolution's repacked weights) on `stream`,
@@ -273,7 +288,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
 /// The Hopper parameters of a plan (a plan of another template is a usage error).
 fn sm90_params(plan: &FamilyPlan) -> Result<Params> {
     match &plan.kind {
-        PlanKind::Sm90(q) => Ok(*q),
+        PlanKind::Sm90(q, _) => Ok(*q),
         #[allow(unreachable_patterns)]
         _ => Err(CudaError::Usage(format!("{} is not a Hopper GEMM plan", plan.entry))),
     }
@@ -355,7 +370,9 @@ impl Family for Sm90TcGemm {
         let mut plan = plan_of(p, t)?;
         let q = with_params(params_of(&plan), params);
         if q != params_of(&plan) {
-            plan.kind = PlanKind::Sm90(q);
+            if let PlanKind::Sm90(p, _) = &mut plan.kind {
+                *p = q;
+            }
             plan.entry = gemm::kernel_name(&plan.problem, &q);
             plan.source = gemm::render(&plan.problem, &q);
         }

@@ -29,8 +29,9 @@ pub struct OperandRef {
 /// Which template, with its parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PlanKind {
-    /// The Hopper GEMM (`crate::gemm`): wgmma fed by TMA.
-    Sm90(gemm::Params),
+    /// The Hopper GEMM (`crate::gemm`): wgmma fed by TMA; with where C goes when the
+    /// template's built-in epilogue stores a plain product (no epilogue function).
+    Sm90(gemm::Params, Option<OperandRef>),
     /// The `mma.sync` GEMM (`crate::mma`), with a convolution's geometry when A is an implicit
     /// im2col.
     Mma(mma::Params, Option<mma::ConvGeom>),
@@ -68,7 +69,7 @@ impl FamilyPlan {
     /// kernels; the loaded kernel's [`FamilyKernel::launch_config`] is exact).
     pub fn launch(&self, sm_count: u32) -> LaunchConfig {
         match &self.kind {
-            PlanKind::Sm90(q) => LaunchConfig {
+            PlanKind::Sm90(q, _) => LaunchConfig {
                 grid: (sm_count, 1, 1),
                 block: (q.threads() as u32, 1, 1),
                 shared_mem_bytes: q.smem_bytes() as u32,
@@ -165,7 +166,7 @@ impl FamilyPlan {
             )
         });
         let params = match &self.kind {
-            PlanKind::Sm90(q) => format!(
+            PlanKind::Sm90(q, _) => format!(
                 "{im2col}tile {}x{}x{}, {} stages, {} consumer warpgroups, cluster {}, group {}",
                 q.tile_m, q.tile_n, q.tile_k, q.stages, q.consumers, q.cluster_m, q.group_m
             ),
@@ -230,7 +231,7 @@ impl FamilyKernel {
     /// Loads a plan's compiled image (a library plan has none: `image` is unused).
     pub fn load(device: &Device, plan: &FamilyPlan, image: &[u8], cache_hit: bool) -> Result<FamilyKernel> {
         match &plan.kind {
-            PlanKind::Sm90(_) => Sm90Kernel::load(device, plan, image, cache_hit).map(FamilyKernel::Sm90),
+            PlanKind::Sm90(..) => Sm90Kernel::load(device, plan, image, cache_hit).map(FamilyKernel::Sm90),
             PlanKind::Mma(q, conv) => {
                 let problem = MmaProblem { gemm: plan.problem.clone(), conv: *conv };
                 let k = MmaKernel::from_image(device, &problem, q, &plan.a, &plan.b, image, cache_hit)?;
@@ -282,7 +283,7 @@ impl FamilyKernel {
         match self {
             FamilyKernel::Sm90(k) => {
                 let q = match &k.plan().kind {
-                    PlanKind::Sm90(q) => *q,
+                    PlanKind::Sm90(q, _) => *q,
                     _ => gemm::Params::default(),
                 };
                 LaunchConfig {

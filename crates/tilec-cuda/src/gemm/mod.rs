@@ -444,6 +444,11 @@ pub struct Params {
     /// partial sums the later blocks park in a workspace, then runs the epilogue (see
     /// [`stream_k`] for the decomposition). Not with ping-pong or clusters.
     pub stream_k: bool,
+    /// With the shuffled built-in epilogue of 16-bit results, C's rows not 16-byte aligned (an
+    /// odd N: GPT-2's LM head over 50257 ids): each warp parks 8 rows of its tile at a time in
+    /// shared memory ([`Params::rowstore_bytes`] beside the ring) and stores each row as one
+    /// instruction of realigned 16-byte vectors and one of the few elements at its two ends.
+    pub rowstore: bool,
 }
 
 /// Whether the shuffled epilogue can run a problem's epilogue: the built-in one, or a custom
@@ -504,6 +509,7 @@ impl Default for Params {
             park16: true,
             shuffle: false,
             stream_k: false,
+            rowstore: false,
         }
     }
 }
@@ -521,7 +527,16 @@ impl Params {
     }
     /// Dynamic shared memory: the stages, 1 KiB of alignment slack and the barriers.
     pub fn smem_bytes(&self) -> usize {
-        self.stages * self.stage_bytes() + 1024 + 16 * self.stages + if self.staged { STAGING_BYTES } else { 0 }
+        self.stages * self.stage_bytes() + 1024 + 16 * self.stages + if self.staged { STAGING_BYTES } else { 0 } + self.rowstore_bytes()
+    }
+    /// Shared memory of the row stores ([`Params::rowstore`]): per consumer warp 8 rows of the
+    /// tile in 16 bits, each padded by 8 columns (16-byte aligned rows, conflict-free parking).
+    pub fn rowstore_bytes(&self) -> usize {
+        if self.rowstore {
+            4 * self.consumers * 8 * (self.tile_n + 8) * 2
+        } else {
+            0
+        }
     }
     /// Rows of C one consumer warpgroup owns.
     pub fn warp_m(&self) -> usize {
@@ -571,6 +586,9 @@ impl Params {
         }
         if self.stream_k && (self.pingpong || self.cluster_m != 1) {
             return Err("stream-K runs without ping-pong and without clusters".into());
+        }
+        if self.rowstore && (!self.shuffle || self.staged) {
+            return Err("row stores are a form of the shuffled epilogue (not staged)".into());
         }
         if self.cluster_m > 1 && self.tile_n % (64 * self.cluster_m) != 0 {
             return Err(format!(
@@ -865,7 +883,11 @@ pub fn heuristic(problem: &Problem, sm_count: usize) -> Params {
     // The epilogue's stores are coalesced: from registers regrouped by warp shuffles where it
     // has a vector path, otherwise through shared memory, taking stages that no longer fit.
     let shuffle = shuffle_applies(problem);
-    let mut q = Params { staged: !shuffle, shuffle, ..shape_heuristic(problem, sm_count) };
+    // The built-in epilogue of 16-bit results into rows that are not whole 16-byte vectors
+    // stores each row through shared memory (`rowstore`).
+    let sixteen = matches!(problem.out_dtype, DType::F16 | DType::BF16);
+    let rowstore = shuffle && problem.custom.is_none() && sixteen && (problem.ldc() % 8 != 0 || problem.batch_stride_c % 8 != 0);
+    let mut q = Params { staged: !shuffle, shuffle, rowstore, ..shape_heuristic(problem, sm_count) };
     while q.stages > 2 && q.smem_bytes() > MAX_SMEM {
         q.stages -= 1;
     }

@@ -107,6 +107,7 @@ pub fn kernel_name(p: &Problem, q: &Params) -> String {
         (false, false) => String::new(),
     };
     let staged = if super::shuffled(p, q) { format!("{staged}_sx") } else { staged };
+    let staged = if q.rowstore { format!("{staged}_rs") } else { staged };
     let staged = if q.stream_k { format!("{staged}_sk") } else { staged };
     let cluster = if q.cluster_m > 1 {
         format!("_k{}", q.cluster_m)
@@ -442,7 +443,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__({threads}, 1)
 {cluster_exit}}}
 "#,
         stages = q.stages,
-        stage_ptr = if q.staged {
+        stage_ptr = if q.staged || q.rowstore {
             // The staged epilogue's slices follow the barriers (16-byte aligned).
             "\n  float* tl_dyn_stage = (float*)(tl_dyn_smem + ((base - tl_smem_addr(tl_dyn_smem)) + STAGES * STAGE_BYTES + 16 * STAGES));"
         } else {

@@ -34,6 +34,19 @@ __device__ __forceinline__ void tl_quad_swap(float2& a, float2& b, bool hi, int 
   got.y = __shfl_xor_sync(0xffffffffu, give.y, mask);
   if (hi) a = got; else b = got;
 }
+
+// Halves `s .. s + 8` (0 <= s <= 7) of the 16 halves `a` then `b`: a shift by two words, by one,
+// then by one half (selects and byte permutes, no indexed registers).
+__device__ __forceinline__ uint4 tl_shift_halves(uint4 a, uint4 b, int s) {
+  unsigned w0 = a.x, w1 = a.y, w2 = a.z, w3 = a.w, w4 = b.x, w5 = b.y, w6 = b.z, w7 = b.w;
+  if (s & 4) { w0 = w2; w1 = w3; w2 = w4; w3 = w5; w4 = w6; w5 = w7; }
+  if (s & 2) { w0 = w1; w1 = w2; w2 = w3; w3 = w4; w4 = w5; }
+  if (s & 1) {
+    w0 = __byte_perm(w0, w1, 0x5432); w1 = __byte_perm(w1, w2, 0x5432);
+    w2 = __byte_perm(w2, w3, 0x5432); w3 = __byte_perm(w3, w4, 0x5432);
+  }
+  return make_uint4(w0, w1, w2, w3);
+}
 "#;
 
 /// The exchange for one row of four fragments: declares `tl_x0 .. tl_x3` (column pairs) from
@@ -92,10 +105,14 @@ pub(super) fn render(p: &Problem, q: &Params, scale: &str) -> String {
             "        const bool tl_vec = ((ldc | batch_stride_c) & 7) == 0 && (reinterpret_cast<unsigned long long>(c) & 15) == 0;\n",
         );
     }
+    let mut inside = row_blocks(q, scale, &interior, None);
+    if q.rowstore && p.custom.is_none() && matches!(p.out_dtype, DType::F16 | DType::BF16) {
+        inside = format!("        if (tl_vec) {{\n{inside}        }} else {{\n{}        }}\n", row_stores(p, q, scale));
+    }
     let _ = write!(
         s,
         "        if (m0 + {bm} <= M && n0 + {bn} <= N) {{\n{}        }} else {{\n{}        }}\n",
-        row_blocks(q, scale, &interior, None),
+        inside,
         row_blocks(q, scale, &edge, Some("row < M && col < N")),
         bm = q.tile_m,
         bn = q.tile_n,
@@ -134,6 +151,68 @@ fn row_blocks(q: &Params, scale: &str, sink: &str, guard: Option<&str>) -> Strin
 "#,
             groups = q.tile_n / 32,
             regroup = regroup(&|i, e| format!("acc[{j}][16 * g + {} + 2 * h + {e}]{scale}", 4 * i), "              "),
+        );
+    }
+    s
+}
+
+/// The built-in epilogue of an interior tile whose rows in C are not 16-byte aligned
+/// ([`Params::rowstore`]): per 64-row block and row half, the warp parks its 8 rows (bias and
+/// activation applied, rounded to C's dtype) in its shared-memory slice, then stores each row
+/// with all lanes: lane `l` the `l`-th whole aligned 16-byte vector of the row (two 16-byte
+/// reads of the slice shifted by the row's misalignment), and lanes 0-7 and 8-15 the elements
+/// before the first and after the last vector, one instruction each.
+fn row_stores(p: &Problem, q: &Params, scale: &str) -> String {
+    let od = p.out_dtype;
+    let out_t = storage(od);
+    let pack = format!("tl_pack_{}x2", short(od));
+    let bias = |x: &str| match p.epilogue.bias {
+        Some(d) => format!(" + {}", load_out(d, &format!("bias[col{x}]"))),
+        None => String::new(),
+    };
+    let (b0, b1) = (bias(""), bias(" + 1"));
+    let (a0, a1) = (activation(p, "x0"), activation(p, "x1"));
+    let mblocks = q.warp_m() / 64;
+    let wg = if q.pingpong { "0".to_string() } else { format!("cw * {mblocks}") };
+    let rs = q.tile_n + 8;
+    let bn = q.tile_n;
+    let mut s = format!(
+        "          {out_t}* tl_rs = ({out_t}*)tl_dyn_stage + (cw * 4 + warp) * {slice};\n          {out_t}* tl_cb = c + (long long)b * batch_stride_c;\n",
+        slice = 8 * rs
+    );
+    for j in 0..mblocks {
+        let _ = write!(
+            s,
+            r#"          {{
+            const int row0 = m0 + ({wg} + {j}) * 64 + warp * 16;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+              __syncwarp();
+#pragma unroll
+              for (int q = 0; q < {nq}; ++q) {{
+                const int col = n0 + 8 * q + 2 * (lane & 3);
+                const float x0 = acc[{j}][4 * q + 2 * h]{scale}{b0}, x1 = acc[{j}][4 * q + 2 * h + 1]{scale}{b1};
+                *reinterpret_cast<unsigned*>(tl_rs + (lane >> 2) * {rs} + 8 * q + 2 * (lane & 3)) = {pack}({a0}, {a1});
+              }}
+              __syncwarp();
+#pragma unroll
+              for (int r = 0; r < 8; ++r) {{
+                {out_t}* dst = tl_cb + (long long)(row0 + 8 * h + r) * ldc + n0;
+                const {out_t}* src = tl_rs + r * {rs};
+                const int tl_s = (8 - (int)((reinterpret_cast<unsigned long long>(dst) >> 1) & 7)) & 7;
+                const int tl_full = ({bn} - tl_s) >> 3;
+                if (lane < tl_full) {{
+                  const uint4 tl_a = *reinterpret_cast<const uint4*>(src + 8 * lane);
+                  const uint4 tl_b = *reinterpret_cast<const uint4*>(src + 8 * lane + 8);
+                  *reinterpret_cast<uint4*>(dst + tl_s + 8 * lane) = tl_shift_halves(tl_a, tl_b, tl_s);
+                }}
+                const int tl_e = lane < 8 ? lane : tl_s + 8 * tl_full + (lane - 8);
+                if (lane < 8 ? lane < tl_s : (lane < 16 && tl_e < {bn})) dst[tl_e] = src[tl_e];
+              }}
+            }}
+          }}
+"#,
+            nq = bn / 8,
         );
     }
     s
