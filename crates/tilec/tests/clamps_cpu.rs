@@ -3,8 +3,9 @@
 //! MobileNet-style inverted residual blocks (1x1 expansion over 13 to 33 channels, ReLU6 as
 //! `Max`/`Min` with constants or hard swish, depthwise 3x3, 1x1 projection, residual) over
 //! maps whose pixel counts are not multiples of the register tile, matrix products with K of
-//! 1 to 33 and ragged M and N, and the NaN-propagating `Max`/`Min` themselves (the C helpers
-//! the clamps use) on NaNs, infinities and signed zeros.
+//! 1 to 33 and ragged M and N, the NaN-propagating `Max`/`Min` themselves (the C helpers
+//! the clamps use) on NaNs, infinities and signed zeros, and a softmax over scores a boolean
+//! mask selects.
 
 use std::collections::HashMap;
 
@@ -148,6 +149,35 @@ fn nan_propagating_min_max() {
                 let same = (w.is_nan() && o.is_nan()) || w == o;
                 assert!(same, "{name}: element {i} ({} vs {}): reference {w}, compiled {o}", a[i], b[i]);
             }
+        }
+    }
+}
+
+/// A softmax over scores selected by a boolean mask (GPT-Neo's causal bias: `where(mask,
+/// scores, min)` plus an additive mask), rows of 128 and 40: the reductions read single bytes,
+/// so their partials take 16 lanes (gcc vectorizes no loop of 8 byte loads; the rows ran
+/// scalar). Against the reference with the arena poisoned.
+#[test]
+fn softmax_over_a_boolean_mask() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(73);
+    for cols in [128usize, 40] {
+        let mut g = Graph::new("masked_softmax");
+        let s = g.add_input("s", TensorType::fixed(DType::F32, &[4, 16, cols]));
+        let m: Vec<f64> = (0..16 * cols).map(|i| f64::from(u8::from(i % cols <= (i / cols) * cols / 16 + 3))).collect();
+        let m = g.add_const("m", Tensor::from_f64s(DType::Bool, vec![16, cols], &m).unwrap());
+        let lo = g.add_const("lo", Tensor::scalar(f32::MIN));
+        let add = g.add_const("add", random(&[16, cols], &mut rng, -1.0, 0.0));
+        let y = g.add(Op::Where, &[m, s, lo]).unwrap();
+        let y = g.add(Op::Binary(BinaryOp::Add), &[y, add]).unwrap();
+        let y = g.add(Op::Norm(tilec_ir::op::NormOp::Softmax { axis: 2 }), &[y]).unwrap();
+        g.set_outputs(vec![y]);
+        let inputs = vec![random(&[4, 16, cols], &mut rng, -3.0, 3.0)];
+        check_graph(&format!("masked softmax {cols}"), &g, &inputs);
+        let opts = CompileOptions { cache_dir: Some(cache()), keep_ir: true, ..Default::default() };
+        let c = compile(&g, &opts).unwrap();
+        let scheduled: String = c.report.ir.iter().map(|(_, _, s)| s.as_str()).collect();
+        if cols == 128 {
+            assert!(scheduled.contains("[16]"), "no 16-lane partials:\n{scheduled}");
         }
     }
 }
