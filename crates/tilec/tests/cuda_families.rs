@@ -1114,17 +1114,24 @@ fn unaligned_plain_products_store_whole_rows() {
         let src = &p.kernels()[0].source.source;
         assert!(src.contains("tl_shift_halves(tl_a, tl_b, tl_s)"), "no row stores in the kernel");
         assert!(!src.contains("tl_epi("), "an epilogue function where the built-in one stores");
-        if tilec::cuda::is_available() {
-            let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-            assert!(c.report.notes.is_empty(), "{:?}", c.report.notes);
-            let inputs = random_inputs(&g);
-            let want = tilec::reference::run(&g, inputs.clone()).unwrap();
-            c.poison().unwrap();
-            let got = c.run(&inputs).unwrap();
-            let cmp = tilec::compare::compare(&want[0], &got[0], 2e-2, 2e-2).unwrap();
-            assert!(cmp.ok(), "{}: max abs err {}, {} mismatches", d.name(), cmp.max_abs, cmp.mismatches);
-        }
+        matches_reference_on_a_gpu(d.name(), &g);
     }
+}
+
+/// On a GPU: `g` compiled with the default options (no family kernel falling back) matches the
+/// reference interpreter on random inputs, its output poisoned first. Nothing without one.
+fn matches_reference_on_a_gpu(what: &str, g: &Graph) {
+    if !tilec::cuda::is_available() {
+        return;
+    }
+    let mut c = tilec::compiled_cuda::compile(g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(c.report.notes.is_empty(), "{what}: {:?}", c.report.notes);
+    let inputs = random_inputs(g);
+    let want = tilec::reference::run(g, inputs.clone()).unwrap();
+    c.poison().unwrap();
+    let got = c.run(&inputs).unwrap();
+    let cmp = tilec::compare::compare(&want[0], &got[0], 2e-2, 2e-2).unwrap();
+    assert!(cmp.ok(), "{what}: max abs err {}, {} mismatches", cmp.max_abs, cmp.mismatches);
 }
 
 /// `gelu_tanh(x @ w + b)` over `d` (GPT-2's MLP up-projection).
@@ -1156,16 +1163,7 @@ fn tanh_gelu_epilogues_take_the_fast_form_for_sixteen_bit_outputs() {
         let src = &p.kernels()[0].source.source;
         assert_eq!(src.contains("tl_gelu_tanh_fast(("), narrow, "{}: fast GELU in the epilogue", d.name());
         assert_eq!(src.contains("tl_gelu_tanh(("), !narrow, "{}: tanhf GELU in the epilogue", d.name());
-        if tilec::cuda::is_available() {
-            let mut c = tilec::compiled_cuda::compile(&g, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-            assert!(c.report.notes.is_empty(), "{:?}", c.report.notes);
-            let inputs = random_inputs(&g);
-            let want = tilec::reference::run(&g, inputs.clone()).unwrap();
-            c.poison().unwrap();
-            let got = c.run(&inputs).unwrap();
-            let cmp = tilec::compare::compare(&want[0], &got[0], 2e-2, 2e-2).unwrap();
-            assert!(cmp.ok(), "{}: max abs err {}, {} mismatches", d.name(), cmp.max_abs, cmp.mismatches);
-        }
+        matches_reference_on_a_gpu(d.name(), &g);
     }
 }
 
