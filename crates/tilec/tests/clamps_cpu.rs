@@ -4,8 +4,8 @@
 //! `Max`/`Min` with constants or hard swish, depthwise 3x3, 1x1 projection, residual) over
 //! maps whose pixel counts are not multiples of the register tile, matrix products with K of
 //! 1 to 33 and ragged M and N, the NaN-propagating `Max`/`Min` themselves (the C helpers
-//! the clamps use) on NaNs, infinities and signed zeros, and a softmax over scores a boolean
-//! mask selects.
+//! the clamps use) on NaNs, infinities and signed zeros, a softmax over scores a boolean
+//! mask selects, and a LayerNorm over a concatenation of strided slices (Swin's patch merging).
 
 use std::collections::HashMap;
 
@@ -180,4 +180,39 @@ fn softmax_over_a_boolean_mask() {
             assert!(scheduled.contains("[16]"), "no 16-lane partials:\n{scheduled}");
         }
     }
+}
+
+/// Swin's patch merging: a LayerNorm over the channel concatenation of four strided slices of
+/// a channels-last map. Its statistics select an input per element; the loops over the row's
+/// vectors are cut where the selection changes, so that no select is left in the scheduled
+/// kernel. Against the reference with the arena poisoned.
+#[test]
+fn layer_norm_over_a_concatenation_of_strided_slices() {
+    use tilec_ir::op::{LayoutOp, NormOp, SliceBound};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(79);
+    let c = 48;
+    let mut g = Graph::new("patch_merging");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 8, 8, c]));
+    let mut parts = vec![];
+    for (h0, w0) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let slice = LayoutOp::Slice {
+            axes: vec![1, 2],
+            starts: vec![SliceBound::Index(h0), SliceBound::Index(w0)],
+            ends: vec![SliceBound::Index(8), SliceBound::Index(8)],
+            steps: vec![2, 2],
+        };
+        parts.push(g.add(Op::Layout(slice), &[x]).unwrap());
+    }
+    let cat = g.add(Op::Layout(LayoutOp::Concat { axis: 3 }), &parts).unwrap();
+    let scale = g.add_const("scale", random(&[4 * c], &mut rng, 0.5, 1.5));
+    let bias = g.add_const("bias", random(&[4 * c], &mut rng, -0.5, 0.5));
+    let ln = NormOp::LayerNorm { axis: 3, epsilon: 1e-5, stash: DType::F32, has_bias: true };
+    let y = g.add(Op::Norm(ln), &[cat, scale, bias]).unwrap();
+    g.set_outputs(vec![y]);
+    let inputs = vec![random(&[1, 8, 8, c], &mut rng, -2.0, 2.0)];
+    check_graph("patch merging", &g, &inputs);
+    let opts = CompileOptions { cache_dir: Some(cache()), keep_ir: true, ..Default::default() };
+    let comp = compile(&g, &opts).unwrap();
+    let scheduled: String = comp.report.ir.iter().map(|(_, _, s)| s.as_str()).collect();
+    assert!(!scheduled.contains("select("), "a select left in the scheduled kernel:\n{scheduled}");
 }

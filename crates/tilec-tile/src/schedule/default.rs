@@ -322,7 +322,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                     // independent chains of additions instead of one.
                     let factor = if l.extent >= 64 * lanes { 4 * lanes } else { lanes };
                     let mut trial = w.clone();
-                    if let Ok((_, i)) = super::rfactor(&mut trial, &name, factor) {
+                    if let Ok((o, i)) = super::rfactor(&mut trial, &name, factor) {
                         if super::vectorize(&mut trial, &i).is_ok() {
                             attempt(
                                 &mut w,
@@ -333,6 +333,10 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
                                 },
                             );
                             attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: i });
+                            // A reduction over a concatenation (Swin's patch merging: four
+                            // strided slices, then a LayerNorm) selects per element: its
+                            // loop over vectors is cut where the selection changes.
+                            cut_by_checks(&mut w, &mut s, &o, 1, MAX_PIECES);
                         }
                     }
                 }
@@ -341,9 +345,18 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             // A concatenation along the vector axis (channels-last: `c < c0 ? a : c < c1 ? b :
             // ...` for every element) is cut into one loop per input first, each vectorized
             // on its own (DenseNet's concatenations of up to 48 layers' features).
-            for piece in cut_by_checks(&mut w, &mut s, &name, 2 * lanes.max(1) as i64, MAX_PIECES) {
+            let pieces = cut_by_checks(&mut w, &mut s, &name, 2 * lanes.max(1) as i64, MAX_PIECES);
+            let cut = pieces.len() > 1;
+            for piece in pieces {
                 if loop_named(&w, &piece).is_some_and(|(l, _)| l.extent >= 2) {
                     attempt(&mut w, &mut s, Primitive::Vectorize { loop_var: piece });
+                }
+            }
+            // Where the selection depends on the loop around the vector loop too (a row split
+            // into vectors), that loop is cut instead.
+            if !cut {
+                if let Some(parent) = serial_parent(&w, &name) {
+                    cut_by_checks(&mut w, &mut s, &parent, 1, MAX_PIECES);
                 }
             }
         }
