@@ -345,7 +345,7 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             // A concatenation along the vector axis (channels-last: `c < c0 ? a : c < c1 ? b :
             // ...` for every element) is cut into one loop per input first, each vectorized
             // on its own (DenseNet's concatenations of up to 48 layers' features).
-            let pieces = cut_by_checks(&mut w, &mut s, &name, 2 * lanes.max(1) as i64, MAX_PIECES);
+            let pieces = cut_by_checks(&mut w, &mut s, &name, 2 * lanes.max(1), MAX_PIECES);
             let cut = pieces.len() > 1;
             for piece in pieces {
                 if loop_named(&w, &piece).is_some_and(|(l, _)| l.extent >= 2) {
@@ -414,38 +414,32 @@ const MAX_PIECES: usize = 64;
 /// checks (a concatenation's inputs along the loop: one piece per input), up to `max_pieces`
 /// pieces in all. The pieces in order (the loop alone when it is not cut).
 fn cut_by_checks(w: &mut Kernel, s: &mut Schedule, name: &str, min_interior: i64, max_pieces: usize) -> Vec<String> {
-    let mut apply = |w: &mut Kernel, p: Primitive| -> bool {
-        let ok = apply_primitive(w, &p).is_ok();
-        if ok {
-            s.push(p);
-        }
-        ok
-    };
     let mut pieces = vec![name.to_string()];
+    // The first cut on a copy, kept only with a long enough interior; `partition` leaves the
+    // kernel unchanged when it refuses, so the later cuts run in place.
     let mut trial = w.clone();
-    let Ok(p) = super::partition(&mut trial, name) else {
-        return pieces;
-    };
-    if p.interior_end - p.interior_start < min_interior || !apply(w, Primitive::Partition { loop_var: name.to_string() }) {
-        return pieces;
-    }
-    if let Some(b) = p.before {
-        pieces.insert(0, b);
-    }
-    let mut next = p.after;
-    while pieces.len() + 1 < max_pieces {
-        let Some(a) = next.take() else { break };
-        let mut trial = w.clone();
-        match super::partition(&mut trial, &a) {
-            Ok(q) if apply(w, Primitive::Partition { loop_var: a.clone() }) => {
-                pieces.extend(q.before);
-                pieces.push(a);
-                next = q.after;
+    match super::partition(&mut trial, name) {
+        Ok(p) if p.interior_end - p.interior_start >= min_interior => {
+            *w = trial;
+            s.push(Primitive::Partition { loop_var: name.to_string() });
+            pieces.splice(0..0, p.before);
+            let mut next = p.after;
+            while pieces.len() + 1 < max_pieces {
+                let Some(a) = next.take() else { break };
+                match super::partition(w, &a) {
+                    Ok(q) => {
+                        s.push(Primitive::Partition { loop_var: a.clone() });
+                        pieces.extend(q.before);
+                        pieces.push(a);
+                        next = q.after;
+                    }
+                    Err(_) => pieces.push(a),
+                }
             }
-            _ => pieces.push(a),
+            pieces.extend(next);
         }
+        _ => {}
     }
-    pieces.extend(next);
     pieces
 }
 
@@ -508,13 +502,13 @@ fn collect_innermost(k: &Kernel, stmts: &[Stmt], out: &mut Vec<String>) {
     }
 }
 
-/// The element type a loop mostly works on: its first store's buffer, else its accumulator's,
-/// else its first load's, else f32.
 /// Whether loop `l`'s body loads elements of one byte (booleans, 8-bit integers).
 fn reads_bytes(k: &Kernel, l: &Loop) -> bool {
     Region::of(&l.body).loads.iter().any(|(b, _)| k.buf(*b).dtype.size_bytes() == 1)
 }
 
+/// The element type a loop mostly works on: its first store's buffer, else its accumulator's,
+/// else its first load's, else f32.
 fn loop_dtype(k: &Kernel, l: &Loop) -> DType {
     let r = Region::of(&l.body);
     if let Some((b, _, _)) = r.stores.first() {
