@@ -622,6 +622,28 @@ fn concat3(n0: i64, n1: i64, n2: i64) -> Case {
     }
 }
 
+/// A channels-last image of `h x w` pixels flattened to one axis, rolled by `s` along both
+/// spatial axes (Swin's shifted windows): `out[p][c] = x[((p / w - s) mod h) * w + (p % w - s)
+/// mod w][c]`, written as the selects of two concatenations.
+fn roll2d(h: i64, w: i64, s: i64, ch: i64) -> Case {
+    let d = DType::F32;
+    let mut k = Kernel::new("roll2d");
+    let x = k.param("x", d, vec![h * w, ch]);
+    let out = k.param("out", d, vec![h * w, ch]);
+    let p = k.index_var("p");
+    let c = k.index_var("c");
+    let (row, col) = (Expr::div(v(p), w), Expr::rem(v(p), w));
+    let src = |dr: i64, dc: i64| {
+        let r = Expr::add(row.clone(), Expr::Int(dr));
+        let q = Expr::add(col.clone(), Expr::Int(dc));
+        ld(x, vec![Expr::add(Expr::mul(r, Expr::Int(w)), q), v(c)])
+    };
+    let by_col = |dr: i64| Expr::select(bin(BinOp::Lt, col.clone(), Expr::Int(s)), src(dr, w - s), src(dr, -s));
+    let val = Expr::select(bin(BinOp::Lt, row.clone(), Expr::Int(s)), by_col(h - s), by_col(-s));
+    k.body.push(for_(p, h * w, vec![for_(c, ch, vec![Stmt::store(out, vec![v(p), v(c)], val)])]));
+    Case { k, outputs: vec![1] }
+}
+
 fn random_pool(rng: &mut StdRng, avg: bool) -> Case {
     let (kh, kw) = (rng.gen_range(1..4), rng.gen_range(1..4));
     let (dh, dw) = (rng.gen_range(1..3), rng.gen_range(1..3));
@@ -676,6 +698,7 @@ fn all_cases(rng: &mut StdRng) -> Vec<Case> {
             rng.gen_range(1..9),
             rng.gen_range(1..9),
         ));
+        out.push(roll2d(rng.gen_range(2..6), rng.gen_range(2..7), 1, rng.gen_range(1..4)));
     }
     out
 }
@@ -801,6 +824,10 @@ fn candidates(k: &Kernel, rng: &mut StdRng) -> Vec<Primitive> {
         out.push(Primitive::Partition {
             loop_var: l.clone(),
         });
+        // A divisor of the extent when there is one.
+        if let Some(f) = (2..n).find(|f| n % f == 0) {
+            out.push(Primitive::Delinearize { loop_var: l.clone(), factor: f });
+        }
         let ch = chain(k, l);
         if ch.len() >= 2 {
             out.push(Primitive::Fuse {
@@ -891,6 +918,7 @@ fn each_primitive_alone_preserves_results() {
         "compute_at",
         "rfactor",
         "partition",
+        "delinearize",
         "gemm_transpose",
         "gemm_blocking",
     ] {
@@ -1025,6 +1053,21 @@ fn partition_drops_checks_in_the_interior() {
         "{k}"
     );
     check_same(&case, &k, 0.0, &mut rng, "concat");
+    // A rolled, flattened image: the default schedule delinearizes the pixel loop into rows
+    // and columns, each cut where the roll wraps, leaving no select and no division.
+    let case = roll2d(6, 10, 2, 8);
+    let t = CpuTarget { threads: 1, vector_bytes: 32, ..CpuTarget::default() };
+    let s = schedule::default_cpu(&case.k, &t);
+    assert!(s.steps.iter().any(|p| matches!(p, Primitive::Delinearize { factor: 10, .. })), "{s}");
+    let mut k = case.k.clone();
+    schedule::apply(&mut k, &s).unwrap();
+    let text = format!("{k}");
+    assert!(!text.contains('?') && !text.contains("select") && !text.contains(" / ") && !text.contains(" % "), "{s}\n{k}");
+    check_same(&case, &k, 0.0, &mut rng, "rolled image");
+    // A factor that does not divide the loop is refused, the kernel unchanged.
+    let mut k = case.k.clone();
+    assert!(schedule::delinearize(&mut k, "p", 7).is_err());
+    assert_eq!(k, case.k);
     // Nothing to partition.
     let case = ew1d(10);
     let mut k = case.k.clone();

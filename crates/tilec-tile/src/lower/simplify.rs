@@ -226,7 +226,9 @@ fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
 
 /// Splits `l` into `c * big + small` with `c > 1` dividing `d`, every coefficient of `big`'s
 /// terms a multiple of `c` (before dividing) and `0 <= small < c` over the ranges; returns
-/// `(big, d / c, small)`. Tries the terms' coefficients as `c`, largest first.
+/// `(big, d / c, small)`. The constant splits too (`big` takes its floor quotient by `c`: a
+/// window's offset `(v * 96 + ch + 384) / 672` is `(v + 4) / 7` for `ch < 96`). Tries the
+/// terms' coefficients as `c`, largest first.
 fn split_multiple(l: &Lin, d: i64, r: &Ranges) -> Option<(Lin, i64, Lin)> {
     let mut cands: Vec<i64> = l
         .terms
@@ -237,8 +239,8 @@ fn split_multiple(l: &Lin, d: i64, r: &Ranges) -> Option<(Lin, i64, Lin)> {
     cands.sort_unstable_by(|a, b| b.cmp(a));
     cands.dedup();
     for c in cands {
-        let mut big = Lin::constant(0);
-        let mut small = Lin::constant(l.c);
+        let mut big = Lin::constant(l.c.div_euclid(c));
+        let mut small = Lin::constant(l.c.rem_euclid(c));
         for (e, k) in &l.terms {
             if k % c == 0 {
                 big.add_term(e.clone(), k / c);
@@ -421,8 +423,22 @@ pub fn simplify(e: Expr, r: &Ranges) -> Expr {
     from_lin(to_lin(e, r))
 }
 
-/// Simplifies the index of every load and store in `stmts`, with the extents of the loops
-/// around them (`r`) and of the loops inside. For a schedule that substituted `v + c` for a
+/// Whether `e` is integer arithmetic on constants and the loop variables of `r` alone (a
+/// comparison of such is a check on the iteration, whose sides may be simplified like indices).
+fn loop_arith(e: &Expr, r: &Ranges) -> bool {
+    match e {
+        Expr::Int(_) => true,
+        Expr::Var(v) => r.contains_key(v),
+        Expr::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem | BinOp::FloorDiv | BinOp::FloorMod, a, b) => {
+            loop_arith(a, r) && loop_arith(b, r)
+        }
+        _ => false,
+    }
+}
+
+/// Simplifies the index of every load and store in `stmts`, and both sides of the comparisons
+/// that check only loop variables, with the extents of the loops around them (`r`) and of the
+/// loops inside. For a schedule that substituted `v + c` for a
 /// loop variable (a partitioned loop): a divisor or remainder that could not be simplified
 /// while its dividend might be negative (a concatenation's `i - n0`) can be once the loop
 /// starts past the branch point. Only indices are touched: element arithmetic keeps its
@@ -431,6 +447,9 @@ pub fn simplify_accesses(stmts: &mut [Stmt], r: &Ranges) {
     let loads = |e: Expr, r: &Ranges| {
         e.rewrite(&mut |e| match e {
             Expr::Load(b, idx) => Expr::Load(b, idx.into_iter().map(|x| simplify(x, r)).collect()),
+            Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), a, b) if loop_arith(&a, r) && loop_arith(&b, r) => {
+                Expr::Binary(op, Box::new(simplify(*a, r)), Box::new(simplify(*b, r)))
+            }
             e => e,
         })
     };
@@ -580,6 +599,29 @@ mod tests {
         // Not when the small part can reach the coarser stride.
         let r2: Ranges = [(VarId(0), 128), (VarId(1), 2048)].into_iter().collect();
         assert_ne!(simplify(div(flat, 65536), &r2), div(v(0), 64));
+    }
+
+    #[test]
+    fn a_window_offset_splits_its_constant() {
+        // Swin's rolled windows: (v * 96 + ch + 384) / 672 = (v + 4) / 7 and
+        // (v * 96 + ch + 384) % 672 = ((v + 4) % 7) * 96 + ch for 0 <= ch < 96, checked by
+        // evaluation; a negative offset under floor semantics too.
+        let r: Ranges = [(VarId(0), 3136), (VarId(1), 96)].into_iter().collect();
+        let flat = add(add(mul(v(0), 96), v(1)), Expr::Int(384));
+        assert_eq!(simplify(div(flat.clone(), 672), &r), div(add(v(0), Expr::Int(4)), 7));
+        let neg = add(add(mul(v(0), 96), v(1)), Expr::Int(-11040));
+        for (e, d) in [(flat, 672), (neg, 5376)] {
+            for op in [BinOp::Div, BinOp::Rem, BinOp::FloorDiv, BinOp::FloorMod] {
+                let x = Expr::bin(op, e.clone(), Expr::Int(d));
+                let sx = simplify(x.clone(), &r);
+                for (a, b) in [(0, 0), (1, 95), (114, 3), (115, 0), (3135, 95), (500, 17)] {
+                    let at = |w: VarId| if w == VarId(0) { a } else { b };
+                    assert_eq!(eval(&x, &at), eval(&sx, &at), "{op:?} {d} at ({a}, {b}): {sx:?}");
+                }
+            }
+        }
+        let floor = Expr::bin(BinOp::FloorDiv, add(add(mul(v(0), 96), v(1)), Expr::Int(-11040)), Expr::Int(96));
+        assert_eq!(simplify(floor, &r), Expr::bin(BinOp::Sub, v(0), Expr::Int(115)));
     }
 
     #[test]

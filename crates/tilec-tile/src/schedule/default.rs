@@ -161,6 +161,20 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
             },
         );
     }
+    // A flattened loop whose checks read its quotient or remainder (a rolled window's rows and
+    // columns over a flattened image) becomes two loops first, which the cuts below then
+    // partition by their own checks.
+    let flat: Vec<(String, i64)> = w
+        .body
+        .iter()
+        .filter_map(|st| match st {
+            Stmt::For(l) if l.kind == LoopKind::Serial => delinearize_factor(l).map(|d| (var_name(&w, l.var), d)),
+            _ => None,
+        })
+        .collect();
+    for (name, factor) in flat {
+        attempt(&mut w, &mut s, Primitive::Delinearize { loop_var: name, factor });
+    }
     // Outer loops that select between inputs (a concatenation read as `i < n0 ? a : b`) or
     // check bounds: cut into pieces in which the checks are constant.
     let first_roots: Vec<String> = w
@@ -404,6 +418,35 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
         }
     }
     s
+}
+
+/// The factor by which to delinearize loop `l`: the largest `d` between 1 and its extent,
+/// dividing it, such that a comparison in its body reads `l / d` or `l % d` (Swin's roll over
+/// a flattened 56 x 56 image checks `p / 56 < 3` and `p % 56 < 3` for every element).
+fn delinearize_factor(l: &Loop) -> Option<i64> {
+    let (v, n) = (l.var, l.extent);
+    let mut best = None;
+    let mut body = l.body.clone();
+    for st in &mut body {
+        st.map_exprs(&mut |e| {
+            e.visit(&mut |x| {
+                let Expr::Binary(BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge, a, b) = x else { return };
+                for side in [a, b] {
+                    side.visit(&mut |y| {
+                        if let Expr::Binary(BinOp::Div | BinOp::FloorDiv | BinOp::Rem | BinOp::FloorMod, p, q) = y {
+                            if let (Expr::Var(u), Expr::Int(d)) = (&**p, &**q) {
+                                if *u == v && *d > 1 && *d < n && n % d == 0 {
+                                    best = best.max(Some(*d));
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+            e
+        });
+    }
+    best
 }
 
 /// Most pieces [`cut_by_checks`] cuts an innermost loop into.

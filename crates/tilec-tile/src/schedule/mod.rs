@@ -37,7 +37,7 @@ pub use loops::{
     fuse, gemm_blocking, gemm_transpose, gemm_vector, parallel, reorder, split, unroll, vectorize, MAX_INNER_TRIPS,
     MAX_UNROLL,
 };
-pub use partition::{partition, Partitioned};
+pub use partition::{delinearize, partition, Partitioned};
 pub use rfactor::rfactor;
 
 /// A primitive that could not be applied.
@@ -128,6 +128,13 @@ pub enum Primitive {
         #[serde(rename = "loop")]
         loop_var: String,
     },
+    /// Splits `loop` by `factor` (a divisor of its extent) and simplifies its body's indices,
+    /// `loop / factor` and `loop % factor` becoming the two new variables.
+    Delinearize {
+        #[serde(rename = "loop")]
+        loop_var: String,
+        factor: i64,
+    },
     /// Swaps the operands of the gemm whose row variable is `gemm` (all gemms when absent):
     /// computes the transposed product, the register tile running along the other dimension.
     GemmTranspose {
@@ -167,6 +174,7 @@ impl Primitive {
             Primitive::ComputeAt { .. } => "compute_at",
             Primitive::Rfactor { .. } => "rfactor",
             Primitive::Partition { .. } => "partition",
+            Primitive::Delinearize { .. } => "delinearize",
             Primitive::GemmTranspose { .. } => "gemm_transpose",
             Primitive::GemmBlocking { .. } => "gemm_blocking",
             Primitive::GemmVector { .. } => "gemm_vector",
@@ -200,6 +208,7 @@ impl fmt::Display for Primitive {
             Primitive::ComputeAt { producer, at } => write!(f, "compute_at {producer} at {at}"),
             Primitive::Rfactor { loop_var, factor } => write!(f, "rfactor {loop_var} by {factor}"),
             Primitive::Partition { loop_var } => write!(f, "partition {loop_var}"),
+            Primitive::Delinearize { loop_var, factor } => write!(f, "delinearize {loop_var} by {factor}"),
             Primitive::GemmTranspose { gemm } => match gemm {
                 Some(g) => write!(f, "gemm_transpose {g}"),
                 None => write!(f, "gemm_transpose"),
@@ -284,6 +293,7 @@ pub fn apply_primitive(k: &mut Kernel, p: &Primitive) -> Result<(), ScheduleErro
         Primitive::ComputeAt { producer, at } => compute_at(k, producer, at),
         Primitive::Rfactor { loop_var, factor } => rfactor(k, loop_var, *factor).map(drop),
         Primitive::Partition { loop_var } => partition(k, loop_var).map(drop),
+        Primitive::Delinearize { loop_var, factor } => delinearize(k, loop_var, *factor).map(drop),
         Primitive::GemmTranspose { gemm } => gemm_transpose(k, gemm.as_deref()),
         Primitive::GemmVector { gemm } => gemm_vector(k, gemm.as_deref()),
         Primitive::GemmBlocking {

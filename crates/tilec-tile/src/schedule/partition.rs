@@ -23,6 +23,40 @@ pub struct Partitioned {
     pub dropped: usize,
 }
 
+/// Splits serial loop `name` by `factor`, which must divide its extent and lie strictly between
+/// 1 and it, and simplifies the indices in its body with the loops' extents, so that `name /
+/// factor` and `name % factor` become the new outer and inner variables (a flattened image
+/// index whose row and column a rolled or padded window checks becomes two loops, each of
+/// which [`partition`] can cut by its own check). Returns the outer and inner loops' names.
+pub fn delinearize(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, String), ScheduleError> {
+    const P: &str = "delinearize";
+    atomically(k, |k| {
+        let (_, pos) = find_loop(k, P, name)?;
+        let l = loop_ref(k, &pos).ok_or_else(|| err(k, P, "loop vanished"))?;
+        let n = l.extent;
+        if l.kind != LoopKind::Serial {
+            return Err(err(k, P, format!("loop `{name}` is not serial")));
+        }
+        if factor < 2 || factor >= n || n % factor != 0 {
+            return Err(err(k, P, format!("factor {factor} does not divide loop `{name}`'s extent {n} into two loops")));
+        }
+        let (o, i) = super::loops::split_vars(k, name, factor)?;
+        let mut extents = crate::lower::simplify::Ranges::new();
+        for s in &k.body {
+            s.visit(&mut |s| {
+                if let Stmt::For(l) = s {
+                    let e = extents.entry(l.var).or_insert(0);
+                    *e = (*e).max(l.extent);
+                }
+            });
+        }
+        let vanished = err(k, P, "loop vanished");
+        let l = super::loop_mut(k, &pos).ok_or(vanished)?;
+        crate::lower::simplify::simplify_accesses(&mut l.body, &extents);
+        Ok((var_name(k, o), var_name(k, i)))
+    })
+}
+
 /// Partitions serial loop `name` (extent `n`) by the bounds checks in its body: every comparison
 /// `a < b`, `a <= b`, `a > b`, `a >= b` of affine index forms in which the loop variable appears
 /// (with a constant coefficient, outside divisions) and whose other variables are loops inside the
