@@ -5,6 +5,9 @@
 //! ```text
 //! cargo run --release -p tilec --example prepare_cuda -- model.onnx --dim batch=8 --dim seq=512 --reps 5
 //! ```
+//!
+//! `--dump DIR` also writes each kernel's CUDA source (`DIR/<index>_<entry>.cu`) as it would be
+//! compiled, to read or compile with NVRTC on a machine without a GPU.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -15,7 +18,7 @@ use tilec_opt::manager::{Pipeline, PipelineOptions};
 use tilec_opt::target::TargetKind;
 
 fn usage(why: &str) -> ! {
-    eprintln!("{why}\nusage: prepare_cuda MODEL.onnx [--dim NAME=N]... [--reps N]");
+    eprintln!("{why}\nusage: prepare_cuda MODEL.onnx [--dim NAME=N]... [--reps N] [--dump DIR]");
     std::process::exit(2)
 }
 
@@ -27,6 +30,7 @@ fn main() {
     let mut model = None;
     let mut dims = HashMap::new();
     let mut reps = 5usize;
+    let mut dump: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -35,6 +39,7 @@ fn main() {
                 let (k, v) = d.split_once('=').unwrap_or_else(|| usage("--dim needs NAME=N"));
                 dims.insert(k.to_string(), v.parse().unwrap_or_else(|_| usage("--dim needs NAME=N")));
             }
+            "--dump" => dump = Some(args.next().unwrap_or_else(|| usage("--dump needs a directory")).into()),
             "--reps" => reps = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| usage("--reps needs a number")),
             _ if model.is_none() => model = Some(a),
             _ => usage(&format!("unexpected argument {a}")),
@@ -58,6 +63,15 @@ fn main() {
         if best.is_none_or(|b| r.total < b.2) {
             best = Some((r.optimize, r.lower, r.total));
         }
+    }
+    if let Some(dir) = &dump {
+        let p = prepare(&g, &opts, &gpu).unwrap_or_else(|e| usage(&format!("prepare: {e}")));
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| usage(&format!("{}: {e}", dir.display())));
+        for (i, k) in p.kernels().iter().enumerate() {
+            let path = dir.join(format!("{i:03}_{}.cu", k.source.name));
+            std::fs::write(&path, &k.source.source).unwrap_or_else(|e| usage(&format!("{}: {e}", path.display())));
+        }
+        println!("wrote {} kernel sources to {}", p.kernels().len(), dir.display());
     }
     let (o, l, t) = best.unwrap_or_default();
     println!("best of {reps}: optimize {:.1} ms, lower+schedule {:.1} ms, total {:.1} ms ({kernels} kernels)", ms(o), ms(l), ms(t));
