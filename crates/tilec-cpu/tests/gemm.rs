@@ -857,3 +857,51 @@ fn concat_operands() {
     ];
     check_kernels(&ks, 25, true, gemm_tol);
 }
+
+/// A product over the rows of an image rolled along both axes (Swin's shifted windows): `A`'s
+/// row `i` reads pixel `((i / w - s) mod h, (i % w - s) mod w)` of a channels-last image,
+/// written as two concatenations' selects on the row. `A` is read in place (one pointer per
+/// row, chosen by the selects), against the interpreter.
+#[test]
+fn rolled_rows_in_place() {
+    let mut ks = vec![];
+    for (h, w, s, c, o) in [(6, 10, 2, 9, 7), (7, 7, 3, 32, 20)] {
+        let mut k = Kernel::new(&format!("rolled_{h}x{w}"));
+        let x = k.param("x", DType::F32, vec![h * w, c]);
+        let wt = k.param("w", DType::F32, vec![c, o]);
+        let out = k.param("out", DType::F32, vec![h * w, o]);
+        let (vb, vi, vj, vk) = (k.index_var("b"), k.index_var("i"), k.index_var("j"), k.index_var("k"));
+        let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
+        let (row, col) = (Expr::div(v(vi), w), Expr::rem(v(vi), w));
+        let src = |dr: i64, dc: i64| {
+            let r = Expr::add(row.clone(), Expr::Int(dr));
+            let q = Expr::add(col.clone(), Expr::Int(dc));
+            Expr::load(x, vec![Expr::add(Expr::mul(r, Expr::Int(w)), q), v(vk)])
+        };
+        let by_col = |dr: i64| Expr::select(Expr::bin(BinOp::Lt, col.clone(), Expr::Int(s)), src(dr, w - s), src(dr, -s));
+        let a = Expr::select(Expr::bin(BinOp::Lt, row.clone(), Expr::Int(s)), by_col(h - s), by_col(-s));
+        let g = Gemm {
+            batch: 1,
+            m: h * w,
+            n: o,
+            k: c,
+            b_var: vb,
+            i_var: vi,
+            j_var: vj,
+            k_var: vk,
+            acc_var: acc,
+            acc_dtype: DType::F32,
+            a,
+            b: Expr::load(wt, vec![v(vk), v(vj)]),
+            epilogue: vec![Stmt::store(out, vec![v(vi), v(vj)], v(acc))],
+            params: gemm_params(h * w, o, c, &CpuInfo::host()),
+            vector: false,
+        };
+        let ind = tilec_tile::indirect::indirect_form(&k, &g).expect("a rolled A is read in place");
+        assert_eq!(ind.leaves.len(), 1);
+        assert!(format!("{:?}", ind.leaves[0].row).contains("Select"), "{:?}", ind.leaves[0].row);
+        k.body.push(Stmt::Gemm(Box::new(g)));
+        ks.push(k);
+    }
+    check_kernels(&ks, 31, true, gemm_tol);
+}

@@ -12,7 +12,8 @@
 //! The analysis here is exact and done at render time: the operand expression must be a tree
 //! of selects on `k` alone (a concatenation) over leaves `cond ? load : 0` or `load` from an
 //! f32 kernel parameter or scratch buffer, whose flat offset and bound checks are sums of a part in `i` and a
-//! part in `k` (and the batch). The `k` parts are evaluated for every `k` (and batch) here and
+//! part in `k` (and the batch); a leaf may also be a tree of selects on `i` alone over loads of
+//! one buffer at one `k` part (a rolled image), whose row part then selects. The `k` parts are evaluated for every `k` (and batch) here and
 //! emitted as tables; the `i` parts are rendered to C and evaluated per row at run time.
 
 use std::collections::HashMap;
@@ -81,6 +82,12 @@ fn leaves_of(
             conds.push((**c).clone());
             Some(Expr::select((**c).clone(), a, b))
         }
+        // Rows that choose their source (a roll: a row near the image's edge wraps to the
+        // other end): one leaf whose row part selects ([`row_leaf`]).
+        Expr::Select(c, ..) if !uses(c, g.k_var) && !is_zero(e) => {
+            leaves.push(row_leaf(k, g, e)?);
+            Some(Expr::Int(leaves.len() as i64 - 1))
+        }
         Expr::Select(c, a, z) => {
             let Expr::Lit(Lit::Float(zero, _)) = **z else { return None };
             if zero != 0.0 || zero.is_sign_negative() {
@@ -96,6 +103,45 @@ fn leaves_of(
             Some(Expr::Int(leaves.len() as i64 - 1))
         }
         _ => None,
+    }
+}
+
+/// Whether `e` is `cond ? x : 0` (a checked leaf).
+fn is_zero(e: &Expr) -> bool {
+    matches!(e, Expr::Select(_, _, z) if matches!(**z, Expr::Lit(Lit::Float(_, _))))
+}
+
+/// A tree of selects on the row (and batch) alone over plain loads of one buffer at one `k`
+/// part, as one leaf whose row part is the same tree of selects over the loads' row parts.
+fn row_leaf(k: &Kernel, g: &Gemm, e: &Expr) -> Option<Leaf> {
+    match e {
+        Expr::Load(..) => {
+            // The offset's constant goes with the row part, so that loads differing only in
+            // their row (and constant) share the `k` part.
+            let mut lf = leaf(k, g, e, None)?;
+            let c = take_const(&mut lf.koff);
+            lf.row = Expr::bin(BinOp::Add, lf.row, Expr::Int(c));
+            Some(lf)
+        }
+        Expr::Select(c, a, b) if !uses(c, g.k_var) => {
+            let mut other = false;
+            c.visit(&mut |x| other |= matches!(x, Expr::Var(v) if *v != g.i_var && *v != g.b_var));
+            let (la, lb) = (row_leaf(k, g, a)?, row_leaf(k, g, b)?);
+            if other || la.buf != lb.buf || la.koff != lb.koff || !la.atoms.is_empty() || !lb.atoms.is_empty() {
+                return None;
+            }
+            Some(Leaf { row: Expr::select((**c).clone(), la.row, lb.row), ..la })
+        }
+        _ => None,
+    }
+}
+
+/// The constant at the head of a [`split_offset`] sum (`((c + t1) + t2) + ...`), replaced by 0.
+fn take_const(e: &mut Expr) -> i64 {
+    match e {
+        Expr::Int(c) => std::mem::replace(c, 0),
+        Expr::Binary(BinOp::Add, a, _) => take_const(a),
+        _ => 0,
     }
 }
 
@@ -312,7 +358,11 @@ pub fn indirect_form(k: &Kernel, g: &Gemm) -> Option<IndirectA> {
     }
     let mut leaves = vec![];
     let mut conds = vec![];
-    let tree = leaves_of(k, g, &g.a, &mut leaves, &mut conds)?;
+    // The operand's indices simplified under the selects around them: a rolled image's
+    // wrapped rows read plain offsets in the branches where they are taken.
+    let ranges: crate::lower::simplify::Ranges = [(g.b_var, g.batch), (g.i_var, g.m), (g.k_var, g.k)].into_iter().collect();
+    let a = crate::lower::simplify::simplify_expr(g.a.clone(), &ranges);
+    let tree = leaves_of(k, g, &a, &mut leaves, &mut conds)?;
     let batched = uses(&tree, g.b_var)
         || leaves.iter().any(|l| {
             uses(&l.koff, g.b_var) || l.atoms.iter().any(|(_, kp, _)| uses(kp, g.b_var))

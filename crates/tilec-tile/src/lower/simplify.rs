@@ -132,13 +132,129 @@ pub fn expr_range(e: &Expr, r: &Ranges) -> Option<(i64, i64)> {
     lin_range(&to_lin(e.clone(), r), r)
 }
 
+thread_local! {
+    /// Facts `form >= 0` that hold where the expression being simplified is evaluated: the
+    /// conditions of the selects around it ([`simplify_expr`]).
+    static FACTS: std::cell::RefCell<Vec<Lin>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `facts` added to the facts in force.
+fn with_facts<T>(facts: Vec<Lin>, f: impl FnOnce() -> T) -> T {
+    let n = facts.len();
+    FACTS.with(|x| x.borrow_mut().extend(facts));
+    let out = f();
+    FACTS.with(|x| {
+        let mut v = x.borrow_mut();
+        let keep = v.len() - n;
+        v.truncate(keep);
+    });
+    out
+}
+
+/// The facts `form >= 0` that condition `c` gives where it holds (`taken`) or where it does
+/// not: comparisons of index forms, and conjunctions of them where they hold.
+fn facts_of(c: &Expr, taken: bool, r: &Ranges) -> Vec<Lin> {
+    match c {
+        Expr::Binary(BinOp::And, a, b) if taken => {
+            let mut v = facts_of(a, true, r);
+            v.extend(facts_of(b, true, r));
+            v
+        }
+        Expr::Binary(op @ (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), x, y) if is_index_shaped(x) && is_index_shaped(y) => {
+            let (x, y) = (to_lin((**x).clone(), r), to_lin((**y).clone(), r));
+            // x < y  <=>  y - x - 1 >= 0, and its negation x - y >= 0; the others alike.
+            let (ge, strict) = match (op, taken) {
+                (BinOp::Lt, true) | (BinOp::Ge, false) => (false, true),
+                (BinOp::Le, true) | (BinOp::Gt, false) => (false, false),
+                (BinOp::Gt, true) | (BinOp::Le, false) => (true, true),
+                _ => (true, false),
+            };
+            let mut f = if ge { x.add(y, -1) } else { y.add(x, -1) };
+            if strict {
+                f.c -= 1;
+            }
+            vec![f]
+        }
+        _ => vec![],
+    }
+}
+
 fn is_nonneg(l: &Lin, r: &Ranges) -> bool {
-    matches!(lin_range(l, r), Some((lo, _)) if lo >= 0)
+    if matches!(lin_range(l, r), Some((lo, _)) if lo >= 0) {
+        return true;
+    }
+    // l = (l - m f) + m f with a fact f >= 0 and m > 0: non-negative if l - m f is, `m` the
+    // ratio of a coefficient of `l` to that of the same atom in `f`. Facts are taken out one
+    // at a time while each raises the lower bound (a roll along two axes needs both).
+    FACTS.with(|facts| {
+        let facts = facts.borrow();
+        let lo = |x: &Lin| lin_range(x, r).map_or(i64::MIN, |b| b.0);
+        let mut rest = l.clone();
+        // A variable `v` of `l` whose quotient by `d` a fact bounds is `d * (v / d) + v % d`.
+        for f in facts.iter() {
+            for (e, _) in &f.terms {
+                let Expr::Binary(op @ (BinOp::Div | BinOp::FloorDiv), x, d) = e else { continue };
+                let (Expr::Var(_), Expr::Int(d)) = (&**x, &**d) else { continue };
+                let Some(&(_, k)) = rest.terms.iter().find(|t| t.0 == **x) else { continue };
+                let m = if *op == BinOp::Div { BinOp::Rem } else { BinOp::FloorMod };
+                rest.add_term((**x).clone(), -k);
+                rest.add_term(e.clone(), k * d);
+                rest.add_term(Expr::bin(m, (**x).clone(), Expr::Int(*d)), k);
+            }
+        }
+        for _ in 0..facts.len().min(4) {
+            let mut best: Option<Lin> = None;
+            for f in facts.iter() {
+                for (e, kf) in &f.terms {
+                    let Some((_, kl)) = rest.terms.iter().find(|t| t.0 == *e) else { continue };
+                    if *kf == 0 || kl % kf != 0 || kl / kf <= 0 {
+                        continue;
+                    }
+                    let cand = rest.clone().add(f.clone().scale(kl / kf), -1);
+                    if lo(&cand) > best.as_ref().map_or(lo(&rest), lo) {
+                        best = Some(cand);
+                    }
+                }
+            }
+            let Some(b) = best else { return false };
+            if lo(&b) >= 0 {
+                return true;
+            }
+            rest = b;
+        }
+        false
+    })
+}
+
+/// Simplifies the indices of the loads in an element expression, each with what the selects
+/// around it establish (a concatenation's `i - n0` under a reshape's remainders simplifies in
+/// the branch where `i >= n0`): the form in which a matrix product's operand is analyzed.
+pub fn simplify_expr(e: Expr, r: &Ranges) -> Expr {
+    let go = |e: Box<Expr>| Box::new(simplify_expr(*e, r));
+    match e {
+        Expr::Load(b, idx) => Expr::Load(b, idx.into_iter().map(|x| simplify(x, r)).collect()),
+        Expr::Select(c, a, b) => {
+            let c = go(c);
+            let (t, f) = (facts_of(&c, true, r), facts_of(&c, false, r));
+            let a = with_facts(t, || go(a));
+            let b = with_facts(f, || go(b));
+            Expr::Select(c, a, b)
+        }
+        Expr::Unary(op, a) => Expr::Unary(op, go(a)),
+        Expr::Cast(d, a) => Expr::Cast(d, go(a)),
+        Expr::ToIndex(a) => Expr::ToIndex(go(a)),
+        Expr::CheckIndex(a, c) => Expr::CheckIndex(go(a), c),
+        Expr::Binary(op, a, b) => Expr::Binary(op, go(a), go(b)),
+        e => e,
+    }
 }
 
 fn div_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
     if d == 1 {
         return l;
+    }
+    if matches!(lin_range(&l, r), Some((_, hi)) if hi < d) && is_nonneg(&l, r) {
+        return Lin::constant(0);
     }
     let mut q = Lin::constant(l.c.div_euclid(d));
     let mut rest = Lin::constant(l.c.rem_euclid(d));
@@ -184,6 +300,10 @@ fn div_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
 fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
     if d == 1 {
         return Lin::constant(0);
+    }
+    // Below `d` and, by the facts in force, not negative: the dividend itself.
+    if matches!(lin_range(&l, r), Some((_, hi)) if hi < d) && is_nonneg(&l, r) {
+        return l;
     }
     let mut rest = Lin::constant(l.c.rem_euclid(d));
     for (e, k) in l.terms {
@@ -622,6 +742,33 @@ mod tests {
         }
         let floor = Expr::bin(BinOp::FloorDiv, add(add(mul(v(0), 96), v(1)), Expr::Int(-11040)), Expr::Int(96));
         assert_eq!(simplify(floor, &r), Expr::bin(BinOp::Sub, v(0), Expr::Int(115)));
+    }
+
+    #[test]
+    fn loads_simplify_under_the_selects_around_them() {
+        // A roll by 3 rows of 56 pixels: where `p / 56 >= 3` the flat offset `p * 96 + c -
+        // 16128` is not negative, and unravelled into [3136, 96] it is `(p - 168, c)`; the
+        // same load outside any select keeps its truncating forms.
+        let r: Ranges = [(VarId(0), 3136), (VarId(1), 96)].into_iter().collect();
+        let flat = Expr::bin(BinOp::Sub, add(mul(v(0), 96), v(1)), Expr::Int(16128));
+        let load = Expr::Load(crate::ir::BufId(0), vec![rem(div(flat.clone(), 96), 3136), rem(flat, 96)]);
+        let cond = Expr::bin(BinOp::Lt, div(v(0), 56), Expr::Int(3));
+        let other = Expr::Load(crate::ir::BufId(1), vec![v(0)]);
+        let e = simplify_expr(Expr::select(cond.clone(), other.clone(), load.clone()), &r);
+        let want = Expr::Load(crate::ir::BufId(0), vec![Expr::bin(BinOp::Sub, v(0), Expr::Int(168)), v(1)]);
+        assert_eq!(e, Expr::select(cond, other.clone(), want));
+        assert_ne!(simplify_expr(load.clone(), &r), Expr::Load(crate::ir::BufId(0), vec![Expr::bin(BinOp::Sub, v(0), Expr::Int(168)), v(1)]));
+        // A roll along both axes needs both facts: `p / 56 >= 3` and `p % 56 >= 3`.
+        let flat2 = Expr::bin(BinOp::Sub, add(mul(v(0), 96), v(1)), Expr::Int(16416));
+        let load2 = Expr::Load(crate::ir::BufId(0), vec![rem(div(flat2.clone(), 96), 3136), rem(flat2, 96)]);
+        let both = Expr::bin(
+            BinOp::And,
+            Expr::bin(BinOp::Ge, div(v(0), 56), Expr::Int(3)),
+            Expr::bin(BinOp::Ge, rem(v(0), 56), Expr::Int(3)),
+        );
+        let e = simplify_expr(Expr::select(both.clone(), load2, other.clone()), &r);
+        let want2 = Expr::Load(crate::ir::BufId(0), vec![Expr::bin(BinOp::Sub, v(0), Expr::Int(171)), v(1)]);
+        assert_eq!(e, Expr::select(both, want2, other));
     }
 
     #[test]
