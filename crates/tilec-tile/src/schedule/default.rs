@@ -425,6 +425,15 @@ pub fn default_cpu(k: &Kernel, t: &CpuTarget) -> Schedule {
 /// a flattened 56 x 56 image checks `p / 56 < 3` and `p % 56 < 3` for every element).
 fn delinearize_factor(l: &Loop) -> Option<i64> {
     let (v, n) = (l.var, l.extent);
+    // Only plain loop nests: the partitions it serves refuse allocations and gemms, and a
+    // flash-attention nest over (head, query block) split this way computed wrong results.
+    let mut plain = true;
+    for st in &l.body {
+        st.visit(&mut |st| plain &= !matches!(st, Stmt::Gemm(_) | Stmt::Alloc(_) | Stmt::Barrier | Stmt::BlockReduce { .. }));
+    }
+    if !plain {
+        return None;
+    }
     let mut best = None;
     let mut body = l.body.clone();
     for st in &mut body {
