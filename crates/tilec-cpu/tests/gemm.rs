@@ -861,7 +861,7 @@ fn concat_operands() {
 /// A product over the rows of an image rolled along both axes (Swin's shifted windows): `A`'s
 /// row `i` reads pixel `((i / w - s) mod h, (i % w - s) mod w)` of a channels-last image,
 /// written as two concatenations' selects on the row. `A` is read in place (one pointer per
-/// row, chosen by the selects), against the interpreter.
+/// row, chosen by the selects), against the interpreter; then over windows of such an image.
 #[test]
 fn rolled_rows_in_place() {
     let mut ks = vec![];
@@ -900,6 +900,50 @@ fn rolled_rows_in_place() {
         let ind = tilec_tile::indirect::indirect_form(&k, &g).expect("a rolled A is read in place");
         assert_eq!(ind.leaves.len(), 1);
         assert!(format!("{:?}", ind.leaves[0].row).contains("Select"), "{:?}", ind.leaves[0].row);
+        k.body.push(Stmt::Gemm(Box::new(g)));
+        ks.push(k);
+    }
+    // The same over windows (Swin's shifted-window attention input): the batch is the window,
+    // the row a pixel in it, and each branch's offset carries the window's terms, so the
+    // branches differ in more than a constant outside `k`.
+    for (h, w, s, ws, c, o) in [(14, 14, 3, 7, 24, 10), (12, 8, 2, 4, 9, 5)] {
+        let mut k = Kernel::new(&format!("rolled_windows_{h}x{w}"));
+        let nw = w / ws;
+        let batch = (h / ws) * nw;
+        let x = k.param("x", DType::F32, vec![h * w, c]);
+        let wt = k.param("w", DType::F32, vec![c, o]);
+        let out = k.param("out", DType::F32, vec![batch, ws * ws, o]);
+        let (vb, vi, vj, vk) = (k.index_var("b"), k.index_var("i"), k.index_var("j"), k.index_var("k"));
+        let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
+        let row = Expr::add(Expr::mul(Expr::div(v(vb), nw), Expr::Int(ws)), Expr::div(v(vi), ws));
+        let col = Expr::add(Expr::mul(Expr::rem(v(vb), nw), Expr::Int(ws)), Expr::rem(v(vi), ws));
+        let src = |dr: i64, dc: i64| {
+            let r = Expr::add(row.clone(), Expr::Int(dr));
+            let q = Expr::add(col.clone(), Expr::Int(dc));
+            Expr::load(x, vec![Expr::add(Expr::mul(r, Expr::Int(w)), q), v(vk)])
+        };
+        let by_col = |dr: i64| Expr::select(Expr::bin(BinOp::Lt, col.clone(), Expr::Int(w - s)), src(dr, s), src(dr, s - w));
+        let a = Expr::select(Expr::bin(BinOp::Lt, row.clone(), Expr::Int(h - s)), by_col(s), by_col(s - h));
+        let g = Gemm {
+            batch,
+            m: ws * ws,
+            n: o,
+            k: c,
+            b_var: vb,
+            i_var: vi,
+            j_var: vj,
+            k_var: vk,
+            acc_var: acc,
+            acc_dtype: DType::F32,
+            a,
+            b: Expr::load(wt, vec![v(vk), v(vj)]),
+            epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], v(acc))],
+            params: gemm_params(ws * ws, o, c, &CpuInfo::host()),
+            vector: false,
+        };
+        let ind = tilec_tile::indirect::indirect_form(&k, &g).expect("rolled windows are read in place");
+        assert_eq!(ind.leaves.len(), 1);
+        assert!(!ind.batched, "the window's terms belong to the row part");
         k.body.push(Stmt::Gemm(Box::new(g)));
         ks.push(k);
     }

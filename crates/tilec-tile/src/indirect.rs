@@ -84,7 +84,7 @@ fn leaves_of(
         }
         // Rows that choose their source (a roll: a row near the image's edge wraps to the
         // other end): one leaf whose row part selects ([`row_leaf`]).
-        Expr::Select(c, ..) if !uses(c, g.k_var) && !is_zero(e) => {
+        Expr::Select(c, ..) if !uses(c, g.k_var) && !is_checked_leaf(e) => {
             leaves.push(row_leaf(k, g, e)?);
             Some(Expr::Int(leaves.len() as i64 - 1))
         }
@@ -106,8 +106,9 @@ fn leaves_of(
     }
 }
 
-/// Whether `e` is `cond ? x : 0` (a checked leaf).
-fn is_zero(e: &Expr) -> bool {
+/// Whether `e` has the shape of a checked leaf `cond ? x : 0.0` (a literal in its else
+/// branch; the arm below takes it, or refuses a literal other than zero).
+fn is_checked_leaf(e: &Expr) -> bool {
     matches!(e, Expr::Select(_, _, z) if matches!(**z, Expr::Lit(Lit::Float(_, _))))
 }
 
@@ -116,12 +117,11 @@ fn is_zero(e: &Expr) -> bool {
 fn row_leaf(k: &Kernel, g: &Gemm, e: &Expr) -> Option<Leaf> {
     match e {
         Expr::Load(..) => {
-            // The offset's constant goes with the row part, so that loads differing only in
-            // their row (and constant) share the `k` part.
-            let mut lf = leaf(k, g, e, None)?;
-            let c = take_const(&mut lf.koff);
-            lf.row = Expr::bin(BinOp::Add, lf.row, Expr::Int(c));
-            Some(lf)
+            // The offset's terms without `k` (its constant, the batch's) go with the row part,
+            // so that loads differing only in those share the `k` part.
+            let lf = leaf(k, g, e, None)?;
+            let (koff, moved) = split_terms(lf.koff, g.k_var);
+            Some(Leaf { row: Expr::bin(BinOp::Add, lf.row, moved), koff, ..lf })
         }
         Expr::Select(c, a, b) if !uses(c, g.k_var) => {
             let mut other = false;
@@ -136,13 +136,25 @@ fn row_leaf(k: &Kernel, g: &Gemm, e: &Expr) -> Option<Leaf> {
     }
 }
 
-/// The constant at the head of a [`split_offset`] sum (`((c + t1) + t2) + ...`), replaced by 0.
-fn take_const(e: &mut Expr) -> i64 {
-    match e {
-        Expr::Int(c) => std::mem::replace(c, 0),
-        Expr::Binary(BinOp::Add, a, _) => take_const(a),
-        _ => 0,
+/// The terms of a [`split_offset`] sum (`((c + t1) + t2) + ...`) as (those that read `v`,
+/// the others), each rebuilt as a sum without zero terms: equal sets of terms in the same
+/// order compare equal, whatever was taken out.
+fn split_terms(e: Expr, v: VarId) -> (Expr, Expr) {
+    fn flatten(e: Expr, out: &mut Vec<Expr>) {
+        match e {
+            Expr::Binary(BinOp::Add, a, b) => {
+                flatten(*a, out);
+                flatten(*b, out);
+            }
+            Expr::Int(0) => {}
+            e => out.push(e),
+        }
     }
+    let mut terms = vec![];
+    flatten(e, &mut terms);
+    let (with, without): (Vec<Expr>, Vec<Expr>) = terms.into_iter().partition(|t| uses(t, v));
+    let sum = |ts: Vec<Expr>| ts.into_iter().reduce(|a, b| Expr::bin(BinOp::Add, a, b)).unwrap_or(Expr::Int(0));
+    (sum(with), sum(without))
 }
 
 fn leaf(k: &Kernel, g: &Gemm, load: &Expr, cond: Option<&Expr>) -> Option<Leaf> {

@@ -540,6 +540,30 @@ impl Stmt {
         Stmt::Store { buf, index, value }
     }
 
+    /// Calls `f` on every expression directly held by this statement and, recursively, by
+    /// nested statements (the read-only twin of [`Stmt::map_exprs`]).
+    pub fn visit_exprs(&self, f: &mut impl FnMut(&Expr)) {
+        match self {
+            Stmt::For(l) => l.body.iter().for_each(|s| s.visit_exprs(f)),
+            Stmt::Store { index, value, .. } => {
+                index.iter().for_each(&mut *f);
+                f(value);
+            }
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } => f(value),
+            Stmt::Alloc(_) | Stmt::Barrier | Stmt::BlockReduce { .. } => {}
+            Stmt::If { cond, then_, else_ } => {
+                f(cond);
+                then_.iter().for_each(|s| s.visit_exprs(f));
+                else_.iter().for_each(|s| s.visit_exprs(f));
+            }
+            Stmt::Gemm(g) => {
+                f(&g.a);
+                f(&g.b);
+                g.epilogue.iter().for_each(|s| s.visit_exprs(f));
+            }
+        }
+    }
+
     /// Applies `f` to every expression directly held by this statement and, recursively, by
     /// nested statements.
     pub fn map_exprs(&mut self, f: &mut impl FnMut(Expr) -> Expr) {

@@ -810,7 +810,7 @@ impl<'g> Lowerer<'g> {
     fn lost_check(&self) -> Option<Fail> {
         let mut seen = vec![false; self.k.checks.len()];
         for s in &self.body {
-            s.clone().map_exprs(&mut |e| {
+            s.visit_exprs(&mut |e| {
                 e.visit(&mut |x| {
                     if let Expr::CheckIndex(_, c) = x {
                         if let Some(f) = seen.get_mut(c.site as usize) {
@@ -818,7 +818,6 @@ impl<'g> Lowerer<'g> {
                         }
                     }
                 });
-                e
             });
         }
         let lost = seen.iter().position(|f| !f)?;

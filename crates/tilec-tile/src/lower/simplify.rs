@@ -179,9 +179,18 @@ fn facts_of(c: &Expr, taken: bool, r: &Ranges) -> Vec<Lin> {
     }
 }
 
+/// Whether facts are in force (only inside [`simplify_expr`]'s selects): the rules that use
+/// them cost nothing elsewhere.
+fn has_facts() -> bool {
+    FACTS.with(|x| !x.borrow().is_empty())
+}
+
 fn is_nonneg(l: &Lin, r: &Ranges) -> bool {
     if matches!(lin_range(l, r), Some((lo, _)) if lo >= 0) {
         return true;
+    }
+    if !has_facts() {
+        return false;
     }
     // l = (l - m f) + m f with a fact f >= 0 and m > 0: non-negative if l - m f is, `m` the
     // ratio of a coefficient of `l` to that of the same atom in `f`. Facts are taken out one
@@ -253,7 +262,8 @@ fn div_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
     if d == 1 {
         return l;
     }
-    if matches!(lin_range(&l, r), Some((_, hi)) if hi < d) && is_nonneg(&l, r) {
+    // Below `d` and, by the facts in force, not negative: no quotient.
+    if has_facts() && matches!(lin_range(&l, r), Some((_, hi)) if hi < d) && is_nonneg(&l, r) {
         return Lin::constant(0);
     }
     let mut q = Lin::constant(l.c.div_euclid(d));
@@ -302,7 +312,7 @@ fn rem_lin(l: Lin, d: i64, r: &Ranges) -> Lin {
         return Lin::constant(0);
     }
     // Below `d` and, by the facts in force, not negative: the dividend itself.
-    if matches!(lin_range(&l, r), Some((_, hi)) if hi < d) && is_nonneg(&l, r) {
+    if has_facts() && matches!(lin_range(&l, r), Some((_, hi)) if hi < d) && is_nonneg(&l, r) {
         return l;
     }
     let mut rest = Lin::constant(l.c.rem_euclid(d));

@@ -435,9 +435,8 @@ fn delinearize_factor(l: &Loop) -> Option<i64> {
         return None;
     }
     let mut best = None;
-    let mut body = l.body.clone();
-    for st in &mut body {
-        st.map_exprs(&mut |e| {
+    for st in &l.body {
+        st.visit_exprs(&mut |e| {
             e.visit(&mut |x| {
                 let Expr::Binary(BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge, a, b) = x else { return };
                 for side in [a, b] {
@@ -452,7 +451,6 @@ fn delinearize_factor(l: &Loop) -> Option<i64> {
                     });
                 }
             });
-            e
         });
     }
     best

@@ -41,20 +41,27 @@ pub fn delinearize(k: &mut Kernel, name: &str, factor: i64) -> Result<(String, S
             return Err(err(k, P, format!("factor {factor} does not divide loop `{name}`'s extent {n} into two loops")));
         }
         let (o, i) = super::loops::split_vars(k, name, factor)?;
-        let mut extents = crate::lower::simplify::Ranges::new();
-        for s in &k.body {
-            s.visit(&mut |s| {
-                if let Stmt::For(l) = s {
-                    let e = extents.entry(l.var).or_insert(0);
-                    *e = (*e).max(l.extent);
-                }
-            });
-        }
+        let extents = loop_extents(k);
         let vanished = err(k, P, "loop vanished");
         let l = super::loop_mut(k, &pos).ok_or(vanished)?;
         crate::lower::simplify::simplify_accesses(&mut l.body, &extents);
         Ok((var_name(k, o), var_name(k, i)))
     })
+}
+
+/// The extent of every loop variable of `k` (the largest where a name is reused), for
+/// simplifying indices after a loop changed.
+fn loop_extents(k: &Kernel) -> crate::lower::simplify::Ranges {
+    let mut extents = crate::lower::simplify::Ranges::new();
+    for s in &k.body {
+        s.visit(&mut |s| {
+            if let Stmt::For(l) = s {
+                let e = extents.entry(l.var).or_insert(0);
+                *e = (*e).max(l.extent);
+            }
+        });
+    }
+    extents
 }
 
 /// Partitions serial loop `name` (extent `n`) by the bounds checks in its body: every comparison
@@ -111,12 +118,8 @@ pub fn partition(k: &mut Kernel, name: &str) -> Result<Partitioned, ScheduleErro
         let mut fails: Vec<(bool, i64)> = vec![];
         let (mut lo, mut hi) = (0i64, n - 1);
         let mut exprs = vec![];
-        let mut body = l.body.clone();
-        for s in body.iter_mut() {
-            s.map_exprs(&mut |e| {
-                exprs.push(e.clone());
-                e
-            });
+        for s in &l.body {
+            s.visit_exprs(&mut |e| exprs.push(e.clone()));
         }
         let allowed: BTreeSet<VarId> = inner.keys().copied().chain([v]).collect();
         for e in &exprs {
@@ -265,16 +268,7 @@ pub fn partition(k: &mut Kernel, name: &str) -> Result<Partitioned, ScheduleErro
         }
         // Each piece starts at a known iteration: indices that stayed unsimplified for want of
         // a sign (a concatenation's `i - n0` under a remainder) may now simplify.
-        let mut extents = crate::lower::simplify::Ranges::new();
-        for s in &k.body {
-            s.visit(&mut |s| {
-                if let Stmt::For(l) = s {
-                    let e = extents.entry(l.var).or_insert(0);
-                    *e = (*e).max(l.extent);
-                }
-            });
-        }
-        crate::lower::simplify::simplify_accesses(&mut out, &extents);
+        crate::lower::simplify::simplify_accesses(&mut out, &loop_extents(k));
         let vanished = err(k, P, "loop vanished");
         let block = block_mut(&mut k.body, &pos.block).ok_or(vanished)?;
         block.splice(pos.idx..pos.idx + 1, out);
