@@ -73,6 +73,28 @@ impl Graph {
         Ok(())
     }
 
+    /// Makes input `input` of `node` read `new` instead (one use; [`Graph::replace_all_uses`]
+    /// redirects them all). The old and new values must have the same type.
+    pub fn replace_use(&mut self, node: NodeId, input: usize, new: ValueId) -> Result<(), IrError> {
+        let ni = node.0 as usize;
+        let old = match self.nodes().get(ni).and_then(|n| n.inputs.get(input)) {
+            Some(&v) => v,
+            None => return Err(IrError::Graph(format!("node {ni} has no input {input}"))),
+        };
+        if new.index() >= self.values().len() {
+            return Err(IrError::Graph(format!("node {ni}: value {new:?} does not exist")));
+        }
+        if self.value(old).ty != self.value(new).ty {
+            return Err(IrError::Graph(format!(
+                "cannot make node {ni} read '{}' in place of '{}': types differ",
+                self.value(new).name,
+                self.value(old).name
+            )));
+        }
+        self.nodes_mut_unchecked()[ni].inputs[input] = new;
+        Ok(())
+    }
+
     /// Drops graph inputs from the signature (a rewrite that replaces them, such as a decoder's
     /// past keys by a paged cache). Each must be an input nobody reads any more: call after
     /// the uses are redirected and dead nodes are cleaned up.

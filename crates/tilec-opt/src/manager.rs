@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinChannels, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind};
+use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinChannels, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind, UnshareConstantViews};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -95,6 +95,7 @@ fn canonicalize() -> SpecStage {
 ///  3      choose-layout            NCHW vs NHWC per conv region, per target (cuda: rewrites to NHWC)
 ///  2      sink-transposes          move transposes down until they cancel or merge
 ///  1-2    canonicalize (fixpoint)  clean up after the rewrites above
+///  1      unshare-constant-views   a view of constants read by several nodes: one copy each
 /// ```
 ///
 /// This is the spec for the default target ([`TargetKind::Cpu`]); see [`pipeline_spec_for`].
@@ -162,6 +163,7 @@ pub fn pipeline_spec_with(target: TargetKind, cuda_flash: bool) -> Vec<SpecStage
         v.push(SpecStage::Once(at(3, PadThinChannels)));
     }
     v.push(canonicalize());
+    v.push(SpecStage::Once(at(1, UnshareConstantViews)));
     v
 }
 

@@ -593,3 +593,38 @@ fn deep_chains_are_cut_at_the_expression_budget() {
     assert!(p.groups.len() >= 300 / MAX_INLINE_DEPTH as usize + 40 / levels, "{out}");
     assert!(p.rejected.iter().any(|r| r.reason == RejectReason::ExpressionBudget), "{out}");
 }
+
+/// A weight shared by two layers through one transpose (ALBERT's shared layers, or a `cse`
+/// merge): after `unshare-constant-views` each product reads its own copy of the view, the
+/// partition writes no transposed weight, and the graph computes what it did.
+#[test]
+fn shared_transposed_weight_is_not_materialized() {
+    use tilec_opt::passes::UnshareConstantViews;
+    use tilec_opt::Pass;
+    let mut g = Graph::new("shared_view");
+    let x = g.add_input("x", f32t(&[16, 24]));
+    let w = weight(&mut g, "w", 24, 24);
+    let wt = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0] }), &[w]).unwrap();
+    let h = g.add(Op::Linalg(LinalgOp::MatMul), &[x, wt]).unwrap();
+    let r = g.add(Op::Unary(UnaryOp::Relu), &[h]).unwrap();
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[r, wt]).unwrap();
+    g.set_outputs(vec![y]);
+    let before = g.clone();
+    let t = Target::preset(tilec_opt::partition::TargetKind::Cpu);
+    let shared = partition(&g, &t);
+    assert!(shared.groups.iter().any(|gr| gr.outputs.contains(&wt)), "the shared view is written:\n{}", explain(&g, &shared, &t));
+    assert!(UnshareConstantViews.run(&mut g).unwrap());
+    tilec_ir::verify(&g).unwrap();
+    let transposes = g.nodes().iter().filter(|n| n.op.name() == "transpose").count();
+    assert_eq!(transposes, 2);
+    let p = partition(&g, &t);
+    check_invariants(&g, &p, "shared_view");
+    let written: Vec<_> = p.groups.iter().flat_map(|gr| gr.outputs.iter()).filter(|&&v| g.producer(v).is_some_and(|n| g.nodes()[n.0 as usize].op.name() == "transpose")).collect();
+    assert!(written.is_empty(), "{}", explain(&g, &p, &t));
+    assert!(!UnshareConstantViews.run(&mut g).unwrap(), "a second run changes nothing");
+    let xs: Vec<f64> = (0..16 * 24).map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0).collect();
+    let input = Tensor::from_f64s(DType::F32, vec![16, 24], &xs).unwrap();
+    let a = tilec_ref::run(&before, vec![input.clone()]).unwrap();
+    let b = tilec_ref::run(&g, vec![input]).unwrap();
+    assert_eq!(a[0].to_f64_vec(), b[0].to_f64_vec());
+}

@@ -11,6 +11,7 @@ mod merge_products;
 mod precision;
 mod simplify;
 mod split_resizes;
+mod unshare_views;
 
 pub use cse::Cse;
 pub use dce::Dce;
@@ -21,6 +22,7 @@ pub use layout::{ChooseLayout, PadThinChannels, PadThinConvs, SinkTransposes, Ta
 pub use precision::convert_precision;
 pub use simplify::Simplify;
 pub use split_resizes::SplitResizes;
+pub use unshare_views::UnshareConstantViews;
 
 use crate::OptError;
 use tilec_ir::{Graph, IrError};
