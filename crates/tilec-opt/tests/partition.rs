@@ -628,3 +628,46 @@ fn shared_transposed_weight_is_not_materialized() {
     let b = tilec_ref::run(&g, vec![input]).unwrap();
     assert_eq!(a[0].to_f64_vec(), b[0].to_f64_vec());
 }
+
+/// A linear resize into a 1x1 convolution's input (SegFormer's head): on the CPU it is
+/// materialized (the packing would interpolate per element); a nearest one, and any on the
+/// GPU, is folded in.
+#[test]
+fn interpolation_stays_out_of_products_on_the_cpu() {
+    use tilec_ir::op::{CoordMode, NearestMode, ResizeAttrs, ResizeMode};
+    let build = |mode: ResizeMode| {
+        let mut g = Graph::new("resize_conv");
+        let x = g.add_input("x", f32t(&[1, 16, 7, 7]));
+        let attrs = ResizeAttrs {
+            mode,
+            coord: CoordMode::HalfPixel,
+            nearest: NearestMode::Floor,
+            cubic_a: -0.75,
+            exclude_outside: false,
+            antialias: false,
+            extrapolation_value: 0.0,
+            sizes: vec![1.into(), 16.into(), 28.into(), 28.into()],
+            scales: vec![1.0, 1.0, 4.0, 4.0],
+            roi: vec![],
+        };
+        let r = g.add(Op::Layout(LayoutOp::Resize(Box::new(attrs))), &[x]).unwrap();
+        let wv: Vec<f64> = (0..8 * 16).map(|i| (i % 5) as f64 * 0.1).collect();
+        let w = g.add_const("w", Tensor::from_f64s(DType::F32, vec![8, 16, 1, 1], &wv).unwrap());
+        let b = g.add_const("b", Tensor::from_f64s(DType::F32, vec![8], &[0.0; 8]).unwrap());
+        let window = Window { kernel: vec![1, 1], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![0; 4]) };
+        let y = g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[r, w, b]).unwrap();
+        g.set_outputs(vec![y]);
+        g
+    };
+    for (mode, t, folded) in [
+        (ResizeMode::Linear, Target::cpu(), false),
+        (ResizeMode::Cubic, Target::cpu(), false),
+        (ResizeMode::Nearest, Target::cpu(), true),
+        (ResizeMode::Linear, Target::cuda_h100(), true),
+    ] {
+        let g = build(mode.clone());
+        let p = partition(&g, &t);
+        check_invariants(&g, &p, "resize_conv");
+        assert_eq!(p.groups.len() == 1, folded, "{mode:?}: {}", explain(&g, &p, &t));
+    }
+}

@@ -33,6 +33,24 @@ pub const MIN_KEYS: i64 = 256;
 const BQ: i64 = 256;
 const BK: i64 = 256;
 
+/// How many blocks of about `target` to cut `len` into: one while `len` is at most a
+/// quarter over `target` (DINOv2's 257 tokens in blocks of 256 and 1 gave a second key
+/// block of a single key and a second query block of a single row: two passes for one
+/// element), else `ceil(len / target)`.
+fn balanced(len: i64, target: i64) -> i64 {
+    if len <= target + target / 4 {
+        1
+    } else {
+        (len + target - 1) / target
+    }
+}
+
+/// The block length that cuts `len` into `n` nearly equal blocks (a multiple of 8).
+fn block_of(len: i64, n: i64) -> i64 {
+    let b = (len + n.max(1) - 1) / n.max(1);
+    ((b + 7) / 8 * 8).max(8)
+}
+
 /// (queries, keys, batch × query heads) of the problem's attention.
 fn lengths(p: &Problem) -> Option<(i64, i64, i64)> {
     let n = p.anchor?;
@@ -75,21 +93,32 @@ impl Family for AttentionFlash {
         }
     }
 
-    fn space(&self, _p: &Problem, _t: &Target) -> ParamSpace {
-        ParamSpace { axes: vec![("bq", vec![32, 64, 128, 256]), ("bk", vec![64, 128, 256, 512])] }
+    /// Powers of two, and the heuristic's balanced blocks.
+    fn space(&self, p: &Problem, t: &Target) -> ParamSpace {
+        let h = self.heuristic(p, t);
+        let with = |mut v: Vec<i64>, x: Option<i64>| {
+            if let Some(x) = x.filter(|x| !v.contains(x)) {
+                v.push(x);
+                v.sort();
+            }
+            v
+        };
+        ParamSpace { axes: vec![("bq", with(vec![32, 64, 128, 256], h.get("bq"))), ("bk", with(vec![64, 128, 256, 512], h.get("bk")))] }
     }
 
-    /// `64 × 256` tiles, or fewer queries per block where (batch, head, query block) would
-    /// give fewer than four tasks per thread.
+    /// Blocks of about `256 × 256`, balanced over the lengths ([`balanced`]), with more query
+    /// blocks where (batch, head, query block) would give fewer than four tasks per thread.
     fn heuristic(&self, p: &Problem, t: &Target) -> Params {
-        let mut bq = BQ;
-        if let Some((queries, _, heads)) = lengths(p) {
-            let tasks = |bq: i64| heads * ((queries + bq - 1) / bq);
-            while bq > 32 && tasks(bq) < 4 * t.cpu.threads as i64 {
-                bq /= 2;
+        let (mut bq, mut bk) = (BQ, BK);
+        if let Some((queries, keys, heads)) = lengths(p) {
+            let mut nq = balanced(queries, BQ);
+            while heads * nq < 4 * t.cpu.threads as i64 && (queries + nq - 1) / nq > 32 {
+                nq *= 2;
             }
+            bq = block_of(queries, nq);
+            bk = block_of(keys, balanced(keys, BK));
         }
-        Params::new(&[("bq", bq), ("bk", BK)])
+        Params::new(&[("bq", bq), ("bk", bk)])
     }
 
     fn build(&self, p: &Problem, t: &Target, params: &Params) -> Result<CpuBuilt, String> {

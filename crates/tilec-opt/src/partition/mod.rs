@@ -398,6 +398,20 @@ impl<'a> St<'a> {
             })
     }
 
+    /// Whether `p` holds a linear or cubic resize and `c` is a GEMM or convolution (CPU
+    /// targets only). Folded into the product's operand, the interpolation runs per element
+    /// in the packing loop, scalar, with its coordinate arithmetic (SegFormer's head: a 1x1
+    /// convolution over four feature maps upsampled to 56x56 and concatenated, 1.7 GFLOP at
+    /// 68 GFLOP/s); a resize kernel computes it once over rows (`split-resizes`) and the
+    /// product then reads a plain operand. (The GPU templates gather their operands per tile.)
+    fn interpolates_into_product(&self, p: usize, c: usize) -> bool {
+        !self.t.is_gpu()
+            && matches!(self.kind(c), GroupKind::Gemm | GroupKind::Conv)
+            && self.groups[p].nodes.iter().any(|&n| {
+                matches!(&self.g.node(n).op, Op::Layout(LayoutOp::Resize(r)) if r.mode != tilec_ir::op::ResizeMode::Nearest)
+            })
+    }
+
     /// Whether a resize in `c` reads a value that a resize in `p` computes (`split-resizes`
     /// separates an interpolation over several axes into such a chain).
     fn resize_reads_resize(&self, p: usize, c: usize) -> bool {
@@ -966,6 +980,11 @@ impl<'a> St<'a> {
             return false;
         }
         let ck = self.kind(c);
+        if self.interpolates_into_product(p, c) {
+            let d = "interpolates (linear or cubic resize) the operand of a matrix product: folded, the packing computes coordinates, taps and weights per element; materialized once, row by row".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         let (saved, escapes) = self.saved_bytes(p, c);
         let pf = self.group_flops(p);
         // The producer's values that the anchor reads, and how often each is recomputed.
