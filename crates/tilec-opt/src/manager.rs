@@ -11,7 +11,7 @@
 //! (the default in debug builds and tests), `tilec_ir::verify` runs after every pass and
 //! a failure names the pass that broke the graph.
 
-use crate::passes::{ChooseLayout, Cse, Dce, FoldBatchNorm, FoldConstants, MergeProducts, PadThinChannels, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind, UnshareConstantViews};
+use crate::passes::{ChooseLayout, Cse, Dce, EinsumToMatmul, FoldBatchNorm, FoldConstants, MergeProducts, PadThinChannels, PadThinConvs, SinkTransposes, Simplify, SplitResizes, TargetKind, UnshareConstantViews};
 use std::time::{Duration, Instant};
 use tilec_ir::{Graph, IrError};
 
@@ -88,6 +88,7 @@ fn canonicalize() -> SpecStage {
 /// ```text
 ///  level  stage
 ///  1      dce                      remove what the importer left unused
+///  1      einsum-to-matmul         an einsum that is a batched matrix product -> matmul
 ///  1-2    canonicalize (fixpoint)  fold-constants(1) simplify(1) cse(2) dce(1)
 ///  2      fold-batchnorm           conv + batch_norm -> conv with scaled weights
 ///  3      recognize-*              gelu silu swiglu groupnorm layernorm rmsnorm softmax attention
@@ -129,6 +130,7 @@ pub fn pipeline_spec_for(target: TargetKind) -> Vec<SpecStage> {
 pub fn pipeline_spec_with(target: TargetKind, cuda_flash: bool) -> Vec<SpecStage> {
     let mut v = vec![
         SpecStage::Once(at(1, Dce)),
+        SpecStage::Once(at(1, EinsumToMatmul)),
         canonicalize(),
         SpecStage::Once(at(2, FoldBatchNorm)),
     ];

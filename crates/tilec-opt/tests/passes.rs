@@ -704,3 +704,32 @@ fn simplify_gathers_of_every_position_in_order() {
     });
     assert_eq!(ops(&g), ["gather"]);
 }
+
+// ---------------- einsum-to-matmul ----------------
+
+#[test]
+fn einsum_products_become_matmuls() {
+    use tilec_opt::passes::EinsumToMatmul;
+    // (subscripts of the inputs, output, shapes): attention's two products over
+    // (batch, window, head), a transposed 2-D product, a broadcast batch, and a trace and an
+    // outer product, which stay einsums.
+    let cases: Vec<(Vec<Vec<u8>>, Vec<u8>, Vec<Vec<usize>>, bool)> = vec![
+        (vec![vec![0, 1, 2, 3, 4], vec![0, 1, 2, 5, 4]], vec![0, 1, 2, 3, 5], vec![vec![1, 3, 2, 5, 4], vec![1, 3, 2, 6, 4]], true),
+        (vec![vec![0, 1, 2, 3, 5], vec![0, 1, 2, 5, 4]], vec![0, 1, 2, 3, 4], vec![vec![1, 3, 2, 5, 6], vec![1, 3, 2, 6, 4]], true),
+        (vec![vec![0, 1], vec![1, 2]], vec![2, 0], vec![vec![3, 5], vec![5, 4]], true),
+        (vec![vec![0, 1, 2], vec![0, 2, 3]], vec![0, 3, 1], vec![vec![1, 3, 5], vec![4, 5, 2]], true),
+        (vec![vec![0, 0]], vec![], vec![vec![4, 4]], false),
+        (vec![vec![0], vec![1]], vec![0, 1], vec![vec![3], vec![4]], false),
+    ];
+    for (i, (subs, out, shapes, converts)) in cases.into_iter().enumerate() {
+        let mut g = Graph::new("einsum");
+        let ins: Vec<ValueId> = shapes.iter().map(|s| input(&mut g, DType::F32, s)).collect();
+        let y = g.add(Op::Linalg(LinalgOp::Einsum { inputs: subs, output: out }), &ins).unwrap();
+        g.set_outputs(vec![y]);
+        let before = g.clone();
+        assert_eq!(run_pass(&EinsumToMatmul, &mut g), converts, "case {i}: {:?}", ops(&g));
+        assert_eq!(ops(&g).contains(&"einsum"), !converts, "case {i}: {:?}", ops(&g));
+        assert_eq!(ops(&g).contains(&"matmul"), converts, "case {i}: {:?}", ops(&g));
+        assert_same(&before, &g, 40 + i as u64);
+    }
+}

@@ -4,6 +4,7 @@
 
 mod cse;
 mod dce;
+mod einsum_matmul;
 mod fold_batchnorm;
 mod fold_constants;
 pub mod layout;
@@ -15,6 +16,7 @@ mod unshare_views;
 
 pub use cse::Cse;
 pub use dce::Dce;
+pub use einsum_matmul::EinsumToMatmul;
 pub use fold_batchnorm::FoldBatchNorm;
 pub use fold_constants::FoldConstants;
 pub use merge_products::MergeProducts;
