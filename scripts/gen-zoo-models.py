@@ -426,6 +426,56 @@ MORE = {
 MODELS.update(MORE)
 
 
+# --- a third set (full size only): attention and convolution forms not covered above -------
+#   swin_t_tv          torchvision swin_t (its own shifted windows and relative position bias)
+#   regnet_y_400mf     torchvision: grouped convolutions with squeeze-and-excitation
+#   inception_v3       torchvision (no auxiliary head), asymmetric 1x7 / 7x1 convolutions
+#   maxvit_t           torchvision: MBConv, block and grid attention with relative bias
+#   gpt2               GPT2Model, 4 layers of 512 (SDPA attention, Conv1D projections)
+#   bloom              BloomModel, 4 layers of 512 (ALiBi biases; no attention mask: the
+#                      model's second positional input is the cache)
+#   opt                OPTModel, 4 layers of 512
+#   phi                PhiModel, 4 layers of 512 (partial rotary embedding)
+#   albert             AlbertModel, 4 layers of 768 sharing weights
+#   deberta_v2         DebertaV2Model, 4 layers of 384 (disentangled relative attention)
+#   dinov2             Dinov2Model, 6 layers of 384, position embeddings interpolated
+#                      (bicubic) from the default 518 to 224
+#   mobilevit          MobileViTForImageClassification (default config), 256 x 256
+#   segformer          SegformerForSemanticSegmentation (default config, b0 widths)
+#   convnextv2         ConvNextV2ForImageClassification (default config: tiny widths, GRN)
+#   levit              LevitForImageClassification (default config: 128S)
+# (T5's encoder and BEiT at these transformers and torch versions fail in the exporter itself:
+# a view of a transposed attention output.)
+THIRD = {
+    "swin_t_tv": torchvision_model("swin_t"),
+    "regnet_y_400mf": torchvision_model("regnet_y_400mf"),
+    "inception_v3": torchvision_model("inception_v3", aux_logits=False, init_weights=False),
+    "maxvit_t": torchvision_model("maxvit_t"),
+    "gpt2": hf_model("GPT2Config", "GPT2Model", tokens(128, False), "last_hidden_state", vocab_size=8192,
+                     n_layer=4, n_embd=512, n_head=8, use_cache=False),
+    "bloom": hf_model("BloomConfig", "BloomModel", tokens(128, False), "last_hidden_state", vocab_size=8192,
+                      hidden_size=512, n_layer=4, n_head=8, use_cache=False),
+    "opt": hf_model("OPTConfig", "OPTModel", tokens(128, True), "last_hidden_state", vocab_size=8192,
+                    hidden_size=512, ffn_dim=2048, num_hidden_layers=4, num_attention_heads=8,
+                    word_embed_proj_dim=512, use_cache=False),
+    "phi": hf_model("PhiConfig", "PhiModel", tokens(128, False), "last_hidden_state", vocab_size=8192,
+                    hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+                    partial_rotary_factor=0.5, use_cache=False),
+    "albert": hf_model("AlbertConfig", "AlbertModel", tokens(128, True), "last_hidden_state", vocab_size=8192,
+                       hidden_size=768, num_attention_heads=12, intermediate_size=3072, num_hidden_layers=4),
+    "deberta_v2": hf_model("DebertaV2Config", "DebertaV2Model", tokens(128, True), "last_hidden_state",
+                           vocab_size=8192, hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
+                           intermediate_size=1536),
+    "dinov2": hf_model("Dinov2Config", "Dinov2Model", image(224), "last_hidden_state", hidden_size=384,
+                       num_hidden_layers=6, num_attention_heads=6),
+    "mobilevit": hf_model("MobileViTConfig", "MobileViTForImageClassification", image(256), "logits"),
+    "segformer": hf_model("SegformerConfig", "SegformerForSemanticSegmentation", image(224), "logits"),
+    "convnextv2": hf_model("ConvNextV2Config", "ConvNextV2ForImageClassification", image(224), "logits"),
+    "levit": hf_model("LevitConfig", "LevitForImageClassification", image(224), "logits"),
+}
+MODELS.update(THIRD)
+
+
 def randomize(m: nn.Module) -> None:
     """Convolutions get He-normal weights (the stacks stay O(1) deep down), batch norms
     random statistics and affines, and every other 1-D parameter (biases, LayerNorm

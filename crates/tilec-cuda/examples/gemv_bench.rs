@@ -1,6 +1,6 @@
 //! Checks and times the decode-shaped GEMV family (`crate::gemv`) on a GPU.
 //!
-//! Usage: `gemv_bench check|bench [--iters N] [--only SUBSTRING] [--dump DIR]`
+//! Usage: `gemv_bench check|bench [--iters N] [--only SUBSTRING] [--stream] [--dump DIR]`
 //! - `check`: 1, 5, 8, 9 and 16 rows, ragged N and K, both B layouts (a row-major B repacked
 //!   when the kernel is bound), batches, forced parameters (split-K, unrolls, warps along K):
 //!   fresh random inputs, the output poisoned with NaN first, compared with an f64 reference
@@ -9,7 +9,10 @@
 //! - `bench`: `gemv_bf16_16x8192x8192` (B column-major: `nn.Linear`'s weight), its `_rr`
 //!   twin (B row-major, repacked at bind, so the timed kernel reads K-contiguous rows) and the
 //!   LLM decode products `llm_bf16_{1,16}xNxK`, timed (median of `--iters` runs, CUDA events)
-//!   in µs and TB/s of A + B + C, and checked on samples.
+//!   in µs and TB/s of A + B + C, and checked on samples. With `--stream`, each time is a
+//!   long run of launches back to back (one event pair around it) over copies of B that
+//!   together exceed the L2: weights from memory and one stream's launch gaps, as in a
+//!   decode step, rather than one launch between events with B in the L2.
 //!
 //! `GEMV_PARAMS=warps_n,warps_k,cols,unroll,split_k[,prefetch[,min_blocks[,stages[,tiled[,a_ahead]]]]]` replaces
 //! the heuristic's parameters (for sweeps; split_k 0: the heuristic's split for the others). Prints one JSON object per line, then a summary.
@@ -216,7 +219,7 @@ fn reference(c: &Case, a: &[u16], b: &[u16], idx: usize) -> f64 {
         .sum()
 }
 
-fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usize, dump: Option<&str>, rng: &mut Rng) -> Result<serde_json::Value, String> {
+fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usize, stream_mode: bool, dump: Option<&str>, rng: &mut Rng) -> Result<serde_json::Value, String> {
     let s = |e: CudaError| e.to_string();
     let p = problem(c);
     let q = params_of(c, &p, dev.props().sm_count as usize);
@@ -300,7 +303,40 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usi
         "occupancy": f.max_active_blocks_per_sm(cfg.block.0, cfg.shared_mem_bytes).unwrap_or(0),
         "compile_s": compile_s, "grid": [cfg.grid.0, cfg.grid.1, cfg.grid.2], "smem": cfg.shared_mem_bytes,
     });
-    if c.time && ok {
+    if c.time && ok && stream_mode {
+        // Back-to-back launches over copies of B that together exceed the L2, each copy with
+        // its own kernel instance (a tiled or row-major B is repacked per instance): the
+        // weights come from memory, as in a decode step, and the launch gaps are those of
+        // one stream (no events between launches).
+        let copies = (256usize << 20).div_ceil((eb * 2).max(1)).clamp(2, 64);
+        let mut insts = vec![];
+        let mut bufs = vec![];
+        for _ in 0..copies {
+            let k2 = GemvKernel::from_image(dev, &p, &q, &A, &B, &compiled.image, true).map_err(s)?;
+            let db2 = up(&b).map_err(s)?;
+            let ptrs2 = [da.ptr(), db2.ptr(), dc.ptr()];
+            k2.bind(stream, &ptrs2).map_err(s)?;
+            insts.push((k2, ptrs2));
+            bufs.push(db2);
+        }
+        let rounds = iters.div_ceil(copies).max(3);
+        let ms = common::time_ms(dev, stream, 1, 5, || {
+            for _ in 0..rounds {
+                for (k2, p2) in &insts {
+                    k2.launch(stream, p2)?;
+                }
+            }
+            Ok(())
+        })
+        .map_err(s)?
+            / (rounds * copies) as f64;
+        let bytes = (c.m * c.k + c.k * c.n) * 2 * c.batch + ec * osz;
+        j["timing"] = json!(format!("stream of {} launches over {copies} weight copies", rounds * copies));
+        j["ms"] = json!(ms);
+        j["us"] = json!(ms * 1e3);
+        j["tb_s"] = json!(bytes as f64 / ms / 1e9);
+        drop(bufs);
+    } else if c.time && ok {
         let ms = common::time_ms(dev, stream, 5, iters, || kern.launch(stream, &ptrs)).map_err(s)?;
         let bytes = (c.m * c.k + c.k * c.n) * 2 * c.batch + ec * osz;
         j["ms"] = json!(ms);
@@ -317,6 +353,7 @@ fn main() {
     let iters: usize = opt("--iters").and_then(|v| v.parse().ok()).unwrap_or(30).max(1);
     let dump = opt("--dump");
     let only = opt("--only");
+    let stream_mode = argv.iter().any(|a| a == "--stream");
     let fail = |e: String| -> ! {
         eprintln!("gemv_bench: {e}");
         std::process::exit(1)
@@ -346,5 +383,5 @@ fn main() {
         })
         .collect();
     common::precompile(&comp, &modules);
-    common::run_all(&cases, |x| &x.label, |c| run_case(&dev, &comp, &stream, c, iters, dump.as_deref(), &mut rng));
+    common::run_all(&cases, |x| &x.label, |c| run_case(&dev, &comp, &stream, c, iters, stream_mode, dump.as_deref(), &mut rng));
 }
