@@ -38,7 +38,9 @@ reference; onnxruntime's output is checked against it before anything is written
 
 and, from torchvision and transformers as they stand (listed with their builders below):
 resnext50, regnet_x_400mf, deeplabv3_mnv3, densenet121, googlenet, shufflenet_v2, mnasnet,
-resnet18, mobilenet_v3_small, squeezenet, deit, roberta, gpt_neo, mistral.
+resnet18, mobilenet_v3_small, squeezenet, deit, roberta, gpt_neo, mistral; and a third set:
+swin_t_tv, regnet_y_400mf, inception_v3, maxvit_t, gpt2, bloom, opt, phi, albert, deberta_v2,
+dinov2, mobilevit, segformer, convnextv2, levit.
 
 With --tiny the same architectures are built narrow and small (200-450 KB each, images
 32x32 or 64x64, sequences of 16 tokens or 32 frames) into models/zoo, for the tests: by
