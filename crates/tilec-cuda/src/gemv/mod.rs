@@ -279,19 +279,22 @@ pub fn heuristic(p: &Problem, sm_count: usize) -> Params {
 
 /// Default parameters; `b_const`: B is a constant, which may be repacked at bind.
 ///
-/// The register loop with A loaded a step ahead of the multiplies (on an H200, 16 x 4096 x
-/// 4096: 2.80 TB/s against 2.50 loading A at the multiply). Large constant weights (K of 8192
-/// or more, or N of 16384 or more) are tiled, with blocks of 2 x 4 warps: 16 x 8192 x 8192 at
-/// 4.0-4.1 TB/s against 3.37 before, a 32000 x 2048 LM head at 3.87 against 3.30; at 4096 x
-/// 4096 tiling measured slower (2.45 against 3.29 at one row), so smaller weights stay as
-/// they are, with blocks of 4 x 2 warps, 2 column groups and 2 chunks a step. Narrower
-/// blocks for few columns. K is split over blocks so that they fill whole waves
-/// ([`split_for`]).
+/// Constant weights (and a row-major B, repacked anyway) are tiled, with blocks of 2 x 4
+/// warps, one column group and 4 chunks a step; other weights take the register loop with
+/// blocks of 4 x 2 warps, 2 column groups and 2 chunks a step; both load A a step ahead of
+/// the multiplies. Measured on an H100 with `gemv_bench bench --stream` (long runs of
+/// launches over weight copies larger than the L2, as a decode step streams its weights:
+/// `bench/results/gemv-sweep-2026-12-07`), against the earlier choice (tiling only from K of
+/// 8192 or N of 16384, 2 column groups and 2 chunks a step): at one row 1 x 11264 x 2048
+/// 21.9 to 16.7 us, 1 x 2048 x 2048 7.0 to 6.2, 1 x 4096 x 4096 16.9 to 12.8, 1 x 14336 x
+/// 4096 47.5 to 42.4; at 16 rows 16 x 4096 x 4096 16.4 to 13.0, 16 x 14336 x 4096 55.6 to
+/// 41.6. Narrower blocks for few columns. K is split over blocks so that they fill whole
+/// waves ([`split_for`]).
 pub fn heuristic_for(p: &Problem, sm_count: usize, b_const: bool) -> Params {
     let mut q = Params { a_ahead: true, ..Params::default() };
-    let tiled = (b_const || p.b_layout == Layout::RowMajor) && (p.k >= 8192 || p.n >= 16384) && (p.batch <= 1 || p.batch_stride_b == 0);
+    let tiled = (b_const || p.b_layout == Layout::RowMajor) && (p.batch <= 1 || p.batch_stride_b == 0);
     if tiled {
-        q = Params { warps_n: 2, warps_k: 4, tiled: true, ..q };
+        q = Params { warps_n: 2, warps_k: 4, cols: 1, unroll: 4, tiled: true, ..q };
     }
     let n8 = p.n.next_multiple_of(8);
     while q.block_cols() > n8 && q.warps_n > 1 {

@@ -89,8 +89,9 @@ fn heuristic_params_apply_to_many_shapes() {
                         assert_eq!(applies(&p, &q, (9, 0)), Ok(()), "{m}x{n}x{k} x{batch} {b:?} on {sms} SMs: {q:?}");
                         assert!(q.block_cols() <= n.next_multiple_of(8).max(8) || q.cols == 1 && q.warps_n == 1);
                         // Only constant weights (or a row-major B, which the caller vouches is
-                        // one) are tiled, and only long rows.
-                        assert!(!q.tiled || (konst || b == Layout::RowMajor) && (k >= 8192 || n >= 16384), "{q:?}");
+                        // one), shared by the batches, are tiled.
+                        assert!(!q.tiled || (konst || b == Layout::RowMajor) && (batch <= 1 || p.batch_stride_b == 0), "{q:?}");
+                        assert_eq!(q.tiled, (konst || b == Layout::RowMajor) && batch <= 1, "{m}x{n}x{k} x{batch} {b:?}: {q:?}");
                     }
                 }
             }
