@@ -881,3 +881,23 @@ fn thin_channels_are_padded_to_whole_pixels_for_cuda() {
         assert!(!conv_group.nodes.iter().any(|&id| matches!(h.node(id).op, Op::Layout(LayoutOp::Pad { .. }))), "the pad is folded into the conv");
     }
 }
+
+/// A depthwise convolution over a token sequence (SegFormer's Mix-FFN): `[B, L, C]` turned
+/// into `[B, C, H, W]` by a transpose and a reshape, and back. `choose-layout` sees the
+/// sequence as channels-last on both sides: the convolution runs channels-last with no
+/// transpose of rank 4 left, and the graph computes what it did.
+#[test]
+fn sequence_images_convolve_channels_last() {
+    let mut g = Graph::new("mix_ffn");
+    let x = input(&mut g, DType::F32, &[1, 64, 32]);
+    let t = tr(&mut g, x, &[0, 2, 1]);
+    let img = reshape(&mut g, t, &[1, 32, 8, 8]);
+    let y = grouped_conv_chain(&mut g, img, 1, 32, 32, 7);
+    let flat = reshape(&mut g, y, &[1, 32, 64]);
+    let seq = tr(&mut g, flat, &[0, 2, 1]);
+    let out = g.add(Op::Unary(UnaryOp::Gelu { tanh_approx: false }), &[seq]).unwrap();
+    g.set_outputs(vec![out]);
+    let (o, tr4) = cpu_pipeline(&g, 11);
+    let nhwc = o.nodes().iter().filter(|n| matches!(n.op, Op::Linalg(LinalgOp::Conv { channels_last: true, .. }))).count();
+    assert_eq!((nhwc, tr4), (1, 0), "{}", tilec_ir::print_graph(&o));
+}

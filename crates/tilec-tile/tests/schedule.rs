@@ -1767,3 +1767,37 @@ fn extreme_parameters_are_refused_or_harmless() {
         }
     }
 }
+
+/// Rows of a flattened image written as register blocks (`h * w + b * 8 + j`) and a tail of
+/// single pixels (`h * w + c`): the rows are independent when every block and the tail stay
+/// within a row (the forms share `h * w`, the rest spreads less than `w`), and not when
+/// the blocks run past the row.
+#[test]
+fn parallel_rows_of_flattened_blocks() {
+    let build = |w: i64, blocks: i64, tail: i64| {
+        let d = DType::F32;
+        let mut k = Kernel::new("flat_rows");
+        let x = k.param("x", d, vec![4]);
+        let out = k.param("out", d, vec![4 * w + 64]);
+        let (h, b) = (k.index_var("h"), k.index_var("b"));
+        let row = Expr::mul(v(h), Expr::Int(w));
+        let mut block = vec![];
+        for j in 0..8 {
+            let idx = Expr::add(Expr::add(row.clone(), Expr::mul(v(b), Expr::Int(8))), Expr::Int(j));
+            block.push(Stmt::store(out, vec![idx], ld(x, vec![v(h)])));
+        }
+        let mut body = vec![for_(b, blocks, block)];
+        for t in 0..tail {
+            let idx = Expr::add(row.clone(), Expr::Int(blocks * 8 + t));
+            body.push(Stmt::store(out, vec![idx], ld(x, vec![v(h)])));
+        }
+        k.body.push(for_(h, 4, body));
+        k
+    };
+    let par = Primitive::Parallel { loop_var: "h".into() };
+    let mut ok = build(20, 2, 4);
+    schedule::apply_primitive(&mut ok, &par).expect("blocks and tail within a row of 20");
+    let mut bad = build(20, 3, 0);
+    let e = schedule::apply_primitive(&mut bad, &par).expect_err("blocks of 24 pixels over rows of 20 overlap");
+    assert!(e.to_string().contains("cannot prove"), "{e}");
+}

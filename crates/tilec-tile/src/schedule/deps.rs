@@ -186,6 +186,8 @@ pub(crate) fn sharing(
                         let lo = forms.iter().map(|f| f.c).min().unwrap_or(0);
                         let hi = forms.iter().map(|f| f.c).max().unwrap_or(0);
                         eqs.push((first.clone(), (hi as i128) - (lo as i128)));
+                    } else if let Some(eq) = common_part(&forms, &ranges) {
+                        eqs.push(eq);
                     }
                 }
             }
@@ -199,6 +201,40 @@ pub(crate) fn sharing(
         out.insert(Resource::Scalar(v), BTreeSet::new());
     }
     out
+}
+
+/// For index forms that differ in more than their constants (a flattened pixel index whose
+/// register blocks add `block * 8 + j` where the row's last pixels add constants): the terms
+/// all forms share with equal coefficients, and as slack the spread of the rest over the
+/// variables' ranges. Two accesses to one element have equal forms, so their common parts
+/// differ by at most that spread. `None` without a common term or with an unbounded rest.
+fn common_part(forms: &[crate::affine::Affine], ranges: &Ranges) -> Option<(crate::affine::Affine, i128)> {
+    let first = forms.first()?;
+    let mut common = crate::affine::Affine::constant(0);
+    for (a, c) in &first.terms {
+        if forms.iter().all(|f| f.terms.get(a) == Some(c)) {
+            common.terms.insert(a.clone(), *c);
+        }
+    }
+    if common.terms.is_empty() {
+        return None;
+    }
+    let (mut lo, mut hi) = (i128::MAX, i128::MIN);
+    for f in forms {
+        let (mut flo, mut fhi) = (f.c as i128, f.c as i128);
+        for (a, &c) in &f.terms {
+            if common.terms.contains_key(a) {
+                continue;
+            }
+            let (alo, ahi) = a.bounds(ranges)?;
+            let (x, y) = (c as i128 * alo as i128, c as i128 * ahi as i128);
+            flo += x.min(y);
+            fhi += x.max(y);
+        }
+        lo = lo.min(flo);
+        hi = hi.max(fhi);
+    }
+    Some((common, hi - lo))
 }
 
 /// Whether different iterations of loop `l` (at a position where the enclosing loops are

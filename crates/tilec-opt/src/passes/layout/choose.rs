@@ -729,10 +729,15 @@ impl Pass for ChooseLayout {
     }
 
     fn run(&self, g: &mut Graph) -> Result<bool, OptError> {
-        let plan = plan_layout(g, self.target);
+        // Sequence-to-image views around convolutions, rewritten to enter and leave from
+        // channels-last (`seq.rs`); kept only with an NHWC rewrite that uses them.
+        let mut seq = g.clone();
+        let normalized = matches!(super::seq::normalize(&mut seq), Ok(n) if n > 0) && seq.cleanup().is_ok();
+        let base: &Graph = if normalized { &seq } else { g };
+        let plan = plan_layout(base, self.target);
         let mut changed = false;
         if plan.nhwc_regions() > 0 {
-            let mut h = g.clone();
+            let mut h = base.clone();
             // Keep the rewrite only when it stays within the plan's budget: the boundary
             // transposes it priced for each NHWC region, and at least one in and one out (a
             // region entered by a second input or left twice, as a segmentation head's
@@ -746,7 +751,7 @@ impl Pass for ChooseLayout {
                 .filter(|r| r.layout == Layout::Nhwc)
                 .map(|r| (r.entry_transposes + r.exit_transposes).max(2))
                 .sum();
-            let budget = runtime_transposes(g) + priced;
+            let budget = runtime_transposes(base) + priced;
             if let Ok(n) = apply_plan(&mut h, &plan) {
                 if n > 0 && runtime_transposes(&h) <= budget {
                     *g = h;

@@ -7,6 +7,7 @@
 mod channels;
 mod choose;
 mod pad;
+mod seq;
 mod sink;
 
 pub use crate::partition::TargetKind;
