@@ -858,6 +858,48 @@ fn concat_operands() {
     check_kernels(&ks, 25, true, gemm_tol);
 }
 
+/// A kernel and its product `out[b, i, :] = A[b, i, :] · w` over a channels-last image `x` of
+/// `pixels` rows and `c` channels: `batch` products of `m` rows, `A` built by `a` from `x`
+/// and the variables (batch, row, k). The product is returned apart, for its indirect form.
+fn image_product(
+    name: &str,
+    pixels: i64,
+    (c, o, batch, m): (i64, i64, i64, i64),
+    a: impl FnOnce(BufId, VarId, VarId, VarId) -> Expr,
+) -> (Kernel, Gemm) {
+    let mut k = Kernel::new(name);
+    let x = k.param("x", DType::F32, vec![pixels, c]);
+    let wt = k.param("w", DType::F32, vec![c, o]);
+    let out = k.param("out", DType::F32, vec![batch, m, o]);
+    let (vb, vi, vj, vk) = (k.index_var("b"), k.index_var("i"), k.index_var("j"), k.index_var("k"));
+    let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
+    let g = Gemm {
+        batch,
+        m,
+        n: o,
+        k: c,
+        b_var: vb,
+        i_var: vi,
+        j_var: vj,
+        k_var: vk,
+        acc_var: acc,
+        acc_dtype: DType::F32,
+        a: a(x, vb, vi, vk),
+        b: Expr::load(wt, vec![v(vk), v(vj)]),
+        epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], v(acc))],
+        params: gemm_params(m, o, c, &CpuInfo::host()),
+        vector: false,
+    };
+    (k, g)
+}
+
+/// `x[(row + dr) * w + col + dc, k]`.
+fn pixel(x: BufId, (row, col): (&Expr, &Expr), (dr, dc): (i64, i64), w: i64, vk: VarId) -> Expr {
+    let r = Expr::add(row.clone(), Expr::Int(dr));
+    let q = Expr::add(col.clone(), Expr::Int(dc));
+    Expr::load(x, vec![Expr::add(Expr::mul(r, Expr::Int(w)), q), v(vk)])
+}
+
 /// A product over the rows of an image rolled along both axes (Swin's shifted windows): `A`'s
 /// row `i` reads pixel `((i / w - s) mod h, (i % w - s) mod w)` of a channels-last image,
 /// written as two concatenations' selects on the row. `A` is read in place (one pointer per
@@ -866,37 +908,12 @@ fn concat_operands() {
 fn rolled_rows_in_place() {
     let mut ks = vec![];
     for (h, w, s, c, o) in [(6, 10, 2, 9, 7), (7, 7, 3, 32, 20)] {
-        let mut k = Kernel::new(&format!("rolled_{h}x{w}"));
-        let x = k.param("x", DType::F32, vec![h * w, c]);
-        let wt = k.param("w", DType::F32, vec![c, o]);
-        let out = k.param("out", DType::F32, vec![h * w, o]);
-        let (vb, vi, vj, vk) = (k.index_var("b"), k.index_var("i"), k.index_var("j"), k.index_var("k"));
-        let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
-        let (row, col) = (Expr::div(v(vi), w), Expr::rem(v(vi), w));
-        let src = |dr: i64, dc: i64| {
-            let r = Expr::add(row.clone(), Expr::Int(dr));
-            let q = Expr::add(col.clone(), Expr::Int(dc));
-            Expr::load(x, vec![Expr::add(Expr::mul(r, Expr::Int(w)), q), v(vk)])
-        };
-        let by_col = |dr: i64| Expr::select(Expr::bin(BinOp::Lt, col.clone(), Expr::Int(s)), src(dr, w - s), src(dr, -s));
-        let a = Expr::select(Expr::bin(BinOp::Lt, row.clone(), Expr::Int(s)), by_col(h - s), by_col(-s));
-        let g = Gemm {
-            batch: 1,
-            m: h * w,
-            n: o,
-            k: c,
-            b_var: vb,
-            i_var: vi,
-            j_var: vj,
-            k_var: vk,
-            acc_var: acc,
-            acc_dtype: DType::F32,
-            a,
-            b: Expr::load(wt, vec![v(vk), v(vj)]),
-            epilogue: vec![Stmt::store(out, vec![v(vi), v(vj)], v(acc))],
-            params: gemm_params(h * w, o, c, &CpuInfo::host()),
-            vector: false,
-        };
+        let (mut k, g) = image_product(&format!("rolled_{h}x{w}"), h * w, (c, o, 1, h * w), |x, _, vi, vk| {
+            let (row, col) = (Expr::div(v(vi), w), Expr::rem(v(vi), w));
+            let src = |dr, dc| pixel(x, (&row, &col), (dr, dc), w, vk);
+            let by_col = |dr| Expr::select(Expr::bin(BinOp::Lt, col.clone(), Expr::Int(s)), src(dr, w - s), src(dr, -s));
+            Expr::select(Expr::bin(BinOp::Lt, row.clone(), Expr::Int(s)), by_col(h - s), by_col(-s))
+        });
         let ind = tilec_tile::indirect::indirect_form(&k, &g).expect("a rolled A is read in place");
         assert_eq!(ind.leaves.len(), 1);
         assert!(format!("{:?}", ind.leaves[0].row).contains("Select"), "{:?}", ind.leaves[0].row);
@@ -907,40 +924,15 @@ fn rolled_rows_in_place() {
     // the row a pixel in it, and each branch's offset carries the window's terms, so the
     // branches differ in more than a constant outside `k`.
     for (h, w, s, ws, c, o) in [(14, 14, 3, 7, 24, 10), (12, 8, 2, 4, 9, 5)] {
-        let mut k = Kernel::new(&format!("rolled_windows_{h}x{w}"));
         let nw = w / ws;
         let batch = (h / ws) * nw;
-        let x = k.param("x", DType::F32, vec![h * w, c]);
-        let wt = k.param("w", DType::F32, vec![c, o]);
-        let out = k.param("out", DType::F32, vec![batch, ws * ws, o]);
-        let (vb, vi, vj, vk) = (k.index_var("b"), k.index_var("i"), k.index_var("j"), k.index_var("k"));
-        let acc = k.new_var("acc", Ty::Elem(DType::F32), false);
-        let row = Expr::add(Expr::mul(Expr::div(v(vb), nw), Expr::Int(ws)), Expr::div(v(vi), ws));
-        let col = Expr::add(Expr::mul(Expr::rem(v(vb), nw), Expr::Int(ws)), Expr::rem(v(vi), ws));
-        let src = |dr: i64, dc: i64| {
-            let r = Expr::add(row.clone(), Expr::Int(dr));
-            let q = Expr::add(col.clone(), Expr::Int(dc));
-            Expr::load(x, vec![Expr::add(Expr::mul(r, Expr::Int(w)), q), v(vk)])
-        };
-        let by_col = |dr: i64| Expr::select(Expr::bin(BinOp::Lt, col.clone(), Expr::Int(w - s)), src(dr, s), src(dr, s - w));
-        let a = Expr::select(Expr::bin(BinOp::Lt, row.clone(), Expr::Int(h - s)), by_col(s), by_col(s - h));
-        let g = Gemm {
-            batch,
-            m: ws * ws,
-            n: o,
-            k: c,
-            b_var: vb,
-            i_var: vi,
-            j_var: vj,
-            k_var: vk,
-            acc_var: acc,
-            acc_dtype: DType::F32,
-            a,
-            b: Expr::load(wt, vec![v(vk), v(vj)]),
-            epilogue: vec![Stmt::store(out, vec![v(vb), v(vi), v(vj)], v(acc))],
-            params: gemm_params(ws * ws, o, c, &CpuInfo::host()),
-            vector: false,
-        };
+        let (mut k, g) = image_product(&format!("rolled_windows_{h}x{w}"), h * w, (c, o, batch, ws * ws), |x, vb, vi, vk| {
+            let row = Expr::add(Expr::mul(Expr::div(v(vb), nw), Expr::Int(ws)), Expr::div(v(vi), ws));
+            let col = Expr::add(Expr::mul(Expr::rem(v(vb), nw), Expr::Int(ws)), Expr::rem(v(vi), ws));
+            let src = |dr, dc| pixel(x, (&row, &col), (dr, dc), w, vk);
+            let by_col = |dr| Expr::select(Expr::bin(BinOp::Lt, col.clone(), Expr::Int(w - s)), src(dr, s), src(dr, s - w));
+            Expr::select(Expr::bin(BinOp::Lt, row.clone(), Expr::Int(h - s)), by_col(s), by_col(s - h))
+        });
         let ind = tilec_tile::indirect::indirect_form(&k, &g).expect("rolled windows are read in place");
         assert_eq!(ind.leaves.len(), 1);
         assert!(!ind.batched, "the window's terms belong to the row part");

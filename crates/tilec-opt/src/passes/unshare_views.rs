@@ -65,8 +65,9 @@ impl Pass for UnshareConstantViews {
                 let out = g.add_node(&name, op, &inputs).map_err(ir("unshare-constant-views"))?[0];
                 g.replace_use(reader, input, out).map_err(ir("unshare-constant-views"))?;
             }
+            // The copies are appended: the next round's uses see them, and `finish` sorts
+            // and renumbers once at the end.
             changed = true;
-            g.cleanup().map_err(ir("unshare-constant-views"))?;
         }
         finish(g, "unshare-constant-views", changed)
     }
