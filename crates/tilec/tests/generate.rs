@@ -264,3 +264,25 @@ fn cli_generates_ids_and_text() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cli_explains_the_decode_step() {
+    // Three prompts: the decode step of bucket 4, one token a row, partitioned for the GPU
+    // (no GPU needed: the explanation plans for a preset one) and for this CPU.
+    let m = model_path("decoder/llama-bf16");
+    let m = m.to_str().unwrap();
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1,2,3", "--prompt-ids", "4", "--prompt-ids", "5,6", "--explain", "--target", "cuda"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("decode step: 4 rows of one new token"), "{out}");
+    // One paged attention kernel per layer, each taken by the paged-attention family; the
+    // products by the decode-shaped template.
+    let layers = model("decoder/llama-bf16").graph.unwrap().initializer.iter().filter(|t| t.name.ends_with(".ln1.weight")).count();
+    assert!(layers >= 2, "{layers} layers");
+    assert_eq!(out.matches("attention/paged' (1 ops)").count(), layers, "{out}");
+    assert_eq!(out.lines().filter(|l| l.contains(": sm80_paged_attn (")).count(), layers, "{out}");
+    assert!(out.lines().any(|l| l.contains(": sm80_gemv (")), "{out}");
+    // Nothing ran.
+    assert!(!out.contains("tokens/s"), "{out}");
+    let (ok, out) = tilec(&["generate", m, "--prompt-ids", "1,2,3", "--explain"]);
+    assert!(ok && out.contains("decode step: 1 rows") && out.contains("kernels (families for this CPU"), "{out}");
+}

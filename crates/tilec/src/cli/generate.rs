@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use tilec::generate::text::Text;
+use tilec::onnx::proto::ModelProto;
 use tilec::generate::{generate as run_generate, Engine, GenerateOptions, Sampling};
 
+use super::opt::{explain_optimized, optimize_for, TargetArg as OptTarget};
 use super::run::TargetArg;
 use super::{load_model, MAX_THREADS};
 use crate::BackendArg;
@@ -66,6 +68,11 @@ pub struct GenerateArgs {
     /// steps only) and prints the table and where the time goes by kind.
     #[arg(long)]
     pub profile: bool,
+    /// Shows how the decode step is partitioned into kernels on the target (as `tilec
+    /// explain` does for a model: each group's ops, cost and bound, the rejected fusions, the
+    /// family of each kernel) and exits without running anything.
+    #[arg(long)]
+    pub explain: bool,
     /// Threads of compiled code (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     pub threads: Option<u64>,
@@ -116,6 +123,9 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
     };
     if a.profile && a.backend == BackendArg::Ref {
         bail!("--profile times compiled kernels: it does not combine with --backend ref");
+    }
+    if a.explain {
+        return explain_step(a, &model, &prompts, &opts);
     }
     let g = run_generate(&model, &prompts, &opts).with_context(|| format!("generate {}", a.model.display()))?;
     if let Some(path) = &a.logits_out {
@@ -169,6 +179,19 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// `--explain`: the decode step of these prompts' batch bucket, optimized as the compiled
+/// step is, partitioned and its kernels' families chosen on the target.
+fn explain_step(a: &GenerateArgs, model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions) -> Result<()> {
+    let mut g = tilec::generate::decode_step_graph(model, prompts, opts).with_context(|| format!("generate {}", a.model.display()))?;
+    let target = match a.target {
+        TargetArg::Cpu => OptTarget::Cpu,
+        TargetArg::Cuda => OptTarget::Cuda,
+    };
+    optimize_for(&mut g, target)?;
+    println!("decode step: {} rows of one new token, over a cache sized for {} new tokens", tilec::generate::bucket(prompts.len()), a.max_new_tokens);
+    explain_optimized(&g, target, &Default::default(), &[], false, false)
 }
 
 fn join(ids: &[i64]) -> String {

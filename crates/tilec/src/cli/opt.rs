@@ -192,27 +192,46 @@ pub struct ExplainArgs {
 pub fn explain(args: &ExplainArgs) -> Result<()> {
     let a = &args.opt;
     let g = optimized(a)?;
-    let t = partition::Target::preset(a.target.kind());
     let hints = SizeHints { named: a.dims.iter().cloned().collect(), ..Default::default() };
-    let p = partition::partition_with(&g, &t, &hints);
-    print!("{}", partition::explain(&g, &p, &t));
+    explain_optimized(&g, a.target, &hints, &a.families, a.no_tuning, a.allow_tf32)
+}
+
+/// The optimized pipeline's graph for a target at the default level.
+pub fn optimize_for(g: &mut tilec::Graph, target: TargetArg) -> Result<()> {
+    Pipeline::for_level_and_target(3, target.kind()).run(g, &PipelineOptions::default()).context("optimizing")?;
+    Ok(())
+}
+
+/// The partition of an optimized graph on `target` and the family chosen for each kernel,
+/// printed (`tilec explain`, `tilec generate --explain`).
+pub fn explain_optimized(
+    g: &tilec::Graph,
+    target: TargetArg,
+    hints: &SizeHints,
+    families: &[(String, String)],
+    no_tuning: bool,
+    allow_tf32: bool,
+) -> Result<()> {
+    let t = partition::Target::preset(target.kind());
+    let p = partition::partition_with(g, &t, hints);
+    print!("{}", partition::explain(g, &p, &t));
     println!();
     // The graph is already optimized; level 0 keeps it as it is.
     let title: String;
-    let (title, prepared) = match a.target.kind() {
+    let (title, prepared) = match target.kind() {
         TargetKind::Cpu => {
-            let mut opts = tilec::compiled::CompileOptions { opt_level: 0, families: args.opt.families.clone(), ..Default::default() };
-            opts.tuning = super::tuning(args.opt.no_tuning, opts.threads);
+            let mut opts = tilec::compiled::CompileOptions { opt_level: 0, families: families.to_vec(), ..Default::default() };
+            opts.tuning = super::tuning(no_tuning, opts.threads);
             let p = tilec::compiled::prepare(&g, &opts).context("building the kernels")?;
             super::tuning_notes(&opts.tuning);
             ("kernels (families for this CPU; parameters: heuristic, forced with --family, or tuned by `tilec tune`):", (p.interpreted(), p.report))
         }
         TargetKind::Cuda => {
-            let (gpu, name, tuning) = super::cuda_for_explain(args.opt.no_tuning, 0);
+            let (gpu, name, tuning) = super::cuda_for_explain(no_tuning, 0);
             let opts = tilec::compiled_cuda::CudaOptions {
                 opt_level: 0,
-                families: args.opt.families.clone(),
-                allow_tf32: args.opt.allow_tf32,
+                families: families.to_vec(),
+                allow_tf32,
                 tuning,
                 ..Default::default()
             };

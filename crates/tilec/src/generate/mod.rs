@@ -370,6 +370,29 @@ fn logits_rows(logits: &Tensor, picks: &[(usize, usize)]) -> Result<Vec<Vec<f32>
         .collect()
 }
 
+/// The paged cache `generate` sizes for these prompts: every position a sequence ever
+/// writes (its padded prompt, then its new tokens) has a block.
+fn cache_shape(prompts: &[Vec<i64>], opts: &GenerateOptions) -> CacheShape {
+    let bs = opts.block_size.max(1);
+    let tp = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+    let need: Vec<usize> = prompts.iter().map(|p| tp.max(p.len() + opts.max_new_tokens)).collect();
+    let max_blocks = need.iter().map(|&x| x.div_ceil(bs)).max().unwrap_or(1).max(tp.div_ceil(bs));
+    let blocks = 1 + need.iter().map(|&x| x.div_ceil(bs)).sum::<usize>();
+    CacheShape { blocks, block_size: bs, max_blocks }
+}
+
+/// The decode step `generate` would compile for these prompts (their batch bucket, one new
+/// token per row, over the cache sized for them), rewritten over the paged cache and not yet
+/// optimized: what `tilec generate --explain` partitions.
+pub fn decode_step_graph(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions) -> Result<Graph, Error> {
+    if prompts.is_empty() {
+        return Err(err("no prompt given: expected at least one prompt of token ids"));
+    }
+    let dims = token_dims(model)?;
+    let dec = Stage::rewrite(model, &dims, bucket(prompts.len()), 1, cache_shape(prompts, opts))?;
+    Ok(dec.graph)
+}
+
 /// Generates `opts.max_new_tokens` tokens for every prompt.
 pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions) -> Result<Generation, Error> {
     opts.sampling.check().map_err(err)?;
@@ -391,11 +414,8 @@ pub fn generate(model: &ModelProto, prompts: &[Vec<i64>], opts: &GenerateOptions
     let rows = bucket(n);
     let bs = opts.block_size;
     let tp = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
-    // Positions each sequence ever writes: its padded prompt, then its new tokens.
-    let need: Vec<usize> = prompts.iter().map(|p| tp.max(p.len() + opts.max_new_tokens)).collect();
-    let max_blocks = need.iter().map(|&x| x.div_ceil(bs)).max().unwrap_or(1).max(tp.div_ceil(bs));
-    let blocks = 1 + need.iter().map(|&x| x.div_ceil(bs)).sum::<usize>();
-    let shape = CacheShape { blocks, block_size: bs, max_blocks };
+    let shape = cache_shape(prompts, opts);
+    let (blocks, max_blocks) = (shape.blocks, shape.max_blocks);
     let mut prefill = Stage::rewrite(model, &dims, rows, tp, shape)?;
     check_prompts(prompts, prefill.vocab)?;
     // Only each prompt's last token's logits are read (padding rows: the first token's).
