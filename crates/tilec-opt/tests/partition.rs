@@ -671,3 +671,48 @@ fn interpolation_stays_out_of_products_on_the_cpu() {
         assert_eq!(p.groups.len() == 1, folded, "{mode:?}: {}", explain(&g, &p, &t));
     }
 }
+
+/// A transpose that brings the normalized axis last (SqueezeBERT's LayerNorm between
+/// channels-first 1-D convolutions): on the CPU the normalization does not fold it (each pass
+/// would stride across the source); the convolution before writes it. A transpose that keeps
+/// the last axis, and any on the GPU, folds in.
+#[test]
+fn transposed_rows_stay_out_of_normalizations_on_the_cpu() {
+    let build = |perm: Vec<usize>| {
+        let mut g = Graph::new("conv_ln");
+        let x = g.add_input("x", f32t(&[1, 16, 12]));
+        let wv: Vec<f64> = (0..16 * 16).map(|i| (i % 7) as f64 * 0.1 - 0.3).collect();
+        let w = g.add_const("w", Tensor::from_f64s(DType::F32, vec![16, 16, 1], &wv).unwrap());
+        let b = g.add_const("b", Tensor::from_f64s(DType::F32, vec![16], &[0.1; 16]).unwrap());
+        let window = Window { kernel: vec![1], strides: vec![1], dilations: vec![1], pads: Padding::Explicit(vec![0; 2]) };
+        let c = g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[x, w, b]).unwrap();
+        let r = g.add(Op::Binary(BinaryOp::Add), &[c, x]).unwrap();
+        let t = g.add(Op::Layout(LayoutOp::Transpose { perm: perm.clone() }), &[r]).unwrap();
+        let last = g.value(t).ty.shape.len() - 1;
+        let n = g.value(t).ty.fixed_shape().unwrap()[last];
+        let sc = g.add_const("scale", Tensor::from_f64s(DType::F32, vec![n], &vec![1.5; n]).unwrap());
+        let bi = g.add_const("bias", Tensor::from_f64s(DType::F32, vec![n], &vec![0.5; n]).unwrap());
+        let ln = Op::Norm(NormOp::LayerNorm { axis: last, epsilon: 1e-5, stash: DType::F32, has_bias: true });
+        let y = g.add(ln, &[t, sc, bi]).unwrap();
+        let back = g.add(Op::Layout(LayoutOp::Transpose { perm }), &[y]).unwrap();
+        g.set_outputs(vec![back]);
+        g
+    };
+    for (perm, t, folded) in [
+        (vec![0, 2, 1], Target::cpu(), false),
+        (vec![1, 0, 2], Target::cpu(), true),
+        (vec![0, 2, 1], Target::cuda_h100(), true),
+    ] {
+        let g = build(perm.clone());
+        let p = partition(&g, &t);
+        check_invariants(&g, &p, "conv_ln");
+        let ln = p
+            .groups
+            .iter()
+            .find(|k| k.nodes.iter().any(|&n| matches!(g.node(n).op, Op::Norm(NormOp::LayerNorm { .. }))))
+            .unwrap();
+        let ln_input = g.node(ln.nodes.iter().copied().find(|&n| matches!(g.node(n).op, Op::Norm(_))).unwrap()).inputs[0];
+        let ValueDef::Node { node: tr, .. } = g.value(ln_input).def else { panic!("the normalization reads a transpose") };
+        assert_eq!(ln.nodes.contains(&tr), folded, "{perm:?} on {}: {}", t.name, explain(&g, &p, &t));
+    }
+}

@@ -44,7 +44,7 @@ pub use crate::target;
 use cost::{classify, node_flops, reduction_row, Sizes};
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use tilec_ir::op::{LayoutOp, LinalgOp};
+use tilec_ir::op::{LayoutOp, LinalgOp, NormOp};
 use tilec_ir::{Graph, NodeId, Op, Uses, ValueDef, ValueId};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -412,6 +412,35 @@ impl<'a> St<'a> {
             })
     }
 
+    /// Whether `p` transposes the rows that a normalization in `c` reduces (a layer, RMS or
+    /// softmax normalization over its last axis, whose input `p` makes with a transpose that
+    /// brings another axis last; CPU targets only). Folded, each row's reductions stride
+    /// across the source (scalar loads, one per element per pass: SqueezeBERT's LayerNorms
+    /// between its channels-first 1-D convolutions ran at 1.7 GB/s); materialized once, the
+    /// rows are contiguous and the passes vectorize.
+    fn transposes_normalized_rows(&self, p: usize, c: usize) -> bool {
+        if self.t.is_gpu() || self.kind(c) != GroupKind::Normalization {
+            return false;
+        }
+        let moves_last = |v: ValueId| match self.g.value(v).def {
+            ValueDef::Node { node, .. } if self.gid[node.index()] == p => {
+                matches!(&self.g.node(node).op, Op::Layout(LayoutOp::Transpose { perm }) if perm.last().is_some_and(|&l| l + 1 != perm.len()))
+            }
+            _ => false,
+        };
+        self.groups[c].anchors.iter().any(|&a| {
+            let n = self.g.node(a);
+            let Some(&x) = n.inputs.first() else { return false };
+            let last = self.s.rank(x).saturating_sub(1);
+            let over_last = match &n.op {
+                Op::Norm(NormOp::LayerNorm { axis, .. } | NormOp::RmsNorm { axis, .. }) => *axis <= last,
+                Op::Norm(NormOp::Softmax { axis } | NormOp::LogSoftmax { axis }) => *axis == last,
+                _ => false,
+            };
+            over_last && self.s.dim(x, last) > 1.0 && moves_last(x)
+        })
+    }
+
     /// Whether a resize in `c` reads a value that a resize in `p` computes (`split-resizes`
     /// separates an interpolation over several axes into such a chain).
     fn resize_reads_resize(&self, p: usize, c: usize) -> bool {
@@ -752,6 +781,12 @@ impl<'a> St<'a> {
                     Some("re-indexes the input of a windowed anchor: materialized once".into());
                 continue;
             }
+            // Rows transposed into a normalization: rule 1b writes them in its producer
+            // (or they are materialized once), so the normalization reads contiguous rows.
+            if self.transposes_normalized_rows(gi, c) {
+                self.groups[gi].note = Some("transposes the rows a normalization reduces: written by its producer or materialized, so the rows are contiguous".into());
+                continue;
+            }
             // A transpose of an anchor's result into a concatenation: the anchor writes it in
             // the new layout (rule 2) instead of the concatenation gathering across the
             // transposed axes (UNet's transposed convolutions, NCHW, concatenated
@@ -980,6 +1015,11 @@ impl<'a> St<'a> {
             return false;
         }
         let ck = self.kind(c);
+        if self.transposes_normalized_rows(p, c) {
+            let d = "transposes the rows a normalization reduces: folded, every pass over a row strides across the source with scalar loads; materialized once, the rows are contiguous".to_string();
+            self.reject(p, c, RejectReason::Recompute, d);
+            return false;
+        }
         if self.interpolates_into_product(p, c) {
             let d = "interpolates (linear or cubic resize) the operand of a matrix product: folded, the packing computes coordinates, taps and weights per element; materialized once, row by row".to_string();
             self.reject(p, c, RejectReason::Recompute, d);
