@@ -40,7 +40,9 @@ and, from torchvision and transformers as they stand (listed with their builders
 resnext50, regnet_x_400mf, deeplabv3_mnv3, densenet121, googlenet, shufflenet_v2, mnasnet,
 resnet18, mobilenet_v3_small, squeezenet, deit, roberta, gpt_neo, mistral; and a third set:
 swin_t_tv, regnet_y_400mf, inception_v3, maxvit_t, gpt2, bloom, opt, phi, albert, deberta_v2,
-dinov2, mobilevit, segformer, convnextv2, levit.
+dinov2, mobilevit, segformer, convnextv2, levit; and a fourth: resnet50, swin_v2_t,
+regnet_y_800mf, vgg11_bn, electra, mpnet, squeezebert, convbert, mobilebert, gpt_neox, falcon,
+gemma, clip_vision, poolformer, cvt, pvt, hubert, resnet_hf.
 
 With --tiny the same architectures are built narrow and small (200-450 KB each, images
 32x32 or 64x64, sequences of 16 tokens or 32 frames) into models/zoo, for the tests: by
@@ -476,6 +478,57 @@ THIRD = {
     "levit": hf_model("LevitConfig", "LevitForImageClassification", image(224), "logits"),
 }
 MODELS.update(THIRD)
+
+
+def audio(samples: int) -> dict:
+    """A waveform of standard normal samples (drawn as an image's pixels are)."""
+    return {"input_values": ("image", (1, samples))}
+
+
+# --- a fourth set (full size only): more of what users export -------------------------------
+#   resnet50, swin_v2_t, regnet_y_800mf, vgg11_bn   torchvision
+#   electra, mpnet, squeezebert, convbert, mobilebert   BERT-like encoders at 128 tokens
+#                      (SqueezeBERT: grouped 1-D convolutions in channels-first layout with
+#                      LayerNorms between transposes; ConvBERT: span-based dynamic
+#                      convolutions; MobileBERT: bottlenecks, no-norm layers, 8 layers)
+#   gpt_neox, falcon, gemma   decoders, 4 layers of 512
+#   clip_vision        CLIPVisionModel, 6 layers (quick GELU, 50 tokens)
+#   poolformer, cvt, pvt, resnet_hf   transformers' vision models (default configs)
+#   hubert             HubertModel, 4 layers, 16000 samples
+# (EfficientNet-V2-S's random weights overflow: PyTorch's and onnxruntime's outputs of order
+# 1e10 differ; EfficientFormer is gone from transformers.)
+_T = dict(vocab_size=8192)
+FOURTH = {
+    "resnet50": torchvision_model("resnet50"),
+    "swin_v2_t": torchvision_model("swin_v2_t"),
+    "regnet_y_800mf": torchvision_model("regnet_y_800mf"),
+    "vgg11_bn": torchvision_model("vgg11_bn"),
+    "electra": hf_model("ElectraConfig", "ElectraModel", tokens(128, True), "last_hidden_state", **_T,
+                        num_hidden_layers=4),
+    "mpnet": hf_model("MPNetConfig", "MPNetModel", tokens(128, True), "last_hidden_state", **_T, num_hidden_layers=4),
+    "squeezebert": hf_model("SqueezeBertConfig", "SqueezeBertModel", tokens(128, True), "last_hidden_state", **_T,
+                            num_hidden_layers=4),
+    "convbert": hf_model("ConvBertConfig", "ConvBertModel", tokens(128, True), "last_hidden_state", **_T,
+                         num_hidden_layers=4),
+    "mobilebert": hf_model("MobileBertConfig", "MobileBertModel", tokens(128, True), "last_hidden_state", **_T,
+                           num_hidden_layers=8),
+    "gpt_neox": hf_model("GPTNeoXConfig", "GPTNeoXModel", tokens(128, False), "last_hidden_state", **_T,
+                         hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+                         use_cache=False),
+    "falcon": hf_model("FalconConfig", "FalconModel", tokens(128, False), "last_hidden_state", **_T,
+                       hidden_size=512, num_hidden_layers=4, num_attention_heads=8, use_cache=False),
+    "gemma": hf_model("GemmaConfig", "GemmaModel", tokens(128, False), "last_hidden_state", **_T,
+                      hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=64, use_cache=False),
+    "clip_vision": hf_model("CLIPVisionConfig", "CLIPVisionModel", image(224), "last_hidden_state",
+                            num_hidden_layers=6),
+    "poolformer": hf_model("PoolFormerConfig", "PoolFormerForImageClassification", image(224), "logits"),
+    "cvt": hf_model("CvtConfig", "CvtForImageClassification", image(224), "logits"),
+    "pvt": hf_model("PvtConfig", "PvtForImageClassification", image(224), "logits"),
+    "hubert": hf_model("HubertConfig", "HubertModel", audio(16000), "last_hidden_state", num_hidden_layers=4),
+    "resnet_hf": hf_model("ResNetConfig", "ResNetForImageClassification", image(224), "logits"),
+}
+MODELS.update(FOURTH)
 
 
 def randomize(m: nn.Module) -> None:
