@@ -513,6 +513,39 @@ fn attention_forms() {
     check(&attention(true, false), "attention", &["softmax"]);
 }
 
+/// `softmax((q @ k^T * scale + bias) + mask) @ v`: a relative position bias `[1, H, S, S]`
+/// and a padding mask `[B, 1, 1, mask_last]` (MPNet's and T5's form), the terms in either
+/// order.
+fn attention_biased(swap: bool, mask_last: usize) -> Graph {
+    use tilec_ir::op::{LayoutOp, LinalgOp};
+    let (bsz, h, s, d) = (2, 4, 6, 8);
+    let (mut b, q) = B::new(&[bsz, h, s, d]);
+    let k = b.input("k", &[bsz, h, s, d]);
+    let v = b.input("v", &[bsz, h, s, d]);
+    let bias = b.input("bias", &[1, h, s, s]);
+    let mask = b.input("mask", &[bsz, 1, 1, mask_last]);
+    let kt = b.g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 1, 3, 2] }), &[k]).unwrap();
+    let qk = b.g.add(Op::Linalg(LinalgOp::MatMul), &[q, kt]).unwrap();
+    let sc = b.c(1.0 / (d as f32).sqrt());
+    let sco = b.mul(qk, sc);
+    let sco = if swap { b.add(bias, sco) } else { b.add(sco, bias) };
+    let sco = if swap { b.add(mask, sco) } else { b.add(sco, mask) };
+    let p = b.g.add(Op::Norm(NormOp::Softmax { axis: 3 }), &[sco]).unwrap();
+    let y = b.g.add(Op::Linalg(LinalgOp::MatMul), &[p, v]).unwrap();
+    b.done(vec![y])
+}
+
+#[test]
+fn attention_with_a_bias_and_a_mask() {
+    for swap in [false, true] {
+        let h = check(&attention_biased(swap, 6), "attention", &["softmax", "matmul"]);
+        // The two terms summed once, in front of the op.
+        assert_eq!(hist(&h).get("add"), Some(&1), "{:?}", hist(&h));
+    }
+    // A mask broadcast along the keys is not a mask the op takes.
+    check_unchanged(&attention_biased(false, 1));
+}
+
 /// How [`attention_masked`] masks the scores with the bool `keep = mask_in > -1` (about
 /// 3 in 4 kept; with the fixed seed no row is masked entirely).
 #[derive(Clone, Copy, Debug)]

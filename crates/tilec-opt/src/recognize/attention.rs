@@ -19,7 +19,9 @@
 //! (the op pads a shorter mask with -inf, which broadcasting would not do) and never
 //! broadcasting the scores up:
 //! - additive float masks, `scores + mask`; `mask = where(keep, 0, -inf)` with a bool
-//!   `keep` becomes the bool mask `keep` itself;
+//!   `keep` becomes the bool mask `keep` itself; two additive terms, `(scores + bias) +
+//!   mask` (a relative position bias and a padding mask), become one float mask, their
+//!   sum, computed before the op;
 //! - boolean masks, `where(keep, scores, -inf)`: the op's bool mask adds 0 where true and
 //!   -inf where false, the same logits. Only an exact -inf fill is accepted: a finite
 //!   fill (`-1e9`, `finfo.min`) gives a different softmax for a fully masked row (uniform
@@ -456,12 +458,27 @@ fn attention_with(m: &mut Matcher, root: ValueId, flash: bool) -> Option<Build> 
     let mut found = None;
     // The additive mask as spelled in the graph (before turning it into a bool mask).
     let mut additive = None;
+    // A second additive term, summed with the mask into one float mask in the rewrite:
+    // `(scores + bias) + mask`, a relative position bias and a padding mask (MPNet, T5).
+    let mut second = None;
     if let Some((a, b)) = m.attempt(|m| m.binary(sc, BinaryOp::Add)) {
         for (s, mask) in [(a, b), (b, a)] {
             if let Some(c) = m.attempt(|m| core(m, s)) {
                 additive = Some(mask);
                 found = Some((c, s, Some(mask)));
                 break;
+            }
+        }
+        if found.is_none() {
+            'terms: for (inner, outer) in [(a, b), (b, a)] {
+                let Some((x, y)) = m.attempt(|m| m.binary(inner, BinaryOp::Add)) else { continue };
+                for (s, bias) in [(x, y), (y, x)] {
+                    if let Some(c) = m.attempt(|m| core(m, s)) {
+                        (additive, second) = (Some(bias), Some(outer));
+                        found = Some((c, s, Some(bias)));
+                        break 'terms;
+                    }
+                }
             }
         }
     }
@@ -487,14 +504,23 @@ fn attention_with(m: &mut Matcher, root: ValueId, flash: bool) -> Option<Build> 
     // A constant causal mask becomes the op's `is_causal` (no mask read at all), also
     // when it is added to another mask.
     let mut is_causal = false;
-    if let Some(mk) = mask {
+    if let Some(t) = second {
+        // Both terms float masks of the scores' dtype, each with the full last dim.
+        for mk in [mask, Some(t)].into_iter().flatten() {
+            let ty = &m.g.value(mk).ty;
+            if ty.dtype != dtype || ty.rank() == 0 || ty.rank() > 4 || ty.shape.last() != sshape.last() {
+                return None;
+            }
+        }
+    }
+    if let Some(mk) = mask.filter(|_| second.is_none()) {
         if is_causal_mask(m, mk, sshape) {
             (is_causal, mask) = (true, None);
         } else if let Some(rest) = split_causal(m, mk, sshape) {
             (is_causal, mask) = (true, Some(rest));
         }
     }
-    if additive.is_some() {
+    if additive.is_some() && second.is_none() {
         mask = mask.map(|mk| m.attempt(|m| bool_of_additive(m, mk)).unwrap_or(mk));
     }
     if let Some(mk) = mask {
@@ -548,7 +574,10 @@ fn attention_with(m: &mut Matcher, root: ValueId, flash: bool) -> Option<Build> 
             }
         };
         let mut ins = vec![q, k, v];
-        ins.extend(mask);
+        match (mask, second) {
+            (Some(a), Some(b)) => ins.push(emit(g, &name, Op::Binary(BinaryOp::Add), &[a, b])?),
+            _ => ins.extend(mask),
+        }
         let op = NnOp::Attention {
             q_num_heads: 0,
             kv_num_heads: 0,
