@@ -6,7 +6,7 @@
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use tilec_ir::op::{
-    BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, ReduceKind, ReduceOp, UnaryOp, Window,
+    BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, PoolKind, ReduceKind, ReduceOp, UnaryOp, Window,
 };
 use tilec_ir::{verify, DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
 use tilec_opt::manager::{Pipeline, PipelineOptions};
@@ -900,4 +900,50 @@ fn sequence_images_convolve_channels_last() {
     let (o, tr4) = cpu_pipeline(&g, 11);
     let nhwc = o.nodes().iter().filter(|n| matches!(n.op, Op::Linalg(LinalgOp::Conv { channels_last: true, .. }))).count();
     assert_eq!((nhwc, tr4), (1, 0), "{}", tilec_ir::print_graph(&o));
+}
+
+#[test]
+fn nhwc_regions_carry_group_norm_and_channel_scales() {
+    // PoolFormer's block: conv → group norm → (avg pool - x) → a layer scale [C, 1, 1]
+    // times it (the scale first) → + residual → group norm → 1x1 convs. On the CPU the
+    // whole block is one NHWC region: the group norms run channels-last (one group and
+    // several), the scales broadcast in the region's layout; one transpose in, one out.
+    // On a GPU the group norms stay channels-first.
+    for groups in [1, 4] {
+        let mut g = Graph::new("poolformer");
+        let x = input(&mut g, DType::F32, &[2, 8, 6, 5]);
+        let a = conv(&mut g, x, 8, 16, 1);
+        let gn = |g: &mut Graph, v: ValueId, seed: u64| {
+            let s = random_const(g, DType::F32, &[16], seed);
+            let b = random_const(g, DType::F32, &[16], seed + 1);
+            g.add(Op::Norm(NormOp::GroupNorm { num_groups: groups, epsilon: 1e-5, channels_last: false }), &[v, s, b]).unwrap()
+        };
+        let n = gn(&mut g, a, 3);
+        let window = Window { kernel: vec![3, 3], strides: vec![1, 1], dilations: vec![1, 1], pads: Padding::Explicit(vec![1; 4]) };
+        let p = g
+            .add(Op::Linalg(LinalgOp::Pool { kind: PoolKind::Avg { count_include_pad: false }, window, ceil_mode: false, channels_last: false }), &[n])
+            .unwrap();
+        let d = g.add(Op::Binary(BinaryOp::Sub), &[p, n]).unwrap();
+        let ls = random_const(&mut g, DType::F32, &[16, 1, 1], 5);
+        let d = g.add(Op::Binary(BinaryOp::Mul), &[ls, d]).unwrap();
+        let r = g.add(Op::Binary(BinaryOp::Add), &[a, d]).unwrap();
+        let n2 = gn(&mut g, r, 7);
+        let y = conv1x1(&mut g, n2, 16, 16, 9);
+        let y = g.add(Op::Binary(BinaryOp::Add), &[r, y]).unwrap();
+        let y = conv1x1(&mut g, y, 16, 8, 11);
+        g.set_outputs(vec![y]);
+        let plan = plan_layout(&g, TargetKind::Cpu);
+        print!("{}", plan.report());
+        assert_eq!((plan.regions.len(), plan.nhwc_regions()), (1, 1), "{groups} groups");
+        assert_eq!(plan.regions[0].norms, 2);
+        let (o, tr4) = cpu_pipeline(&g, 17);
+        let gns = o
+            .nodes()
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Norm(nm @ NormOp::GroupNorm { .. }) if nm.is_channels_last()))
+            .count();
+        assert_eq!((gns, tr4), (2, 2), "{groups} groups");
+        let cuda = plan_layout(&g, TargetKind::Cuda);
+        assert!(cuda.regions.iter().all(|r| r.norms == 0), "{}", cuda.report());
+    }
 }

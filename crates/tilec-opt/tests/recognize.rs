@@ -1025,7 +1025,8 @@ fn group_norm_from_instance_norm_between_reshapes() {
             gn.op,
             Op::Norm(NormOp::GroupNorm {
                 num_groups: groups,
-                epsilon: 1e-5
+                epsilon: 1e-5,
+                channels_last: false,
             }),
             "{xs:?}"
         );

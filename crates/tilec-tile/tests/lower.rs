@@ -1010,6 +1010,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
                 Op::Norm(NormOp::GroupNorm {
                     num_groups: 2,
                     epsilon: 1e-5,
+                    channels_last: false,
                 }),
                 &[x4, gs, gb],
             )
@@ -1037,7 +1038,7 @@ fn built_graphs() -> Vec<(String, Graph)> {
         ]);
         out.push(("norms".to_string(), g));
     }
-    // Channels-last batch norm and LRN (as the GPU layout choice leaves them), [N, H, W, C].
+    // Channels-last batch norm, LRN and group norm (as the layout choice leaves them), [N, H, W, C].
     {
         let mut g = Graph::new("norms_nhwc");
         let x = g.add_input("x", f32t(&[2, 3, 4, 6]));
@@ -1064,7 +1065,15 @@ fn built_graphs() -> Vec<(String, Graph)> {
                 &[bn],
             )
             .unwrap();
-        g.set_outputs(vec![bn, lrn, lrn4]);
+        // Group norms over [N, H, W, C]: two groups of three channels, one of six, six of one.
+        let mut gns = vec![];
+        for groups in [2, 1, 6] {
+            gns.push(
+                g.add(Op::Norm(NormOp::GroupNorm { num_groups: groups, epsilon: 1e-5, channels_last: true }), &[x, p[0], p[1]])
+                    .unwrap(),
+            );
+        }
+        g.set_outputs([vec![bn, lrn, lrn4], gns].concat());
         out.push(("norms_nhwc".to_string(), g));
     }
     // A batch of thin products sharing a 2-D B (`[S, B, E] @ W`, as a sequence-first

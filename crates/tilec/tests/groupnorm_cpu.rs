@@ -70,7 +70,7 @@ fn graph(xs: &[usize], groups: usize, form: Form, act: Act, rng: &mut impl Rng) 
     } else {
         let gamma = g.add_const("gamma", random(&[c], rng, 0.5, 1.5));
         let beta = g.add_const("beta", random(&[c], rng, -0.5, 0.5));
-        let op = NormOp::GroupNorm { num_groups: groups, epsilon: 1e-5 };
+        let op = NormOp::GroupNorm { num_groups: groups, epsilon: 1e-5, channels_last: false };
         g.add(Op::Norm(op), &[x, gamma, beta]).unwrap()
     };
     y = match act {

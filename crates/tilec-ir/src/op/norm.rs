@@ -44,8 +44,9 @@ pub enum NormOp {
     InstanceNorm { epsilon: f32 },
     /// Per (n, group) normalization over the group's channels and the spatial dims, then a
     /// per-channel affine. Inputs: x, scale `[C]`, bias `[C]` (opset-18 per-group scales
-    /// are expanded to per-channel by the importer).
-    GroupNorm { num_groups: usize, epsilon: f32 },
+    /// are expanded to per-channel by the importer). The channel axis is 1 (`[N, C, *S]`), or
+    /// the last one (`[N, *S, C]`) with `channels_last`.
+    GroupNorm { num_groups: usize, epsilon: f32, channels_last: bool },
     /// Local response normalization across channels:
     /// `x / (bias + alpha / size * sum(x^2 over the window)) ^ beta`. The channel axis is 1
     /// (`[N, C, *S]`), or the last one (`[N, *S, C]`) with `channels_last`.
@@ -134,26 +135,24 @@ fn expect_channel_param(
 }
 
 impl NormOp {
-    /// Whether this is a batch norm or LRN with the channel axis last.
+    /// Whether this is a batch norm, group norm or LRN with the channel axis last.
     pub fn is_channels_last(&self) -> bool {
         matches!(
             self,
-            NormOp::BatchNorm {
-                channels_last: true,
-                ..
-            } | NormOp::Lrn {
-                channels_last: true,
-                ..
-            }
+            NormOp::BatchNorm { channels_last: true, .. }
+                | NormOp::GroupNorm { channels_last: true, .. }
+                | NormOp::Lrn { channels_last: true, .. }
         )
     }
 
-    /// The same batch norm or LRN with `channels_last` set to `cl`; `None` for every other
+    /// The same batch norm, group norm or LRN with `channels_last` set to `cl`; `None` for every other
     /// op (they have no channels-last form).
     pub fn with_channels_last(&self, cl: bool) -> Option<NormOp> {
         let mut op = self.clone();
         match &mut op {
-            NormOp::BatchNorm { channels_last, .. } | NormOp::Lrn { channels_last, .. } => {
+            NormOp::BatchNorm { channels_last, .. }
+            | NormOp::GroupNorm { channels_last, .. }
+            | NormOp::Lrn { channels_last, .. } => {
                 *channels_last = cl;
                 Some(op)
             }
@@ -259,13 +258,7 @@ impl OpInfo for NormOp {
                         x.rank()
                     ));
                 }
-                let channel_axis = match self {
-                    NormOp::BatchNorm {
-                        channels_last: true,
-                        ..
-                    } => x.rank() - 1,
-                    _ => 1,
-                };
+                let channel_axis = if self.is_channels_last() { x.rank() - 1 } else { 1 };
                 for (p, what) in inputs[1..].iter().zip(names) {
                     expect_channel_param(p, what, x, channel_axis, syms)?;
                 }
@@ -273,7 +266,7 @@ impl OpInfo for NormOp {
                     if *num_groups == 0 {
                         return Err("num_groups must be positive".into());
                     }
-                    if let Dim::Fixed(c) = x.shape[1] {
+                    if let Dim::Fixed(c) = x.shape[channel_axis] {
                         if c % num_groups != 0 {
                             return Err(format!(
                                 "{c} channels do not divide into {num_groups} groups"

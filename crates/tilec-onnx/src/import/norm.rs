@@ -198,6 +198,7 @@ fn map_group_norm(cx: &mut NodeCx) -> Result<Vec<ValueId>, ImportError> {
         Op::Norm(NormOp::GroupNorm {
             num_groups: groups,
             epsilon: epsilon(cx)?,
+            channels_last: false,
         }),
         &[x, scale, bias],
     )

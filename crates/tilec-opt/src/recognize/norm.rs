@@ -393,6 +393,7 @@ pub fn group_norm(m: &mut Matcher, root: ValueId) -> Option<Build> {
         let op = NormOp::GroupNorm {
             num_groups: groups,
             epsilon: eps,
+            channels_last: false,
         };
         emit(g, &name, Op::Norm(op), &[x, s, b])
     }))

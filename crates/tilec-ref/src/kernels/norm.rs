@@ -90,17 +90,17 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
         NormOp::GroupNorm {
             num_groups,
             epsilon,
+            channels_last,
         } => {
-            let (_, c, _) = channels(x, false)?;
+            let (_, c, _) = channels(x, *channels_last)?;
             let s = channel_param(arg(1)?, c)?;
             let b = channel_param(arg(2)?, c)?;
-            Ok(vec![out(&group_norm(
-                x,
-                *num_groups,
-                &s,
-                &b,
-                *epsilon as f64,
-            )?)?])
+            let y = if *channels_last {
+                group_norm_last(x, *num_groups, &s, &b, *epsilon as f64)?
+            } else {
+                group_norm(x, *num_groups, &s, &b, *epsilon as f64)?
+            };
+            Ok(vec![out(&y)?])
         }
         NormOp::Lrn {
             size,
@@ -339,6 +339,46 @@ fn group_norm(
             for j in 0..block {
                 let ch = g * cpg + j / inner.max(1);
                 y[base + j] = (seg[j] - mean) * is * scale[ch] + bias[ch];
+            }
+        }
+    }
+    Ok(y)
+}
+
+/// [`group_norm`] over `[N, *S, C]`: a group's elements are its channels at every position.
+fn group_norm_last(x: &Tensor, groups: usize, scale: &[f64], bias: &[f64], eps: f64) -> Result<Vec<f64>, String> {
+    let (_, c, _) = channels(x, true)?;
+    let n = x.shape()[0];
+    let inner = x.numel() / (n * c).max(1);
+    if groups == 0 || c % groups != 0 {
+        return Err(format!("{c} channels do not divide into {groups} groups"));
+    }
+    let cpg = c / groups;
+    let v = x.to_f64_vec();
+    let mut y = vec![0.0f64; v.len()];
+    for b0 in 0..n {
+        for g in 0..groups {
+            let at = |s: usize, j: usize| (b0 * inner + s) * c + g * cpg + j;
+            let cnt = (inner * cpg) as f64;
+            let mut sum = 0.0;
+            for s in 0..inner {
+                for j in 0..cpg {
+                    sum += v[at(s, j)];
+                }
+            }
+            let mean = sum / cnt;
+            let mut var = 0.0;
+            for s in 0..inner {
+                for j in 0..cpg {
+                    var += (v[at(s, j)] - mean) * (v[at(s, j)] - mean);
+                }
+            }
+            let is = 1.0 / (var / cnt + eps).sqrt();
+            for s in 0..inner {
+                for j in 0..cpg {
+                    let ch = g * cpg + j;
+                    y[at(s, j)] = (v[at(s, j)] - mean) * is * scale[ch] + bias[ch];
+                }
             }
         }
     }

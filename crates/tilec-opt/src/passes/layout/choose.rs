@@ -138,7 +138,7 @@ fn role(op: &Op) -> Option<Role> {
         Op::Linalg(LinalgOp::Conv { .. }) => Role::Conv,
         Op::Linalg(LinalgOp::Pool { .. } | LinalgOp::GlobalPool { .. }) => Role::Pool,
         op if spatial_pool(op).is_some() => Role::Pool,
-        Op::Norm(NormOp::BatchNorm { .. } | NormOp::InstanceNorm { .. } | NormOp::Lrn { .. }) => {
+        Op::Norm(NormOp::BatchNorm { .. } | NormOp::InstanceNorm { .. } | NormOp::GroupNorm { .. } | NormOp::Lrn { .. }) => {
             Role::Norm
         }
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => {
@@ -208,6 +208,14 @@ fn eligible_node(g: &Graph, n: &tilec_ir::Node) -> bool {
             let r = perm.len();
             region_rank(r) && perm[0] == 0 && perm[r - 2] == r - 2 && perm[r - 1] == r - 1
         }
+        // Elementwise ops with broadcasting: an operand of lower rank (a per-channel scale
+        // `[C, 1, 1]` first, as PoolFormer's layer scale multiplies) is brought to the
+        // region's layout like any other.
+        Op::Binary(_) | Op::Where => {
+            ys.len() == 4
+                && n.inputs.iter().all(|&i| g.value(i).ty.rank() <= 4)
+                && n.inputs.iter().any(|&i| g.value(i).ty.shape == *ys)
+        }
         // Global pools work on floats only.
         op if spatial_pool(op).is_some() => xs.len() == 4 && ys.len() == 4 && g.value(x).ty.dtype.is_float(),
         op => role(op).is_some() && xs.len() == 4 && ys.len() == 4,
@@ -243,7 +251,10 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
     let rank4 = |v: ValueId| region_rank(g.value(v).ty.rank());
     // A node is eligible when it has a role and its first input and output are rank 4, or
     // it is a channel split/merge/permutation.
-    let eligible: Vec<bool> = g.nodes().iter().map(|n| eligible_node(g, n)).collect();
+    // A group norm joins a region on the CPU only (its channels-last form is not yet
+    // measured on a GPU, where it stays channels-first at the region's boundary).
+    let gpu_group_norm = |n: &tilec_ir::Node| target == TargetKind::Cuda && matches!(n.op, Op::Norm(NormOp::GroupNorm { .. }));
+    let eligible: Vec<bool> = g.nodes().iter().map(|n| eligible_node(g, n) && !gpu_group_norm(n)).collect();
     let mut parent: Vec<usize> = (0..nn).collect();
     for (ni, n) in g.nodes().iter().enumerate() {
         if !eligible[ni] {
@@ -526,7 +537,7 @@ impl Rewriter {
                 let kind = spatial_pool(op).unwrap_or(PoolKind::Avg { count_include_pad: false });
                 Some((Op::Linalg(LinalgOp::GlobalPool { kind, channels_last: true }), first(g, self)?))
             }
-            Op::Norm(nm @ (NormOp::BatchNorm { .. } | NormOp::Lrn { .. })) => {
+            Op::Norm(nm @ (NormOp::BatchNorm { .. } | NormOp::GroupNorm { .. } | NormOp::Lrn { .. })) => {
                 match nm.with_channels_last(true) {
                     Some(cl) => Some((Op::Norm(cl), first(g, self)?)),
                     None => None,

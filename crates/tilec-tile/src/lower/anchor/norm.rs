@@ -26,6 +26,10 @@ struct RowOp {
     /// `[n, g * Cg + c, *s]` with no division and the innermost loop runs along `x`'s
     /// contiguous spatial dimension.
     groups: Option<i64>,
+    /// A channels-last group norm: the view is `[N, G, *S, Cg]` of `x: [N, *S, C]`, read at
+    /// `[n, *s, g * Cg + c]` (the channels innermost), and per-channel parameters follow
+    /// `x`'s last axis.
+    channels_last: bool,
     stats: Vec<Stat>,
     /// The output element, in the compute dtype (rounded to `y`'s), or directly in `y`'s
     /// dtype when `exact`.
@@ -51,7 +55,7 @@ enum Stat {
 enum Param {
     /// Broadcast to `x` (numpy rules).
     Broadcast,
-    /// Per channel (dimension 1).
+    /// Per channel (dimension 1, or the last one of a channels-last op).
     Channel,
 }
 
@@ -138,6 +142,7 @@ fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
         shape: xs.clone(),
         row: Vec::new(),
         groups: None,
+        channels_last: false,
         stats: Vec::new(),
         map: Ex::X,
         exact: false,
@@ -191,12 +196,19 @@ fn describe(l: &Lowerer, n: NodeId, no: &NormOp) -> R<RowOp> {
                 NormOp::GroupNorm { num_groups, .. } => *num_groups as i64,
                 _ => xs[1],
             };
-            let c = xs[1];
+            op.channels_last = no.is_channels_last();
+            let c = if op.channels_last { xs[xs.len() - 1] } else { xs[1] };
             if groups == 0 || c % groups != 0 {
                 return l.unsupported(n, "channels do not divide into groups");
             }
             let cpg = c / groups;
-            if cpg == 1 && xs.len() > 2 {
+            if op.channels_last {
+                op.shape = vec![xs[0], groups];
+                op.shape.extend_from_slice(&xs[1..xs.len() - 1]);
+                op.shape.push(cpg);
+                op.row = (2..op.shape.len()).map(|d| (d, op.shape[d])).collect();
+                op.groups = Some(cpg);
+            } else if cpg == 1 && xs.len() > 2 {
                 // One channel per group: rows over the spatial dimensions of `x` itself.
                 op.row = tail_row(2);
             } else {
@@ -261,6 +273,14 @@ impl RowOp {
         let Some(cpg) = self.groups else {
             return vi.to_vec();
         };
+        if self.channels_last {
+            let last = vi.len() - 1;
+            let ch = bin(BinOp::Add, bin(BinOp::Mul, vi[1].clone(), Expr::Int(cpg)), vi[last].clone());
+            let mut v = vec![vi[0].clone()];
+            v.extend_from_slice(&vi[2..last]);
+            v.push(ch);
+            return v;
+        }
         let ch = bin(BinOp::Add, bin(BinOp::Mul, vi[1].clone(), Expr::Int(cpg)), vi[2].clone());
         let mut v = vec![vi[0].clone(), ch];
         v.extend_from_slice(&vi[3..]);
@@ -285,6 +305,7 @@ impl RowOp {
         };
         let idx = match how {
             Param::Broadcast => l.bcast_idx(v, xi),
+            Param::Channel if self.channels_last => vec![xi[xi.len() - 1].clone()],
             Param::Channel => vec![xi[1].clone()],
         };
         val(l, v, &idx)
