@@ -85,7 +85,7 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
             let (_, c, _) = channels(x, false)?;
             let s = channel_param(arg(1)?, c)?;
             let b = channel_param(arg(2)?, c)?;
-            Ok(vec![out(&group_norm(x, c, &s, &b, *epsilon as f64)?)?])
+            Ok(vec![out(&group_norm(x, c, &s, &b, *epsilon as f64, false)?)?])
         }
         NormOp::GroupNorm {
             num_groups,
@@ -95,12 +95,7 @@ pub fn eval(op: &NormOp, args: &[&Tensor], _cx: &EvalCtx) -> Result<Vec<Tensor>,
             let (_, c, _) = channels(x, *channels_last)?;
             let s = channel_param(arg(1)?, c)?;
             let b = channel_param(arg(2)?, c)?;
-            let y = if *channels_last {
-                group_norm_last(x, *num_groups, &s, &b, *epsilon as f64)?
-            } else {
-                group_norm(x, *num_groups, &s, &b, *epsilon as f64)?
-            };
-            Ok(vec![out(&y)?])
+            Ok(vec![out(&group_norm(x, *num_groups, &s, &b, *epsilon as f64, *channels_last)?)?])
         }
         NormOp::Lrn {
             size,
@@ -319,66 +314,36 @@ fn group_norm(
     scale: &[f64],
     bias: &[f64],
     eps: f64,
+    channels_last: bool,
 ) -> Result<Vec<f64>, String> {
-    let (n, c, inner) = channels(x, false)?;
-    if groups == 0 || c % groups != 0 {
-        return Err(format!("{c} channels do not divide into {groups} groups"));
-    }
-    let cpg = c / groups;
-    let block = cpg * inner;
-    let v = x.to_f64_vec();
-    let mut y = vec![0.0f64; v.len()];
-    for b0 in 0..n {
-        for g in 0..groups {
-            let base = (b0 * c + g * cpg) * inner;
-            let seg = &v[base..base + block];
-            let cnt = block as f64;
-            let mean = seg.iter().sum::<f64>() / cnt;
-            let var = seg.iter().map(|&a| (a - mean) * (a - mean)).sum::<f64>() / cnt;
-            let is = 1.0 / (var + eps).sqrt();
-            for j in 0..block {
-                let ch = g * cpg + j / inner.max(1);
-                y[base + j] = (seg[j] - mean) * is * scale[ch] + bias[ch];
-            }
-        }
-    }
-    Ok(y)
-}
-
-/// [`group_norm`] over `[N, *S, C]`: a group's elements are its channels at every position.
-fn group_norm_last(x: &Tensor, groups: usize, scale: &[f64], bias: &[f64], eps: f64) -> Result<Vec<f64>, String> {
-    let (_, c, _) = channels(x, true)?;
+    let (_, c, _) = channels(x, channels_last)?;
     let n = x.shape()[0];
     let inner = x.numel() / (n * c).max(1);
     if groups == 0 || c % groups != 0 {
         return Err(format!("{c} channels do not divide into {groups} groups"));
     }
     let cpg = c / groups;
+    // The offset of channel `j` of group `g` at spatial position `s` of batch `b`.
+    let at = |b: usize, g: usize, s: usize, j: usize| {
+        let ch = g * cpg + j;
+        if channels_last {
+            (b * inner + s) * c + ch
+        } else {
+            (b * c + ch) * inner + s
+        }
+    };
     let v = x.to_f64_vec();
     let mut y = vec![0.0f64; v.len()];
-    for b0 in 0..n {
+    let cnt = (cpg * inner) as f64;
+    for b in 0..n {
         for g in 0..groups {
-            let at = |s: usize, j: usize| (b0 * inner + s) * c + g * cpg + j;
-            let cnt = (inner * cpg) as f64;
-            let mut sum = 0.0;
-            for s in 0..inner {
-                for j in 0..cpg {
-                    sum += v[at(s, j)];
-                }
-            }
-            let mean = sum / cnt;
-            let mut var = 0.0;
-            for s in 0..inner {
-                for j in 0..cpg {
-                    var += (v[at(s, j)] - mean) * (v[at(s, j)] - mean);
-                }
-            }
-            let is = 1.0 / (var / cnt + eps).sqrt();
-            for s in 0..inner {
-                for j in 0..cpg {
-                    let ch = g * cpg + j;
-                    y[at(s, j)] = (v[at(s, j)] - mean) * is * scale[ch] + bias[ch];
-                }
+            let elems = || (0..cpg).flat_map(move |j| (0..inner).map(move |s| (j, at(b, g, s, j))));
+            let mean = elems().map(|(_, i)| v[i]).sum::<f64>() / cnt;
+            let var = elems().map(|(_, i)| (v[i] - mean) * (v[i] - mean)).sum::<f64>() / cnt;
+            let is = 1.0 / (var + eps).sqrt();
+            for (j, i) in elems() {
+                let ch = g * cpg + j;
+                y[i] = (v[i] - mean) * is * scale[ch] + bias[ch];
             }
         }
     }
@@ -468,7 +433,7 @@ mod tests {
     #[test]
     fn group_norm_with_one_channel_per_group_is_instance_norm() {
         let x = Tensor::from_vec(vec![1, 2, 3], vec![1.0f32, 2.0, 3.0, 10.0, 10.0, 16.0]).unwrap();
-        let y = group_norm(&x, 2, &[1.0, 2.0], &[0.0, 1.0], 0.0).unwrap();
+        let y = group_norm(&x, 2, &[1.0, 2.0], &[0.0, 1.0], 0.0, false).unwrap();
         let s = (2.0f64 / 3.0).sqrt();
         let want = [-1.0 / s, 0.0, 1.0 / s];
         for j in 0..3 {
