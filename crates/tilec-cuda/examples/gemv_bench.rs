@@ -14,7 +14,7 @@
 //!   together exceed the L2: weights from memory and one stream's launch gaps, as in a
 //!   decode step, rather than one launch between events with B in the L2.
 //!
-//! `GEMV_PARAMS=warps_n,warps_k,cols,unroll,split_k[,prefetch[,min_blocks[,stages[,tiled[,a_ahead]]]]]` replaces
+//! `GEMV_PARAMS=warps_n,warps_k,cols,unroll,split_k[,prefetch[,min_blocks[,stages[,tiled[,a_ahead[,early]]]]]]` replaces
 //! the heuristic's parameters (for sweeps; split_k 0: the heuristic's split for the others). Prints one JSON object per line, then a summary.
 
 use serde_json::json;
@@ -89,6 +89,14 @@ fn check_cases() -> Vec<Case> {
     v.push(case("ahead_16x520x1000", DType::BF16, 16, 520, 1000, 1, C, Some(Params { split_k: 3, ..ah })));
     v.push(case("ahead_tiled_5x203x1000", DType::F16, 5, 203, 1000, 1, R, Some(Params { tiled: true, unroll: 4, ..ah })));
     v.push(case("ahead_ragged_9x100x33", DType::BF16, 9, 100, 33, 1, C, Some(ah)));
+    // Weights requested before the wait for the previous kernel: tiled and row-major
+    // repacked, ragged, split, A ahead or not, steps fewer than the early ones.
+    let ea = Params { tiled: true, a_ahead: true, unroll: 4, early: 3, ..d };
+    v.push(case("early_tiled_16x203x1000", DType::BF16, 16, 203, 1000, 1, C, Some(ea)));
+    v.push(case("early_tiled_split_1x2560x2048", DType::BF16, 1, 2560, 2048, 1, C, Some(Params { warps_n: 2, warps_k: 4, cols: 1, split_k: 2, ..ea })));
+    v.push(case("early_rr_9x100x33", DType::F16, 9, 100, 33, 1, R, Some(Params { tiled: false, a_ahead: false, early: 2, ..ea })));
+    v.push(case("early_rr_split_5x1000x2052", DType::BF16, 5, 1000, 2052, 1, R, Some(Params { tiled: false, split_k: 3, early: 8, ..ea })));
+    v.push(case("early_tiled_batched_4x300x520_rr", DType::BF16, 4, 300, 520, 3, R, Some(Params { early: 1, ..ea })));
     v.push(case("tiled_batched_shared_4x300x520_rr", DType::BF16, 4, 300, 520, 3, R, Some(Params { split_k: 2, ..tl })));
     v.push(case("staged_ragged_8x13x7", DType::BF16, 8, 13, 7, 1, C, Some(st)));
     v.push(case("staged_batched_3x72x1000", DType::F16, 3, 72, 1000, 5, C, Some(Params { split_k: 4, ..st })));
@@ -193,7 +201,10 @@ fn params_of(c: &Case, p: &Problem, sms: usize) -> Params {
             Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled: tiled != 0, ..d }
         }
         [warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled, a_ahead] => {
-            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled: tiled != 0, a_ahead: a_ahead != 0 }
+            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled: tiled != 0, a_ahead: a_ahead != 0, ..d }
+        }
+        [warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled, a_ahead, early] => {
+            Params { warps_n, warps_k, cols, unroll, split_k, prefetch, min_blocks, stages, tiled: tiled != 0, a_ahead: a_ahead != 0, early }
         }
         _ => return d,
     };
@@ -297,7 +308,7 @@ fn run_case(dev: &Device, comp: &Compiler, stream: &Stream, c: &Case, iters: usi
         "label": c.label, "kernel": name,
         "m": c.m, "n": c.n, "k": c.k, "batch": c.batch, "dtype": c.dtype.name(), "out": c.out.name(),
         "b": if c.b == C { "col" } else { "row (repacked)" },
-        "params": format!("w{}x{} c{} u{} s{} p{} mb{} st{} t{} a{}", q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks, q.stages, q.tiled as u8, q.a_ahead as u8),
+        "params": format!("w{}x{} c{} u{} s{} p{} mb{} st{} t{} a{} e{}", q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks, q.stages, q.tiled as u8, q.a_ahead as u8, q.early),
         "ok": ok, "max_err": max_err, "nan": nans, "checked": points.len(),
         "regs": f.num_regs().unwrap_or(0), "local_bytes": f.local_bytes().unwrap_or(0),
         "occupancy": f.max_active_blocks_per_sm(cfg.block.0, cfg.shared_mem_bytes).unwrap_or(0),

@@ -11,7 +11,8 @@
 //! Every module the [`crate::Compiler`] builds gets the wait and the trigger as the first
 //! statement of each `extern "C" __global__` function ([`inject`]; the cache key covers the
 //! injected source), so a kernel never reads or writes before its predecessor has finished,
-//! whatever it does. Launches ask for the overlap ([`crate::driver::Function::launch_raw`])
+//! whatever it does. A kernel whose body opens with [`OWN`] calls `tl_pdl_enter()` itself,
+//! later: the GEMV family requests its first constant weights before it (`crate::gemv`). Launches ask for the overlap ([`crate::driver::Function::launch_raw`])
 //! on such devices unless `TILEC_CUDA_PDL=off`. Without the launch attribute, or before
 //! compute capability 9.0, both instructions do nothing.
 
@@ -32,6 +33,9 @@ __device__ __forceinline__ void tl_pdl_enter() {
 "#;
 
 const CALL: &str = " tl_pdl_enter();";
+/// Opens the body of a kernel that calls `tl_pdl_enter()` itself, after work that touches
+/// nothing an earlier kernel of the stream writes.
+pub const OWN: &str = "/* tl_pdl: own */";
 const KERNEL: &str = "extern \"C\" __global__";
 
 /// The source with the definition at its top and a call as the first statement of every
@@ -50,7 +54,9 @@ pub fn inject(source: &str) -> Cow<'_, str> {
         let Some(j) = rest[i..].find('{') else { break };
         let body = i + j + 1;
         out.push_str(&rest[..body]);
-        out.push_str(CALL);
+        if !rest[body..].trim_start().starts_with(OWN) {
+            out.push_str(CALL);
+        }
         rest = &rest[body..];
     }
     out.push_str(rest);
@@ -77,6 +83,11 @@ mod tests {
         // The helper before the kernels is left alone; a second pass changes nothing.
         assert!(out.contains("__device__ void f() { }"));
         assert_eq!(inject(&out), out);
+        // A kernel that waits where it says is left alone.
+        let own = format!("extern \"C\" __global__ void c(int* p) {{\n  {OWN}\n  int x = 1;\n  tl_pdl_enter();\n  p[0] = x;\n}}\n");
+        let out = inject(&own);
+        assert!(out.starts_with(DEFINITION));
+        assert_eq!(out.matches("tl_pdl_enter();").count(), 1, "{out}");
         // No kernel: nothing to do.
         assert!(matches!(inject("__device__ void g() {}"), Cow::Borrowed(_)));
     }

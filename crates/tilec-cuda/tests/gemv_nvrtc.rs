@@ -53,6 +53,12 @@ fn cases() -> Vec<(Problem, Params)> {
             if batch == 1 {
                 v.push((p.clone(), Params { tiled: true, ..h }));
                 v.push((p.clone(), Params { tiled: true, a_ahead: true, ..h }));
+                // Weights requested before the wait for the previous kernel.
+                v.push((p.clone(), Params { tiled: true, a_ahead: true, unroll: 4, early: 3, ..h }));
+                v.push((p.clone(), Params { tiled: true, early: 1, ..h }));
+            }
+            if b == Layout::RowMajor {
+                v.push((p.clone(), Params { early: 4, ..h }));
             }
             for st in [Params { stages: 3, ..d }, Params { stages: 3, unroll: 4, cols: 2, ..d }, Params { stages: 2, warps_k: 4, warps_n: 2, ..d }] {
                 let q = Params { split_k: gemv::split_for(&p, &st, 132), ..st };

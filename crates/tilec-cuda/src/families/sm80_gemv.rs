@@ -74,10 +74,10 @@ fn plan(problem: Problem, params: Params, a: OperandRef, b: OperandRef) -> Famil
 pub struct Sm80Gemv;
 pub static SM80_GEMV: Sm80Gemv = Sm80Gemv;
 
-const NAMES: [&str; 10] = ["warps_n", "warps_k", "cols", "unroll", "split_k", "prefetch", "min_blocks", "stages", "tiled", "a_ahead"];
+const NAMES: [&str; 11] = ["warps_n", "warps_k", "cols", "unroll", "split_k", "prefetch", "min_blocks", "stages", "tiled", "a_ahead", "early"];
 
 fn to_params(q: &Params) -> FParams {
-    let v = [q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks, q.stages, q.tiled as usize, q.a_ahead as usize];
+    let v = [q.warps_n, q.warps_k, q.cols, q.unroll, q.split_k, q.prefetch, q.min_blocks, q.stages, q.tiled as usize, q.a_ahead as usize, q.early];
     FParams(NAMES.iter().copied().zip(v.map(|x| x as i64)).collect())
 }
 
@@ -94,6 +94,7 @@ fn with_params(q: Params, p: &FParams) -> Params {
         stages: get("stages", q.stages),
         tiled: get("tiled", q.tiled as usize) != 0,
         a_ahead: get("a_ahead", q.a_ahead as usize) != 0,
+        early: get("early", q.early),
     }
 }
 
@@ -134,6 +135,7 @@ impl Family for Sm80Gemv {
                 ("stages", vec![0, 3, 4, 6]),
                 ("tiled", vec![0, 1]),
                 ("a_ahead", vec![0, 1]),
+                ("early", vec![0, 1, 2, 4]),
             ],
         }
     }

@@ -64,11 +64,18 @@ pub struct Params {
     /// The register loop loads A's rows with the step's weights, one step ahead of the
     /// multiplies (else at the multiply, where a warp waits for them).
     pub a_ahead: bool,
+    /// Steps of a warp's weights requested before the kernel waits for the previous kernel of
+    /// the stream ([`crate::pdl`]): 0, none (the wait comes first, as in every kernel); 1, the
+    /// first step into registers; `n > 1`, also steps 1 to `n - 1` into the L2. The weights are
+    /// constants repacked at bind, which no kernel writes, so they may be read while the
+    /// previous kernel still runs: its tail and the launch gap overlap this kernel's weight
+    /// stream. A and everything else come after the wait.
+    pub early: usize,
 }
 
 impl Default for Params {
     fn default() -> Params {
-        Params { warps_n: 4, warps_k: 2, cols: 2, unroll: 2, split_k: 1, prefetch: 0, min_blocks: 0, stages: 0, tiled: false, a_ahead: false }
+        Params { warps_n: 4, warps_k: 2, cols: 2, unroll: 2, split_k: 1, prefetch: 0, min_blocks: 0, stages: 0, tiled: false, a_ahead: false, early: 0 }
     }
 }
 
@@ -116,6 +123,9 @@ impl Params {
         }
         if self.a_ahead && self.stages >= 2 {
             return Err("A loaded ahead with shared-memory stages (that is for the register loop)".into());
+        }
+        if self.early > 16 || (self.early > 0 && self.stages >= 2) {
+            return Err(format!("early {} (0 to 16 steps, with the register loop only)", self.early));
         }
         if self.tiled && self.stages >= 2 {
             return Err("tiled weights with shared-memory stages (the tiled layout is for the register loop)".into());
@@ -258,6 +268,9 @@ pub fn applies(p: &Problem, q: &Params, cc: (u32, u32)) -> Result<(), String> {
                 return Err(format!("{name}: batch stride {s} is not a multiple of 8 elements"));
             }
         }
+    }
+    if q.early > 0 && !repacked(p, q) {
+        return Err("weights read before the previous kernel ends must be repacked at bind (a constant no kernel writes)".into());
     }
     if q.split_k > chunks(p) {
         return Err(format!("split_k {} exceeds the {} chunks of 32 K", q.split_k, chunks(p)));

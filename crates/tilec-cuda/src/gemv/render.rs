@@ -25,7 +25,7 @@ use crate::render::{PRELUDE, source_hash as fnv, short16 as short, param_name};
 pub fn kernel_name(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef) -> String {
     let body = render_body(p, q, a, b, "tl_gemv");
     format!(
-        "tl_gemv_{}_{}_w{}x{}_c{}_u{}_s{}{}_{:012x}",
+        "tl_gemv_{}_{}_w{}x{}_c{}_u{}_s{}{}{}_{:012x}",
         short(p.in_dtype),
         if q.tiled { "rt" } else if repacked(p, q) { "rr" } else { "rc" },
         q.warps_n,
@@ -34,6 +34,7 @@ pub fn kernel_name(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef) -> S
         q.unroll,
         q.split_k,
         if q.stages >= 2 { format!("_st{}", q.stages) } else { String::new() },
+        if q.early > 0 { format!("_e{}", q.early) } else { String::new() },
         fnv(&body) & 0xffff_ffff_ffff
     )
 }
@@ -97,22 +98,60 @@ fn b_chunk_stride(q: &Params) -> usize {
     }
 }
 
+/// Which of a step's loads [`load_step`] issues.
+#[derive(Copy, Clone, PartialEq)]
+enum Loads {
+    /// Weights, and A's rows with `a_ahead`.
+    All,
+    /// Weights only (before the wait for the previous kernel, [`Params::early`]).
+    Weights,
+    /// A's rows only (after that wait).
+    A,
+}
+
 /// The loads of one step's weights into `buf` (`[unroll][cols]` vectors) from chunk `c0` on,
-/// and with `a_ahead` A's rows into `abuf` (`[unroll][1 or 2]`).
-fn load_step(p: &Problem, q: &Params, buf: &str, abuf: &str, c0: &str, pad: &str) -> String {
-    let mut s = format!(
-        "{pad}#pragma unroll\n{pad}for (int u = 0; u < {u}; ++u) {{\n{pad}#pragma unroll\n{pad}  for (int j = 0; j < {g}; ++j) {buf}[u][j] = tl_gv_ldb(bc[j] + ({c0} + u) * {bs});\n",
-        bs = b_chunk_stride(q),
-        u = q.unroll,
-        g = q.cols,
-    );
-    if q.a_ahead {
+/// and with `a_ahead` A's rows into `abuf` (`[unroll][1 or 2]`); `what` picks the part.
+fn load_step(p: &Problem, q: &Params, buf: &str, abuf: &str, c0: &str, pad: &str, what: Loads) -> String {
+    let mut s = format!("{pad}#pragma unroll\n{pad}for (int u = 0; u < {u}; ++u) {{\n", u = q.unroll);
+    if what != Loads::A {
+        let _ = writeln!(s, "{pad}#pragma unroll\n{pad}  for (int j = 0; j < {g}; ++j) {buf}[u][j] = tl_gv_ldb(bc[j] + ({c0} + u) * {bs});", bs = b_chunk_stride(q), g = q.cols);
+    }
+    if q.a_ahead && what != Loads::Weights {
         let _ = writeln!(s, "{pad}  {abuf}[u][0] = tl_gv_lda(a0 + ({c0} + u) * {CHUNK});");
         if p.m > 8 {
             let _ = writeln!(s, "{pad}  {abuf}[u][1] = tl_gv_lda(a1 + ({c0} + u) * {CHUNK});");
         }
     }
     s + &format!("{pad}}}\n")
+}
+
+/// The start of the register loop's pipeline: the first step's loads (`load0`), and with
+/// [`Params::early`] its weights and the L2 requests of the next `early - 1` steps before the
+/// wait for the previous kernel, A after it.
+fn first_step(p: &Problem, q: &Params) -> String {
+    let load = |what| load_step(p, q, "cur", "acur", "c_lo", "    ", what);
+    if q.early == 0 {
+        return format!("  if (steps > 0) {{\n{}  }}\n", load(Loads::All));
+    }
+    // One request per 128-byte line: a tiled group's chunk is 512 contiguous bytes over the
+    // warp's lanes (lanes 0, 8, 16, 24 start lines); a repacked row's 64 bytes start at t = 0.
+    let (who, stride) = if q.tiled { ("(lane & 7) == 0", 8 * CHUNK) } else { ("t == 0", CHUNK) };
+    let mut s = format!("  if (steps > 0) {{\n{}  }}\n", load(Loads::Weights));
+    if q.early > 1 {
+        let _ = write!(
+            s,
+            "  // Steps 1 to {e1} of this warp's weights requested into the L2.\n  if ({who}) {{\n    const int c_end = c_lo + min(steps, {early}) * {u};\n    for (int c = c_lo + {u}; c < c_end; ++c)\n#pragma unroll\n      for (int j = 0; j < {g}; ++j) asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(bc[j] + c * {stride}));\n  }}\n",
+            e1 = q.early - 1,
+            early = q.early,
+            u = q.unroll,
+            g = q.cols,
+        );
+    }
+    s.push_str("  // What earlier kernels wrote is read from here on.\n  tl_pdl_enter();\n");
+    if q.a_ahead {
+        let _ = write!(s, "  if (steps > 0) {{\n{}  }}\n", load(Loads::A));
+    }
+    s
 }
 
 /// The multiplies of chunk `c` with weights `w` (`cols` vectors) and A's rows: loaded there,
@@ -195,9 +234,7 @@ fn register_mainloop(p: &Problem, q: &Params, ldb: usize) -> String {
   const int nfull = max(0, min(c_hi, {nfull}) - c_lo);
   const int steps = nfull / {u};
   uint4 cur[{u}][{cols}], nxt[{u}][{cols}];
-{a_bufs}  if (steps > 0) {{
-{load0}  }}
-  for (int s = 0; s < steps; s += 2) {{
+{a_bufs}{first}  for (int s = 0; s < steps; s += 2) {{
     const int kc = c_lo + s * {u};
     if (s + 1 < steps) {{
 {load1}    }}
@@ -223,9 +260,9 @@ fn register_mainloop(p: &Problem, q: &Params, ldb: usize) -> String {
         nfull = p.k / CHUNK,
         lda = p.lda(),
         cols = q.cols,
-        load0 = load_step(p, q, "cur", "acur", "c_lo", "    "),
-        load1 = load_step(p, q, "nxt", "anxt", &format!("kc + {u}"), "      "),
-        load2 = load_step(p, q, "cur", "acur", &format!("kc + {}", 2 * u), "      "),
+        first = first_step(p, q),
+        load1 = load_step(p, q, "nxt", "anxt", &format!("kc + {u}"), "      ", Loads::All),
+        load2 = load_step(p, q, "cur", "acur", &format!("kc + {}", 2 * u), "      ", Loads::All),
         mma_cur = chunk_mma(p, q, "cur[u]", q.a_ahead.then_some("acur[u]"), "kc + u", false, "    "),
         mma_nxt = chunk_mma(p, q, "nxt[u]", q.a_ahead.then_some("anxt[u]"), &format!("kc + {u} + u"), false, "    "),
         mma_tail = chunk_mma(p, q, "w", None, "kc", true, "    "),
@@ -287,7 +324,7 @@ fn render_body(p: &Problem, q: &Params, a: &OperandRef, b: &OperandRef, name: &s
     let _ = write!(
         s,
         r#"
-extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
+extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{{own}
   extern __shared__ __align__(16) float tl_red[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % {wn}, wk = warp / {wn};
@@ -313,6 +350,7 @@ extern "C" __global__ void __launch_bounds__({t}{minb}) {name}({params}) {{
   __syncthreads();
 "#,
         params = params.join(",\n    "),
+        own = if q.early > 0 { format!("\n  {}", crate::pdl::OWN) } else { String::new() },
         wn = q.warps_n,
         a_name = pname(a),
         a_off = a.offset_bytes,
@@ -435,6 +473,37 @@ mod tests {
         assert_ne!(name, kernel_name(&p, &q, &moved, &RB));
         assert_ne!(name, kernel_name(&p, &Params { unroll: 4, ..q }, &RA, &RB));
         assert!(name.starts_with("tl_gemv_bf16_rc_w4x2_c2_u2_s1_"), "{name}");
+    }
+
+    #[test]
+    fn early_weights_come_before_the_wait() {
+        let p = problem(5, 2560, 2048, Layout::ColMajor);
+        let q = Params { warps_n: 2, warps_k: 4, cols: 1, unroll: 4, tiled: true, a_ahead: true, early: 3, ..Params::default() };
+        let src = render(&p, &q, &RA, &RB);
+        let body = &src[src.find("extern \"C\" __global__").unwrap()..];
+        let at = |x: &str| body.find(x).unwrap_or_else(|| panic!("{x} missing:\n{body}"));
+        // The kernel waits itself (the compiler adds no wait at its top), after the first
+        // step's weights and the L2 requests of steps 1 and 2, before any A load.
+        assert!(body.contains(crate::pdl::OWN));
+        assert_eq!(body.matches("tl_pdl_enter();").count(), 1);
+        let wait = at("tl_pdl_enter();");
+        assert!(at("cur[u][j] = tl_gv_ldb(bc[j] + (c_lo + u) * 256);") < wait);
+        assert!(at("prefetch.global.L2") < wait);
+        assert!(body.contains("min(steps, 3) * 4"), "{body}");
+        assert!(at("acur[u][0] = tl_gv_lda(") > wait);
+        assert!(body.find("tl_gv_lda(").unwrap() > wait);
+        // The compiler adds its wait to the repacking kernel only.
+        let injected = crate::pdl::inject(&src);
+        let main = &injected[injected.find(crate::pdl::OWN).unwrap()..injected.find("_repack(").unwrap()];
+        assert_eq!(main.matches("tl_pdl_enter();").count(), 1);
+        assert_eq!(injected.matches("tl_pdl_enter();").count(), 2);
+        assert!(kernel_name(&p, &q, &RA, &RB).contains("_e3_"));
+        // Without it the compiler's wait opens the kernel and nothing is requested early.
+        let plain = render(&p, &Params { early: 0, ..q }, &RA, &RB);
+        assert!(!plain.contains(crate::pdl::OWN) && !plain.contains("prefetch.global.L2") && !plain.contains("tl_pdl_enter"));
+        // Weights that are not repacked at bind may be written by an earlier kernel.
+        assert!(crate::gemv::applies(&p, &Params { tiled: false, ..q }, (9, 0)).is_err());
+        assert!(crate::gemv::applies(&p, &q, (9, 0)).is_ok());
     }
 
     #[test]
