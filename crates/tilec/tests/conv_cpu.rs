@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use tilec::compiled::{compile, CompileOptions};
 use tilec_ir::op::{BinaryOp, LayoutOp, LinalgOp, NormOp, Padding, UnaryOp, Window};
-use tilec_ir::{DType, Graph, Op, Tensor, TensorType, ValueId};
+use tilec_ir::{DType, Dim, Graph, Op, Tensor, TensorType, ValueId};
 
 fn random(shape: &[usize], rng: &mut impl Rng, scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
@@ -219,4 +219,24 @@ fn direct_convs_channels_last() {
         &[conv(32, 1, 1, 0), conv(64, 3, 2, 1), conv(64, 3, 1, 1), conv(48, 5, 1, 2), conv(32, 1, 1, 0)],
         0,
     );
+}
+
+/// A super-resolution head: 3×3 convs (Winograd), the second's output through a pixel shuffle
+/// (reshape, transpose, reshape, as exporters write it) into the model's output. The shuffle
+/// runs in the Winograd kernel's epilogue, once per pixel of a tile: each pixel must not read
+/// the others' outputs from the conv's buffer before they are stored there.
+#[test]
+fn winograd_into_a_pixel_shuffle() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    let mut g = Graph::new("shuffle");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 32, 16, 16]));
+    let h = conv_node(&mut g, x, 32, 32, 3, 0, &mut rng);
+    let h = g.add(Op::Unary(UnaryOp::Relu), &[h]).unwrap();
+    let y = conv_node(&mut g, h, 32, 128, 3, 1, &mut rng);
+    let y = g.add(Op::Layout(LayoutOp::Reshape { shape: [1, 32, 2, 2, 16, 16].map(Dim::Fixed).to_vec() }), &[y]).unwrap();
+    let y = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 1, 4, 2, 5, 3] }), &[y]).unwrap();
+    let y = g.add(Op::Layout(LayoutOp::Reshape { shape: [1, 32, 32, 32].map(Dim::Fixed).to_vec() }), &[y]).unwrap();
+    g.set_outputs(vec![y]);
+    let inputs = vec![random(&[1, 32, 16, 16], &mut rng, 1.0)];
+    check_graph("shuffle", g, inputs, 2);
 }

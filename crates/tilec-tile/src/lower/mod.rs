@@ -653,6 +653,12 @@ impl<'g> Lowerer<'g> {
             if let Some((_, _, e)) = self.prog.bound.iter().rev().find(|(bv, bi, _)| *bv == v && *bi == key) {
                 return Ok(e.clone());
             }
+            // `v` is being produced right here (an epilogue that runs at several places, a
+            // Winograd tile's pixels): its buffer holds only what earlier places stored, so
+            // its other elements are read after the anchor, not from that buffer now.
+            if self.bufs.mat.contains_key(&v) {
+                return Err(Fail::NeedMat(v));
+            }
         }
         if let Some(&b) = self.bufs.mat.get(&v) {
             return Ok(Expr::Load(b, idx));
