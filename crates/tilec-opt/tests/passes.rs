@@ -143,6 +143,39 @@ fn fold_constants_evaluates_constant_chains() {
     assert_same(&orig, &g, 2);
 }
 
+/// A sinusoidal position table built from constants (as Funnel's relative attention exports
+/// it: `sin` and `cos` of a 300 x 256 table, concatenated, gathered, multiplied by a weight
+/// read nowhere else) folds whole though each step exceeds the small-fold limit: none of it
+/// grows the model. A transpose of a large weight that is read elsewhere too stays an op
+/// (folding it would duplicate the weight).
+#[test]
+fn fold_constants_folds_input_independent_tables() {
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[64, 64]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut rnd = |shape: &[usize]| -> Vec<f64> { (0..shape.iter().product::<usize>()).map(|_| rng.gen_range(-3.0..3.0)).collect() };
+    let pos = f32c(&mut g, &[300, 256], &rnd(&[300, 256]));
+    let s = g.add(Op::Unary(UnaryOp::Sin), &[pos]).unwrap();
+    let c = g.add(Op::Unary(UnaryOp::Cos), &[pos]).unwrap();
+    let cat = g.add(Op::Layout(LayoutOp::Concat { axis: 1 }), &[s, c]).unwrap();
+    let idx: Vec<f64> = (0..256 * 512).map(|i| ((i * 7) % 300) as f64).collect();
+    let idx = g.add_const("idx", Tensor::from_f64s(DType::I64, vec![256, 512], &idx).unwrap());
+    let table = g.add(Op::Index(IndexOp::GatherElements { axis: 0 }), &[cat, idx]).unwrap();
+    let w = f32c(&mut g, &[512, 64], &rnd(&[512, 64]));
+    let proj = g.add(Op::Linalg(LinalgOp::MatMul), &[table, w]).unwrap();
+    let y = g.add(Op::Linalg(LinalgOp::MatMul), &[proj, x]).unwrap();
+    // A weight read twice: as is, and transposed.
+    let big = f32c(&mut g, &[64, 1200], &rnd(&[64, 1200]));
+    let bt = g.add(Op::Layout(LayoutOp::Transpose { perm: vec![1, 0] }), &[big]).unwrap();
+    let z = g.add(Op::Linalg(LinalgOp::MatMul), &[x, big]).unwrap();
+    let zt = g.add(Op::Linalg(LinalgOp::MatMul), &[bt, x]).unwrap();
+    g.set_outputs(vec![y, z, zt]);
+    let orig = g.clone();
+    assert!(run_pass(&FoldConstants::default(), &mut g));
+    assert_eq!(ops(&g), ["matmul", "transpose", "matmul", "matmul"], "{:?}", ops(&g));
+    assert_same(&orig, &g, 4);
+}
+
 #[test]
 fn fold_constants_does_not_materialize_large_splats() {
     let mut g = Graph::new("t");
@@ -718,6 +751,11 @@ fn einsum_products_become_matmuls() {
         (vec![vec![0, 1, 2, 3, 5], vec![0, 1, 2, 5, 4]], vec![0, 1, 2, 3, 4], vec![vec![1, 3, 2, 5, 6], vec![1, 3, 2, 6, 4]], true),
         (vec![vec![0, 1], vec![1, 2]], vec![2, 0], vec![vec![3, 5], vec![5, 4]], true),
         (vec![vec![0, 1, 2], vec![0, 2, 3]], vec![0, 3, 1], vec![vec![1, 3, 5], vec![4, 5, 2]], true),
+        // Groups of labels flattened: a 3-D weight (Funnel: ij,jkl->ikl), two contracted
+        // labels, two batch labels with two M labels and N in the middle of the output.
+        (vec![vec![0, 1], vec![1, 2, 3]], vec![0, 2, 3], vec![vec![7, 6], vec![6, 3, 4]], true),
+        (vec![vec![0, 1, 2], vec![1, 2, 3]], vec![0, 3], vec![vec![5, 3, 4], vec![3, 4, 6]], true),
+        (vec![vec![0, 1, 2, 3, 4], vec![0, 1, 4, 5]], vec![1, 2, 5, 0, 3], vec![vec![2, 3, 4, 5, 6], vec![2, 3, 6, 7]], true),
         (vec![vec![0, 0]], vec![], vec![vec![4, 4]], false),
         (vec![vec![0], vec![1]], vec![0, 1], vec![vec![3], vec![4]], false),
     ];
