@@ -4,7 +4,8 @@
 //! fully masked rows) and a boolean padding mask, query and key lengths that are not a
 //! multiple of the blocks, cross attention (queries and keys of different lengths, causal
 //! too), grouped-query heads, 3-D `[batch, seq, heads · dim]` inputs with a value dimension
-//! other than the key's, an explicit scale, and a NaN query row under `zero_nan_rows`. Every
+//! other than the key's, an explicit scale, a NaN query row under `zero_nan_rows`, softcapping
+//! and sliding windows (there for `cpu.attention_gemm` too). Every
 //! case forces the family and asserts that it built the attention. A long sequence must take
 //! the family by default and keep its scratch linear in the sequence.
 
@@ -44,10 +45,13 @@ struct Case {
     scale: Option<f32>,
     /// Query row 5 of the first batch and head is NaN, and the op zeros NaN rows.
     nan_row: bool,
+    /// Softcapping (0: none) and the sliding window (left, right; negative: unbounded).
+    softcap: f32,
+    window: (i64, i64),
 }
 
 fn case(sq: usize, skv: usize) -> Case {
-    Case { batch: 1, hq: 2, hkv: 2, sq, skv, dh: 64, dv: 64, rank3: false, causal: false, mask: Mask::None, scale: None, nan_row: false }
+    Case { batch: 1, hq: 2, hkv: 2, sq, skv, dh: 64, dv: 64, rank3: false, causal: false, mask: Mask::None, scale: None, nan_row: false, softcap: 0.0, window: (-1, -1) }
 }
 
 fn random(shape: &[usize], rng: &mut impl Rng, lo: f32, hi: f32) -> Vec<f32> {
@@ -115,11 +119,11 @@ fn graph(t: &Case, rng: &mut impl Rng) -> (Graph, Vec<Tensor>) {
         kv_num_heads: if t.rank3 { t.hkv } else { 0 },
         scale: t.scale,
         is_causal: t.causal,
-        softcap: 0.0,
+        softcap: t.softcap,
         qk_matmul_output_mode: 0,
         softmax_precision: None,
-        left_window: -1,
-        right_window: -1,
+        left_window: t.window.0,
+        right_window: t.window.1,
         has_mask: t.mask != Mask::None,
         has_past: false,
         has_nonpad: false,
@@ -135,15 +139,19 @@ fn cache() -> std::path::PathBuf {
 }
 
 fn check(name: &str, t: Case) {
+    check_family(name, t, FAMILY)
+}
+
+fn check_family(name: &str, t: Case, family: &str) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(name.bytes().map(u64::from).sum::<u64>() * 7919);
     let (g, inputs) = graph(&t, &mut rng);
     // Forced: whether the family is the default at these lengths is the registry's choice.
-    let families = vec![("attention".to_string(), FAMILY.to_string())];
+    let families = vec![("attention".to_string(), family.to_string())];
     let opts = CompileOptions { cache_dir: Some(cache()), families, ..Default::default() };
     let mut c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(c.report.fallbacks.is_empty(), "{name}: fallbacks {:?}", c.report.fallbacks);
-    let flash = c.report.decisions.iter().filter(|(_, d)| d.family == FAMILY).count();
-    assert_eq!(flash, 1, "{name}: {FAMILY} kernels in {:?}", c.report.decisions);
+    let built = c.report.decisions.iter().filter(|(_, d)| d.family == family).count();
+    assert_eq!(built, 1, "{name}: {family} kernels in {:?}", c.report.decisions);
     let names: Vec<String> = g.inputs().iter().map(|&v| g.value(v).name.clone()).collect();
     let want = tilec_ref::run_named(&g, names.into_iter().zip(inputs.iter().cloned()).collect::<HashMap<_, _>>())
         .unwrap()
@@ -200,6 +208,19 @@ fn grouped_heads_and_3d() {
 fn nan_rows_are_zeros() {
     check("nan_row", Case { nan_row: true, ..case(300, 300) });
     check("nan_row_3d", Case { nan_row: true, rank3: true, causal: true, ..case(37, 300) });
+}
+
+/// Softcapping (Gemma-2: `50 * tanh(s / 50)` before the mask) and sliding windows, causal
+/// and two-sided, with and without a mask, in the flash form and the two-product form alike.
+#[test]
+fn softcap_and_windows() {
+    for family in [FAMILY, "cpu.attention_gemm"] {
+        let at = |n: &str| format!("{n}_{family}");
+        check_family(&at("softcap"), Case { softcap: 2.0, scale: Some(0.5), ..case(300, 300) }, family);
+        check_family(&at("softcap_causal_mask"), Case { softcap: 1.5, causal: true, mask: Mask::Shared, ..case(300, 300) }, family);
+        check_family(&at("window_causal"), Case { causal: true, window: (40, -1), hq: 4, hkv: 2, ..case(300, 300) }, family);
+        check_family(&at("window_both"), Case { window: (17, 9), mask: Mask::PerBatch, batch: 2, ..case(37, 300) }, family);
+    }
 }
 
 /// A long sequence takes the flash form by default, and no buffer of its kernel grows with

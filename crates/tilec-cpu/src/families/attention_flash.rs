@@ -2,8 +2,8 @@
 //! `bq` queries) a loop over blocks of `bk` keys, each a score tile and an online softmax
 //! between two matrix products on the GEMM template's micro-kernels, in parallel over
 //! (batch, head, query block); memory linear in the sequence. The same forms as
-//! `cpu.attention_gemm` (f32 attention without past, softcap, windows, per-batch lengths or a
-//! requested QK output). Short sequences (fewer than [`MIN_KEYS`] keys) are left to
+//! `cpu.attention_gemm` (f32 attention without past, per-batch lengths or a requested QK
+//! output; softcapping and sliding windows in the score tile's epilogue). Short sequences (fewer than [`MIN_KEYS`] keys) are left to
 //! `cpu.attention_gemm`, whose one score matrix per head is then no larger than a tile.
 
 use tilec_ir::op::NnOp;

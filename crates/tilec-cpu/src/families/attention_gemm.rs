@@ -1,6 +1,6 @@
 //! `cpu.attention_gemm`: attention as two matrix products around a row softmax per (batch,
-//! head), the score matrix in scratch (f32 attention without past, softcap, windows or a
-//! requested QK output).
+//! head), the score matrix in scratch (f32 attention without past, per-batch lengths or a
+//! requested QK output; softcapping and sliding windows in the scores' epilogue).
 
 use tilec_opt::target::Target;
 use tilec_tile::family::{Family, Params, Problem};

@@ -142,6 +142,47 @@ pub(super) fn mask_bias(l: &mut Lowerer, mv: ValueId, bhij: [Expr; 4], t: i64, c
     })
 }
 
+/// The logit of query `qi` and key `kj` (no past keys) from their scaled score `s` in f32:
+/// softcapped (`cap * tanh(s / cap)`, `cap` 0: none), plus the mask `[b, h, i, j]` over `t`
+/// keys, -inf where causality or the window `(left, right)` (negative: unbounded) blocks the
+/// key, as the reference orders them.
+pub(super) fn logit_f32(
+    l: &mut Lowerer,
+    s: Expr,
+    cap: f64,
+    mask: Option<(ValueId, [Expr; 4], i64)>,
+    causal: bool,
+    window: (i64, i64),
+    qi: Expr,
+    kj: Expr,
+) -> R<Expr> {
+    let f32 = DType::F32;
+    let mut logit = s;
+    if cap > 0.0 {
+        let c = round_to(f32, cap);
+        logit = bin(BinOp::Mul, lit(c, f32), Expr::un(UnOp::Tanh, bin(BinOp::Div, logit, lit(c, f32))));
+    }
+    if let Some((mv, bhij, t)) = mask {
+        logit = bin(BinOp::Add, logit, mask_bias(l, mv, bhij, t, f32)?);
+    }
+    let mut blocked = vec![];
+    if causal {
+        blocked.push(bin(BinOp::Gt, kj.clone(), qi.clone()));
+    }
+    if window.0 >= 0 {
+        // i - j > left
+        blocked.push(bin(BinOp::Gt, qi.clone(), bin(BinOp::Add, kj.clone(), Expr::Int(window.0))));
+    }
+    if window.1 >= 0 {
+        // j - i > right
+        blocked.push(bin(BinOp::Gt, kj, bin(BinOp::Add, qi, Expr::Int(window.1))));
+    }
+    Ok(match blocked.into_iter().reduce(|a, b| bin(BinOp::Or, a, b)) {
+        Some(c) => Expr::select(c, neg_inf(f32), logit),
+        None => logit,
+    })
+}
+
 /// present_key / present_value (outputs 1 and 2) at `idx` = [b, h, t, d].
 pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[Expr]) -> R<Expr> {
     let op = l.node(n).op.clone();
@@ -160,7 +201,7 @@ pub(crate) fn attention_present(l: &mut Lowerer, n: NodeId, out: usize, idx: &[E
 }
 
 pub(super) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
-    const FORMS: &str = "f32 attention without past, softcap, windows, per-batch lengths or a requested QK output";
+    const FORMS: &str = "f32 attention without past, per-batch lengths or a requested QK output";
     match l.opts().attention {
         AttentionAlgo::Gemm => {
             return super::attention_gemm::attention(l, n, op)?

@@ -19,7 +19,7 @@
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, NodeId, Op};
 
-use super::attention::{att_geom, head_idx, kv_at, mask_bias, Att};
+use super::attention::{att_geom, head_idx, kv_at, logit_f32, Att};
 use super::common::{neg_inf, round_to, val};
 use super::matmul::gemm_vars;
 use super::super::{bin, lit, Lowerer, R};
@@ -33,6 +33,9 @@ struct Ctx {
     n: NodeId,
     op: Op,
     causal: bool,
+    /// Softcapping (0: none) and the sliding window `(left, right)` (negative: unbounded).
+    softcap: f64,
+    window: (i64, i64),
     zero_nan_rows: bool,
     mask: Option<tilec_ir::ValueId>,
     y: tilec_ir::ValueId,
@@ -54,7 +57,7 @@ struct Ctx {
 }
 
 /// Lowers attention node `n` in the flash form with `bq × bk` tiles if its form allows (f32,
-/// no past, softcap, windows, per-batch lengths or requested `QK` output); `None` leaves it
+/// no past, per-batch lengths or requested `QK` output); `None` leaves it
 /// to another lowering.
 pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op, bq: i64, bk: i64) -> R<Option<Vec<Stmt>>> {
     let Op::Nn(NnOp::Attention {
@@ -79,10 +82,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op, bq: i64, bk: i64) -
     let node = l.node(n);
     let (q, y) = (node.inputs[0], node.outputs[0]);
     let extra_outputs = node.outputs[1..].iter().any(|&v| l.is_used(v));
-    if *softcap != 0.0
-        || *left_window >= 0
-        || *right_window >= 0
-        || *has_past
+    if *has_past
         || *has_nonpad
         || extra_outputs
         || l.dtype(q) != F32
@@ -138,6 +138,8 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op, bq: i64, bk: i64) -
         n,
         op: op.clone(),
         causal: *is_causal,
+        softcap: *softcap as f64,
+        window: (*left_window, *right_window),
         zero_nan_rows: *zero_nan_rows,
         mask: has_mask.then(|| node.inputs[3]),
         y,
@@ -257,14 +259,8 @@ fn key_block(l: &mut Lowerer, c: &Ctx, rows: i64, q0: Expr, cols: i64, k0: Expr)
     let qa = Expr::Load(c.qs, vec![i1.clone(), k1.clone()]);
     let kb = Expr::Load(c.kt, vec![c.kt_row.clone(), k1, l.simp(kj.clone())]);
     let mark = l.begin_block();
-    let mut logit = Expr::Var(g1.acc);
-    if let Some(mv) = c.mask {
-        let mval = mask_bias(l, mv, [c.b.clone(), c.h.clone(), qi.clone(), kj.clone()], a.skv, F32)?;
-        logit = bin(BinOp::Add, logit, mval);
-    }
-    if c.causal {
-        logit = Expr::select(bin(BinOp::Gt, kj, qi), neg_inf(F32), logit);
-    }
+    let mask = c.mask.map(|mv| (mv, [c.b.clone(), c.h.clone(), qi.clone(), kj.clone()], a.skv));
+    let logit = logit_f32(l, Expr::Var(g1.acc), c.softcap, mask, c.causal, c.window, qi, kj)?;
     let mut epi1 = l.end_block(mark);
     epi1.push(Stmt::store(c.s, vec![i1, j1], logit));
     out.push(g1.gemm(qa, kb, epi1));

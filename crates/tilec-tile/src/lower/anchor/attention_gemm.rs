@@ -6,14 +6,14 @@
 //! template's register tiles.
 //!
 //! The same arithmetic as the direct form, in another order: `s = sqrt(scale)` is applied to
-//! both operands, a fully masked row gives zeros, `P = exp(S - max) / sum`. Used for f32
-//! attention without past keys, softcap, sliding windows, per-batch lengths or a requested
-//! `QK` output; anything else keeps the direct form.
+//! both operands, softcapping and the mask and windows follow, a fully masked row gives
+//! zeros, `P = exp(S - max) / sum`. Used for f32 attention without past keys, per-batch
+//! lengths or a requested `QK` output; anything else keeps the direct form.
 
 use tilec_ir::op::NnOp;
 use tilec_ir::{DType, NodeId, Op};
 
-use super::attention::{att_geom, head_idx, kv_at, mask_bias};
+use super::attention::{att_geom, head_idx, kv_at, logit_f32};
 use super::common::{neg_inf, round_to, val};
 use super::matmul::gemm_vars;
 use super::super::{bin, lit, Lowerer, R};
@@ -41,10 +41,7 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
     let node = l.node(n);
     let (q, y) = (node.inputs[0], node.outputs[0]);
     let extra_outputs = node.outputs[1..].iter().any(|&v| l.is_used(v));
-    if *softcap != 0.0
-        || *left_window >= 0
-        || *right_window >= 0
-        || *has_past
+    if *has_past
         || *has_nonpad
         || extra_outputs
         || l.dtype(q) != DType::F32
@@ -80,14 +77,8 @@ pub(crate) fn attention(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Option<Vec<Stm
         return Ok(None);
     }
     let mark = l.begin_block();
-    let mut logit = Expr::Var(g1.acc);
-    if let Some(mv) = mask {
-        let mval = mask_bias(l, mv, [b.clone(), h.clone(), i1.clone(), j1.clone()], t, f32)?;
-        logit = bin(BinOp::Add, logit, mval);
-    }
-    if *is_causal {
-        logit = Expr::select(bin(BinOp::Gt, j1.clone(), i1.clone()), neg_inf(f32), logit);
-    }
+    let bhij = [b.clone(), h.clone(), i1.clone(), j1.clone()];
+    let logit = logit_f32(l, Expr::Var(g1.acc), *softcap as f64, mask.map(|mv| (mv, bhij, t)), *is_causal, (*left_window, *right_window), i1.clone(), j1.clone())?;
     let mut epi1 = l.end_block(mark);
     epi1.push(Stmt::store(sbuf, vec![i1.clone(), j1.clone()], logit));
     body.push(g1.gemm(bin(BinOp::Mul, qa, lit(sc, f32)), bin(BinOp::Mul, kb, lit(sc, f32)), epi1));
