@@ -62,6 +62,8 @@ pub fn classify(op: &Op) -> Class {
             | LinalgOp::ConvTranspose { .. }
             | LinalgOp::DeformConv { .. } => Class::Conv,
             LinalgOp::Pool { .. } | LinalgOp::GlobalPool { .. } => Class::Pool,
+            // A gather of column blocks back into the image (a sum over the block's taps).
+            LinalgOp::Col2Im { .. } => Class::Elementwise,
             _ => Class::Opaque,
         },
         Op::Nn(n) => match n {

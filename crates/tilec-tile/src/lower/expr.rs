@@ -35,6 +35,10 @@ pub(crate) fn check_inline(l: &Lowerer, n: NodeId) -> R<()> {
             bad("fp8 quantization is not lowered")
         }
         Op::Quant(QuantOp::DynamicQuantizeLinear) => bad("dynamic quantization is not lowered"),
+        Op::Linalg(_) => match super::col2im::refusal(&node.op) {
+            Some(why) => bad(&why),
+            None => Ok(()),
+        },
         Op::Layout(LayoutOp::Resize(a)) => match super::resize::refusal(a, &l.shape(node.inputs[0]), &l.shape(node.outputs[0])) {
             Some(why) => bad(&why),
             None => Ok(()),
@@ -273,6 +277,7 @@ impl Lowerer<'_> {
                 Ok(self.down(bin(BinOp::Mul, bin(BinOp::Mul, a, s), b), od))
             }
             Op::Layout(lo) => self.layout(n, lo, out, idx, &oshape),
+            Op::Linalg(tilec_ir::op::LinalgOp::Col2Im { .. }) => self.col2im(n, idx),
             Op::Index(ix) => self.index(n, ix, idx),
             Op::Source(s) => self.source(n, s, idx, od),
             Op::Nn(NnOp::Attention { .. }) => super::anchor::attention_present(self, n, out, idx),

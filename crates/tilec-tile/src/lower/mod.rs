@@ -22,6 +22,7 @@
 //! contiguous dimension.
 
 mod anchor;
+mod col2im;
 pub use anchor::conv_transpose;
 pub use anchor::depthwise;
 pub use anchor::group_direct;

@@ -92,6 +92,7 @@ pub(crate) fn entry(op: &Op) -> Entry {
         Op::Linalg(LinalgOp::ConvTranspose { .. }) => float_anchor(conv::conv_transpose, INT_CONV),
         Op::Linalg(LinalgOp::Pool { .. }) => anchor(pool::pool),
         Op::Linalg(LinalgOp::GlobalPool { .. }) => anchor(pool::global_pool),
+        Op::Linalg(LinalgOp::Col2Im { .. }) => Entry::Inline,
         Op::Linalg(_) => Entry::No(None),
         Op::Nn(NnOp::Attention { .. }) => Entry::Anchor(Anchor {
             lower: attention::attention,
