@@ -1034,3 +1034,35 @@ fn group_norm_from_instance_norm_between_reshapes() {
     // An instance norm with a scale other than 1 is not a plain group norm.
     check_unchanged(&group_norm_export(&[1, 8, 6, 6], 4, 2.0, 5));
 }
+
+/// GPT-Neo's spelling: unscaled scores, `where(causal, scores, finfo.min)` with a constant
+/// causal bool buffer, then a float mask added: causal attention with that mask. A fill that
+/// is not far below any score (-1e4), or a constant keep that is not causal, stays as it is.
+fn attention_causal_fill(fill: f32, causal: bool) -> Graph {
+    use tilec_ir::op::{LayoutOp, LinalgOp};
+    let (bsz, h, s, d) = (2, 2, 6, 4);
+    let (mut b, q) = B::new(&[bsz, h, s, d]);
+    let k = b.input("k", &[bsz, h, s, d]);
+    let v = b.input("v", &[bsz, h, s, d]);
+    let pad = b.input("pad", &[bsz, 1, 1, s]);
+    let kt = b.g.add(Op::Layout(LayoutOp::Transpose { perm: vec![0, 1, 3, 2] }), &[k]).unwrap();
+    let qk = b.g.add(Op::Linalg(LinalgOp::MatMul), &[q, kt]).unwrap();
+    let keep: Vec<bool> = (0..s * s).map(|i| if causal { i % s <= i / s } else { i % s != 1 }).collect();
+    let keep = b.g.add_const("bias", Tensor::from_vec(vec![1, 1, s, s], keep).unwrap());
+    let f = b.c(fill);
+    let w = b.g.add(Op::Where, &[keep, qk, f]).unwrap();
+    let masked = b.add(w, pad);
+    let p = b.g.add(Op::Norm(NormOp::Softmax { axis: 3 }), &[masked]).unwrap();
+    let y = b.g.add(Op::Linalg(LinalgOp::MatMul), &[p, v]).unwrap();
+    b.done(vec![y])
+}
+
+#[test]
+fn attention_causal_select_with_a_finite_fill() {
+    let h = check(&attention_causal_fill(f32::MIN, true), "attention", &["softmax", "where"]);
+    let n = h.nodes().iter().find(|n| n.op.name() == "attention").unwrap();
+    assert!(matches!(n.op, Op::Nn(tilec_ir::op::NnOp::Attention { is_causal: true, has_mask: true, .. })), "{:?}", n.op);
+    check(&attention_causal_fill(-1e9, true), "attention", &["softmax"]);
+    check_unchanged(&attention_causal_fill(-1e4, true));
+    check_unchanged(&attention_causal_fill(f32::MIN, false));
+}

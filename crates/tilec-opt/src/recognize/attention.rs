@@ -246,6 +246,21 @@ fn where_neg_inf(m: &mut Matcher, v: ValueId) -> Option<(ValueId, ValueId)> {
     Some((keep, s))
 }
 
+/// `where(keep, s, fill)` with `keep` a constant causal bool mask over the scores and `fill`
+/// a uniform constant of at most -1e9 (GPT-Neo's `finfo.min`): returns `s`. In f32 such a
+/// fill gives masked keys exactly zero weight whenever a row keeps one key, as a causal row
+/// always does, so the select is the op's `is_causal`.
+fn where_causal_fill(m: &mut Matcher, v: ValueId, scores: &[Dim]) -> Option<ValueId> {
+    let n = m.op_where(v, |op| *op == Op::Where)?;
+    let (keep, s, fill) = (*n.inputs.first()?, *n.inputs.get(1)?, *n.inputs.get(2)?);
+    let f = m.const_scalar(fill)?;
+    let ok = m.g.value(keep).ty.dtype == DType::Bool
+        && f <= -1e9
+        && m.g.value(s).ty.shape == m.g.value(v).ty.shape
+        && is_causal_mask(m, keep, scores);
+    ok.then_some(s)
+}
+
 /// An additive mask `where(keep, 0, -inf)` with a bool `keep`: returns `keep`, the same
 /// mask in the op's bool form.
 fn bool_of_additive(m: &mut Matcher, v: ValueId) -> Option<ValueId> {
@@ -488,6 +503,25 @@ fn attention_with(m: &mut Matcher, root: ValueId, flash: bool) -> Option<Build> 
             Some((core(m, s)?, s, Some(keep)))
         });
     }
+    // `where(causal, scores, finfo.min) + mask` (GPT-Neo): causal, with the float mask.
+    let mut causal_fill = false;
+    if found.is_none() {
+        let sshape = m.g.value(sc).ty.shape.clone();
+        found = m.attempt(|m| {
+            let (a, b) = m.binary(sc, BinaryOp::Add)?;
+            for (w, mask) in [(a, b), (b, a)] {
+                if let Some(s) = m.attempt(|m| where_causal_fill(m, w, &sshape)) {
+                    if let Some(c) = m.attempt(|m| core(m, s)) {
+                        return Some((c, s, Some(mask)));
+                    }
+                }
+            }
+            None
+        });
+        if let Some((_, _, mk)) = &found {
+            (additive, causal_fill) = (*mk, true);
+        }
+    }
     if found.is_none() {
         found = Some((m.attempt(|m| core(m, sc))?, sc, None));
     }
@@ -503,7 +537,7 @@ fn attention_with(m: &mut Matcher, root: ValueId, flash: bool) -> Option<Build> 
     }
     // A constant causal mask becomes the op's `is_causal` (no mask read at all), also
     // when it is added to another mask.
-    let mut is_causal = false;
+    let mut is_causal = causal_fill;
     if let Some(t) = second {
         // Both terms float masks of the scores' dtype, each with the full last dim.
         for mk in [mask, Some(t)].into_iter().flatten() {
