@@ -533,7 +533,10 @@ MODELS.update(FOURTH)
 
 # --- a fifth set (full size only) -------------------------------------------------------------
 #   vit_b_16, wide_resnet50_2, efficientnet_b3, alexnet   torchvision (vit_b_16: nn.MultiheadAttention)
-#   r3d_18, r2plus1d_18   torchvision video models: 3-D convolutions over 8 frames of 112x112
+#   r3d_18, r2plus1d_18, mc3_18   torchvision video models: 3-D convolutions over 8 frames of
+#                      112x112
+#   s3d                torchvision's S3D (separable 3-D convolutions, 3-D max pools, inception
+#                      branches) over 16 frames of 224x224
 #   gptj, codegen, stablelm, phi3, qwen3, gemma2   decoders, 4 layers of 512
 #                      (GPT-J and CodeGen: interleaved partial rotary; StableLM: partial rotary
 #                      and LayerNorm; Qwen3: q/k norms; Gemma-2: logit softcapping and a sliding
@@ -547,11 +550,11 @@ MODELS.update(FOURTH)
 # (Not exportable with this exporter and transformers: Mixtral, whose experts run as a custom
 # grouped product, or as a data-dependent loop with the eager experts; T5's and BEiT's
 # attention, whose output view of a transposed tensor fails in the exporter's decomposition.)
-def video_model(name: str):
+def video_model(name: str, frames: int = 8, size: int = 112):
     def build(tiny):
         import torchvision
         m = getattr(torchvision.models.video, name)(weights=None)
-        return m, {"x": ("image", (1, 3, 8, 112, 112))}, ["logits"]
+        return m, {"x": ("image", (1, 3, frames, size, size))}, ["logits"]
     return build
 
 
@@ -564,6 +567,8 @@ FIFTH = {
     "alexnet": torchvision_model("alexnet"),
     "r3d_18": video_model("r3d_18"),
     "r2plus1d_18": video_model("r2plus1d_18"),
+    "mc3_18": video_model("mc3_18"),
+    "s3d": video_model("s3d", frames=16, size=224),
     "gptj": hf_model("GPTJConfig", "GPTJModel", tokens(128, False), "last_hidden_state", **_D, n_embd=512,
                      n_layer=4, n_head=8, rotary_dim=32),
     "codegen": hf_model("CodeGenConfig", "CodeGenModel", tokens(128, False), "last_hidden_state", **_D, n_embd=512,

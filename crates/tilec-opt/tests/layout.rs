@@ -947,3 +947,53 @@ fn nhwc_regions_carry_group_norm_and_channel_scales() {
         assert!(cuda.regions.iter().all(|r| r.norms == 0), "{}", cuda.report());
     }
 }
+
+/// A 3-D convolution of `cin` to `cout` channels, kernel `k` (same padding), stride 1.
+fn conv3d(g: &mut Graph, x: ValueId, cin: usize, cout: usize, k: [usize; 3], seed: u64) -> ValueId {
+    let w = random_const(g, DType::F32, &[cout, cin, k[0], k[1], k[2]], seed);
+    let bias = random_const(g, DType::F32, &[cout], seed + 20);
+    let pads = k.iter().chain(k.iter()).map(|k| k / 2).collect();
+    let window = Window { kernel: k.to_vec(), strides: vec![1; 3], dilations: vec![1; 3], pads: Padding::Explicit(pads) };
+    g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[x, w, bias]).unwrap()
+}
+
+#[test]
+fn video_convs_go_channels_last_on_the_cpu() {
+    // Conv3d, ReLU, a (1, 3, 3) and a (3, 1, 1) conv, a residual and the mean over
+    // [T, H, W] (kept): one 3-D region. Channels-last on the CPU (one transpose in; the
+    // pooled [N, 1, 1, 1, C] leaves as a reshape), left alone on CUDA.
+    let mut g = Graph::new("t");
+    let x = input(&mut g, DType::F32, &[1, 3, 4, 6, 6]);
+    let a = conv3d(&mut g, x, 3, 16, [3, 3, 3], 1);
+    let a = g.add(Op::Unary(UnaryOp::Relu), &[a]).unwrap();
+    let b = conv3d(&mut g, a, 16, 16, [1, 3, 3], 2);
+    let b = conv3d(&mut g, b, 16, 16, [3, 1, 1], 3);
+    let s = g.add(Op::Binary(BinaryOp::Add), &[a, b]).unwrap();
+    let m = g.add(Op::Reduce(ReduceOp::Reduce { kind: ReduceKind::Mean, axes: vec![2, 3, 4], keepdims: true }), &[s]).unwrap();
+    // A mean over two of the three spatial axes is no global pool: it reads the region's
+    // output from outside.
+    let p = g.add(Op::Reduce(ReduceOp::Reduce { kind: ReduceKind::Mean, axes: vec![3, 4], keepdims: true }), &[s]).unwrap();
+    g.set_outputs(vec![m, p]);
+    assert_eq!(plan_layout(&g, TargetKind::Cuda).regions.len(), 0);
+    let cpu = plan_layout(&g, TargetKind::Cpu);
+    print!("{}", cpu.report());
+    assert_eq!(cpu.regions.len(), 1);
+    let r = &cpu.regions[0];
+    assert_eq!((r.spatial, r.convs, r.pools, r.entry_transposes, r.exit_transposes), (3, 3, 1, 1, 1));
+    assert_eq!(r.layout, Layout::Nhwc);
+    let mut h = g.clone();
+    assert_eq!(apply_plan(&mut h, &cpu).unwrap(), 1);
+    verify(&h).unwrap();
+    let nhwc = h.nodes().iter().filter(|n| matches!(&n.op, Op::Linalg(l) if l.is_channels_last())).count();
+    let perms: Vec<Vec<usize>> = h
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Layout(LayoutOp::Transpose { perm }) => Some(perm.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nhwc, 4, "three convs and the pool");
+    assert_eq!(perms, [vec![0, 2, 3, 4, 1], vec![0, 4, 1, 2, 3]]);
+    assert_same(&g, &h, 9);
+}

@@ -108,3 +108,73 @@ fn squeeze_and_excitation_block_stays_channels_last() {
     });
     assert_eq!(scaled_b.count(), 1, "{families:?}");
 }
+
+/// A video block as torchvision's R(2+1)D writes it, channels-first: a 3x3x3 stem conv, a
+/// (1, 3, 3) spatial conv and a (3, 1, 1) temporal one (strided), a 1x1x1 projection of the
+/// residual, ReLUs and the mean over time, height and width. The layout pass runs the whole
+/// block channels-last (one transpose in, one out) and it matches the interpreter.
+#[test]
+fn video_block_runs_channels_last() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let (n, cin, t, hw) = (2, 3, 6, 12);
+    let mut g = Graph::new("r2plus1d");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[n, cin, t, hw, hw]));
+    let mut k = 0;
+    let mut conv = |g: &mut Graph, rng: &mut rand::rngs::StdRng, x: ValueId, ci: usize, co: usize, ks: [usize; 3], stride: [usize; 3]| {
+        k += 1;
+        let s = 1.0 / ((ci * ks.iter().product::<usize>()) as f32).sqrt();
+        let w = g.add_const(&format!("w{k}"), random(&[co, ci, ks[0], ks[1], ks[2]], rng, -s, s));
+        let b = g.add_const(&format!("b{k}"), random(&[co], rng, -0.3, 0.3));
+        let pads = ks.iter().map(|k| k / 2).chain(ks.iter().map(|k| k / 2)).collect();
+        let window = Window { kernel: ks.to_vec(), strides: stride.to_vec(), dilations: vec![1; 3], pads: Padding::Explicit(pads) };
+        g.add(Op::Linalg(LinalgOp::Conv { window, group: 1, channels_last: false }), &[x, w, b]).unwrap()
+    };
+    let relu = |g: &mut Graph, y: ValueId| g.add(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+    let h = conv(&mut g, &mut rng, x, cin, 16, [3, 3, 3], [1, 1, 1]);
+    let h = relu(&mut g, h);
+    let s = conv(&mut g, &mut rng, h, 16, 24, [1, 3, 3], [1, 2, 2]);
+    let s = relu(&mut g, s);
+    let s = conv(&mut g, &mut rng, s, 24, 32, [3, 1, 1], [2, 1, 1]);
+    let r = conv(&mut g, &mut rng, h, 16, 32, [1, 1, 1], [2, 2, 2]);
+    let y = g.add(Op::Binary(BinaryOp::Add), &[s, r]).unwrap();
+    let y = relu(&mut g, y);
+    let y = g.add(Op::Reduce(ReduceOp::Reduce { kind: ReduceKind::Mean, axes: vec![2, 3, 4], keepdims: true }), &[y]).unwrap();
+    g.set_outputs(vec![y]);
+    let inputs = vec![random(&[n, cin, t, hw, hw], &mut rng, -1.0, 1.0)];
+    let families = check_graph("r2plus1d", &g, &inputs);
+    let layout = families.iter().filter(|(k, _, _)| k.contains("layout") || k.contains("transpose")).count();
+    let pools = families.iter().filter(|(k, _, _)| k.contains("pool")).count();
+    assert_eq!((layout, pools), (1, 1), "{families:?}");
+}
+
+/// Window pools channels-last (max, average with and without the padding counted, Lp; 2-D and
+/// 3-D; strides, dilations, ceil mode, channel counts that are and are not whole vectors),
+/// each with a fused epilogue, against the interpreter.
+#[test]
+fn window_pools_along_channels() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let max = PoolKind::Max { indices: false, column_major: false };
+    let cases: Vec<(PoolKind, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, bool)> = vec![
+        // kind, input [N, *S, C], kernel, strides, dilations, pads (begin.., end..), ceil
+        (max.clone(), vec![1, 4, 7, 6, 24], vec![3, 3, 3], vec![1, 1, 1], vec![1, 1, 1], vec![1, 1, 1, 1, 1, 1], false),
+        (max.clone(), vec![2, 9, 9, 13], vec![3, 3], vec![2, 2], vec![1, 1], vec![1, 1, 1, 1], false),
+        (max.clone(), vec![1, 8, 10, 16], vec![2, 3], vec![2, 2], vec![2, 1], vec![0, 1, 1, 0], true),
+        (PoolKind::Avg { count_include_pad: false }, vec![1, 5, 8, 8, 40], vec![1, 3, 3], vec![1, 2, 2], vec![1, 1, 1], vec![0, 1, 1, 0, 1, 1], false),
+        (PoolKind::Avg { count_include_pad: true }, vec![1, 2, 7, 7, 32], vec![2, 7, 7], vec![1, 1, 1], vec![1, 1, 1], vec![0, 0, 0, 0, 0, 0], false),
+        (PoolKind::Avg { count_include_pad: true }, vec![2, 6, 6, 9], vec![3, 3], vec![1, 1], vec![1, 1], vec![1, 1, 1, 1], false),
+        (PoolKind::Lp { p: 2 }, vec![1, 6, 5, 8], vec![2, 2], vec![2, 1], vec![1, 1], vec![0, 0, 1, 0], true),
+    ];
+    for (kind, shape, kernel, strides, dilations, pads, ceil) in cases {
+        let mut g = Graph::new("pool");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &shape));
+        let window = Window { kernel, strides, dilations, pads: Padding::Explicit(pads) };
+        let p = g
+            .add(Op::Linalg(LinalgOp::Pool { kind: kind.clone(), window, ceil_mode: ceil, channels_last: true }), &[x])
+            .unwrap();
+        let y = g.add(Op::Unary(UnaryOp::Tanh), &[p]).unwrap();
+        g.set_outputs(vec![y]);
+        let inputs = vec![random(&shape, &mut rng, -2.0, 2.0)];
+        let families = check_graph(&format!("{kind:?} {shape:?}"), &g, &inputs);
+        assert!(families.iter().any(|(_, _, ir)| ir.contains("plc")), "{kind:?} {shape:?}: no channel loop {families:?}");
+    }
+}

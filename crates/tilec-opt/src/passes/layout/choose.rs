@@ -79,6 +79,9 @@ pub struct LayoutRegion {
     pub exit_transposes: usize,
     pub layout: Layout,
     pub reason: String,
+    /// Spatial axes of the region's values: 2 (`[N, C, H, W]`) or 3 (`[N, C, D, H, W]`, video
+    /// convolutions; CPU targets only).
+    pub spatial: usize,
 }
 
 /// The per-region layout decisions for one graph and target.
@@ -107,7 +110,8 @@ impl LayoutPlan {
         );
         for (i, r) in self.regions.iter().enumerate() {
             s += &format!(
-                "  region {i}: {} nodes ({} conv, {} pool, {} norm, {} agnostic), {} axis remaps, {} constants; boundary {} in + {} out -> {:?}: {}\n",
+                "  region {i}: {}-D, {} nodes ({} conv, {} pool, {} norm, {} agnostic), {} axis remaps, {} constants; boundary {} in + {} out -> {:?}: {}\n",
+                r.spatial,
                 r.nodes.len(),
                 r.convs,
                 r.pools,
@@ -155,11 +159,11 @@ fn role(op: &Op) -> Option<Role> {
     })
 }
 
-/// The global pool a reduction over the spatial axes of `[N, C, H, W]`, dims kept, computes
-/// (a mean or a maximum); `None` for any other op.
+/// The global pool a reduction over the spatial axes of `[N, C, H, W]` (or `[N, C, D, H, W]`),
+/// dims kept, computes (a mean or a maximum); `None` for any other op.
 fn spatial_pool(op: &Op) -> Option<PoolKind> {
     match op {
-        Op::Reduce(ReduceOp::Reduce { kind, axes, keepdims: true }) if axes[..] == [2, 3] => match kind {
+        Op::Reduce(ReduceOp::Reduce { kind, axes, keepdims: true }) if axes[..] == [2, 3] || axes[..] == [2, 3, 4] => match kind {
             ReduceKind::Mean => Some(PoolKind::Avg { count_include_pad: false }),
             ReduceKind::Max => Some(PoolKind::Max { indices: false, column_major: false }),
             _ => None,
@@ -168,27 +172,36 @@ fn spatial_pool(op: &Op) -> Option<PoolKind> {
     }
 }
 
-/// Whether a value can live in a region: rank 4 activations `[N, C, H, W]` and their
-/// channel-split forms `[N, c.., H, W]`.
-fn region_rank(r: usize) -> bool {
-    r >= 4
+/// Whether a value can live in a region of `sp` spatial axes: in 2-D regions rank 4
+/// activations `[N, C, H, W]` and their channel-split forms `[N, c.., H, W]`; in 3-D regions
+/// rank 5 activations `[N, C, D, H, W]` (no channel splits).
+fn region_rank(sp: usize, r: usize) -> bool {
+    if sp == 2 {
+        r >= 4
+    } else {
+        r == sp + 2
+    }
 }
 
-/// The permutation taking a region value `[N, c.., H, W]` of rank `r` to its
-/// channels-last form `[N, H, W, c..]` (`[0, 2, 3, 1]` for rank 4).
-fn to_nhwc_perm(r: usize) -> Vec<usize> {
-    let mut p = vec![0, r - 2, r - 1];
-    p.extend(1..r - 2);
+/// The permutation taking a region value `[N, c.., *S]` of rank `r` with `sp` spatial axes
+/// `S` to its channels-last form `[N, *S, c..]` (`[0, 2, 3, 1]` for rank 4).
+fn to_nhwc_perm(sp: usize, r: usize) -> Vec<usize> {
+    let mut p = vec![0];
+    p.extend(r - sp..r);
+    p.extend(1..r - sp);
     p
 }
 
-/// Whether node `n` is eligible for a region.
-fn eligible_node(g: &Graph, n: &tilec_ir::Node) -> bool {
+/// Whether node `n` is eligible for a region of `sp` spatial axes.
+fn eligible_node(g: &Graph, n: &tilec_ir::Node, sp: usize) -> bool {
     let (Some(&x), Some(&y)) = (n.inputs.first(), n.outputs.first()) else {
         return false;
     };
     let (xs, ys) = (&g.value(x).ty.shape, &g.value(y).ty.shape);
+    let full = sp + 2;
     match &n.op {
+        // Channel splits exist in 2-D regions only (a rank-5 value there is one).
+        Op::Layout(LayoutOp::Reshape { .. } | LayoutOp::Transpose { .. }) if sp != 2 => false,
         // A channel split or merge: N and the spatial dims kept, the fixed channel dims
         // between them regrouped (row-major, so it is a pure split of the channel index).
         Op::Layout(LayoutOp::Reshape { .. }) => {
@@ -196,8 +209,8 @@ fn eligible_node(g: &Graph, n: &tilec_ir::Node) -> bool {
             let mid = |s: &[Dim]| -> Option<usize> {
                 s[1..s.len() - 2].iter().map(|d| d.fixed()).product()
             };
-            region_rank(ri)
-                && region_rank(ro)
+            region_rank(sp, ri)
+                && region_rank(sp, ro)
                 && xs[0] == ys[0]
                 && xs[ri - 2..] == ys[ro - 2..]
                 && mid(xs).is_some()
@@ -206,34 +219,36 @@ fn eligible_node(g: &Graph, n: &tilec_ir::Node) -> bool {
         // A permutation of the channel dims only.
         Op::Layout(LayoutOp::Transpose { perm }) => {
             let r = perm.len();
-            region_rank(r) && perm[0] == 0 && perm[r - 2] == r - 2 && perm[r - 1] == r - 1
+            region_rank(sp, r) && perm[0] == 0 && perm[r - 2] == r - 2 && perm[r - 1] == r - 1
         }
         // Elementwise ops with broadcasting: an operand of lower rank (a per-channel scale
         // `[C, 1, 1]` first, as PoolFormer's layer scale multiplies) is brought to the
         // region's layout like any other.
         Op::Binary(_) | Op::Where => {
-            ys.len() == 4
-                && n.inputs.iter().all(|&i| g.value(i).ty.rank() <= 4)
+            ys.len() == full
+                && n.inputs.iter().all(|&i| g.value(i).ty.rank() <= full)
                 && n.inputs.iter().any(|&i| g.value(i).ty.shape == *ys)
         }
         // Global pools work on floats only.
-        op if spatial_pool(op).is_some() => xs.len() == 4 && ys.len() == 4 && g.value(x).ty.dtype.is_float(),
-        op => role(op).is_some() && xs.len() == 4 && ys.len() == 4,
+        Op::Reduce(ReduceOp::Reduce { axes, .. }) if spatial_pool(&n.op).is_some() => {
+            axes.len() == sp && xs.len() == full && ys.len() == full && g.value(x).ty.dtype.is_float()
+        }
+        op => role(op).is_some() && xs.len() == full && ys.len() == full,
     }
 }
 
 /// Whether `x`'s channels-last form costs no transpose at run time: a transpose that only
 /// moves size-1 axes is a reshape (`[N, C, 1, 1]`).
-fn free_transpose(g: &Graph, x: ValueId) -> bool {
+fn free_transpose(g: &Graph, x: ValueId, sp: usize) -> bool {
     let s = &g.value(x).ty.shape;
-    s.len() == 4 && s[2] == Dim::Fixed(1) && s[3] == Dim::Fixed(1)
+    s.len() == sp + 2 && s[2..].iter().all(|d| *d == Dim::Fixed(1))
 }
 
 /// Whether `v` is the output of a transpose that its NHWC transpose cancels (a value
 /// permuted to NCHW from channels-last: `[0, 3, 1, 2]`).
-fn from_channels_last(g: &Graph, v: ValueId) -> bool {
+fn from_channels_last(g: &Graph, v: ValueId, sp: usize) -> bool {
     g.producer(v).is_some_and(|p| {
-        matches!(&g.node(p).op, Op::Layout(LayoutOp::Transpose { perm }) if perm[..] == [0, 3, 1, 2])
+        matches!(&g.node(p).op, Op::Layout(LayoutOp::Transpose { perm }) if *perm == to_nchw_perm(sp, sp + 2))
     })
 }
 
@@ -245,16 +260,27 @@ fn find(parent: &mut [usize], mut i: usize) -> usize {
     i
 }
 
-/// Computes the layout plan of `g` for `target` (the graph is not changed).
+/// Computes the layout plan of `g` for `target` (the graph is not changed): the regions of
+/// 2-D convolutions, then on CPU targets those of 3-D ones (their channels-last form is
+/// measured on the CPU only).
 pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
+    let mut regions = plan_regions(g, target, 2);
+    if target == TargetKind::Cpu {
+        regions.extend(plan_regions(g, target, 3));
+    }
+    LayoutPlan { target, regions }
+}
+
+/// The regions of `sp` spatial axes and their layouts.
+fn plan_regions(g: &Graph, target: TargetKind, sp: usize) -> Vec<LayoutRegion> {
     let nn = g.nodes().len();
-    let rank4 = |v: ValueId| region_rank(g.value(v).ty.rank());
+    let rank4 = |v: ValueId| region_rank(sp, g.value(v).ty.rank());
     // A node is eligible when it has a role and its first input and output are rank 4, or
     // it is a channel split/merge/permutation.
     // A group norm joins a region on the CPU only (its channels-last form is not yet
     // measured on a GPU, where it stays channels-first at the region's boundary).
     let gpu_group_norm = |n: &tilec_ir::Node| target == TargetKind::Cuda && matches!(n.op, Op::Norm(NormOp::GroupNorm { .. }));
-    let eligible: Vec<bool> = g.nodes().iter().map(|n| eligible_node(g, n) && !gpu_group_norm(n)).collect();
+    let eligible: Vec<bool> = g.nodes().iter().map(|n| eligible_node(g, n, sp) && !gpu_group_norm(n)).collect();
     let mut parent: Vec<usize> = (0..nn).collect();
     for (ni, n) in g.nodes().iter().enumerate() {
         if !eligible[ni] {
@@ -313,8 +339,8 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
                     }
                 } else if rank4(x)
                     && !g.producer(x).is_some_and(|p| inside.contains(&p.index()))
-                    && !free_transpose(g, x)
-                    && !from_channels_last(g, x)
+                    && !free_transpose(g, x, sp)
+                    && !from_channels_last(g, x, sp)
                 {
                     entries.insert(x);
                 }
@@ -323,10 +349,10 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
                 let u = &uses[o.index()];
                 // Readers outside that transpose it to NHWC cancel the exit transpose.
                 let to_nhwc = |m: &tilec_ir::NodeId| {
-                    matches!(&g.node(*m).op, Op::Layout(LayoutOp::Transpose { perm }) if perm[..] == TO_NHWC)
+                    matches!(&g.node(*m).op, Op::Layout(LayoutOp::Transpose { perm }) if *perm == to_nhwc_perm(sp, sp + 2))
                 };
                 if rank4(o)
-                    && !free_transpose(g, o)
+                    && !free_transpose(g, o, sp)
                     && (!u.by_output.is_empty()
                         || u.by_node.iter().any(|(m, _)| !inside.contains(&m.index()) && !to_nhwc(m)))
                 {
@@ -381,12 +407,11 @@ pub fn plan_layout(g: &Graph, target: TargetKind) -> LayoutPlan {
             exit_transposes: exits.len(),
             layout,
             reason,
+            spatial: sp,
         });
     }
-    LayoutPlan { target, regions }
+    regions
 }
-
-const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 
 /// Most input channels per group of a grouped convolution the CPU computes directly, vectorized
 /// within each group (`cpu.group_direct`, which takes 2-32).
@@ -430,17 +455,19 @@ fn lane_aligned_conv_flops(g: &Graph, members: &[usize], lanes: usize) -> (f64, 
     (aligned, total)
 }
 
-/// Where axis `a` of an NCHW tensor lands in NHWC.
-fn nhwc_axis(a: usize) -> usize {
-    TO_NHWC.iter().position(|&p| p == a).unwrap_or(a)
+/// Where axis `a` of an NCHW (or NCDHW) tensor lands channels-last.
+fn nhwc_axis(sp: usize, a: usize) -> usize {
+    to_nhwc_perm(sp, sp + 2).iter().position(|&p| p == a).unwrap_or(a)
 }
 
-/// The transpose of a channels-last region value of rank `r` back to `[N, c.., H, W]`.
-fn to_nchw_perm(r: usize) -> Vec<usize> {
-    super::inverse(&to_nhwc_perm(r))
+/// The transpose of a channels-last region value of rank `r` back to `[N, c.., *S]`.
+fn to_nchw_perm(sp: usize, r: usize) -> Vec<usize> {
+    super::inverse(&to_nhwc_perm(sp, r))
 }
 
 struct Rewriter {
+    /// The region's spatial axes.
+    sp: usize,
     /// Region value (NCHW) → its NHWC counterpart.
     nhwc: HashMap<ValueId, ValueId>,
     /// Outside value → its NHWC transpose (one per distinct entry).
@@ -476,36 +503,37 @@ impl Rewriter {
             return Ok(v);
         }
         let r = g.value(x).ty.rank();
-        if !region_rank(r) {
+        if !region_rank(self.sp, r) {
             return Err(IrError::Graph(format!(
                 "rank-{r} value read as a channels-last region value"
             )));
         }
-        let v = Self::transpose(g, x, &to_nhwc_perm(r))?;
+        let v = Self::transpose(g, x, &to_nhwc_perm(self.sp, r))?;
         self.entries.insert(x, v);
         Ok(v)
     }
 
-    /// An elementwise operand in channels-last form: rank 4 transposed, all-ones shapes
-    /// unchanged, lower ranks reshaped to rank 4 (leading ones, as broadcasting aligns
-    /// them) and transposed.
+    /// An elementwise operand in channels-last form: of the region's rank transposed,
+    /// all-ones shapes unchanged, lower ranks reshaped to the region's rank (leading ones, as
+    /// broadcasting aligns them) and transposed.
     fn operand(&mut self, g: &mut Graph, x: ValueId) -> Result<ValueId, IrError> {
         let shape = g.value(x).ty.shape.clone();
-        if shape.len() == 4 {
+        let rank = self.sp + 2;
+        if shape.len() == rank {
             return self.nhwc_of(g, x);
         }
         if shape.iter().all(|d| *d == Dim::Fixed(1)) {
             return Ok(x);
         }
-        if shape.len() > 4 {
-            return Err(IrError::Graph(
-                "operand of rank > 4 in a rank-4 region".into(),
-            ));
+        if shape.len() > rank {
+            return Err(IrError::Graph(format!(
+                "operand of rank > {rank} in a rank-{rank} region"
+            )));
         }
-        let mut full = vec![Dim::Fixed(1); 4 - shape.len()];
+        let mut full = vec![Dim::Fixed(1); rank - shape.len()];
         full.extend(shape);
         let r = g.add(Op::Layout(LayoutOp::Reshape { shape: full }), &[x])?;
-        Self::transpose(g, r, &TO_NHWC)
+        Self::transpose(g, r, &to_nhwc_perm(self.sp, rank))
     }
 
     /// The channels-last counterpart of node `ni`, added to the graph; records the NHWC
@@ -546,13 +574,13 @@ impl Rewriter {
             Op::Layout(LayoutOp::Reshape { .. }) => {
                 // `[N, H, W, c..]` → `[N, H, W, c'..]`: the output shape, channels last.
                 let out = &g.value(n.outputs[0]).ty.shape;
-                let shape = to_nhwc_perm(out.len()).iter().map(|&i| out[i]).collect();
+                let shape = to_nhwc_perm(self.sp, out.len()).iter().map(|&i| out[i]).collect();
                 Some((Op::Layout(LayoutOp::Reshape { shape }), first(g, self)?))
             }
             Op::Layout(LayoutOp::Transpose { perm }) => {
                 // y = x.permute(p) and x_l = x.permute(L): y.permute(L) = x_l.permute(q)
                 // with q[i] = L⁻¹[p[L[i]]].
-                let l = to_nhwc_perm(perm.len());
+                let l = to_nhwc_perm(self.sp, perm.len());
                 let linv = super::inverse(&l);
                 let perm = l.iter().map(|&li| linv[perm[li]]).collect();
                 Some((Op::Layout(LayoutOp::Transpose { perm }), first(g, self)?))
@@ -568,23 +596,23 @@ impl Rewriter {
             Op::Layout(LayoutOp::Concat { axis }) => {
                 let mut ins = Vec::with_capacity(n.inputs.len());
                 for &x in &n.inputs {
-                    if g.value(x).ty.rank() != 4 {
-                        return Err(IrError::Graph("concat operand not rank 4".into()));
+                    if g.value(x).ty.rank() != self.sp + 2 {
+                        return Err(IrError::Graph(format!("concat operand not rank {}", self.sp + 2)));
                     }
                     ins.push(self.nhwc_of(g, x)?);
                 }
-                let axis = nhwc_axis(*axis);
+                let axis = nhwc_axis(self.sp, *axis);
                 Some((Op::Layout(LayoutOp::Concat { axis }), ins))
             }
             Op::Norm(NormOp::Softmax { axis }) => Some((
                 Op::Norm(NormOp::Softmax {
-                    axis: nhwc_axis(*axis),
+                    axis: nhwc_axis(self.sp, *axis),
                 }),
                 first(g, self)?,
             )),
             Op::Norm(NormOp::LogSoftmax { axis }) => Some((
                 Op::Norm(NormOp::LogSoftmax {
-                    axis: nhwc_axis(*axis),
+                    axis: nhwc_axis(self.sp, *axis),
                 }),
                 first(g, self)?,
             )),
@@ -594,7 +622,7 @@ impl Rewriter {
             Some((op, ins)) => {
                 let outs = g.add_node(&name, op, &ins)?;
                 for (&o, &v) in n.outputs.iter().zip(&outs) {
-                    if region_rank(g.value(o).ty.rank()) {
+                    if region_rank(self.sp, g.value(o).ty.rank()) {
                         self.nhwc.insert(o, v);
                     }
                 }
@@ -606,7 +634,7 @@ impl Rewriter {
                     ins.push(match self.nhwc.get(&x) {
                         Some(&v) => {
                             let r = g.value(v).ty.rank();
-                            Self::transpose(g, v, &to_nchw_perm(r))?
+                            Self::transpose(g, v, &to_nchw_perm(self.sp, r))?
                         }
                         None => x,
                     });
@@ -615,8 +643,8 @@ impl Rewriter {
                 for (&o, &v) in n.outputs.iter().zip(&outs) {
                     g.replace_all_uses(o, v)?;
                     let r = g.value(v).ty.rank();
-                    if region_rank(r) {
-                        let t = Self::transpose(g, v, &to_nhwc_perm(r))?;
+                    if region_rank(self.sp, r) {
+                        let t = Self::transpose(g, v, &to_nhwc_perm(self.sp, r))?;
                         self.nhwc.insert(o, t);
                     }
                 }
@@ -637,7 +665,7 @@ pub fn apply_plan(g: &mut Graph, plan: &LayoutPlan) -> Result<usize, IrError> {
             .and_modify(|e| *e = None)
             .or_insert(Some(i));
     }
-    let mut todo: Vec<Vec<usize>> = Vec::new();
+    let mut todo: Vec<(usize, Vec<usize>)> = Vec::new();
     for r in plan.regions.iter().filter(|r| r.layout == Layout::Nhwc) {
         let idx: Option<Vec<usize>> = r
             .nodes
@@ -645,14 +673,15 @@ pub fn apply_plan(g: &mut Graph, plan: &LayoutPlan) -> Result<usize, IrError> {
             .map(|nm| by_name.get(nm.as_str()).copied().flatten())
             .collect();
         if let Some(idx) = idx {
-            todo.push(idx);
+            todo.push((r.spatial, idx));
         }
     }
     if todo.is_empty() {
         return Ok(0);
     }
-    for members in &todo {
+    for (sp, members) in &todo {
         let mut rw = Rewriter {
+            sp: *sp,
             nhwc: HashMap::new(),
             entries: HashMap::new(),
         };
@@ -664,7 +693,7 @@ pub fn apply_plan(g: &mut Graph, plan: &LayoutPlan) -> Result<usize, IrError> {
         let mut outs: Vec<(ValueId, ValueId)> = rw.nhwc.iter().map(|(&o, &v)| (o, v)).collect();
         outs.sort_unstable();
         for (o, v) in outs {
-            let back = Rewriter::transpose(g, v, &to_nchw_perm(g.value(v).ty.rank()))?;
+            let back = Rewriter::transpose(g, v, &to_nchw_perm(*sp, g.value(v).ty.rank()))?;
             g.replace_all_uses(o, back)?;
         }
     }
