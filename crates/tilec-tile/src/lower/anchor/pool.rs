@@ -57,6 +57,9 @@ pub(super) fn pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     );
     let oshape = l.shape(outs[0]);
     let kernel: Vec<i64> = w.kernel.iter().map(|&k| k as i64).collect();
+    if cl && !want_idx && r >= 3 && xs[r - 1] > 1 && l.opts().pool == super::super::PoolAlgo::ChannelBlocks {
+        return pool_channels_last(l, x, outs[0], kind, w, &geo, &oshape);
+    }
     let kind = kind.clone();
     output_nest(l, &oshape, &mut |l, oidx| {
         // Accumulators: value (max or sum), count (avg) or best index (max with indices).
@@ -248,6 +251,106 @@ pub(super) fn pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
         Ok(st)
     })
 }
+
+/// A channels-last window pool `[N, *S, C] → [N, *S', C]`, vectorized along the channels:
+/// per output position one accumulator per channel in a local buffer, the window's taps in
+/// the loops around a contiguous loop over the channels (each tap inside the input adds its
+/// row of channels; the tap's bounds check is one branch for all of them), then the result
+/// and the group's epilogue per channel. The per-element form puts the taps innermost, under
+/// a vector loop over channels that the C compiler then fails to vectorize.
+fn pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_ir::ValueId, kind: &PoolKind, w: &Window, geo: &[(i64, i64, i64)], oshape: &[i64]) -> R<Vec<Stmt>> {
+    let xs = l.shape(x);
+    let r = xs.len();
+    let d = l.dtype(x);
+    let cd = compute_dtype(d);
+    let c = xs[r - 1];
+    let (pos_loops, pos) = l.index_space(&oshape[..r - 1], "i");
+    let acc = l.scratch(cd, vec![c]);
+    let (init, op) = match kind {
+        PoolKind::Max { .. } => (neg_inf(cd), BinOp::Max),
+        _ => (lit(0.0, cd), BinOp::Add),
+    };
+    let mut body = vec![Stmt::Alloc(acc)];
+    let ci = l.loop_var(POOL_CHANNEL, c);
+    body.push(Stmt::for_(ci, c, vec![Stmt::store(acc, vec![Expr::Var(ci)], init)]));
+    let count = matches!(kind, PoolKind::Avg { .. }).then(|| l.elem_var("cnt", DType::I64, true));
+    if let Some(cnt) = count {
+        body.push(Stmt::Let { var: cnt, value: lit_i(0, DType::I64) });
+    }
+    // The taps: per spatial axis its coordinate, inside the input or not, inside the padded
+    // input or not.
+    let mut taps = Vec::new();
+    let mut xi = pos.clone();
+    let (mut inside, mut in_pad) = (Expr::Lit(Lit::Bool(true)), Expr::Lit(Lit::Bool(true)));
+    for (j, &(_, pb, pe)) in geo.iter().enumerate() {
+        let k = w.kernel[j] as i64;
+        let rv = l.loop_var("r", k);
+        taps.push((rv, k));
+        let at = bin(
+            BinOp::Sub,
+            bin(
+                BinOp::Add,
+                bin(BinOp::Mul, pos[j + 1].clone(), Expr::Int(w.strides[j] as i64)),
+                bin(BinOp::Mul, Expr::Var(rv), Expr::Int(w.dilations[j] as i64)),
+            ),
+            Expr::Int(pb),
+        );
+        let at = l.simp(at);
+        let s = xs[j + 1];
+        let ok = bin(BinOp::And, bin(BinOp::Ge, at.clone(), Expr::Int(0)), bin(BinOp::Lt, at.clone(), Expr::Int(s)));
+        inside = if j == 0 { ok } else { bin(BinOp::And, inside, ok) };
+        let okp = bin(BinOp::Lt, at.clone(), Expr::Int(s + pe));
+        in_pad = if j == 0 { okp } else { bin(BinOp::And, in_pad, okp) };
+        xi[j + 1] = at;
+    }
+    let ci = l.loop_var(POOL_CHANNEL, c);
+    xi.push(Expr::Var(ci));
+    let m = l.begin_block();
+    let v = l.guarded(true, |l| val(l, x, &xi));
+    let mut per_channel = l.end_block(m);
+    let v = v?;
+    let t = match kind {
+        PoolKind::Lp { p } => bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(*p as f64, cd)),
+        _ => v,
+    };
+    per_channel.push(Stmt::store(acc, vec![Expr::Var(ci)], bin(op, Expr::Load(acc, vec![Expr::Var(ci)]), t)));
+    let mut then_ = vec![Stmt::for_(ci, c, per_channel)];
+    let mut tap_body = vec![];
+    if let (Some(cnt), PoolKind::Avg { count_include_pad }) = (count, kind) {
+        let plus1 = bin(BinOp::Add, Expr::Var(cnt), lit_i(1, DType::I64));
+        if *count_include_pad {
+            tap_body.push(Stmt::Assign { var: cnt, value: Expr::select(in_pad, plus1, Expr::Var(cnt)) });
+        } else {
+            then_.insert(0, Stmt::Assign { var: cnt, value: plus1 });
+        }
+    }
+    tap_body.push(Stmt::If { cond: inside, then_, else_: vec![] });
+    body.extend(Lowerer::nest(&taps, tap_body));
+    // The result and the epilogue per channel.
+    let ci = l.loop_var(POOL_CHANNEL, c);
+    let a = Expr::Load(acc, vec![Expr::Var(ci)]);
+    let res = match (kind, count) {
+        (PoolKind::Avg { count_include_pad }, Some(cnt)) => {
+            let n = Expr::cast(cd, Expr::Var(cnt));
+            let n = if *count_include_pad { bin(BinOp::Max, n, lit(1.0, cd)) } else { n };
+            bin(BinOp::Div, a, n)
+        }
+        (PoolKind::Lp { p }, _) => bin(BinOp::Pow, a, lit(1.0 / *p as f64, cd)),
+        _ => a,
+    };
+    let mut oidx = pos;
+    oidx.push(Expr::Var(ci));
+    let m = l.begin_block();
+    let e = l.down(res, d);
+    let st = l.epilogue(out, &oidx, e);
+    let mut fin = l.end_block(m);
+    fin.extend(st?);
+    body.push(Stmt::for_(ci, c, fin));
+    Ok(Lowerer::nest(&pos_loops, body))
+}
+
+/// The loop name prefix of [`pool_channels_last`]'s channel loops (vectorized).
+pub const POOL_CHANNEL: &str = "plc";
 
 pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let Op::Linalg(LinalgOp::GlobalPool { kind, channels_last: cl }) = op else {
