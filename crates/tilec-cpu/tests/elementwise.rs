@@ -347,18 +347,19 @@ fn division_by_zero_and_nan_tests_do_not_trap() {
     }
 }
 
-/// Sigmoid and SiLU over a ramp of 4001 points across [-125, 125] (exact in f32) (results from 1 down to
-/// below 2^-126 and every regime of the exponential between), vectorized and serial, against
-/// the interpreter: within 3 ulp wherever the sigmoid is a normal number; below 2^-126 it is
+/// Sigmoid, SiLU and tanh over a ramp of 4001 points across [-125, 125] (exact in f32; results
+/// from 1 down to below 2^-126 and every regime of the exponential between), vectorized and
+/// serial, against the interpreter: within 3 ulp wherever the sigmoid is a normal number (tanh
+/// exactly 1 from 10 on); below 2^-126 the sigmoid is
 /// 0, and SiLU's product by x then -0 (as PyTorch's `x / (1 + exp(-x))` gives it), so the
 /// absolute tolerance is 125 * 2^-126.
 #[test]
-fn sigmoid_and_silu_across_their_range() {
+fn sigmoid_silu_and_tanh_across_their_range() {
     const M: i64 = 4001;
     let mut ks = vec![];
     for kind in [LoopKind::Vectorized, LoopKind::Serial] {
         let mut k = Kernel::new(format!("sigmoid_{kind:?}").to_lowercase());
-        let out = k.param("out", DType::F32, vec![2, M]);
+        let out = k.param("out", DType::F32, vec![3, M]);
         let i = k.index_var("i");
         let x = Expr::bin(
             BinOp::Mul,
@@ -371,7 +372,8 @@ fn sigmoid_and_silu_across_their_range() {
             kind,
             body: vec![
                 Stmt::store(out, vec![Expr::Int(0), v(i)], Expr::un(UnOp::Sigmoid, x.clone())),
-                Stmt::store(out, vec![Expr::Int(1), v(i)], Expr::un(UnOp::Silu, x)),
+                Stmt::store(out, vec![Expr::Int(1), v(i)], Expr::un(UnOp::Silu, x.clone())),
+                Stmt::store(out, vec![Expr::Int(2), v(i)], Expr::un(UnOp::Tanh, x)),
             ],
         }));
         ks.push(k);

@@ -357,7 +357,12 @@ TC_INLINE float tc_tanhf(float x) {
     p = __builtin_fmaf(p, x2, 1.3333333333333333e-1f);
     p = __builtin_fmaf(p, x2, -3.3333333333333333e-1f);
     float small = __builtin_fmaf(p * x2, x, x);
-    float e = tc_expf(2.0f * (a < 9.0f ? a : 9.0f));
+    /* exp(2a) for 2a in [0, 20] (from a = 10 on, tanh rounds to 1; a cap at 9 left it an ulp
+       short of 1, which a tanh-GELU's 1 + tanh turned into -4e-6 for large negative x): 2^n
+       exp(r) with n in [0, 29] added to exp(r)'s exponent, no range checks needed. */
+    float t = 2.0f * (a < 10.0f ? a : 10.0f);
+    float n = __builtin_rintf(t * 1.44269504088896341f);
+    float e = tc_bitsf(tc_fbits(tc_exp_reduced(t, n)) + ((uint32_t)(int32_t)n << 23));
     float big = 1.0f - 2.0f / (e + 1.0f);
     big = __builtin_copysignf(big, x);
     float y = a < 0.25f ? small : big;
