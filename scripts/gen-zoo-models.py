@@ -537,6 +537,8 @@ MODELS.update(FOURTH)
 #                      112x112
 #   s3d                torchvision's S3D (separable 3-D convolutions, 3-D max pools, inception
 #                      branches) over 16 frames of 224x224
+#   mvit_v2_s, swin3d_t   torchvision's video transformers over 16 frames of 224x224 (MViT-v2:
+#                      pooled attention through 3-D convolutions; Swin3D: 3-D shifted windows)
 #   gptj, codegen, stablelm, phi3, qwen3, gemma2   decoders, 4 layers of 512
 #                      (GPT-J and CodeGen: interleaved partial rotary; StableLM: partial rotary
 #                      and LayerNorm; Qwen3: q/k norms; Gemma-2: logit softcapping and a sliding
@@ -569,6 +571,8 @@ FIFTH = {
     "r2plus1d_18": video_model("r2plus1d_18"),
     "mc3_18": video_model("mc3_18"),
     "s3d": video_model("s3d", frames=16, size=224),
+    "mvit_v2_s": video_model("mvit_v2_s", frames=16, size=224),
+    "swin3d_t": video_model("swin3d_t", frames=16, size=224),
     "gptj": hf_model("GPTJConfig", "GPTJModel", tokens(128, False), "last_hidden_state", **_D, n_embd=512,
                      n_layer=4, n_head=8, rotary_dim=32),
     "codegen": hf_model("CodeGenConfig", "CodeGenModel", tokens(128, False), "last_hidden_state", **_D, n_embd=512,

@@ -771,3 +771,37 @@ fn einsum_products_become_matmuls() {
         assert_same(&before, &g, 40 + i as u64);
     }
 }
+
+#[test]
+fn simplify_slice_assignments_written_as_scatters() {
+    let scatter = Op::Index(IndexOp::ScatterND { reduction: tilec_ir::op::ScatterReduction::None });
+    let idx = |g: &mut Graph, shape: Vec<usize>, v: Vec<i64>| g.add_const("i", Tensor::from_vec(shape, v).unwrap());
+    // x[1:4] = y (x of 6 rows), x[0:6] = y (every row: y itself, reshaped from [2, 3, 5]),
+    // x[-2:] = y (negative positions): concatenations, no scatter.
+    for (shape, v, y_shape, want) in [
+        (vec![3, 1], vec![1i64, 2, 3], vec![3, 4, 5], vec!["concat", "slice", "slice"]),
+        (vec![2, 3, 1], vec![0, 1, 2, 3, 4, 5], vec![2, 3, 4, 5], vec!["reshape"]),
+        (vec![2, 1], vec![-2, -1], vec![2, 4, 5], vec!["concat", "slice"]),
+    ] {
+        let (_, g) = simplified(|g| {
+            let x = input(g, DType::F32, &[6, 4, 5]);
+            let y = input(g, DType::F32, &y_shape);
+            let i = idx(g, shape.clone(), v.clone());
+            g.add(scatter.clone(), &[x, i, y]).unwrap()
+        });
+        let mut got = ops(&g);
+        got.sort();
+        assert_eq!(got, want, "{v:?}");
+    }
+    // Not slices: positions out of order, repeated, or two coordinates each.
+    for (shape, v) in [(vec![2, 1], vec![3i64, 1]), (vec![2, 1], vec![2, 2]), (vec![2, 2], vec![0, 1, 1, 1])] {
+        let (_, g) = simplified(|g| {
+            let x = input(g, DType::F32, &[6, 4, 5]);
+            let ys = if shape[1] == 2 { vec![2, 5] } else { vec![2, 4, 5] };
+            let y = input(g, DType::F32, &ys);
+            let i = idx(g, shape.clone(), v.clone());
+            g.add(scatter.clone(), &[x, i, y]).unwrap()
+        });
+        assert_eq!(ops(&g), ["scatter_nd"], "{v:?}");
+    }
+}

@@ -11,6 +11,7 @@ pub mod layout;
 mod merge_products;
 mod precision;
 mod simplify;
+mod slice_updates;
 mod split_resizes;
 mod unshare_views;
 

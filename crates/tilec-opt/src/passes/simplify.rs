@@ -15,6 +15,8 @@
 //!   element → `x`; `concat` of one input → `x`.
 //! - `neg(neg(x))` → `x` for floats (for integers the kernel's overflow behaviour at MIN
 //!   would matter).
+//! - `scatter_nd(x, [[a], [a + 1], ..., [b - 1]], y)` (constant indices, no reduction: a
+//!   slice assignment) → `concat(x[:a], y, x[b:])` (`slice_updates.rs`).
 //! - `gather{axis}(x, [0, 1, ..., n-1])` with constant indices that list every position of
 //!   the axis in order → `x` (Whisper's positional embedding, looked up by an `arange` of all
 //!   of its rows: the lookup's checked index kept the epilogue around it from vectorizing).
@@ -254,6 +256,7 @@ impl Pass for Simplify {
                 changed = true;
             }
         }
+        changed |= super::slice_updates::rewrite(g)?;
         // Also removes nodes a rejected rewrite may have added.
         g.cleanup().map_err(ir("simplify"))?;
         Ok(changed)
