@@ -805,3 +805,62 @@ fn simplify_slice_assignments_written_as_scatters() {
         assert_eq!(ops(&g), ["scatter_nd"], "{v:?}");
     }
 }
+
+#[test]
+fn simplify_elementwise_ops_under_a_unit_view() {
+    let reshape = |g: &mut Graph, x: ValueId, s: &[usize]| {
+        g.add(Op::Layout(LayoutOp::Reshape { shape: s.iter().map(|&d| Dim::Fixed(d)).collect() }), &[x]).unwrap()
+    };
+    // Swin's mask at batch 1: scores [4, 3, 5, 5] viewed as [1, 4, 3, 5, 5], plus a mask
+    // [1, 4, 1, 5, 5], viewed back: one add at rank 4 (the mask reshaped to [4, 1, 5, 5]).
+    let (_, g) = simplified(|g| {
+        let s = input(g, DType::F32, &[4, 3, 5, 5]);
+        let m = input(g, DType::F32, &[1, 4, 1, 5, 5]);
+        let v = reshape(g, s, &[1, 4, 3, 5, 5]);
+        let a = g.add(Op::Binary(BinaryOp::Add), &[v, m]).unwrap();
+        reshape(g, a, &[4, 3, 5, 5])
+    });
+    let mut got = ops(&g);
+    got.sort();
+    assert_eq!(got, ["add", "reshape"]);
+    let add = g.nodes().iter().find(|n| n.op.name() == "add").unwrap();
+    assert!(add.inputs.iter().all(|&i| g.value(i).ty.rank() == 4), "{:?}", ops(&g));
+    // The operand first, and one of lower rank: no reshape needed.
+    let (_, g) = simplified(|g| {
+        let s = input(g, DType::F32, &[4, 3]);
+        let m = input(g, DType::F32, &[3]);
+        let v = reshape(g, s, &[1, 1, 4, 3]);
+        let a = g.add(Op::Binary(BinaryOp::Sub), &[m, v]).unwrap();
+        reshape(g, a, &[4, 3])
+    });
+    assert_eq!(ops(&g), ["sub"]);
+    // Kept: a view that splits a dim ([2, 2, 3, 5, 5]), an operand that grows the result, a
+    // result read in the viewed shape too.
+    let (_, g) = simplified(|g| {
+        let s = input(g, DType::F32, &[4, 3, 5, 5]);
+        let m = input(g, DType::F32, &[1, 2, 1, 5, 5]);
+        let v = reshape(g, s, &[2, 2, 3, 5, 5]);
+        let a = g.add(Op::Binary(BinaryOp::Add), &[v, m]).unwrap();
+        reshape(g, a, &[4, 3, 5, 5])
+    });
+    assert_eq!(ops(&g).iter().filter(|o| **o == "reshape").count(), 2);
+    let (_, g) = simplified(|g| {
+        let s = input(g, DType::F32, &[4, 3]);
+        let m = input(g, DType::F32, &[2, 4, 3]);
+        let v = reshape(g, s, &[1, 4, 3]);
+        let a = g.add(Op::Binary(BinaryOp::Add), &[v, m]).unwrap();
+        reshape(g, a, &[2, 12])
+    });
+    assert_eq!(ops(&g).iter().filter(|o| **o == "reshape").count(), 2);
+    let mut g = Graph::new("t");
+    let s = input(&mut g, DType::F32, &[4, 3]);
+    let m = input(&mut g, DType::F32, &[1, 4, 3]);
+    let v = reshape(&mut g, s, &[1, 4, 3]);
+    let a = g.add(Op::Binary(BinaryOp::Mul), &[v, m]).unwrap();
+    let y = reshape(&mut g, a, &[4, 3]);
+    g.set_outputs(vec![y, a]);
+    let orig = g.clone();
+    run_pass(&Simplify, &mut g);
+    assert_same(&orig, &g, 4);
+    assert_eq!(ops(&g).iter().filter(|o| **o == "mul").count(), 1, "{:?}", ops(&g));
+}

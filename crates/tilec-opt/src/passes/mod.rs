@@ -13,6 +13,7 @@ mod precision;
 mod simplify;
 mod slice_updates;
 mod split_resizes;
+mod unit_views;
 mod unshare_views;
 
 pub use cse::Cse;

@@ -17,6 +17,8 @@
 //!   would matter).
 //! - `scatter_nd(x, [[a], [a + 1], ..., [b - 1]], y)` (constant indices, no reduction: a
 //!   slice assignment) → `concat(x[:a], y, x[b:])` (`slice_updates.rs`).
+//! - `reshape(binary(reshape(x, [1.., *S]), c), S)` (a view that only adds leading ones,
+//!   undone after the op) → `binary(x, c)` with `c`'s leading ones dropped (`unit_views.rs`).
 //! - `gather{axis}(x, [0, 1, ..., n-1])` with constant indices that list every position of
 //!   the axis in order → `x` (Whisper's positional embedding, looked up by an `arange` of all
 //!   of its rows: the lookup's checked index kept the epilogue around it from vectorizing).
@@ -257,6 +259,7 @@ impl Pass for Simplify {
             }
         }
         changed |= super::slice_updates::rewrite(g)?;
+        changed |= super::unit_views::rewrite(g)?;
         // Also removes nodes a rejected rewrite may have added.
         g.cleanup().map_err(ir("simplify"))?;
         Ok(changed)
