@@ -265,14 +265,7 @@ fn pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_ir::Valu
     let cd = compute_dtype(d);
     let c = xs[r - 1];
     let (pos_loops, pos) = l.index_space(&oshape[..r - 1], "i");
-    let acc = l.scratch(cd, vec![c]);
-    let (init, op) = match kind {
-        PoolKind::Max { .. } => (neg_inf(cd), BinOp::Max),
-        _ => (lit(0.0, cd), BinOp::Add),
-    };
-    let mut body = vec![Stmt::Alloc(acc)];
-    let ci = l.loop_var(POOL_CHANNEL, c);
-    body.push(Stmt::for_(ci, c, vec![Stmt::store(acc, vec![Expr::Var(ci)], init)]));
+    let (acc, op, mut body) = channel_accumulators(l, kind, cd, c, POOL_CHANNEL);
     let count = matches!(kind, PoolKind::Avg { .. }).then(|| l.elem_var("cnt", DType::I64, true));
     if let Some(cnt) = count {
         body.push(Stmt::Let { var: cnt, value: lit_i(0, DType::I64) });
@@ -351,6 +344,20 @@ fn pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_ir::Valu
 
 /// The loop name prefix of [`pool_channels_last`]'s channel loops (vectorized).
 pub const POOL_CHANNEL: &str = "plc";
+
+/// A local buffer of `c` accumulators (dtype `cd`) for a pool of `kind` along the channels,
+/// the op that accumulates into it, and the statements that allocate it and set it to the
+/// op's identity (a loop named `name`).
+fn channel_accumulators(l: &mut Lowerer, kind: &PoolKind, cd: DType, c: i64, name: &'static str) -> (BufId, BinOp, Vec<Stmt>) {
+    let acc = l.scratch(cd, vec![c]);
+    let (init, op) = match kind {
+        PoolKind::Max { .. } => (neg_inf(cd), BinOp::Max),
+        _ => (lit(0.0, cd), BinOp::Add),
+    };
+    let ci = l.loop_var(name, c);
+    let body = vec![Stmt::Alloc(acc), Stmt::for_(ci, c, vec![Stmt::store(acc, vec![Expr::Var(ci)], init)])];
+    (acc, op, body)
+}
 
 pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
     let Op::Linalg(LinalgOp::GlobalPool { kind, channels_last: cl }) = op else {
@@ -431,15 +438,7 @@ fn global_pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_i
     let blk = l.loop_var(GLOBAL_POOL_BLOCK, nb * per_image);
     let n_e = l.simp(bin(BinOp::Div, Expr::Var(blk), Expr::Int(per_image)));
     let c0 = l.simp(bin(BinOp::Mul, bin(BinOp::Rem, Expr::Var(blk), Expr::Int(per_image)), Expr::Int(cb)));
-    let acc = l.scratch(cd, vec![cb]);
-    let (init, op) = match kind {
-        PoolKind::Max { .. } => (neg_inf(cd), BinOp::Max),
-        _ => (lit(0.0, cd), BinOp::Add),
-    };
-    let mut body = vec![Stmt::Alloc(acc)];
-    // acc = init
-    let ci = l.loop_var(GLOBAL_POOL_CHANNEL, cb);
-    body.push(Stmt::for_(ci, cb, vec![Stmt::store(acc, vec![Expr::Var(ci)], init)]));
+    let (acc, op, mut body) = channel_accumulators(l, kind, cd, cb, GLOBAL_POOL_CHANNEL);
     // acc = op(acc, f(x)) over the positions
     let sp: Vec<(VarId, i64)> = xs[1..r - 1].iter().map(|&e| (l.loop_var("gps", e), e)).collect();
     let ci = l.loop_var(GLOBAL_POOL_CHANNEL, cb);
