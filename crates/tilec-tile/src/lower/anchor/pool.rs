@@ -298,15 +298,7 @@ fn pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_ir::Valu
     }
     let ci = l.loop_var(POOL_CHANNEL, c);
     xi.push(Expr::Var(ci));
-    let m = l.begin_block();
-    let v = l.guarded(true, |l| val(l, x, &xi));
-    let mut per_channel = l.end_block(m);
-    let v = v?;
-    let t = match kind {
-        PoolKind::Lp { p } => bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(*p as f64, cd)),
-        _ => v,
-    };
-    per_channel.push(Stmt::store(acc, vec![Expr::Var(ci)], bin(op, Expr::Load(acc, vec![Expr::Var(ci)]), t)));
+    let per_channel = accumulate_channel(l, x, &xi, kind, cd, (acc, op, ci), true)?;
     let mut then_ = vec![Stmt::for_(ci, c, per_channel)];
     let mut tap_body = vec![];
     if let (Some(cnt), PoolKind::Avg { count_include_pad }) = (count, kind) {
@@ -357,6 +349,21 @@ fn channel_accumulators(l: &mut Lowerer, kind: &PoolKind, cd: DType, c: i64, nam
     let ci = l.loop_var(name, c);
     let body = vec![Stmt::Alloc(acc), Stmt::for_(ci, c, vec![Stmt::store(acc, vec![Expr::Var(ci)], init)])];
     (acc, op, body)
+}
+
+/// The body of a channel loop `ci` that adds `x` at `idx` (its last index `ci`) into its
+/// accumulator `acc[ci]` with `op` (Lp pools add `|x|^p`); `guarded`: the read sits under a
+/// bounds check, so nothing it reads is hoisted out of it.
+fn accumulate_channel(l: &mut Lowerer, x: tilec_ir::ValueId, idx: &[Expr], kind: &PoolKind, cd: DType, (acc, op, ci): (BufId, BinOp, VarId), guarded: bool) -> R<Vec<Stmt>> {
+    let m = l.begin_block();
+    let v = l.guarded(guarded, |l| val(l, x, idx));
+    let mut body = l.end_block(m);
+    let t = match kind {
+        PoolKind::Lp { p } => bin(BinOp::Pow, Expr::un(UnOp::Abs, v?), lit(*p as f64, cd)),
+        _ => v?,
+    };
+    body.push(Stmt::store(acc, vec![Expr::Var(ci)], bin(op, Expr::Load(acc, vec![Expr::Var(ci)]), t)));
+    Ok(body)
 }
 
 pub(super) fn global_pool(l: &mut Lowerer, n: NodeId, op: &Op) -> R<Vec<Stmt>> {
@@ -446,15 +453,7 @@ fn global_pool_channels_last(l: &mut Lowerer, x: tilec_ir::ValueId, out: tilec_i
     let mut idx = vec![n_e.clone()];
     idx.extend(sp.iter().map(|&(v, _)| Expr::Var(v)));
     idx.push(ch);
-    let m = l.begin_block();
-    let v = val(l, x, &idx);
-    let mut inner = l.end_block(m);
-    let v = v?;
-    let t = match kind {
-        PoolKind::Lp { p } => bin(BinOp::Pow, Expr::un(UnOp::Abs, v), lit(*p as f64, cd)),
-        _ => v,
-    };
-    inner.push(Stmt::store(acc, vec![Expr::Var(ci)], bin(op, Expr::Load(acc, vec![Expr::Var(ci)]), t)));
+    let inner = accumulate_channel(l, x, &idx, kind, cd, (acc, op, ci), false)?;
     body.extend(Lowerer::nest(&sp, vec![Stmt::for_(ci, cb, inner)]));
     // the result and the epilogue
     let ci = l.loop_var(GLOBAL_POOL_CHANNEL, cb);
